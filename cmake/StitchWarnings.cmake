@@ -1,0 +1,11 @@
+# Warnings on for every target of ours; errors when STITCH_WERROR is on.
+function(stitch_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor>
+    $<$<AND:$<BOOL:${STITCH_WERROR}>,$<COMPILE_LANGUAGE:CXX>>:-Werror>)
+endfunction()
+
+if(STITCH_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()

@@ -1,0 +1,91 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+#include "runtime/core/version_ref.hpp"
+
+namespace stitch {
+
+enum class version_kind : uint8_t { full, delta };
+enum class delta_encoding : uint8_t { none, xor_bytes, overwrite };
+enum class compression : uint8_t { none, zstd };
+
+/// The checksum algorithm every manifest names (DESIGN §1).
+inline constexpr std::string_view checksum_algorithm_name = "xxh3-64-tree-1MiB";
+
+std::string_view to_string(version_kind kind) noexcept;
+/// "none", "xor", "overwrite".
+std::string_view to_string(delta_encoding encoding) noexcept;
+/// "none", "zstd".
+std::string_view to_string(compression comp) noexcept;
+
+/// A version's manifest: the Hugging Face `model.safetensors.index.json`
+/// (`metadata` + `weight_map`) with Stitch's keys in `metadata`.
+///
+/// JSON shape (metadata values are JSON scalars/arrays/objects):
+/// ```
+/// {"metadata": {"total_size": N, "version": 7, "run_id": "r1", "kind": "delta",
+///               "base_version": 6, "delta_encoding": "xor", "compression": "zstd",
+///               "checksum": "xxh3-64-tree-1MiB", "touched": ["a", ...],
+///               "shards": ["model-00001-of-00001.safetensors"],
+///               "checksums": {"a": "0123456789abcdef", ...}},
+///  "weight_map": {"a": "model-00001-of-00001.safetensors", ...}}
+/// ```
+/// `weight_map` names the tensors whose (encoded) bytes this version stores:
+/// every tensor for a full anchor, the touched tensors for a delta.
+/// `checksums` covers every tensor of the *resulting* weights (untouched ones
+/// included), so any version's state can be verified on its own.
+struct manifest {
+  version_ref ref;
+  version_kind kind = version_kind::full;
+  /// Set exactly for deltas: `ref.version - 1`.
+  std::optional<uint64_t> base_version;
+  delta_encoding encoding = delta_encoding::none;
+  compression comp = compression::none;
+  std::string checksum_algorithm{checksum_algorithm_name};
+  /// Names of the tensors a delta changes (sorted); empty = empty delta. For
+  /// a full anchor: every tensor.
+  std::vector<std::string> touched;
+  /// Bytes of tensor data stored by this version (HF `total_size`).
+  uint64_t total_size = 0;
+  /// Shard file names, in order.
+  std::vector<std::string> shards;
+  /// Tensor name -> shard file name.
+  std::map<std::string, std::string> weight_map;
+  /// Tensor name -> checksum of the resulting bytes.
+  std::map<std::string, uint64_t> checksums;
+
+  bool is_full() const noexcept { return kind == version_kind::full; }
+  bool is_empty_delta() const noexcept { return kind == version_kind::delta && touched.empty(); }
+
+  friend bool operator==(const manifest&, const manifest&) = default;
+};
+
+/// Checks the manifest's internal consistency; the error names the first
+/// problem (missing version, delta without base, unknown encoding, weight_map
+/// naming a file not in `shards`, hostile tensor or shard names, ...).
+status validate(const manifest& m);
+
+/// Parses and validates an index JSON. Never throws; malformed input is an
+/// `invalid_manifest` error naming the offending key.
+result<manifest> parse_manifest(std::string_view json);
+
+/// Serializes to the index JSON (stable key order, so equal manifests render
+/// byte-identical).
+std::string to_json(const manifest& m);
+
+/// Checks a tensor name: non-empty, at most 1024 bytes, no NUL or control
+/// bytes, not absolute, no `..` path component, no backslash.
+status validate_tensor_name(std::string_view name);
+
+/// Checks a shard file name: a plain file name ending in `.safetensors`
+/// (no directories, no `..`, no control bytes).
+status validate_shard_name(std::string_view name);
+
+} // namespace stitch
