@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -67,25 +68,52 @@ struct manifest {
   friend bool operator==(const manifest&, const manifest&) = default;
 };
 
+/// Largest index JSON `parse_manifest` / `parse_hf_index` accept.
+inline constexpr size_t max_manifest_bytes = size_t{64} << 20;
+/// Most tensors (`weight_map`, `checksums`, `touched` entries) a manifest may name.
+inline constexpr size_t max_manifest_tensors = 1'000'000;
+
 /// Checks the manifest's internal consistency; the error names the first
 /// problem (missing version, delta without base, unknown encoding, weight_map
 /// naming a file not in `shards`, hostile tensor or shard names, ...).
 status validate(const manifest& m);
 
 /// Parses and validates an index JSON. Never throws; malformed input is an
-/// `invalid_manifest` error naming the offending key.
+/// `invalid_manifest` error naming the offending key (duplicate keys anywhere
+/// in the document included); input over the size or count limits above is
+/// `limit_exceeded`.
 result<manifest> parse_manifest(std::string_view json);
+
+/// A plain Hugging Face index as trainers write it, without Stitch's keys.
+struct hf_index {
+  /// `metadata.total_size`.
+  uint64_t total_size = 0;
+  /// Tensor name -> shard file name.
+  std::map<std::string, std::string> weight_map;
+  /// The distinct `weight_map` values, in the order the JSON first names them.
+  std::vector<std::string> shards;
+
+  friend bool operator==(const hf_index&, const hf_index&) = default;
+};
+
+/// Parses `{"metadata": {"total_size": N, ...}, "weight_map": {...}}`; other
+/// keys are ignored (a Stitch manifest parses too). Tensor and shard names
+/// are checked as in `validate`; errors as in `parse_manifest`.
+result<hf_index> parse_hf_index(std::string_view json);
 
 /// Serializes to the index JSON (stable key order, so equal manifests render
 /// byte-identical).
 std::string to_json(const manifest& m);
 
-/// Checks a tensor name: non-empty, at most 1024 bytes, no NUL or control
-/// bytes, not absolute, no `..` path component, no backslash.
+/// Checks a tensor name: non-empty, at most 1024 bytes of valid UTF-8, no
+/// NUL or control bytes, not absolute, no empty, `.` or `..` path component,
+/// no backslash. Errors are `invalid_argument`.
 status validate_tensor_name(std::string_view name);
 
 /// Checks a shard file name: a plain file name ending in `.safetensors`
-/// (no directories, no `..`, no control bytes).
+/// (no directories, no `..`, no control bytes). Only `[A-Za-z0-9._-]`, at
+/// most 255 bytes, not starting with `.`, since shard names become file
+/// names and object keys on every store. Errors are `invalid_argument`.
 status validate_shard_name(std::string_view name);
 
 } // namespace stitch

@@ -1,0 +1,97 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/core/admission_gate.hpp"
+#include "runtime/core/chain_planner.hpp"
+#include "runtime/core/error.hpp"
+#include "runtime/core/manifest.hpp"
+
+namespace stitch {
+
+struct sampling_params {
+  double temperature = 1.0;
+  double top_p = 1.0;
+  /// 0 = no top-k cut.
+  uint32_t top_k = 0;
+  uint32_t max_new_tokens = 128;
+  std::vector<std::string> stop;
+  std::optional<uint64_t> seed;
+};
+
+struct generation_request {
+  request_id id = 0;
+  std::string prompt;
+  sampling_params sampling;
+  bool return_logprob = false;
+};
+
+enum class finish_reason : uint8_t { stop, length, abort };
+
+struct generation_result {
+  std::vector<int32_t> tokens;
+  std::string text;
+  /// Log-probabilities of the sampled tokens (when asked for).
+  std::vector<float> logprobs;
+  finish_reason finish = finish_reason::stop;
+  uint32_t prompt_tokens = 0;
+};
+
+/// Where staged tensor bytes come from: the store's ranges today, a peer over
+/// the transport later. `read` fills `out` from the version's stored bytes of
+/// `tensor` at `offset`.
+class tensor_source {
+public:
+  virtual ~tensor_source() = default;
+  virtual result<manifest> manifest_of(const version_ref& ref) = 0;
+  virtual status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
+                      std::span<std::byte> out) = 0;
+};
+
+struct engine_health {
+  bool healthy = false;
+  std::string detail;
+};
+
+/// The engine port (DESIGN §4). `stage` builds the target weights in a shadow
+/// copy while the engine keeps serving; `commit` activates the shadow and is
+/// the only step that pauses generation. Slow methods are called from worker
+/// threads; implementations are thread-safe. Instances: `runtime/engine/`.
+class engine {
+public:
+  virtual ~engine() = default;
+
+  /// Warms whatever the plan will need (e.g. allocates the shadow).
+  virtual status prefetch(const chain_plan& plan) = 0;
+  /// Builds the plan's target into the shadow, verifying every touched
+  /// tensor's checksum; a mismatch fails naming the tensor and leaves the
+  /// serving weights untouched.
+  virtual status stage(const chain_plan& plan, bool onto_shadow, tensor_source& source) = 0;
+  /// Drops the shadow.
+  virtual void discard_shadow() = 0;
+  /// Activates the shadow (O(1) in model size). A failure leaves the engine
+  /// in an uncertain state: the host must rebuild it.
+  virtual status commit() = 0;
+  virtual status pause() = 0;
+  virtual status resume() = 0;
+  virtual status flush_cache() = 0;
+  /// Rebuilds the weights of `ref` from scratch (run switch, recovery).
+  virtual status reset_to_boot(const version_ref& ref, tensor_source& source) = 0;
+  /// Generates; blocking. `cancelled` is polled between steps.
+  virtual result<generation_result> generate(const generation_request& request,
+                                             const std::function<bool()>& cancelled) = 0;
+  /// Adds the version stamps to an engine response body for `route`.
+  virtual std::string stamp_response(std::string_view route, std::string_view body,
+                                     const stamps& s, std::string_view run_id) = 0;
+  virtual engine_health health() = 0;
+  /// Engine control routes clients may not call through Stitch (403).
+  virtual std::vector<std::string> blocked_routes() const = 0;
+};
+
+} // namespace stitch
