@@ -8,7 +8,7 @@ packages=(
   libcaf-dev libboost-dev libmsgpack-cxx-dev librocksdb-dev libucx-dev
   libgtest-dev libgmock-dev libxxhash-dev libzstd-dev libssl-dev
   libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev clang-format-14
 )
 
 missing=()

@@ -25,10 +25,10 @@ error from_caf_error(const caf::actor_system& sys, const caf::error& err) {
 
 system_config::system_config() {
   add_message_types<caf::id_block::stitch>();
-  add_error_category(caf::atom("stitch"), [](const caf::error& err) -> std::string {
+  add_error_category(caf::atom("stitch"), [](uint8_t code, caf::atom_value,
+                                             const caf::message& ctx) -> std::string {
     std::string out = "stitch::";
-    out += to_string(static_cast<errc>(err.code()));
-    const auto& ctx = err.context();
+    out += to_string(static_cast<errc>(code));
     if (ctx.match_elements<std::string>()) {
       out += ": ";
       out += ctx.get_as<std::string>(0);

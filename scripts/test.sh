@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is missing, builds everything, and
+# runs the whole test suite — formatting check, runtime/core under ASan+UBSan,
+# a short bounded fuzz run of every parser, a smoke run of the benchmarks, and
+# every unit test (the closing ctest summary is the verdict).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+jobs=$(nproc)
+fuzz_seconds=${STITCH_FUZZ_SECONDS:-20}
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "dependencies"
+scripts/install-deps.sh
+
+step "format check"
+scripts/format.sh --check
+
+step "build (main preset)"
+cmake --preset default >/dev/null
+cmake --build --preset default -j "$jobs"
+
+step "runtime/core under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake --preset asan >/dev/null
+cmake --build --preset asan -j "$jobs"
+ctest --preset asan -j "$jobs" --timeout 300
+
+step "fuzz the parsers (${fuzz_seconds}s each)"
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz -j "$jobs"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for fuzzer in build-fuzz/bin/fuzz_*; do
+  name=$(basename "$fuzzer")
+  mkdir -p "$work/$name"
+  if [ -d "tests/fuzz/corpus/$name" ]; then
+    cp -r "tests/fuzz/corpus/$name/." "$work/$name/"
+  fi
+  (cd "$work" && "$root/$fuzzer" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 \
+    -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1 "$work/$name" 2>"$work/$name.log") || {
+    tail -n 60 "$work/$name.log"
+    echo "fuzzer $name found a problem" >&2
+    exit 1
+  }
+  grep -E 'stat::number_of_executed_units' "$work/$name.log" | sed "s/^/$name: /"
+done
+
+step "benchmarks (smoke run)"
+build/bin/codec_bench --mb 8 >/dev/null
+
+step "unit and integration tests"
+ctest --preset default -j "$jobs" --timeout 600
