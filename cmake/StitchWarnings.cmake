@@ -1,7 +1,9 @@
 # Warnings on for every target of ours; errors when STITCH_WERROR is on.
 function(stitch_warnings target)
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor>
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wnon-virtual-dtor>
+    $<$<AND:$<CXX_COMPILER_ID:GNU>,$<COMPILE_LANGUAGE:CXX>>:-Wshadow=local>
+    $<$<AND:$<CXX_COMPILER_ID:Clang>,$<COMPILE_LANGUAGE:CXX>>:-Wshadow-uncaptured-local>
     $<$<AND:$<BOOL:${STITCH_WERROR}>,$<COMPILE_LANGUAGE:CXX>>:-Werror>)
 endfunction()
 

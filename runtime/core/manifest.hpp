@@ -102,7 +102,7 @@ struct hf_index {
 result<hf_index> parse_hf_index(std::string_view json);
 
 /// Serializes to the index JSON (stable key order, so equal manifests render
-/// byte-identical).
+/// byte-identical; compact, so large manifests stay under the size limit).
 std::string to_json(const manifest& m);
 
 /// Checks a tensor name: non-empty, at most 1024 bytes of valid UTF-8, no
