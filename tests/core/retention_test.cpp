@@ -1,0 +1,58 @@
+#include <gtest/gtest.h>
+
+#include "runtime/core/retention.hpp"
+
+namespace stitch {
+namespace {
+
+/// Versions 0..n with anchors at the given versions.
+std::vector<stored_version> chain(uint64_t n, std::set<uint64_t> anchors) {
+  std::vector<stored_version> out;
+  for (uint64_t v = 0; v <= n; ++v)
+    out.push_back({v, anchors.contains(v)});
+  return out;
+}
+
+TEST(retention, keeps_newest_and_their_chain_back_to_the_anchor) {
+  // 0F 1 2 3 4F 5 6 7 8F 9 ; keep 2 -> 8,9 (8 is an anchor): delete 1..7.
+  auto d = select_deletions(chain(9, {0, 4, 8}), 0, 2);
+  EXPECT_EQ(d, (std::set<uint64_t>{1, 2, 3, 4, 5, 6, 7}));
+}
+
+TEST(retention, kept_delta_keeps_everything_back_to_its_anchor) {
+  // keep 3 -> 7,8,9; 7 needs 6,5,4(anchor). Boot 0 stays.
+  auto d = select_deletions(chain(9, {0, 4}), 0, 3);
+  EXPECT_EQ(d, (std::set<uint64_t>{1, 2, 3}));
+}
+
+TEST(retention, boot_checkpoint_is_never_deleted) {
+  // A run resumed at boot 2: versions 2F 3 4 5F.
+  std::vector<stored_version> v{{2, true}, {3, false}, {4, false}, {5, true}};
+  auto d = select_deletions(v, 2, 1);
+  EXPECT_EQ(d, (std::set<uint64_t>{3, 4}));
+}
+
+TEST(retention, pinned_versions_and_their_chains_survive) {
+  // keep 9 (needs anchor 8) and pinned 5 (needs 4..0).
+  auto d = select_deletions(chain(9, {0, 8}), 0, 1, {5});
+  EXPECT_EQ(d, (std::set<uint64_t>{6, 7}));
+}
+
+TEST(retention, keep_zero_means_keep_one) {
+  auto d = select_deletions(chain(3, {0, 1, 2, 3}), 0, 0);
+  EXPECT_EQ(d, (std::set<uint64_t>{1, 2}));
+}
+
+TEST(retention, hole_in_chain_stops_the_walk) {
+  std::vector<stored_version> v{{0, true}, {1, false}, {3, false}, {4, false}};
+  auto d = select_deletions(v, 0, 1);
+  EXPECT_EQ(d, (std::set<uint64_t>{1})) << "3 can complete 4's chain, 1 cannot";
+}
+
+TEST(retention, nothing_to_delete_when_everything_is_kept) {
+  EXPECT_TRUE(select_deletions(chain(3, {0}), 0, 10).empty());
+  EXPECT_TRUE(select_deletions({}, 0, 3).empty());
+}
+
+} // namespace
+} // namespace stitch
