@@ -1,0 +1,363 @@
+// The store backend conformance suite: every backend passes the same tests.
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+
+#include "runtime/store/rocksdb_store.hpp"
+#include "runtime/store/version_layout.hpp"
+#include "store_fixtures.hpp"
+
+namespace stitch {
+namespace {
+
+using namespace stitch::testing;
+
+/// Makes a fresh, empty backend rooted in a scratch directory.
+struct backend_factory {
+  std::string name;
+  std::function<result<std::unique_ptr<store_backend>>(const std::filesystem::path&)> open;
+};
+
+std::vector<backend_factory> backends() {
+  std::vector<backend_factory> out;
+  out.push_back({"rocksdb", [](const std::filesystem::path& dir) {
+                   return store::open_rocksdb_store((dir / "db").string());
+                 }});
+  return out;
+}
+
+class store_backend_test : public ::testing::TestWithParam<backend_factory> {
+protected:
+  void SetUp() override {
+    auto opened = GetParam().open(dir.path());
+    ASSERT_TRUE(opened) << to_string(opened.error());
+    store = std::move(*opened);
+  }
+
+  weights base_weights() {
+    return {{"a", random_bytes(1000, 1)}, {"b", random_bytes(5000, 2)}, {"c", random_bytes(64, 3)}};
+  }
+
+  /// Publishes a full anchor at `v` and claims `run` with it.
+  void publish_anchor(const std::string& run, uint64_t v, const weights& w) {
+    auto version = full_version(run, v, w);
+    ASSERT_TRUE(put(*store, pool, version));
+    auto claimed = store->claim(pool, version.m.ref);
+    ASSERT_TRUE(claimed) << to_string(claimed.error());
+  }
+
+  /// Publishes the delta `before -> after` at `v` on top of the pointer.
+  status publish_delta(const std::string& run, uint64_t v, const weights& before,
+                       const weights& after) {
+    auto version = delta_version(run, v, before, after);
+    if (auto ok = put(*store, pool, version); !ok)
+      return ok;
+    auto current = store->read_pointer(pool);
+    if (!current)
+      return std::move(current).error();
+    std::optional<version_ref> expected;
+    if (*current)
+      expected = (*current)->latest;
+    auto moved = store->compare_and_advance_pointer(pool, expected, version.m.ref);
+    if (!moved)
+      return std::move(moved).error();
+    return {};
+  }
+
+  temp_dir dir;
+  std::unique_ptr<store_backend> store;
+  const std::string pool = "default";
+};
+
+TEST_P(store_backend_test, empty_store_has_no_pointer_and_no_versions) {
+  auto p = store->read_pointer(pool);
+  ASSERT_TRUE(p);
+  EXPECT_FALSE(p->has_value());
+  auto m = store->read_manifest(pool, {"r", 0});
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error().code, errc::not_found);
+  auto listed = store->list_versions(pool, "r");
+  ASSERT_TRUE(listed);
+  EXPECT_TRUE(listed->empty());
+}
+
+TEST_P(store_backend_test, anchor_round_trips_bytes_across_shards_and_pieces) {
+  weights w{{"big", random_bytes(store::piece_size * 2 + 12345, 7)},
+            {"small", random_bytes(17, 8)},
+            {"empty", {}},
+            {"model.layers.0.mlp.up_proj.weight", random_bytes(4096, 9)}};
+  auto version = full_version("r", 0, w, 2);
+  ASSERT_TRUE(put(*store, pool, version));
+  ASSERT_TRUE(store->claim(pool, version.m.ref));
+  auto m = store->read_manifest(pool, {"r", 0});
+  ASSERT_TRUE(m) << to_string(m.error());
+  EXPECT_EQ(*m, version.m);
+  for (const auto& [name, bytes] : w) {
+    auto got = read_tensor(*store, pool, {"r", 0}, name, bytes.size());
+    ASSERT_TRUE(got) << name << ": " << to_string(got.error());
+    EXPECT_EQ(*got, bytes) << name;
+  }
+  // A range straddling a piece boundary.
+  std::vector<std::byte> part(1000);
+  ASSERT_TRUE(store->read_range(pool, {"r", 0}, "big", store::piece_size - 500, part));
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), w["big"].begin() + store::piece_size - 500));
+}
+
+TEST_P(store_backend_test, stored_version_is_invisible_until_the_pointer_names_it) {
+  auto version = full_version("r", 0, base_weights());
+  ASSERT_TRUE(put(*store, pool, version));
+  auto m = store->read_manifest(pool, {"r", 0});
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error().code, errc::not_found);
+  EXPECT_TRUE(store->list_versions(pool, "r")->empty());
+  ASSERT_TRUE(store->claim(pool, version.m.ref));
+  EXPECT_TRUE(store->read_manifest(pool, {"r", 0}));
+}
+
+TEST_P(store_backend_test, deltas_advance_the_pointer_and_are_listed) {
+  auto w0 = base_weights();
+  publish_anchor("r", 0, w0);
+  auto w = w0;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    auto next = w;
+    next["a"][v] = static_cast<std::byte>(0xAA);
+    ASSERT_TRUE(publish_delta("r", v, w, next));
+    w = next;
+  }
+  auto p = store->read_pointer(pool);
+  ASSERT_TRUE(p && p->has_value());
+  EXPECT_EQ(**p, (pointer_record{{"r", 3}, 0}));
+  auto listed = store->list_versions(pool, "r");
+  ASSERT_TRUE(listed);
+  EXPECT_EQ(listed->size(), 4u);
+  auto m = store->read_manifest(pool, {"r", 2});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->touched, std::vector<std::string>{"a"});
+}
+
+TEST_P(store_backend_test, empty_delta_has_no_shards) {
+  auto w = base_weights();
+  publish_anchor("r", 0, w);
+  ASSERT_TRUE(publish_delta("r", 1, w, w));
+  auto m = store->read_manifest(pool, {"r", 1});
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(m->is_empty_delta());
+}
+
+TEST_P(store_backend_test, rewind_is_refused_and_pointer_unchanged) {
+  auto w = base_weights();
+  publish_anchor("r", 0, w);
+  auto w1 = w;
+  w1["b"][0] ^= std::byte{1};
+  ASSERT_TRUE(publish_delta("r", 1, w, w1));
+  auto back = store->compare_and_advance_pointer(pool, version_ref{"r", 1}, {"r", 0});
+  ASSERT_FALSE(back);
+  EXPECT_EQ(back.error().code, errc::rewind);
+  EXPECT_EQ((*store->read_pointer(pool))->latest, (version_ref{"r", 1}));
+}
+
+TEST_P(store_backend_test, republishing_identical_version_is_idempotent) {
+  auto w = base_weights();
+  publish_anchor("r", 0, w);
+  auto w1 = w;
+  w1["c"][3] ^= std::byte{9};
+  ASSERT_TRUE(publish_delta("r", 1, w, w1));
+  // A trainer retrying after a lost acknowledgement.
+  auto again = delta_version("r", 1, w, w1);
+  ASSERT_TRUE(put(*store, pool, again));
+  auto moved = store->compare_and_advance_pointer(pool, version_ref{"r", 1}, {"r", 1});
+  ASSERT_TRUE(moved) << to_string(moved.error());
+  EXPECT_EQ(moved->latest, (version_ref{"r", 1}));
+}
+
+TEST_P(store_backend_test, republishing_different_content_is_version_exists) {
+  auto w = base_weights();
+  publish_anchor("r", 0, w);
+  auto w1 = w;
+  w1["c"][3] ^= std::byte{9};
+  ASSERT_TRUE(publish_delta("r", 1, w, w1));
+  auto other = w;
+  other["a"][0] ^= std::byte{1};
+  auto conflicting = delta_version("r", 1, w, other);
+  auto ok = put(*store, pool, conflicting);
+  ASSERT_FALSE(ok);
+  EXPECT_EQ(ok.error().code, errc::version_exists);
+  // Nothing was overwritten.
+  auto bytes = read_tensor(*store, pool, {"r", 1}, "c", 64);
+  ASSERT_TRUE(bytes);
+  EXPECT_EQ(store->read_manifest(pool, {"r", 1})->touched, std::vector<std::string>{"c"});
+}
+
+TEST_P(store_backend_test, stale_expected_pointer_is_a_conflict) {
+  auto w = base_weights();
+  publish_anchor("r", 0, w);
+  auto w1 = w;
+  w1["a"][1] ^= std::byte{1};
+  ASSERT_TRUE(publish_delta("r", 1, w, w1));
+  auto w2 = w1;
+  w2["a"][2] ^= std::byte{1};
+  auto v2 = delta_version("r", 2, w1, w2);
+  ASSERT_TRUE(put(*store, pool, v2));
+  auto moved = store->compare_and_advance_pointer(pool, version_ref{"r", 0}, {"r", 2});
+  ASSERT_FALSE(moved);
+  EXPECT_EQ(moved.error().code, errc::conflict);
+  EXPECT_NE(moved.error().message.find("found r/weight_v000001"), std::string::npos);
+}
+
+TEST_P(store_backend_test, delta_without_published_base_is_a_missing_link) {
+  auto w = base_weights();
+  publish_anchor("r", 0, w);
+  auto w2 = w;
+  w2["a"][0] ^= std::byte{1};
+  auto v2 = delta_version("r", 2, w, w2);
+  ASSERT_TRUE(put(*store, pool, v2));
+  auto moved = store->compare_and_advance_pointer(pool, version_ref{"r", 0}, {"r", 2});
+  ASSERT_FALSE(moved);
+  EXPECT_EQ(moved.error().code, errc::missing_link);
+}
+
+TEST_P(store_backend_test, first_version_of_a_run_must_be_an_anchor) {
+  auto w = base_weights();
+  auto v0 = delta_version("r", 1, w, w);
+  ASSERT_TRUE(put(*store, pool, v0));
+  auto claimed = store->claim(pool, {"r", 1});
+  ASSERT_FALSE(claimed);
+}
+
+TEST_P(store_backend_test, run_switch_and_resume_above_zero) {
+  auto w = base_weights();
+  publish_anchor("a", 0, w);
+  publish_anchor("b", 40, w);
+  auto p = store->read_pointer(pool);
+  EXPECT_EQ(**p, (pointer_record{{"b", 40}, 40}));
+  auto w41 = w;
+  w41["a"][0] ^= std::byte{1};
+  ASSERT_TRUE(publish_delta("b", 41, w, w41));
+  EXPECT_EQ(**store->read_pointer(pool), (pointer_record{{"b", 41}, 40}));
+  // Back to run a (claimed before, boot 0): a delta of it is allowed.
+  auto w1 = w;
+  w1["b"][0] ^= std::byte{1};
+  ASSERT_TRUE(publish_delta("a", 1, w, w1));
+  EXPECT_EQ(**store->read_pointer(pool), (pointer_record{{"a", 1}, 0}));
+  // Re-claiming a's boot is idempotent and does not move the pointer back.
+  auto again = store->claim(pool, {"a", 0});
+  ASSERT_TRUE(again) << to_string(again.error());
+  EXPECT_EQ(again->latest, (version_ref{"a", 1}));
+}
+
+TEST_P(store_backend_test, pools_are_independent) {
+  auto w = base_weights();
+  publish_anchor("r", 0, w);
+  auto other = store->read_pointer("other-pool");
+  ASSERT_TRUE(other);
+  EXPECT_FALSE(other->has_value());
+  EXPECT_FALSE(store->read_manifest("other-pool", {"r", 0}));
+}
+
+TEST_P(store_backend_test, truncated_shard_is_refused_and_leaves_nothing_visible) {
+  auto version = full_version("r", 0, base_weights());
+  auto broken = version;
+  broken.shards[0].second.resize(broken.shards[0].second.size() - 10);
+  auto ok = put(*store, pool, broken);
+  ASSERT_FALSE(ok);
+  EXPECT_EQ(ok.error().code, errc::invalid_format);
+  EXPECT_NE(ok.error().message.find("model-00001-of-00001.safetensors"), std::string::npos)
+    << ok.error().message;
+  EXPECT_FALSE(store->claim(pool, {"r", 0}));
+  // The honest retry goes through.
+  ASSERT_TRUE(put(*store, pool, version));
+  ASSERT_TRUE(store->claim(pool, {"r", 0}));
+}
+
+TEST_P(store_backend_test, corrupt_shard_bytes_fail_the_anchor_checksum) {
+  auto version = full_version("r", 0, base_weights());
+  version.shards[0].second.back() ^= std::byte{0xff};
+  auto ok = put(*store, pool, version);
+  ASSERT_FALSE(ok);
+  EXPECT_EQ(ok.error().code, errc::checksum_mismatch);
+  EXPECT_NE(ok.error().message.find("tensor '"), std::string::npos);
+}
+
+TEST_P(store_backend_test, manifest_with_wrong_checksum_is_refused) {
+  auto version = full_version("r", 0, base_weights());
+  version.m.checksums["b"] ^= 1;
+  auto ok = put(*store, pool, version);
+  ASSERT_FALSE(ok);
+  EXPECT_EQ(ok.error().code, errc::checksum_mismatch);
+  EXPECT_NE(ok.error().message.find("'b'"), std::string::npos);
+}
+
+TEST_P(store_backend_test, shards_must_match_the_manifest) {
+  auto version = full_version("r", 0, base_weights());
+  std::vector<shard_upload> none;
+  auto missing = store->put_version(pool, version.m, none);
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().code, errc::invalid_argument);
+  auto extra = version;
+  extra.shards.emplace_back("model-00009-of-00009.safetensors", extra.shards[0].second);
+  auto refused = put(*store, pool, extra);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("model-00009-of-00009"), std::string::npos);
+  auto wrong_total = version;
+  wrong_total.m.total_size += 1;
+  EXPECT_FALSE(put(*store, pool, wrong_total));
+}
+
+TEST_P(store_backend_test, reads_outside_a_tensor_are_refused) {
+  publish_anchor("r", 0, base_weights());
+  std::vector<std::byte> buf(10);
+  auto past = store->read_range(pool, {"r", 0}, "c", 60, buf);
+  ASSERT_FALSE(past);
+  EXPECT_EQ(past.error().code, errc::invalid_argument);
+  EXPECT_NE(past.error().message.find("'c'"), std::string::npos);
+  auto unknown = store->read_range(pool, {"r", 0}, "nope", 0, buf);
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().code, errc::not_found);
+}
+
+TEST_P(store_backend_test, hostile_names_are_refused) {
+  EXPECT_FALSE(store->read_pointer("../x"));
+  EXPECT_FALSE(store->read_manifest(pool, {"a/b", 0}));
+  auto version = full_version("r", 0, base_weights());
+  EXPECT_FALSE(put(*store, "bad pool", version));
+}
+
+TEST_P(store_backend_test, retention_keeps_newest_their_anchors_and_the_boot) {
+  auto w = base_weights();
+  publish_anchor("r", 0, w);
+  for (uint64_t v = 1; v <= 9; ++v) {
+    auto next = w;
+    next["a"][v] ^= std::byte{1};
+    if (v == 5) {
+      auto anchor = full_version("r", 5, next);
+      ASSERT_TRUE(put(*store, pool, anchor));
+      ASSERT_TRUE(store->compare_and_advance_pointer(pool, version_ref{"r", 4}, {"r", 5}));
+    } else {
+      ASSERT_TRUE(publish_delta("r", v, w, next));
+    }
+    w = next;
+  }
+  auto report = store->retain(pool, 2);
+  ASSERT_TRUE(report) << to_string(report.error());
+  // Keep 8, 9 and their chain back to anchor 5, and boot 0.
+  std::vector<version_ref> deleted{{"r", 1}, {"r", 2}, {"r", 3}, {"r", 4}};
+  EXPECT_EQ(report->deleted, deleted);
+  auto listed = store->list_versions(pool, "r");
+  ASSERT_TRUE(listed);
+  std::vector<version_ref> left{{"r", 0}, {"r", 5}, {"r", 6}, {"r", 7}, {"r", 8}, {"r", 9}};
+  EXPECT_EQ(*listed, left);
+  EXPECT_FALSE(store->read_manifest(pool, {"r", 3}));
+  std::vector<std::byte> buf(4);
+  EXPECT_FALSE(store->read_range(pool, {"r", 3}, "a", 0, buf));
+  EXPECT_TRUE(store->read_range(pool, {"r", 6}, "a", 0, buf));
+}
+
+INSTANTIATE_TEST_SUITE_P(backends, store_backend_test, ::testing::ValuesIn(backends()),
+                         [](const ::testing::TestParamInfo<backend_factory>& p) {
+                           return p.param.name;
+                         });
+
+} // namespace
+} // namespace stitch
