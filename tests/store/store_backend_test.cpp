@@ -5,6 +5,12 @@
 #include <cstdlib>
 #include <functional>
 
+#include <caf/actor_system.hpp>
+#include <caf/spawn_options.hpp>
+
+#include "actors/store.hpp"
+#include "actors/store_client.hpp"
+#include "runtime/node/system_config.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 #include "runtime/store/version_layout.hpp"
 #include "store_fixtures.hpp"
@@ -20,10 +26,69 @@ struct backend_factory {
   std::function<result<std::unique_ptr<store_backend>>(const std::filesystem::path&)> open;
 };
 
+/// RocksDB behind a store actor, reached through `remote_store`: the whole
+/// actor path (chunked reads, spooled uploads, error mapping) under the suite.
+class actor_backed_store final : public store_backend {
+public:
+  explicit actor_backed_store(std::unique_ptr<store_backend> db, std::filesystem::path spool)
+    : sys_(cfg_) {
+    std::shared_ptr<store_backend> shared{std::move(db)};
+    actor_ = sys_.spawn<caf::detached>(store_service, shared, std::move(spool));
+    client_ = std::make_unique<remote_store>(sys_, actor_);
+  }
+  ~actor_backed_store() override {
+    client_.reset();
+    caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
+  }
+  result<std::optional<pointer_record>> read_pointer(std::string_view pool) override {
+    return client_->read_pointer(pool);
+  }
+  result<pointer_record> claim(std::string_view pool, const version_ref& boot) override {
+    return client_->claim(pool, boot);
+  }
+  result<pointer_record> compare_and_advance_pointer(std::string_view pool,
+                                                     const std::optional<version_ref>& expected,
+                                                     const version_ref& proposed) override {
+    return client_->compare_and_advance_pointer(pool, expected, proposed);
+  }
+  status put_version(std::string_view pool, const manifest& m,
+                     std::span<const shard_upload> shards) override {
+    return client_->put_version(pool, m, shards);
+  }
+  result<manifest> read_manifest(std::string_view pool, const version_ref& ref) override {
+    return client_->read_manifest(pool, ref);
+  }
+  status read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
+                    uint64_t offset, std::span<std::byte> out) override {
+    return client_->read_range(pool, ref, tensor, offset, out);
+  }
+  result<std::vector<version_ref>> list_versions(std::string_view pool,
+                                                 std::string_view run_id) override {
+    return client_->list_versions(pool, run_id);
+  }
+  result<retention_report> retain(std::string_view pool, size_t keep_last) override {
+    return client_->retain(pool, keep_last);
+  }
+
+private:
+  system_config cfg_;
+  caf::actor_system sys_;
+  store_actor actor_;
+  std::unique_ptr<remote_store> client_;
+};
+
 std::vector<backend_factory> backends() {
   std::vector<backend_factory> out;
   out.push_back({"rocksdb", [](const std::filesystem::path& dir) {
                    return store::open_rocksdb_store((dir / "db").string());
+                 }});
+  out.push_back({"store_actor", [](const std::filesystem::path& dir)
+                                  -> result<std::unique_ptr<store_backend>> {
+                   auto db = store::open_rocksdb_store((dir / "db").string());
+                   if (!db)
+                     return std::move(db).error();
+                   return std::unique_ptr<store_backend>{
+                     std::make_unique<actor_backed_store>(std::move(*db), dir / "spool")};
                  }});
   return out;
 }

@@ -3,7 +3,8 @@
 #include <caf/binary_serializer.hpp>
 #include <gtest/gtest.h>
 
-#include "runtime/node/caf_types.hpp"
+#include "actors/messages.hpp"
+#include "runtime/node/system_config.hpp"
 
 namespace {
 

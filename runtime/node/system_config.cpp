@@ -1,0 +1,26 @@
+#include "runtime/node/system_config.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/message.hpp>
+
+#include "actors/messages.hpp"
+
+namespace stitch {
+
+system_config::system_config() {
+  add_message_types<caf::id_block::stitch>();
+  add_error_category(caf::atom("stitch"),
+                     [](uint8_t code, caf::atom_value, const caf::message& ctx) -> std::string {
+                       std::string out = "stitch::";
+                       out += to_string(static_cast<errc>(code));
+                       if (ctx.match_elements<std::string>()) {
+                         out += ": ";
+                         out += ctx.get_as<std::string>(0);
+                       }
+                       return out;
+                     });
+  load<caf::io::middleman>();
+}
+
+} // namespace stitch
