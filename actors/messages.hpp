@@ -66,8 +66,8 @@ typename Inspector::result_type inspect(Inspector& f, pointer_reply& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, publish_args& x) {
-  return f(caf::meta::type_name("stitch.publish_args"), x.pool, x.run_id, x.version,
-           x.force_anchor, x.dry_run);
+  return f(caf::meta::type_name("stitch.publish_args"), x.pool, x.run_id, x.version, x.force_anchor,
+           x.dry_run);
 }
 
 template <class Inspector>
@@ -92,32 +92,32 @@ inline constexpr uint64_t max_chunk_bytes = uint64_t{8} << 20;
 } // namespace stitch
 
 CAF_BEGIN_TYPE_ID_BLOCK(stitch, caf::first_custom_type_id)
-  CAF_ADD_TYPE_ID(stitch, (stitch::version_ref))
-  CAF_ADD_TYPE_ID(stitch, (stitch::pointer_record))
-  CAF_ADD_TYPE_ID(stitch, (stitch::pointer_reply))
-  CAF_ADD_TYPE_ID(stitch, (stitch::publish_args))
-  CAF_ADD_TYPE_ID(stitch, (stitch::publish_summary))
-  CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::version_ref>))
-  CAF_ADD_TYPE_ID(stitch, (std::vector<uint64_t>))
-  CAF_ADD_TYPE_ID(stitch, (std::vector<char>))
-  CAF_ADD_TYPE_ID(stitch, (std::vector<std::string>))
-  CAF_ADD_ATOM(stitch, stitch::atom, read_pointer, "readptr")
-  CAF_ADD_ATOM(stitch, stitch::atom, claim, "claim")
-  CAF_ADD_ATOM(stitch, stitch::atom, advance, "advance")
-  CAF_ADD_ATOM(stitch, stitch::atom, read_manifest, "readman")
-  CAF_ADD_ATOM(stitch, stitch::atom, read_range, "readrange")
-  CAF_ADD_ATOM(stitch, stitch::atom, list, "list")
-  CAF_ADD_ATOM(stitch, stitch::atom, retain, "retain")
-  CAF_ADD_ATOM(stitch, stitch::atom, put_begin, "putbegin")
-  CAF_ADD_ATOM(stitch, stitch::atom, put_chunk, "putchunk")
-  CAF_ADD_ATOM(stitch, stitch::atom, put_end, "putend")
-  CAF_ADD_ATOM(stitch, stitch::atom, subscribe, "stsub")
-  CAF_ADD_ATOM(stitch, stitch::atom, pointer_moved, "ptrmoved")
-  CAF_ADD_ATOM(stitch, stitch::atom, notify, "notify")
-  CAF_ADD_ATOM(stitch, stitch::atom, publish, "pubstart")
-  CAF_ADD_ATOM(stitch, stitch::atom, tensor, "tensor")
-  CAF_ADD_ATOM(stitch, stitch::atom, chunk, "chunk")
-  CAF_ADD_ATOM(stitch, stitch::atom, finish, "finish")
-  CAF_ADD_ATOM(stitch, stitch::atom, lookup, "lookup")
-  CAF_ADD_ATOM(stitch, stitch::atom, enroll, "enroll")
+CAF_ADD_TYPE_ID(stitch, (stitch::version_ref))
+CAF_ADD_TYPE_ID(stitch, (stitch::pointer_record))
+CAF_ADD_TYPE_ID(stitch, (stitch::pointer_reply))
+CAF_ADD_TYPE_ID(stitch, (stitch::publish_args))
+CAF_ADD_TYPE_ID(stitch, (stitch::publish_summary))
+CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::version_ref>) )
+CAF_ADD_TYPE_ID(stitch, (std::vector<uint64_t>) )
+CAF_ADD_TYPE_ID(stitch, (std::vector<char>) )
+CAF_ADD_TYPE_ID(stitch, (std::vector<std::string>) )
+CAF_ADD_ATOM(stitch, stitch::atom, read_pointer, "readptr")
+CAF_ADD_ATOM(stitch, stitch::atom, claim, "claim")
+CAF_ADD_ATOM(stitch, stitch::atom, advance, "advance")
+CAF_ADD_ATOM(stitch, stitch::atom, read_manifest, "readman")
+CAF_ADD_ATOM(stitch, stitch::atom, read_range, "readrange")
+CAF_ADD_ATOM(stitch, stitch::atom, list, "list")
+CAF_ADD_ATOM(stitch, stitch::atom, retain, "retain")
+CAF_ADD_ATOM(stitch, stitch::atom, put_begin, "putbegin")
+CAF_ADD_ATOM(stitch, stitch::atom, put_chunk, "putchunk")
+CAF_ADD_ATOM(stitch, stitch::atom, put_end, "putend")
+CAF_ADD_ATOM(stitch, stitch::atom, subscribe, "stsub")
+CAF_ADD_ATOM(stitch, stitch::atom, pointer_moved, "ptrmoved")
+CAF_ADD_ATOM(stitch, stitch::atom, notify, "notify")
+CAF_ADD_ATOM(stitch, stitch::atom, publish, "pubstart")
+CAF_ADD_ATOM(stitch, stitch::atom, tensor, "tensor")
+CAF_ADD_ATOM(stitch, stitch::atom, chunk, "chunk")
+CAF_ADD_ATOM(stitch, stitch::atom, finish, "finish")
+CAF_ADD_ATOM(stitch, stitch::atom, lookup, "lookup")
+CAF_ADD_ATOM(stitch, stitch::atom, enroll, "enroll")
 CAF_END_TYPE_ID_BLOCK(stitch)

@@ -16,7 +16,7 @@ namespace {
 class file_source final : public byte_source {
 public:
   explicit file_source(const std::filesystem::path& path)
-    : in_(path, std::ios::binary), size_(std::filesystem::file_size(path)) {}
+      : in_(path, std::ios::binary), size_(std::filesystem::file_size(path)) {}
   uint64_t size() const override { return size_; }
   result<size_t> read(std::span<std::byte> out) override {
     in_.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
@@ -121,8 +121,8 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
         return to_caf_error(v.error());
       return *v;
     },
-    [&db](atom::retain, const std::string& pool, uint64_t keep_last)
-      -> caf::result<std::vector<version_ref>, std::vector<version_ref>> {
+    [&db](atom::retain, const std::string& pool,
+          uint64_t keep_last) -> caf::result<std::vector<version_ref>, std::vector<version_ref>> {
       auto r = db.retain(pool, keep_last);
       if (!r)
         return to_caf_error(r.error());
@@ -146,18 +146,19 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
       if (std::find(u.m.shards.begin(), u.m.shards.end(), shard) == u.m.shards.end()) {
         drop_upload(u);
         self->state.uploads.erase(it);
-        return to_caf_error({errc::invalid_argument, "shard '" + shard
-                                                       + "' is not in the manifest of "
-                                                       + to_string(u.m.ref)});
+        return to_caf_error(
+          {errc::invalid_argument,
+           "shard '" + shard + "' is not in the manifest of " + to_string(u.m.ref)});
       }
-      const uint64_t limit = u.m.total_size
-                             + u.m.shards.size() * (safetensors::max_header_size + 8);
+      const uint64_t limit =
+        u.m.total_size + u.m.shards.size() * (safetensors::max_header_size + 8);
       u.bytes += bytes.size();
       if (bytes.size() > max_chunk_bytes || u.bytes > limit) {
         drop_upload(u);
         self->state.uploads.erase(it);
-        return to_caf_error({errc::limit_exceeded, "upload of " + to_string(u.m.ref)
-                                                     + " sends more bytes than its manifest allows"});
+        return to_caf_error(
+          {errc::limit_exceeded,
+           "upload of " + to_string(u.m.ref) + " sends more bytes than its manifest allows"});
       }
       auto [file, fresh] = u.shard_files.try_emplace(
         shard, self->state.spool_dir

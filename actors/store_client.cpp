@@ -10,8 +10,7 @@ namespace stitch {
 
 remote_store::remote_store(caf::actor_system& sys, store_actor target,
                            std::chrono::milliseconds timeout)
-  : sys_(sys), target_(std::move(target)), timeout_(timeout) {
-}
+    : sys_(sys), target_(std::move(target)), timeout_(timeout) {}
 
 template <class T, class... Ts>
 result<T> remote_store::call(Ts&&... xs) {
@@ -36,10 +35,8 @@ result<pointer_record> remote_store::claim(std::string_view pool, const version_
   return call<pointer_record>(atom::claim_v, std::string{pool}, boot);
 }
 
-result<pointer_record>
-remote_store::compare_and_advance_pointer(std::string_view pool,
-                                          const std::optional<version_ref>& expected,
-                                          const version_ref& proposed) {
+result<pointer_record> remote_store::compare_and_advance_pointer(
+  std::string_view pool, const std::optional<version_ref>& expected, const version_ref& proposed) {
   pointer_reply exp;
   if (expected) {
     exp.present = true;
@@ -114,8 +111,9 @@ result<std::vector<version_ref>> remote_store::list_versions(std::string_view po
 result<retention_report> remote_store::retain(std::string_view pool, size_t keep_last) {
   caf::scoped_actor self{sys_};
   std::optional<result<retention_report>> out;
-  self->request(target_, caf::duration{timeout_}, atom::retain_v, std::string{pool},
-                static_cast<uint64_t>(keep_last))
+  self
+    ->request(target_, caf::duration{timeout_}, atom::retain_v, std::string{pool},
+              static_cast<uint64_t>(keep_last))
     .receive(
       [&](std::vector<version_ref>& deleted, std::vector<version_ref>& kept) {
         out.emplace(retention_report{std::move(deleted), std::move(kept)});

@@ -103,20 +103,20 @@ int main(int argc, char** argv) {
   auto gbps = [&](double seconds) { return static_cast<double>(n) / seconds / 1e9; };
 
   std::vector<row> rows;
-  double memcpy_gbps = gbps(best_seconds(opt.reps, [&] { std::memcpy(dst.data(), src.data(), n); }));
+  double memcpy_gbps =
+    gbps(best_seconds(opt.reps, [&] { std::memcpy(dst.data(), src.data(), n); }));
   rows.push_back({"memcpy", memcpy_gbps, 1.0, ""});
   auto add = [&](std::string name, double seconds, std::string note = "") {
     double g = gbps(seconds);
     rows.push_back({std::move(name), g, g / memcpy_gbps, std::move(note)});
   };
 
-  add("xor_apply", best_seconds(opt.reps, [&] { (void)stitch::delta::xor_apply(dst, delta); }));
-  add("xor_apply_parallel", best_seconds(opt.reps, [&] {
-        (void)stitch::gpu::parallel_xor_apply(dst, delta, pool);
-      }),
+  add("xor_apply", best_seconds(opt.reps, [&] { (void) stitch::delta::xor_apply(dst, delta); }));
+  add("xor_apply_parallel",
+      best_seconds(opt.reps, [&] { (void) stitch::gpu::parallel_xor_apply(dst, delta, pool); }),
       std::to_string(pool.size()) + " threads");
   add("overwrite_apply",
-      best_seconds(opt.reps, [&] { (void)stitch::delta::overwrite_apply(dst, src); }));
+      best_seconds(opt.reps, [&] { (void) stitch::delta::overwrite_apply(dst, src); }));
   add("xxh3", best_seconds(opt.reps, [&] { sink = sink + stitch::checksum::tree_checksum(src); }),
       "tree checksum, 1 thread");
   add("xxh3_parallel",

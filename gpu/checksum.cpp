@@ -41,7 +41,7 @@ status parallel_xor_apply(std::span<std::byte> base, std::span<const std::byte> 
     size_t offset = i * xor_block;
     size_t len = std::min(xor_block, base.size() - offset);
     // Sizes are equal, so the per-block apply cannot fail.
-    (void)delta::xor_apply(base.subspan(offset, len), delta.subspan(offset, len));
+    (void) delta::xor_apply(base.subspan(offset, len), delta.subspan(offset, len));
   });
   return {};
 }

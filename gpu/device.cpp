@@ -29,9 +29,9 @@ status cuda_xor_apply(void* dev_base, const void* dev_delta, size_t n, void* str
 
 status device_xor_apply(std::span<std::byte> base, std::span<const std::byte> delta) {
   if (base.size() != delta.size())
-    return make_error(errc::decode_failure,
-                      "xor delta has " + std::to_string(delta.size()) + " bytes but the tensor has "
-                        + std::to_string(base.size()));
+    return make_error(errc::decode_failure, "xor delta has " + std::to_string(delta.size())
+                                              + " bytes but the tensor has "
+                                              + std::to_string(base.size()));
   if (device_count() == 0)
     return make_error(errc::engine_unavailable, "no CUDA device");
   if (const char* err = detail::cuda_xor_roundtrip(base.data(), delta.data(), base.size()))

@@ -48,7 +48,8 @@ int cuda_device_count() noexcept {
 }
 
 /// Enqueues the kernels; returns nullptr or the CUDA error's text.
-const char* cuda_xor_launch(void* dev_base, const void* dev_delta, size_t n, void* stream) noexcept {
+const char* cuda_xor_launch(void* dev_base, const void* dev_delta, size_t n,
+                            void* stream) noexcept {
   if (n == 0)
     return nullptr;
   auto s = static_cast<cudaStream_t>(stream);
@@ -64,7 +65,8 @@ const char* cuda_xor_launch(void* dev_base, const void* dev_delta, size_t n, voi
     head = words * 16;
   }
   if (head < n)
-    xor_bytes<<<blocks_for(n - head), threads_per_block, 0, s>>>(base + head, delta + head, n - head);
+    xor_bytes<<<blocks_for(n - head), threads_per_block, 0, s>>>(base + head, delta + head,
+                                                                 n - head);
   cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }

@@ -49,5 +49,8 @@ done
 step "benchmarks (smoke run)"
 build/bin/codec_bench --mb 8 >/dev/null
 
-step "unit and integration tests"
+step "unit and integration tests (with a local S3 server for the S3 store)"
+STITCH_S3_ENDPOINT=$(scripts/s3-test-server.sh start)
+export STITCH_S3_ENDPOINT
+trap 'scripts/s3-test-server.sh stop >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 ctest --preset default -j "$jobs" --timeout 600

@@ -17,11 +17,9 @@ result<commit_mode> parse_commit_mode(std::string_view text) {
                     "commit mode '" + std::string{text} + "' is neither 'quiesce' nor 'in_place'");
 }
 
-admission_gate::admission_gate() : admission_gate(options{}) {
-}
+admission_gate::admission_gate() : admission_gate(options{}) {}
 
-admission_gate::admission_gate(options opts) : opts_(opts) {
-}
+admission_gate::admission_gate(options opts) : opts_(opts) {}
 
 void admission_gate::serve(uint64_t version) {
   served_ = version;
@@ -83,9 +81,8 @@ bool admission_gate::holds_commit(const in_flight& r) const noexcept {
 size_t admission_gate::holders() const noexcept {
   if (phase_ != phase::draining)
     return 0;
-  return static_cast<size_t>(std::count_if(active_.begin(), active_.end(), [this](const auto& kv) {
-    return holds_commit(kv.second);
-  }));
+  return static_cast<size_t>(std::count_if(
+    active_.begin(), active_.end(), [this](const auto& kv) { return holds_commit(kv.second); }));
 }
 
 std::optional<clock_time> admission_gate::drain_deadline() const noexcept {

@@ -8,12 +8,12 @@ namespace {
 
 status check_link(const manifest& m, const version_ref& expected) {
   if (m.ref != expected)
-    return make_error(errc::invalid_manifest, "manifest stored for " + to_string(expected)
-                                                + " names " + to_string(m.ref));
-  if (!m.is_full() && m.base_version != expected.version - 1)
     return make_error(errc::invalid_manifest,
-                      "delta " + to_string(expected) + " does not build on version "
-                        + std::to_string(expected.version - 1));
+                      "manifest stored for " + to_string(expected) + " names " + to_string(m.ref));
+  if (!m.is_full() && m.base_version != expected.version - 1)
+    return make_error(errc::invalid_manifest, "delta " + to_string(expected)
+                                                + " does not build on version "
+                                                + std::to_string(expected.version - 1));
   return {};
 }
 

@@ -47,7 +47,8 @@ uint64_t tree_checksum(std::span<const std::byte> bytes) noexcept {
   XXH3_64bits_reset(&digests);
   for (size_t offset = 0; offset < bytes.size(); offset += chunk_size) {
     unsigned char word[8];
-    store_le64(word, chunk_digest(bytes.subspan(offset, std::min(chunk_size, bytes.size() - offset))));
+    store_le64(word,
+               chunk_digest(bytes.subspan(offset, std::min(chunk_size, bytes.size() - offset))));
     XXH3_64bits_update(&digests, word, sizeof word);
   }
   return XXH3_64bits_digest(&digests);
@@ -137,9 +138,8 @@ std::string to_hex(uint64_t digest) {
 
 result<uint64_t> parse_hex(std::string_view text) {
   if (text.size() != 16)
-    return make_error(errc::invalid_argument,
-                      "checksum must be 16 lowercase hex digits, got "
-                        + std::to_string(text.size()) + " characters");
+    return make_error(errc::invalid_argument, "checksum must be 16 lowercase hex digits, got "
+                                                + std::to_string(text.size()) + " characters");
   uint64_t value = 0;
   for (char c : text) {
     unsigned digit = 0;

@@ -42,10 +42,10 @@ error decode_error(std::string message) {
 status xor_encode(std::span<const std::byte> old_bytes, std::span<const std::byte> new_bytes,
                   std::span<std::byte> out) {
   if (old_bytes.size() != new_bytes.size() || out.size() != old_bytes.size())
-    return make_error(errc::invalid_argument,
-                      "xor_encode needs equal sizes, got old " + std::to_string(old_bytes.size())
-                        + ", new " + std::to_string(new_bytes.size()) + ", out "
-                        + std::to_string(out.size()));
+    return make_error(errc::invalid_argument, "xor_encode needs equal sizes, got old "
+                                                + std::to_string(old_bytes.size()) + ", new "
+                                                + std::to_string(new_bytes.size()) + ", out "
+                                                + std::to_string(out.size()));
   xor_bytes(out.data(), old_bytes.data(), new_bytes.data(), out.size());
   return {};
 }
@@ -77,9 +77,9 @@ int max_level() noexcept {
 
 result<std::vector<std::byte>> compress(std::span<const std::byte> bytes, int level) {
   if (level < min_level() || level > max_level())
-    return make_error(errc::invalid_argument,
-                      "zstd level " + std::to_string(level) + " is outside ["
-                        + std::to_string(min_level()) + ", " + std::to_string(max_level()) + "]");
+    return make_error(errc::invalid_argument, "zstd level " + std::to_string(level)
+                                                + " is outside [" + std::to_string(min_level())
+                                                + ", " + std::to_string(max_level()) + "]");
   std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx{ZSTD_createCCtx(), &ZSTD_freeCCtx};
   if (!cctx)
     return make_error(errc::limit_exceeded, "out of memory creating a zstd context");

@@ -36,8 +36,7 @@ result<std::vector<std::byte>> compress(std::span<const std::byte> bytes, int le
 /// `expected_size` bytes. Frames declaring or producing more, truncated or
 /// corrupt input, and fewer bytes than expected are `decode_failure`; at most
 /// `expected_size` bytes are ever allocated.
-result<std::vector<std::byte>> decompress(std::span<const std::byte> frame,
-                                          uint64_t expected_size);
+result<std::vector<std::byte>> decompress(std::span<const std::byte> frame, uint64_t expected_size);
 
 /// Like `decompress`, into a caller's buffer of exactly the expected size.
 status decompress_into(std::span<const std::byte> frame, std::span<std::byte> out);

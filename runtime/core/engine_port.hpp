@@ -87,8 +87,8 @@ public:
   virtual result<generation_result> generate(const generation_request& request,
                                              const std::function<bool()>& cancelled) = 0;
   /// Adds the version stamps to an engine response body for `route`.
-  virtual std::string stamp_response(std::string_view route, std::string_view body,
-                                     const stamps& s, std::string_view run_id) = 0;
+  virtual std::string stamp_response(std::string_view route, std::string_view body, const stamps& s,
+                                     std::string_view run_id) = 0;
   virtual engine_health health() = 0;
   /// Engine control routes clients may not call through Stitch (403).
   virtual std::vector<std::string> blocked_routes() const = 0;

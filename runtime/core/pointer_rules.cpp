@@ -72,9 +72,8 @@ status check_compare_and_swap(const std::optional<version_ref>& expected,
 }
 
 std::string describe(const cas_conflict& conflict) {
-  return "pointer moved concurrently: expected " + describe_optional(conflict.expected)
-         + ", found " + describe_optional(conflict.actual) + ", proposing "
-         + to_string(conflict.proposed);
+  return "pointer moved concurrently: expected " + describe_optional(conflict.expected) + ", found "
+         + describe_optional(conflict.actual) + ", proposing " + to_string(conflict.proposed);
 }
 
 } // namespace stitch

@@ -252,8 +252,8 @@ void reconciler::start_commit(effects& out) {
   phase_ = phase::committing;
   state_ = sync_state::committing;
   awaited_op_ = next_op();
-  out.emplace_back(fx::commit{awaited_op_, staged_->target, staged_->reset_to_boot,
-                              staged_->reset_to_boot});
+  out.emplace_back(
+    fx::commit{awaited_op_, staged_->target, staged_->reset_to_boot, staged_->reset_to_boot});
 }
 
 std::vector<reconcile_effect> reconciler::on_committed(uint64_t op, status outcome,
@@ -265,8 +265,8 @@ std::vector<reconcile_effect> reconciler::on_committed(uint64_t op, status outco
   if (!outcome) {
     ++metrics_.activation_failures_total;
     ready_ = false;
-    terminal_error_ = "activating " + to_string(staged_->target)
-                      + " failed: " + to_string(outcome.error());
+    terminal_error_ =
+      "activating " + to_string(staged_->target) + " failed: " + to_string(outcome.error());
     reason_ = terminal_error_;
     state_ = sync_state::error;
     staged_.reset();

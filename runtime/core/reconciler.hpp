@@ -76,11 +76,11 @@ struct enter_rotation {
 };
 } // namespace reconcile_effects
 
-using reconcile_effect
-  = std::variant<reconcile_effects::read_pointer, reconcile_effects::read_manifest,
-                 reconcile_effects::stage, reconcile_effects::commit, reconcile_effects::advance,
-                 reconcile_effects::discard_shadow, reconcile_effects::rebuild_engine,
-                 reconcile_effects::leave_rotation, reconcile_effects::enter_rotation>;
+using reconcile_effect =
+  std::variant<reconcile_effects::read_pointer, reconcile_effects::read_manifest,
+               reconcile_effects::stage, reconcile_effects::commit, reconcile_effects::advance,
+               reconcile_effects::discard_shadow, reconcile_effects::rebuild_engine,
+               reconcile_effects::leave_rotation, reconcile_effects::enter_rotation>;
 
 struct reconcile_metrics {
   uint64_t passes_total = 0;

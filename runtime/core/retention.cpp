@@ -8,14 +8,14 @@ namespace stitch {
 std::set<uint64_t> select_deletions(const std::vector<stored_version>& versions,
                                     uint64_t boot_version, size_t keep_last,
                                     const std::set<uint64_t>& pinned) {
-  std::map<uint64_t, bool> by_version;  // version -> is_full
+  std::map<uint64_t, bool> by_version; // version -> is_full
   for (const auto& v : versions)
     by_version[v.version] = v.is_full;
   std::set<uint64_t> keep{boot_version};
   keep.insert(pinned.begin(), pinned.end());
   size_t newest = 0;
-  for (auto it = by_version.rbegin(); it != by_version.rend() && newest < std::max<size_t>(keep_last, 1);
-       ++it, ++newest)
+  for (auto it = by_version.rbegin();
+       it != by_version.rend() && newest < std::max<size_t>(keep_last, 1); ++it, ++newest)
     keep.insert(it->first);
   // Each kept version needs its chain back to the nearest anchor.
   std::set<uint64_t> needed;
@@ -25,7 +25,7 @@ std::set<uint64_t> select_deletions(const std::vector<stored_version>& versions,
       const uint64_t base = it->first - 1;
       --it;
       if (it->first != base)
-        break;  // a hole: nothing further back can complete this chain
+        break; // a hole: nothing further back can complete this chain
       needed.insert(it->first);
     }
   }

@@ -142,9 +142,7 @@ public:
 
   bool start_object(size_t) {
     switch (state_) {
-      case state::top_begin:
-        state_ = state::top;
-        return true;
+      case state::top_begin: state_ = state::top; return true;
       case state::top_value:
         if (key_ == metadata_key) {
           state_ = state::metadata;
@@ -156,8 +154,7 @@ public:
           state_ = state::tensor;
         }
         return true;
-      default:
-        return wrong_value("an object");
+      default: return wrong_value("an object");
     }
   }
 
@@ -208,19 +205,14 @@ public:
         state_ = state::tensor_value;
         return true;
       }
-      default:
-        return fail("unexpected key " + quote(name));
+      default: return fail("unexpected key " + quote(name));
     }
   }
 
   bool end_object() {
     switch (state_) {
-      case state::top:
-        state_ = state::done;
-        return true;
-      case state::metadata:
-        state_ = state::top;
-        return true;
+      case state::top: state_ = state::done; return true;
+      case state::metadata: state_ = state::top; return true;
       case state::tensor:
         if (!(fields_seen_ & (1u << static_cast<unsigned>(field::dtype))))
           return fail("tensor " + quote(current_.name) + " has no dtype");
@@ -231,8 +223,7 @@ public:
         tensors.push_back(std::move(current_));
         state_ = state::top;
         return true;
-      default:
-        return fail("unexpected end of object");
+      default: return fail("unexpected end of object");
     }
   }
 
@@ -282,8 +273,7 @@ private:
   bool wrong_value(std::string_view got) {
     std::string is = " is " + std::string{got};
     switch (state_) {
-      case state::top_begin:
-        return fail("header is not a JSON object");
+      case state::top_begin: return fail("header is not a JSON object");
       case state::top_value:
         if (key_ == metadata_key)
           return fail("__metadata__" + is + ", not an object");
@@ -306,8 +296,7 @@ private:
       case state::offsets:
         return fail("data_offsets of " + quote(current_.name) + " has an entry that" + is
                     + ", not a non-negative integer");
-      default:
-        break;
+      default: break;
     }
     return fail("unexpected value in header:" + is);
   }
@@ -363,8 +352,7 @@ result<uint64_t> check_layout(std::vector<tensor_info>& tensors) {
   return expected;
 }
 
-result<file_view> parse_header_impl(std::span<const std::byte> prefix,
-                                    const uint64_t* file_size) {
+result<file_view> parse_header_impl(std::span<const std::byte> prefix, const uint64_t* file_size) {
   auto size = read_header_size(prefix);
   if (!size)
     return std::move(size).error();
@@ -560,8 +548,8 @@ result<header_bytes> serialize_header(std::span<const tensor_spec> tensors,
     if (!names.insert(t.name).second)
       return format_error("duplicate tensor name " + quote(t.name));
     if (t.shape.size() > max_rank)
-      return format_error("shape of " + quote(t.name) + " has more than "
-                          + std::to_string(max_rank) + " dimensions");
+      return format_error("shape of " + quote(t.name) + " has more than " + std::to_string(max_rank)
+                          + " dimensions");
     auto size = byte_length(t.type, t.shape);
     if (!size)
       return format_error("tensor " + quote(t.name) + ": " + size.error().message);
@@ -600,10 +588,10 @@ result<std::vector<std::byte>> serialize(std::span<const tensor_to_write> tensor
     return std::move(header).error();
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].data.size() != header->layout[i].byte_size())
-      return make_error(errc::invalid_argument,
-                        "tensor " + quote(tensors[i].name) + " has "
-                          + std::to_string(tensors[i].data.size()) + " bytes but its shape needs "
-                          + std::to_string(header->layout[i].byte_size()));
+      return make_error(errc::invalid_argument, "tensor " + quote(tensors[i].name) + " has "
+                                                  + std::to_string(tensors[i].data.size())
+                                                  + " bytes but its shape needs "
+                                                  + std::to_string(header->layout[i].byte_size()));
   }
   std::vector<std::byte> out = std::move(header->bytes);
   out.reserve(out.size() + header->data_size);

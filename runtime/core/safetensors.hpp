@@ -43,10 +43,9 @@ enum class dtype : uint8_t {
 };
 
 inline constexpr std::array all_dtypes{
-  dtype::bool_, dtype::u8,  dtype::i8,      dtype::f8_e5m2, dtype::f8_e4m3,
-  dtype::f8_e8m0, dtype::i16, dtype::u16,   dtype::f16,     dtype::bf16,
-  dtype::i32,   dtype::u32, dtype::f32,     dtype::c64,     dtype::f64,
-  dtype::i64,   dtype::u64, dtype::f4,      dtype::f6_e2m3, dtype::f6_e3m2,
+  dtype::bool_, dtype::u8,  dtype::i8,   dtype::f8_e5m2, dtype::f8_e4m3, dtype::f8_e8m0, dtype::i16,
+  dtype::u16,   dtype::f16, dtype::bf16, dtype::i32,     dtype::u32,     dtype::f32,     dtype::c64,
+  dtype::f64,   dtype::i64, dtype::u64,  dtype::f4,      dtype::f6_e2m3, dtype::f6_e3m2,
 };
 
 /// The spec's name, e.g. "BF16", "F8_E4M3", "BOOL".
@@ -177,7 +176,7 @@ public:
 
 private:
   stream_writer(std::vector<tensor_info> layout, uint64_t data_size, byte_sink sink)
-    : layout_(std::move(layout)), data_size_(data_size), sink_(std::move(sink)) {}
+      : layout_(std::move(layout)), data_size_(data_size), sink_(std::move(sink)) {}
 
   std::vector<tensor_info> layout_;
   uint64_t data_size_ = 0;

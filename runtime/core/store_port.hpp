@@ -49,9 +49,9 @@ public:
   virtual result<pointer_record> claim(std::string_view pool, const version_ref& boot) = 0;
   /// Moves the pointer to `proposed` if it still names `expected`, per
   /// `decide_pointer_move`; a lost race is `errc::conflict`.
-  virtual result<pointer_record> compare_and_advance_pointer(
-    std::string_view pool, const std::optional<version_ref>& expected,
-    const version_ref& proposed) = 0;
+  virtual result<pointer_record>
+  compare_and_advance_pointer(std::string_view pool, const std::optional<version_ref>& expected,
+                              const version_ref& proposed) = 0;
   /// Stores a version's shards and manifest durably (not yet visible through
   /// the pointer). Idempotent for identical content; `version_exists` otherwise.
   virtual status put_version(std::string_view pool, const manifest& m,
@@ -60,9 +60,8 @@ public:
   virtual result<manifest> read_manifest(std::string_view pool, const version_ref& ref) = 0;
   /// Reads `out.size()` bytes of a tensor's stored (possibly encoded) bytes
   /// starting at `offset`.
-  virtual status read_range(std::string_view pool, const version_ref& ref,
-                            std::string_view tensor, uint64_t offset, std::span<std::byte> out)
-    = 0;
+  virtual status read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
+                            uint64_t offset, std::span<std::byte> out) = 0;
   /// The stored versions of a run, ascending.
   virtual result<std::vector<version_ref>> list_versions(std::string_view pool,
                                                          std::string_view run_id) = 0;

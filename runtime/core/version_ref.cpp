@@ -43,11 +43,13 @@ std::optional<uint64_t> parse_digits(std::string_view digits) {
 }
 
 std::string_view trim(std::string_view text) {
-  while (!text.empty() && (text.front() == ' ' || text.front() == '\t' || text.front() == '\n'
-                           || text.front() == '\r'))
+  while (!text.empty()
+         && (text.front() == ' ' || text.front() == '\t' || text.front() == '\n'
+             || text.front() == '\r'))
     text.remove_prefix(1);
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\t' || text.back() == '\n'
-                           || text.back() == '\r'))
+  while (
+    !text.empty()
+    && (text.back() == ' ' || text.back() == '\t' || text.back() == '\n' || text.back() == '\r'))
     text.remove_suffix(1);
   return text;
 }
@@ -58,7 +60,8 @@ status validate_run_id(std::string_view run_id) {
   if (run_id.empty())
     return make_error(errc::invalid_argument, "run id is empty");
   if (run_id.size() > max_run_id_length)
-    return make_error(errc::invalid_argument, "run id " + quoted(run_id) + " is longer than 64 characters");
+    return make_error(errc::invalid_argument,
+                      "run id " + quoted(run_id) + " is longer than 64 characters");
   if (run_id == "." || run_id == "..")
     return make_error(errc::invalid_argument, "run id " + quoted(run_id) + " is not allowed");
   for (char c : run_id)

@@ -1,10 +1,13 @@
 // stitch: the command-line client of a Stitch cluster (DESIGN §7).
 
 #include <CLI/CLI.hpp>
+#include <caf/actor_system.hpp>
 
 #include <cstdio>
 
 #include "runtime/node/cli.hpp"
+#include "runtime/node/commands.hpp"
+#include "runtime/node/system_config.hpp"
 
 int main(int argc, char** argv) {
   using namespace stitch::node;
@@ -15,8 +18,25 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator", coordinator, "coordinator HOST:PORT")->capture_default_str();
   app.add_option("--token", token, "admin token (or STITCH_TOKEN)")->envname("STITCH_TOKEN");
   app.set_version_flag("--version", "stitch 0.1.0");
-  for (const char* name : {"init-model", "publish", "export", "demo", "submit", "status", "scale",
-                           "stop"})
+
+  publish_command pub;
+  auto* publish = app.add_subcommand("publish", "publish a Hugging Face directory as a version");
+  publish->add_option("--pool", pub.args.pool, "pool")->capture_default_str();
+  publish->add_option("--run", pub.args.run_id, "run id")->required();
+  publish->add_option("--version", pub.args.version, "version number")->required();
+  publish->add_option("dir", pub.directory, "safetensors directory (single file or sharded)")
+    ->required();
+  publish->add_flag("--anchor", pub.args.force_anchor, "publish a full anchor");
+  publish->add_flag("--dry-run", pub.args.dry_run, "print what would be published");
+  publish->add_flag("--stream", pub.stream, "stream the tensors even to a local node");
+
+  export_command exp;
+  auto* exporter = app.add_subcommand("export", "write a version as a Hugging Face directory");
+  exporter->add_option("--version", exp.version, "R/N or R/weight_v00000N")->required();
+  exporter->add_option("--out", exp.out_dir, "output directory")->required();
+  exporter->add_option("--pool", exp.pool, "pool")->capture_default_str();
+
+  for (const char* name : {"init-model", "demo", "submit", "status", "scale", "stop"})
     app.add_subcommand(name, "not part of this build yet")->allow_extras();
   try {
     app.parse(argc, argv);
@@ -24,7 +44,33 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? exit_ok : exit_usage;
   }
-  std::fprintf(stderr, "stitch: '%s' is not part of this build yet\n",
-               app.get_subcommands().front()->get_name().c_str());
-  return exit_runtime_failure;
+  auto where = parse_host_port(coordinator);
+  if (!where) {
+    std::fprintf(stderr, "stitch: --coordinator: %s\n", where.error().message.c_str());
+    return exit_usage;
+  }
+  auto* chosen = app.get_subcommands().front();
+  if (chosen != publish && chosen != exporter) {
+    std::fprintf(stderr, "stitch: '%s' is not part of this build yet\n",
+                 chosen->get_name().c_str());
+    return exit_runtime_failure;
+  }
+  stitch::system_config cfg;
+  caf::actor_system sys{cfg};
+  if (chosen == publish) {
+    pub.coordinator = *where;
+    auto done = run_publish(sys, pub, stdout);
+    if (!done) {
+      std::fprintf(stderr, "stitch publish: %s\n", to_string(done.error()).c_str());
+      return done.error().code == stitch::errc::invalid_argument ? exit_usage
+                                                                 : exit_runtime_failure;
+    }
+    return exit_ok;
+  }
+  exp.coordinator = *where;
+  if (auto done = run_export(sys, exp, stdout); !done) {
+    std::fprintf(stderr, "stitch export: %s\n", to_string(done.error()).c_str());
+    return exit_runtime_failure;
+  }
+  return exit_ok;
 }

@@ -90,7 +90,7 @@ stitch::error backend(const rocksdb::Status& s, std::string_view what) {
 class rocksdb_store final : public store_backend {
 public:
   rocksdb_store(std::unique_ptr<rocksdb::DB> db, std::vector<rocksdb::ColumnFamilyHandle*> cfs)
-    : db_(std::move(db)), cfs_(std::move(cfs)) {
+      : db_(std::move(db)), cfs_(std::move(cfs)) {
     sync_.sync = true;
   }
 
@@ -181,8 +181,7 @@ public:
     auto decision = decide_pointer_move(*current, proposal);
     if (!decision)
       return std::move(decision).error();
-    if (auto ok
-        = commit_pointer(pool, *decision, proposed, stored->is_full(), !known->has_value());
+    if (auto ok = commit_pointer(pool, *decision, proposed, stored->is_full(), !known->has_value());
         !ok)
       return std::move(ok).error();
     return decision->next;
@@ -215,8 +214,9 @@ public:
     rocksdb::WriteOptions unsynced;
     auto layout = ingest_version(
       m, shards, [&](uint32_t shard, uint64_t offset, std::span<const std::byte> bytes) -> status {
-        auto ws = db_->Put(unsynced, chunks(), chunk_key(pool, m.ref, shard, offset),
-                           rocksdb::Slice{reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+        auto ws =
+          db_->Put(unsynced, chunks(), chunk_key(pool, m.ref, shard, offset),
+                   rocksdb::Slice{reinterpret_cast<const char*>(bytes.data()), bytes.size()});
         if (!ws.ok())
           return backend(ws, "writing shard bytes of " + to_string(m.ref));
         return {};
@@ -254,10 +254,10 @@ public:
                         "tensor '" + std::string{tensor} + "' is not stored in " + to_string(ref));
     const auto& loc = it->second;
     if (offset > loc.size || out.size() > loc.size - offset)
-      return make_error(errc::invalid_argument,
-                        "range [" + std::to_string(offset) + ", +" + std::to_string(out.size())
-                          + ") is outside tensor '" + std::string{tensor} + "' of "
-                          + std::to_string(loc.size) + " bytes");
+      return make_error(errc::invalid_argument, "range [" + std::to_string(offset) + ", +"
+                                                  + std::to_string(out.size())
+                                                  + ") is outside tensor '" + std::string{tensor}
+                                                  + "' of " + std::to_string(loc.size) + " bytes");
     uint64_t pos = loc.offset + offset;
     size_t done = 0;
     rocksdb::PinnableSlice piece;
@@ -307,8 +307,8 @@ public:
       for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
         auto boot = parse_number(it->value().ToString());
         if (!boot)
-          return make_error(errc::corrupt_data, "boot record of pool '" + std::string{pool}
-                                                  + "' is corrupt");
+          return make_error(errc::corrupt_data,
+                            "boot record of pool '" + std::string{pool} + "' is corrupt");
         runs.emplace_back(it->key().ToString().substr(prefix.size()), *boot);
       }
     }
@@ -385,8 +385,8 @@ private:
       return backend(s, "reading the boot of run '" + std::string{run} + "'");
     auto v = parse_number(value);
     if (!v)
-      return make_error(errc::corrupt_data, "boot record of run '" + std::string{run}
-                                              + "' is corrupt");
+      return make_error(errc::corrupt_data,
+                        "boot record of run '" + std::string{run} + "' is corrupt");
     return std::optional<uint64_t>{*v};
   }
 
@@ -414,13 +414,13 @@ private:
     if (auto ok = validate_run_id(ref.run_id); !ok)
       return std::move(ok).error();
     if (complete_only && !is_done(pool, ref))
-      return make_error(errc::not_found, to_string(ref) + " is not published in pool '"
-                                           + std::string{pool} + "'");
+      return make_error(errc::not_found,
+                        to_string(ref) + " is not published in pool '" + std::string{pool} + "'");
     std::string json;
     auto s = db_->Get({}, manifests(), manifest_key(pool, ref), &json);
     if (s.IsNotFound())
-      return make_error(errc::not_found, to_string(ref) + " is not stored in pool '"
-                                           + std::string{pool} + "'");
+      return make_error(errc::not_found,
+                        to_string(ref) + " is not stored in pool '" + std::string{pool} + "'");
     if (!s.ok())
       return backend(s, "reading manifest of " + to_string(ref));
     auto m = parse_manifest(json);
@@ -428,8 +428,8 @@ private:
       return make_error(errc::corrupt_data,
                         "stored manifest of " + to_string(ref) + ": " + m.error().message);
     if (m->ref != ref)
-      return make_error(errc::corrupt_data, "stored manifest of " + to_string(ref) + " names "
-                                              + to_string(m->ref));
+      return make_error(errc::corrupt_data,
+                        "stored manifest of " + to_string(ref) + " names " + to_string(m->ref));
     return m;
   }
 
@@ -441,14 +441,14 @@ private:
         return it->second;
     }
     if (!is_done(pool, ref))
-      return make_error(errc::not_found, to_string(ref) + " is not published in pool '"
-                                           + std::string{pool} + "'");
+      return make_error(errc::not_found,
+                        to_string(ref) + " is not published in pool '" + std::string{pool} + "'");
     std::string bytes;
     auto s = db_->Get({}, manifests(), key, &bytes);
     if (!s.ok())
-      return s.IsNotFound() ? make_error(errc::corrupt_data, "layout of " + to_string(ref)
-                                                               + " is missing")
-                            : backend(s, "reading layout of " + to_string(ref));
+      return s.IsNotFound()
+               ? make_error(errc::corrupt_data, "layout of " + to_string(ref) + " is missing")
+               : backend(s, "reading layout of " + to_string(ref));
     auto layout = decode_layout(bytes);
     if (!layout)
       return make_error(errc::corrupt_data, to_string(ref) + ": " + layout.error().message);
@@ -518,14 +518,6 @@ result<std::unique_ptr<store_backend>> open_rocksdb_store(const std::string& pat
   if (auto ok = store->check_schema(); !ok)
     return std::move(ok).error();
   return std::unique_ptr<store_backend>{std::move(store)};
-}
-
-result<std::unique_ptr<store_backend>> open_store(std::string_view uri) {
-  constexpr std::string_view scheme = "rocksdb:";
-  if (uri.starts_with(scheme) && uri.size() > scheme.size())
-    return open_rocksdb_store(std::string{uri.substr(scheme.size())});
-  return make_error(errc::invalid_argument,
-                    "store uri '" + std::string{uri} + "' is not of the form rocksdb:PATH");
 }
 
 } // namespace stitch::store

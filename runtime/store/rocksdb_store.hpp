@@ -35,7 +35,4 @@ inline constexpr std::string_view rocksdb_schema = "stitch-rocksdb-1";
 result<std::unique_ptr<store_backend>> open_rocksdb_store(const std::string& path,
                                                           rocksdb_options opts = {});
 
-/// Opens a store from a URI: `rocksdb:PATH` (others are refused here).
-result<std::unique_ptr<store_backend>> open_store(std::string_view uri);
-
 } // namespace stitch::store

@@ -33,8 +33,7 @@ result<size_t> read_full(byte_source& src, std::span<std::byte> out) {
 /// Verifies tensor checksums while a shard's data section streams past.
 class checksum_stream {
 public:
-  checksum_stream(const manifest& m, const safetensors::file_view& view)
-    : m_(m), view_(view) {}
+  checksum_stream(const manifest& m, const safetensors::file_view& view) : m_(m), view_(view) {}
 
   /// `bytes` are the data section's bytes at `data_offset`.
   status feed(uint64_t data_offset, std::span<const std::byte> bytes) {
@@ -70,10 +69,10 @@ private:
     if (expected == m_.checksums.end())
       return fail(errc::invalid_manifest, "no checksum for tensor '" + t.name + "'");
     if (expected->second != got)
-      return fail(errc::checksum_mismatch,
-                  "tensor '" + t.name + "' of " + to_string(m_.ref) + " has checksum "
-                    + checksum::to_hex(got) + " but the manifest says "
-                    + checksum::to_hex(expected->second));
+      return fail(errc::checksum_mismatch, "tensor '" + t.name + "' of " + to_string(m_.ref)
+                                             + " has checksum " + checksum::to_hex(got)
+                                             + " but the manifest says "
+                                             + checksum::to_hex(expected->second));
     // Empty tensors right after this one finish without bytes.
     return drain();
   }
@@ -113,8 +112,8 @@ result<version_layout> ingest_version(const manifest& m, std::span<const shard_u
     const auto& name = m.shards[index];
     auto found = by_name.find(name);
     if (found == by_name.end())
-      return fail(errc::invalid_argument, "shard '" + name + "' of " + to_string(m.ref)
-                                            + " was not uploaded");
+      return fail(errc::invalid_argument,
+                  "shard '" + name + "' of " + to_string(m.ref) + " was not uploaded");
     byte_source& src = *found->second->bytes;
     const uint64_t file_size = src.size();
     auto where = [&] { return "shard '" + name + "' of " + to_string(m.ref); };
@@ -128,8 +127,8 @@ result<version_layout> ingest_version(const manifest& m, std::span<const shard_u
     if (!header_size)
       return fail(errc::invalid_format, where() + ": " + header_size.error().message);
     if (8 + *header_size > file_size)
-      return fail(errc::invalid_format, where() + " is " + std::to_string(file_size)
-                                          + " bytes, shorter than its header");
+      return fail(errc::invalid_format,
+                  where() + " is " + std::to_string(file_size) + " bytes, shorter than its header");
     head.resize(8 + *header_size);
     got = read_full(src, std::span{head}.subspan(8));
     if (!got)
@@ -149,8 +148,8 @@ result<version_layout> ingest_version(const manifest& m, std::span<const shard_u
       if (!expected.erase(t.name))
         return fail(errc::invalid_manifest, where() + " holds tensor '" + t.name
                                               + "' that the weight_map does not assign to it");
-      layout.tensors[t.name] = tensor_location{index, view->data_start + t.data_begin,
-                                               t.byte_size()};
+      layout.tensors[t.name] =
+        tensor_location{index, view->data_start + t.data_begin, t.byte_size()};
       tensor_bytes += t.byte_size();
     }
     if (!expected.empty())
@@ -174,15 +173,15 @@ result<version_layout> ingest_version(const manifest& m, std::span<const shard_u
     std::copy(head.begin() + static_cast<ptrdiff_t>(head_pos), head.end(), piece.begin());
     uint64_t position = head.size();
     while (position < file_size) {
-      auto room = std::span{piece}.subspan(filled,
-                                           std::min<uint64_t>(piece_size - filled,
-                                                              file_size - position));
+      auto room = std::span{piece}.subspan(
+        filled, std::min<uint64_t>(piece_size - filled, file_size - position));
       auto n = read_full(src, room);
       if (!n)
         return std::move(n).error();
       if (*n != room.size())
-        return fail(errc::invalid_format, where() + " is truncated: " + std::to_string(position + *n)
-                                            + " of " + std::to_string(file_size) + " bytes arrived");
+        return fail(errc::invalid_format,
+                    where() + " is truncated: " + std::to_string(position + *n) + " of "
+                      + std::to_string(file_size) + " bytes arrived");
       if (m.is_full())
         if (auto ok = sums.feed(position - view->data_start, room); !ok)
           return std::move(ok).error();

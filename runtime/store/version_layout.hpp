@@ -38,8 +38,8 @@ inline constexpr size_t piece_size = size_t{8} << 20;
 
 /// Receives shard `shard`'s bytes at `offset` (a multiple of `piece_size`),
 /// at most `piece_size` at a time, in order.
-using piece_writer
-  = std::function<status(uint32_t shard, uint64_t offset, std::span<const std::byte> bytes)>;
+using piece_writer =
+  std::function<status(uint32_t shard, uint64_t offset, std::span<const std::byte> bytes)>;
 
 /// Streams the shards of a version being published to `write`, checking them
 /// against the manifest as they pass: each manifest shard exactly once, a

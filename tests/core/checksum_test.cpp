@@ -66,14 +66,14 @@ TEST(checksum, known_answer_over_several_chunks) {
 
   std::vector<uint64_t> digests;
   for (size_t offset = 0; offset < bytes.size(); offset += cs::chunk_size)
-    digests.push_back(cs::chunk_digest(
-      std::span<const std::byte>{bytes}.subspan(offset, std::min(cs::chunk_size, bytes.size() - offset))));
+    digests.push_back(cs::chunk_digest(std::span<const std::byte>{bytes}.subspan(
+      offset, std::min(cs::chunk_size, bytes.size() - offset))));
   EXPECT_EQ(cs::combine(digests), expected);
 }
 
 TEST(checksum, chunk_boundaries) {
-  for (size_t size : {size_t{1}, cs::chunk_size - 1, cs::chunk_size, cs::chunk_size + 1,
-                      2 * cs::chunk_size}) {
+  for (size_t size :
+       {size_t{1}, cs::chunk_size - 1, cs::chunk_size, cs::chunk_size + 1, 2 * cs::chunk_size}) {
     auto bytes = random_bytes(size, static_cast<uint32_t>(size));
     EXPECT_EQ(cs::tree_checksum(bytes), reference_checksum(bytes)) << size;
   }
@@ -103,7 +103,9 @@ TEST(checksum, incremental_hasher_matches_one_shot_for_random_splits) {
     cs::tree_hasher hasher;
     std::span<const std::byte> rest = bytes;
     // Mix tiny pieces, pieces around the chunk size and big ones.
-    size_t max_piece = round % 3 == 0 ? 64 : round % 3 == 1 ? cs::chunk_size + 5 : 3 * cs::chunk_size;
+    size_t max_piece = round % 3 == 0   ? 64
+                       : round % 3 == 1 ? cs::chunk_size + 5
+                                        : 3 * cs::chunk_size;
     while (!rest.empty()) {
       size_t take = std::min<size_t>(rest.size(), rng() % max_piece + (round % 2));
       hasher.update(rest.first(take));

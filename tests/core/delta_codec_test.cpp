@@ -52,7 +52,7 @@ TEST(delta_xor, unaligned_spans_and_aliasing_output) {
   auto new_bytes = random_bytes(1000, 4);
   std::span<const std::byte> o{old_bytes};
   std::span<const std::byte> nw{new_bytes};
-  auto out = old_bytes;  // encode in place over a copy of old
+  auto out = old_bytes; // encode in place over a copy of old
   std::span<std::byte> inplace = std::span<std::byte>{out}.subspan(3, 900);
   ASSERT_TRUE(dc::xor_encode(o.subspan(3, 900), nw.subspan(5, 900), inplace));
   for (size_t i = 0; i < 900; ++i)

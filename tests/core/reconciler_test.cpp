@@ -73,9 +73,8 @@ public:
   }
 
   size_t count(const std::string& prefix) const {
-    return static_cast<size_t>(std::count_if(log.begin(), log.end(), [&](const std::string& l) {
-      return l.rfind(prefix, 0) == 0;
-    }));
+    return static_cast<size_t>(std::count_if(
+      log.begin(), log.end(), [&](const std::string& l) { return l.rfind(prefix, 0) == 0; }));
   }
 
 private:
@@ -151,8 +150,8 @@ TEST(reconciler, fresh_replica_catches_up_and_only_then_is_ready) {
   };
   d.trigger(trigger::startup);
   EXPECT_EQ(d.log, (lines{"read_pointer", "read_manifest r/weight_v000000",
-                          "stage r/weight_v000000 folding 1 from r/weight_v000000",
-                          "read_pointer", "commit r/weight_v000000", "enter r/weight_v000000"}));
+                          "stage r/weight_v000000 folding 1 from r/weight_v000000", "read_pointer",
+                          "commit r/weight_v000000", "enter r/weight_v000000"}));
   EXPECT_TRUE(d.r.ready());
   EXPECT_EQ(d.r.applied(), (version_ref{"r", 0}));
   EXPECT_EQ(d.r.state(), sync_state::idle);
@@ -202,8 +201,8 @@ TEST(reconciler, run_switch_drains_all_and_flushes) {
   d.trigger();
   EXPECT_EQ(d.log, (lines{"read_pointer", "read_manifest b/weight_v000001",
                           "read_manifest b/weight_v000000",
-                          "stage b/weight_v000001 folding 2 from b/weight_v000000",
-                          "read_pointer", "commit b/weight_v000001 drain_all flush"}));
+                          "stage b/weight_v000001 folding 2 from b/weight_v000000", "read_pointer",
+                          "commit b/weight_v000001 drain_all flush"}));
   EXPECT_EQ(d.r.applied(), (version_ref{"b", 1}));
 }
 
@@ -243,7 +242,7 @@ TEST(reconciler, lost_wake_converges_on_next_backstop_tick) {
   d.chain("r", 0);
   d.trigger(trigger::startup);
   d.delta("r", 1);
-  d.point("r", 1);  // published; the wake is lost
+  d.point("r", 1); // published; the wake is lost
   EXPECT_EQ(d.r.applied(), (version_ref{"r", 0}));
   d.trigger(trigger::backstop);
   EXPECT_EQ(d.r.applied(), (version_ref{"r", 1}));
@@ -349,7 +348,7 @@ TEST(reconciler, recheck_after_staging_stages_newer_head_before_one_commit) {
   bool published = false;
   d.before = [&](const reconcile_effect& e) {
     if (std::holds_alternative<fx::stage>(e) && !published) {
-      published = true;  // the trainer publishes 2 and 3 while we stage 1
+      published = true; // the trainer publishes 2 and 3 while we stage 1
       d.delta("r", 2);
       d.delta("r", 3);
       d.point("r", 3);
@@ -357,11 +356,11 @@ TEST(reconciler, recheck_after_staging_stages_newer_head_before_one_commit) {
   };
   d.log.clear();
   d.trigger();
-  EXPECT_EQ(d.log, (lines{"read_pointer", "read_manifest r/weight_v000001",
-                          "stage r/weight_v000001 folding 1", "read_pointer",
-                          "read_manifest r/weight_v000003", "read_manifest r/weight_v000002",
-                          "stage r/weight_v000003 folding 2 onto shadow",
-                          "commit r/weight_v000003"}));
+  EXPECT_EQ(
+    d.log,
+    (lines{"read_pointer", "read_manifest r/weight_v000001", "stage r/weight_v000001 folding 1",
+           "read_pointer", "read_manifest r/weight_v000003", "read_manifest r/weight_v000002",
+           "stage r/weight_v000003 folding 2 onto shadow", "commit r/weight_v000003"}));
   EXPECT_EQ(d.r.applied(), (version_ref{"r", 3}));
   EXPECT_EQ(d.r.metrics().last_folded, 3u);
   EXPECT_EQ(d.r.metrics().last_stage, 4s) << "both stages count";

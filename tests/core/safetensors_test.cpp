@@ -101,7 +101,9 @@ TEST(safetensors_roundtrip, every_dtype_with_metadata) {
   size_t i = 0;
   for (auto type : st::all_dtypes) {
     tensors.push_back({"model.layers." + std::to_string(i) + "." + std::string{st::to_string(type)},
-                       type, {2, 3, 5}, storage[i]});
+                       type,
+                       {2, 3, 5},
+                       storage[i]});
     ++i;
   }
   st::metadata_map metadata{{"format", "pt"}, {"note", "quote\" and \\ and \xc3\xa9"}};
@@ -174,8 +176,9 @@ TEST(safetensors_roundtrip, empty_file_and_empty_tensors) {
 
 TEST(safetensors_roundtrip, accepts_a_header_written_by_another_writer) {
   // Key order, whitespace and trailing padding as Python's writer produces.
-  std::string header = R"({"__metadata__":{"format":"pt"},"b":{"dtype":"F16","shape":[2],)"
-                       R"("data_offsets":[4,8]},"a":{"dtype":"I32","shape":[],"data_offsets":[0,4]}}  )";
+  std::string header =
+    R"({"__metadata__":{"format":"pt"},"b":{"dtype":"F16","shape":[2],)"
+    R"("data_offsets":[4,8]},"a":{"dtype":"I32","shape":[],"data_offsets":[0,4]}}  )";
   auto file = file_with_header(header, 8);
   auto view = st::parse(file);
   ASSERT_TRUE(view) << view.error().message;
@@ -196,10 +199,11 @@ TEST(safetensors_stream, streams_the_same_bytes_as_serialize) {
 
   std::vector<std::byte> streamed;
   std::vector<st::tensor_spec> specs{{"a", st::dtype::u8, {1000}}, {"b", st::dtype::bf16, {3, 7}}};
-  auto writer = st::stream_writer::start(specs, {{"k", "v"}}, [&](std::span<const std::byte> bytes) {
-    streamed.insert(streamed.end(), bytes.begin(), bytes.end());
-    return stitch::status{};
-  });
+  auto writer =
+    st::stream_writer::start(specs, {{"k", "v"}}, [&](std::span<const std::byte> bytes) {
+      streamed.insert(streamed.end(), bytes.begin(), bytes.end());
+      return stitch::status{};
+    });
   ASSERT_TRUE(writer);
   EXPECT_EQ(writer->remaining(), 1042u);
   EXPECT_FALSE(writer->finish());
@@ -329,8 +333,7 @@ TEST(safetensors_parse, tensor_fields_have_the_right_types) {
   std::string deep_shape = "[";
   for (int i = 0; i < 65; ++i)
     deep_shape += i == 0 ? "1" : ",1";
-  expect_format_error(R"({"a":{"dtype":"U8","shape":)" + deep_shape
-                        + R"(],"data_offsets":[0,1]}})",
+  expect_format_error(R"({"a":{"dtype":"U8","shape":)" + deep_shape + R"(],"data_offsets":[0,1]}})",
                       1, "more than 64 dimensions");
 }
 
@@ -370,8 +373,7 @@ TEST(safetensors_parse, byte_length_must_match_dtype_and_shape) {
                       "has 4 bytes but dtype F32 shape [2] needs 8");
   expect_format_error(R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}})", 1, "needs 2");
   expect_format_error(
-    R"({"a":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0,
-    "overflows");
+    R"({"a":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0, "overflows");
 }
 
 TEST(safetensors_parse, duplicate_tensor_names_are_refused) {

@@ -43,9 +43,9 @@ TEST(version_ref, empty_string_is_no_version) {
 }
 
 TEST(version_ref, garbage_is_an_error_quoting_the_text) {
-  for (const char* text : {"latest", "weight_v", "weight_vx1", "run/weight_v-1", "run/",
-                           "/weight_v000001", "run/weight_v1/extra", "7", "run/7x",
-                           "run/weight_v99999999999999999999999"}) {
+  for (const char* text :
+       {"latest", "weight_v", "weight_vx1", "run/weight_v-1", "run/", "/weight_v000001",
+        "run/weight_v1/extra", "7", "run/7x", "run/weight_v99999999999999999999999"}) {
     auto parsed = parse_version_ref(text);
     ASSERT_FALSE(parsed) << text;
     EXPECT_EQ(parsed.error().code, errc::invalid_argument);

@@ -64,9 +64,7 @@ TEST(thread_pool, concurrent_callers_and_nested_calls) {
   std::atomic<size_t> total{0};
   auto caller = [&] {
     for (int k = 0; k < 50; ++k)
-      pool.run(10, [&](size_t) {
-        pool.run(3, [&](size_t) { total += 1; });
-      });
+      pool.run(10, [&](size_t) { pool.run(3, [&](size_t) { total += 1; }); });
   };
   std::thread a{caller};
   std::thread b{caller};
@@ -94,9 +92,9 @@ TEST(thread_pool, first_exception_reaches_the_caller) {
 
 TEST(parallel_checksum, equals_sequential_above_and_below_the_threshold) {
   stitch::gpu::thread_pool pool{4};
-  for (size_t size : {size_t{0}, size_t{1000}, stitch::gpu::parallel_threshold - 1,
-                      stitch::gpu::parallel_threshold + stitch::checksum::chunk_size / 3,
-                      size_t{20} << 20}) {
+  for (size_t size :
+       {size_t{0}, size_t{1000}, stitch::gpu::parallel_threshold - 1,
+        stitch::gpu::parallel_threshold + stitch::checksum::chunk_size / 3, size_t{20} << 20}) {
     auto bytes = random_bytes(size, static_cast<uint32_t>(size));
     uint64_t sequential = stitch::checksum::tree_checksum(bytes);
     EXPECT_EQ(stitch::gpu::parallel_tree_checksum(bytes, pool), sequential) << size;

@@ -10,8 +10,7 @@ namespace {
 
 class caf_types_test : public ::testing::Test {
 protected:
-  caf_types_test() : sys(cfg) {
-  }
+  caf_types_test() : sys(cfg) {}
   stitch::system_config cfg;
   caf::actor_system sys;
 };

@@ -59,7 +59,8 @@ TEST(store_crash, sigkill_never_loses_acknowledged_or_exposes_half_written_versi
     // Mostly kill mid-publish (after the store opened); sometimes mid-recovery.
     if (rng() % 8 != 0) {
       auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      while (out.find("ready") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      while (out.find("ready") == std::string::npos
+             && std::chrono::steady_clock::now() < deadline) {
         pollfd p{fds[0], POLLIN, 0};
         if (poll(&p, 1, 100) > 0) {
           ssize_t got = read(fds[0], buf, sizeof(buf));

@@ -28,7 +28,7 @@ using namespace stitch::testing;
 class power_cut_fs final : public rocksdb::FileSystemWrapper {
 public:
   explicit power_cut_fs(const std::shared_ptr<rocksdb::FileSystem>& base)
-    : rocksdb::FileSystemWrapper(base) {}
+      : rocksdb::FileSystemWrapper(base) {}
 
   const char* Name() const override { return "power_cut_fs"; }
 
@@ -71,7 +71,7 @@ private:
   class tracked_file final : public rocksdb::FSWritableFileOwnerWrapper {
   public:
     tracked_file(std::unique_ptr<rocksdb::FSWritableFile> f, power_cut_fs* fs, std::string name)
-      : rocksdb::FSWritableFileOwnerWrapper(std::move(f)), fs_(fs), name_(std::move(name)) {}
+        : rocksdb::FSWritableFileOwnerWrapper(std::move(f)), fs_(fs), name_(std::move(name)) {}
 
     rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& opts,
                              rocksdb::IODebugContext* dbg) override {
@@ -171,8 +171,8 @@ TEST(store_power_loss, unsynced_bytes_lost_never_lose_acknowledged_versions) {
           if (fs->is_cut())
             ++cuts_mid_publish;
         } else {
-          ASSERT_TRUE(fs->is_cut()) << "open failed with the power on: "
-                                    << to_string(opened.error());
+          ASSERT_TRUE(fs->is_cut())
+            << "open failed with the power on: " << to_string(opened.error());
         }
       }
       fs->drop_unsynced();

@@ -12,6 +12,7 @@
 #include "actors/store_client.hpp"
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/rocksdb_store.hpp"
+#include "runtime/store/s3_store.hpp"
 #include "runtime/store/version_layout.hpp"
 #include "store_fixtures.hpp"
 
@@ -31,7 +32,7 @@ struct backend_factory {
 class actor_backed_store final : public store_backend {
 public:
   explicit actor_backed_store(std::unique_ptr<store_backend> db, std::filesystem::path spool)
-    : sys_(cfg_) {
+      : sys_(cfg_) {
     std::shared_ptr<store_backend> shared{std::move(db)};
     actor_ = sys_.spawn<caf::detached>(store_service, shared, std::move(spool));
     client_ = std::make_unique<remote_store>(sys_, actor_);
@@ -82,14 +83,32 @@ std::vector<backend_factory> backends() {
   out.push_back({"rocksdb", [](const std::filesystem::path& dir) {
                    return store::open_rocksdb_store((dir / "db").string());
                  }});
-  out.push_back({"store_actor", [](const std::filesystem::path& dir)
-                                  -> result<std::unique_ptr<store_backend>> {
-                   auto db = store::open_rocksdb_store((dir / "db").string());
-                   if (!db)
-                     return std::move(db).error();
-                   return std::unique_ptr<store_backend>{
-                     std::make_unique<actor_backed_store>(std::move(*db), dir / "spool")};
-                 }});
+  out.push_back(
+    {"store_actor", [](const std::filesystem::path& dir) -> result<std::unique_ptr<store_backend>> {
+       auto db = store::open_rocksdb_store((dir / "db").string());
+       if (!db)
+         return std::move(db).error();
+       return std::unique_ptr<store_backend>{
+         std::make_unique<actor_backed_store>(std::move(*db), dir / "spool")};
+     }});
+  // A real S3-protocol server (scripts/s3-test-server.sh), one prefix per test.
+  out.push_back(
+    {"s3", [](const std::filesystem::path& dir) -> result<std::unique_ptr<store_backend>> {
+       const char* endpoint = std::getenv("STITCH_S3_ENDPOINT");
+       if (!endpoint || !*endpoint)
+         return make_error(errc::engine_unavailable, "STITCH_S3_ENDPOINT is not set");
+       transport::s3_config config;
+       config.endpoint = endpoint;
+       config.region = "us-east-1";
+       config.credentials = {"S3RVER", "S3RVER", ""};
+       auto client = transport::s3_client::open(config);
+       if (!client)
+         return std::move(client).error();
+       if (auto made = (*client)->create_bucket("stitch-suite"); !made)
+         return std::move(made).error();
+       return store::open_s3_store("s3://stitch-suite/" + dir.filename().string(),
+                                   store::s3_options{config});
+     }});
   return out;
 }
 
@@ -97,6 +116,9 @@ class store_backend_test : public ::testing::TestWithParam<backend_factory> {
 protected:
   void SetUp() override {
     auto opened = GetParam().open(dir.path());
+    if (!opened && opened.error().code == errc::engine_unavailable)
+      GTEST_SKIP() << GetParam().name << ": " << opened.error().message
+                   << " (export STITCH_S3_ENDPOINT=$(scripts/s3-test-server.sh start))";
     ASSERT_TRUE(opened) << to_string(opened.error());
     store = std::move(*opened);
   }

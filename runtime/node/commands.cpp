@@ -1,0 +1,134 @@
+#include "runtime/node/commands.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/middleman.hpp>
+
+#include <filesystem>
+
+#include "actors/coordinator_actor.hpp"
+#include "actors/publisher_actor.hpp"
+#include "actors/store_client.hpp"
+#include "runtime/store/hf_directory.hpp"
+#include "runtime/store/materialize.hpp"
+
+namespace stitch::node {
+
+namespace {
+
+constexpr auto request_timeout = std::chrono::minutes{10};
+
+template <class T, class Handle, class... Ts>
+result<T> ask(caf::actor_system& sys, const Handle& whom, Ts&&... xs) {
+  caf::scoped_actor self{sys};
+  std::optional<result<T>> out;
+  self->request(whom, request_timeout, std::forward<Ts>(xs)...)
+    .receive([&](T& value) { out.emplace(std::move(value)); },
+             [&](caf::error& err) { out.emplace(from_caf_error(sys, err)); });
+  return std::move(*out);
+}
+
+result<caf::actor> lookup(caf::actor_system& sys, const host_port& where, const std::string& role) {
+  auto coordinator = sys.middleman().remote_actor<coordinator_actor>(where.host, where.port);
+  if (!coordinator)
+    return make_error(errc::engine_unavailable, "cannot reach the coordinator at " + where.host
+                                                  + ":" + std::to_string(where.port) + ": "
+                                                  + sys.render(coordinator.error()));
+  return ask<caf::actor>(sys, *coordinator, atom::lookup_v, role);
+}
+
+std::string human_bytes(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+result<publish_summary> stream_directory(caf::actor_system& sys, const publisher_actor& publisher,
+                                         const publish_command& cmd) {
+  auto checkpoint = store::open_hf_directory(cmd.directory);
+  if (!checkpoint)
+    return std::move(checkpoint).error();
+  auto session = ask<uint64_t>(sys, publisher, atom::publish_v, cmd.args);
+  if (!session)
+    return std::move(session).error();
+  std::vector<std::byte> tensor;
+  std::vector<char> chunk;
+  for (const auto& [name, t] : checkpoint->tensors) {
+    auto size = ask<uint64_t>(sys, publisher, atom::tensor_v, *session, name,
+                              std::string{safetensors::to_string(t.type)}, t.shape);
+    if (!size)
+      return std::move(size).error();
+    tensor.resize(t.size);
+    if (auto ok = store::read_tensor(*checkpoint, name, tensor); !ok)
+      return std::move(ok).error();
+    for (uint64_t at = 0; at < tensor.size(); at += max_chunk_bytes) {
+      auto n = std::min<uint64_t>(max_chunk_bytes, tensor.size() - at);
+      chunk.assign(reinterpret_cast<const char*>(tensor.data() + at),
+                   reinterpret_cast<const char*>(tensor.data() + at + n));
+      auto left = ask<uint64_t>(sys, publisher, atom::chunk_v, *session, chunk);
+      if (!left)
+        return std::move(left).error();
+    }
+  }
+  return ask<publish_summary>(sys, publisher, atom::finish_v, *session);
+}
+
+} // namespace
+
+result<publish_summary> run_publish(caf::actor_system& sys, const publish_command& cmd,
+                                    std::FILE* out) {
+  auto handle = lookup(sys, cmd.coordinator, "publisher");
+  if (!handle)
+    return std::move(handle).error();
+  auto publisher = caf::actor_cast<publisher_actor>(*handle);
+  result<publish_summary> summary = make_error(errc::invalid_argument, "not published");
+  if (!cmd.stream && is_loopback(cmd.coordinator.host)) {
+    std::error_code ec;
+    auto path = std::filesystem::absolute(cmd.directory, ec);
+    summary = ask<publish_summary>(sys, publisher, atom::publish_v, cmd.args, path.string());
+  } else {
+    summary = stream_directory(sys, publisher, cmd);
+  }
+  if (!summary)
+    return summary;
+  const auto ref = to_string(version_ref{cmd.args.run_id, cmd.args.version});
+  std::fprintf(
+    out,
+    "%s %s as a %s%s: %zu tensor(s) touched, %s of weights -> %s encoded -> %s "
+    "stored\n",
+    cmd.args.dry_run ? "would publish" : (summary->idempotent ? "already published" : "published"),
+    ref.c_str(), summary->kind.c_str(),
+    summary->reason_for_anchor.empty() ? "" : (" (" + summary->reason_for_anchor + ")").c_str(),
+    summary->touched.size(), human_bytes(summary->raw_bytes).c_str(),
+    human_bytes(summary->encoded_bytes).c_str(), human_bytes(summary->stored_bytes).c_str());
+  if (summary->pointer.present)
+    std::fprintf(out, "pool '%s' now points at %s (boot %llu)\n", cmd.args.pool.c_str(),
+                 to_string(summary->pointer.record.latest).c_str(),
+                 static_cast<unsigned long long>(summary->pointer.record.boot_version));
+  return summary;
+}
+
+status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* out) {
+  auto ref = parse_required_version_ref(cmd.version);
+  if (!ref)
+    return std::move(ref).error();
+  if (ref->run_id.empty())
+    return make_error(errc::invalid_argument,
+                      "--version needs a run: R/N or R/weight_v00000N, not '" + cmd.version + "'");
+  auto handle = lookup(sys, cmd.coordinator, "store");
+  if (!handle)
+    return std::move(handle).error();
+  remote_store store{sys, caf::actor_cast<store_actor>(*handle)};
+  if (auto ok = store::export_version(store, cmd.pool, *ref, cmd.out_dir); !ok)
+    return ok;
+  std::fprintf(out, "exported %s to %s\n", to_string(*ref).c_str(), cmd.out_dir.c_str());
+  return {};
+}
+
+} // namespace stitch::node

@@ -1,0 +1,39 @@
+#pragma once
+
+#include <caf/fwd.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "actors/messages.hpp"
+#include "runtime/core/error.hpp"
+#include "runtime/node/cli.hpp"
+
+namespace stitch::node {
+
+struct publish_command {
+  host_port coordinator;
+  publish_args args;
+  std::string directory;
+  /// Stream the tensors even when the node could read the directory itself.
+  bool stream = false;
+};
+
+/// `stitch publish`: hands the directory's path to the publisher when the
+/// node is on this machine, or streams its tensors in chunks of at most
+/// `max_chunk_bytes`. Prints what was (or, with --dry-run, would be) published.
+result<publish_summary> run_publish(caf::actor_system& sys, const publish_command& cmd,
+                                    std::FILE* out);
+
+struct export_command {
+  host_port coordinator;
+  std::string pool = "default";
+  std::string version;
+  std::string out_dir;
+};
+
+/// `stitch export`: rebuilds a version from the store actor's chunks and
+/// writes a standard HF directory.
+status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* out);
+
+} // namespace stitch::node

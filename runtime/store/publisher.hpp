@@ -1,0 +1,163 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "runtime/core/checksum.hpp"
+#include "runtime/core/error.hpp"
+#include "runtime/core/manifest.hpp"
+#include "runtime/core/pointer_rules.hpp"
+#include "runtime/core/safetensors.hpp"
+#include "runtime/core/shard_plan.hpp"
+#include "runtime/core/store_port.hpp"
+#include "runtime/store/host_tensors.hpp"
+
+/// The trainer side of publishing (DESIGN §2, §7 `stitch publish`).
+///
+/// ## How Stitch stores tensors
+///
+/// The store port reads a stored tensor's bytes (`read_range`) but neither its
+/// size nor its dtype and shape, so every stored version describes itself
+/// through its tensors:
+///
+/// - A **full anchor** stores every tensor's bytes as they are (dtype and
+///   shape in the shard headers, so the directory is a plain HF checkpoint)
+///   plus one extra U8 tensor, `tensor_specs_name`, whose bytes are a
+///   safetensors header (8-byte little-endian length, then the JSON) listing
+///   every weight tensor's dtype, shape and byte size. It is a tensor like any
+///   other: in `weight_map`, `touched` and `checksums`, and its checksum is
+///   carried by every later manifest of the chain (it never changes within a
+///   chain, since a change of names, dtypes or shapes forces an anchor).
+///   Readers skip it when they build weights.
+/// - A **delta** stores each touched tensor as a U8 tensor holding a *delta
+///   frame*: the payload's length as 8 little-endian bytes, then the payload
+///   (the XOR of old and new bytes, zstd-compressed). A reader fetches the 8
+///   bytes, then the payload.
+namespace stitch::store {
+
+/// The reserved name of a full anchor's tensor descriptions.
+inline constexpr std::string_view tensor_specs_name = "__stitch_tensor_specs__";
+
+/// Bytes of a delta frame's length prefix.
+inline constexpr size_t delta_frame_prefix = 8;
+
+/// The bytes of the `tensor_specs_name` tensor for `tensors`: a safetensors
+/// header (no data section) describing them in name order.
+result<std::vector<std::byte>> encode_tensor_specs(const tensor_set& tensors);
+
+/// A delta frame: `payload.size()` as 8 little-endian bytes, then `payload`.
+std::vector<std::byte> encode_delta_frame(std::span<const std::byte> payload);
+
+/// The tree checksums of several tensors: a large tensor's chunks are hashed
+/// in parallel, small tensors are hashed side by side, all through `runner`
+/// (the shared thread pool when null).
+std::vector<uint64_t> tensor_checksums(std::span<const std::span<const std::byte>> tensors,
+                                       parallel_for* runner = nullptr);
+
+/// A `byte_source` over byte spans held elsewhere, read one after the other
+/// as one stream. The spans must outlive the source.
+class memory_source final : public byte_source {
+public:
+  explicit memory_source(std::vector<std::span<const std::byte>> pieces);
+
+  uint64_t size() const override { return size_; }
+  result<size_t> read(std::span<std::byte> out) override;
+
+private:
+  std::vector<std::span<const std::byte>> pieces_;
+  uint64_t size_ = 0;
+  size_t piece_ = 0;
+  size_t offset_ = 0;
+};
+
+struct publish_request {
+  std::string pool = "default";
+  std::string run_id;
+  uint64_t version = 0;
+  /// Publish a full anchor whatever the delta would cost (`--anchor`).
+  bool force_anchor = false;
+  /// Compute everything, touch neither the store nor the remembered version.
+  bool dry_run = false;
+};
+
+struct publisher_options {
+  /// A full anchor at least every this many versions of a run; 0 turns the
+  /// cadence off (anchors then come only from the other reasons).
+  uint32_t anchor_every = 10;
+  /// zstd level of delta payloads.
+  int zstd_level = 1;
+  /// Most tensor bytes per stored shard (a larger tensor gets its own).
+  uint64_t max_shard_bytes = default_max_shard_bytes;
+};
+
+struct publish_report {
+  version_kind kind = version_kind::full;
+  /// The manifest's `touched`: every tensor (the specs tensor included) for
+  /// an anchor, the changed ones for a delta.
+  std::vector<std::string> touched;
+  /// Bytes of the full weights.
+  uint64_t raw_bytes = 0;
+  /// Bytes of the stored tensors before compression (for an anchor, the
+  /// stored bytes; for a delta, the XOR bytes of the touched tensors).
+  uint64_t encoded_bytes = 0;
+  /// Bytes of tensor data the version stores, after compression (the
+  /// manifest's `total_size`).
+  uint64_t stored_bytes = 0;
+  /// The store already held this version with identical content.
+  bool idempotent = false;
+  /// The version claimed its run (first version of the run in this pool).
+  bool claimed = false;
+  /// The pool's pointer after publishing; nullopt for a dry run.
+  std::optional<pointer_record> pointer;
+  /// Why this version is a full anchor; empty for a delta.
+  std::string reason_for_anchor;
+  /// The manifest published (or that a dry run would publish).
+  manifest published;
+};
+
+/// Turns a trainer's full weights into versions in a store: remembers the
+/// last version of each (pool, run) it published, stores the next one as a
+/// delta against it when that pays off and a full anchor otherwise, then
+/// moves the pool's pointer (claiming the run on its first version). Not
+/// thread-safe: one caller at a time (its actor).
+class publisher {
+public:
+  publisher(store_backend& store, publisher_options options = {});
+
+  /// Publishes `full_weights` as `request.version` of `request.run_id`.
+  /// Errors: `invalid_argument` for a bad request or malformed tensors,
+  /// `version_exists` when the version is stored with other content,
+  /// `rewind`, `conflict` and the store's errors as they come.
+  result<publish_report> publish(const publish_request& request, const tensor_set& full_weights);
+
+  /// The version remembered for (pool, run), if any.
+  std::optional<uint64_t> last_version(std::string_view pool, std::string_view run_id) const;
+
+private:
+  struct run_state {
+    uint64_t version = 0;
+    /// nullopt when unknown (adopted from the store): the next one anchors.
+    std::optional<uint64_t> last_anchor;
+    tensor_set weights;
+    manifest published;
+  };
+  struct prepared;
+
+  result<prepared> prepare(const publish_request& request, const tensor_set& weights,
+                           const run_state* previous) const;
+  result<prepared> prepare_anchor(const publish_request& request, const tensor_set& weights,
+                                  std::string reason) const;
+
+  store_backend& store_;
+  publisher_options options_;
+  std::map<std::pair<std::string, std::string>, run_state> runs_;
+};
+
+} // namespace stitch::store

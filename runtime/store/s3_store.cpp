@@ -1,0 +1,747 @@
+#include "runtime/store/s3_store.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "runtime/core/retention.hpp"
+#include "runtime/store/version_layout.hpp"
+
+namespace stitch::store {
+
+using transport::s3_client;
+using transport::s3_completed_part;
+using transport::s3_write_condition;
+
+namespace {
+
+/// `latest` and `boot` hold one version identity; anything longer is garbage.
+constexpr size_t max_record_bytes = 4096;
+constexpr std::string_view index_name = "model.safetensors.index.json";
+constexpr std::string_view layout_name = ".stitch-layout";
+constexpr std::string_view published_name = ".stitch-published";
+/// S3's limit on the parts of one multipart upload.
+constexpr uint64_t max_parts = 10'000;
+
+/// Untrusted text for an error message: bounded, control bytes escaped.
+std::string quote(std::string_view text) {
+  constexpr size_t limit = 120;
+  std::string out = "'";
+  for (char c : text.substr(0, limit)) {
+    auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      static constexpr char digits[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(digits[u >> 4]);
+      out.push_back(digits[u & 0xf]);
+    } else {
+      out.push_back(c);
+    }
+  }
+  out += text.size() > limit ? "'..." : "'";
+  return out;
+}
+
+std::string_view trim(std::string_view text) {
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  while (!text.empty() && space(text.front()))
+    text.remove_prefix(1);
+  while (!text.empty() && space(text.back()))
+    text.remove_suffix(1);
+  return text;
+}
+
+/// A pointer or boot record's text: a version identity naming a run.
+result<version_ref> parse_record(std::string_view body, std::string_view what) {
+  auto text = trim(body);
+  auto ref = parse_version_ref(text);
+  if (!ref || !*ref || (*ref)->run_id.empty())
+    return make_error(errc::corrupt_data, std::string{what} + " holds " + quote(text)
+                                            + ", not a version like run/weight_v000007");
+  return **ref;
+}
+
+} // namespace
+
+struct s3_store::impl {
+  std::unique_ptr<s3_client> client;
+  transport::s3_location where;
+  /// Serializes pointer moves and retention within this process (see README).
+  std::mutex publish_mutex;
+  std::mutex cache_mutex;
+  /// Versions are immutable once complete, so what was read of them stays true
+  /// until this process deletes them.
+  std::map<std::string, version_layout> layouts;
+  /// Publication marker key -> is_full.
+  std::map<std::string, bool> published_cache;
+
+  // -- keys ------------------------------------------------------------------
+
+  std::string pool_prefix(std::string_view pool) const {
+    return (where.prefix.empty() ? std::string{} : where.prefix + "/") + std::string{pool} + "/";
+  }
+  std::string latest_key(std::string_view pool) const { return pool_prefix(pool) + "latest"; }
+  std::string run_prefix(std::string_view pool, std::string_view run) const {
+    return pool_prefix(pool) + std::string{run} + "/";
+  }
+  std::string boot_key(std::string_view pool, std::string_view run) const {
+    return run_prefix(pool, run) + "boot";
+  }
+  std::string version_prefix(std::string_view pool, const version_ref& ref) const {
+    return run_prefix(pool, ref.run_id) + version_dir_name(ref.version) + "/";
+  }
+  std::string index_key(std::string_view pool, const version_ref& ref) const {
+    return version_prefix(pool, ref) + std::string{index_name};
+  }
+  std::string layout_key(std::string_view pool, const version_ref& ref) const {
+    return version_prefix(pool, ref) + std::string{layout_name};
+  }
+  std::string published_key(std::string_view pool, const version_ref& ref) const {
+    return version_prefix(pool, ref) + std::string{published_name};
+  }
+  std::string url(std::string_view key) const {
+    return "s3://" + where.bucket + "/" + std::string{key};
+  }
+  static std::string in_pool(std::string_view pool) {
+    return " in pool '" + std::string{pool} + "'";
+  }
+
+  // -- records ---------------------------------------------------------------
+
+  struct latest_record {
+    version_ref ref;
+    std::string etag;
+  };
+
+  /// A small text record, or nullopt when missing; oversized is `corrupt_data`.
+  result<std::optional<transport::s3_object>> read_small(const std::string& key) {
+    auto obj = client->get_object(where.bucket, key, max_record_bytes);
+    if (!obj) {
+      if (obj.error().code == errc::not_found)
+        return std::optional<transport::s3_object>{};
+      if (obj.error().code == errc::limit_exceeded)
+        return make_error(errc::corrupt_data,
+                          url(key) + " is over " + std::to_string(max_record_bytes) + " bytes");
+      return std::move(obj).error();
+    }
+    return std::optional<transport::s3_object>{std::move(*obj)};
+  }
+
+  result<std::optional<latest_record>> read_latest(std::string_view pool) {
+    const auto key = latest_key(pool);
+    auto obj = read_small(key);
+    if (!obj)
+      return std::move(obj).error();
+    if (!*obj)
+      return std::optional<latest_record>{};
+    auto ref = parse_record((*obj)->body, "the pointer " + url(key));
+    if (!ref)
+      return std::move(ref).error();
+    return std::optional<latest_record>{latest_record{std::move(*ref), std::move((*obj)->etag)}};
+  }
+
+  result<std::optional<uint64_t>> read_boot(std::string_view pool, std::string_view run) {
+    const auto key = boot_key(pool, run);
+    auto obj = read_small(key);
+    if (!obj)
+      return std::move(obj).error();
+    if (!*obj)
+      return std::optional<uint64_t>{};
+    auto ref = parse_record((*obj)->body, "the boot record " + url(key));
+    if (!ref)
+      return std::move(ref).error();
+    if (ref->run_id != run)
+      return make_error(errc::corrupt_data,
+                        "the boot record " + url(key) + " names run '" + ref->run_id + "'");
+    return std::optional<uint64_t>{ref->version};
+  }
+
+  /// The pool's pointer with the run's boot, and the `latest` object's ETag.
+  result<std::pair<std::optional<pointer_record>, std::string>>
+  read_pointer_record(std::string_view pool) {
+    using out_type = std::pair<std::optional<pointer_record>, std::string>;
+    auto latest = read_latest(pool);
+    if (!latest)
+      return std::move(latest).error();
+    if (!*latest)
+      return out_type{};
+    const auto& ref = (*latest)->ref;
+    auto boot = read_boot(pool, ref.run_id);
+    if (!boot)
+      return std::move(boot).error();
+    if (!*boot)
+      return make_error(errc::corrupt_data, "the pointer" + in_pool(pool) + " names "
+                                              + to_string(ref) + " but run '" + ref.run_id
+                                              + "' has no boot record");
+    if (**boot > ref.version)
+      return make_error(errc::corrupt_data, "the pointer" + in_pool(pool) + " names "
+                                              + to_string(ref) + ", below its run's boot version "
+                                              + std::to_string(**boot));
+    return out_type{pointer_record{ref, **boot}, (*latest)->etag};
+  }
+
+  // -- versions --------------------------------------------------------------
+
+  /// Whether `ref` is published (its marker exists) and then whether it is a
+  /// full anchor; nullopt when it is not published.
+  result<std::optional<bool>> published(std::string_view pool, const version_ref& ref) {
+    const auto key = published_key(pool, ref);
+    {
+      std::lock_guard lock{cache_mutex};
+      if (auto it = published_cache.find(key); it != published_cache.end())
+        return std::optional<bool>{it->second};
+    }
+    auto obj = read_small(key);
+    if (!obj)
+      return std::move(obj).error();
+    if (!*obj)
+      return std::optional<bool>{};
+    auto text = trim((*obj)->body);
+    if (text != "full" && text != "delta")
+      return make_error(errc::corrupt_data,
+                        "the marker " + url(key) + " holds " + quote(text) + ", not full or delta");
+    remember_published(key, text == "full");
+    return std::optional<bool>{text == "full"};
+  }
+
+  void remember_published(const std::string& key, bool is_full) {
+    std::lock_guard lock{cache_mutex};
+    if (published_cache.size() >= 65536)
+      published_cache.clear();
+    published_cache[key] = is_full;
+  }
+
+  /// A stored manifest; with `published_only`, only once the pointer passed it.
+  result<manifest> load_manifest(std::string_view pool, const version_ref& ref,
+                                 bool published_only) {
+    if (auto ok = validate_run_id(ref.run_id); !ok)
+      return std::move(ok).error();
+    if (published_only) {
+      auto pub = published(pool, ref);
+      if (!pub)
+        return std::move(pub).error();
+      if (!*pub)
+        return make_error(errc::not_found, to_string(ref) + " is not published" + in_pool(pool));
+    }
+    const auto key = index_key(pool, ref);
+    auto obj = client->get_object(where.bucket, key, max_manifest_bytes);
+    if (!obj) {
+      if (obj.error().code == errc::not_found)
+        return make_error(errc::not_found, to_string(ref) + " is not stored" + in_pool(pool));
+      if (obj.error().code == errc::limit_exceeded)
+        return make_error(errc::corrupt_data, url(key) + " is over the manifest size limit");
+      return std::move(obj).error();
+    }
+    auto m = parse_manifest(obj->body);
+    if (!m)
+      return make_error(errc::corrupt_data, url(key) + ": " + m.error().message);
+    if (m->ref != ref)
+      return make_error(errc::corrupt_data, url(key) + " names " + to_string(m->ref));
+    return m;
+  }
+
+  result<version_layout> load_layout(std::string_view pool, const version_ref& ref) {
+    const auto key = layout_key(pool, ref);
+    {
+      std::lock_guard lock{cache_mutex};
+      if (auto it = layouts.find(key); it != layouts.end())
+        return it->second;
+    }
+    auto pub = published(pool, ref);
+    if (!pub)
+      return std::move(pub).error();
+    if (!*pub)
+      return make_error(errc::not_found, to_string(ref) + " is not published" + in_pool(pool));
+    auto obj = client->get_object(where.bucket, key, max_manifest_bytes);
+    if (!obj) {
+      if (obj.error().code == errc::not_found)
+        return make_error(errc::not_found, "the layout " + url(key) + " is missing");
+      return std::move(obj).error();
+    }
+    auto layout = decode_layout(obj->body);
+    if (!layout)
+      return make_error(errc::corrupt_data, url(key) + ": " + layout.error().message);
+    std::lock_guard lock{cache_mutex};
+    if (layouts.size() >= 256)
+      layouts.clear();
+    layouts.emplace(key, *layout);
+    return layout;
+  }
+
+  void forget(std::string_view pool, const version_ref& ref) {
+    std::lock_guard lock{cache_mutex};
+    layouts.erase(layout_key(pool, ref));
+    published_cache.erase(published_key(pool, ref));
+  }
+
+  /// Every page of a listing.
+  template <class Visit>
+  status list_all(const std::string& prefix, std::string_view delimiter, Visit&& visit) {
+    std::string token;
+    for (;;) {
+      auto page = client->list_objects_v2(where.bucket, prefix, delimiter, token);
+      if (!page)
+        return std::move(page).error();
+      visit(*page);
+      if (!page->truncated)
+        return {};
+      if (page->next_continuation_token == token)
+        return make_error(errc::backend_failure,
+                          "listing " + url(prefix) + " returned the same continuation token twice");
+      token = page->next_continuation_token;
+    }
+  }
+
+  /// The run's versions that hold a publication marker, ascending.
+  result<std::vector<version_ref>> published_versions(std::string_view pool, std::string_view run) {
+    const auto prefix = run_prefix(pool, run);
+    std::set<uint64_t> found;
+    auto ok = list_all(prefix, {}, [&](const transport::s3_list_page& page) {
+      for (const auto& obj : page.objects) {
+        std::string_view rest{obj.key};
+        if (!rest.starts_with(prefix))
+          continue;
+        rest.remove_prefix(prefix.size());
+        auto slash = rest.find('/');
+        if (slash == rest.npos || rest.substr(slash + 1) != published_name)
+          continue;
+        auto dir = rest.substr(0, slash);
+        auto ref = parse_version_ref(std::string{run} + "/" + std::string{dir});
+        if (ref && *ref && version_dir_name((*ref)->version) == dir)
+          found.insert((*ref)->version);
+      }
+    });
+    if (!ok)
+      return std::move(ok).error();
+    std::vector<version_ref> out;
+    for (auto v : found)
+      out.push_back({std::string{run}, v});
+    return out;
+  }
+
+  /// Deletes every object of a version: the marker first, then the index, so
+  /// a half-deleted version is visible neither to Stitch nor as a complete
+  /// HF directory.
+  status delete_version(std::string_view pool, const version_ref& ref) {
+    forget(pool, ref);
+    for (const auto& key : {published_key(pool, ref), index_key(pool, ref)})
+      if (auto ok = client->delete_object(where.bucket, key); !ok)
+        return ok;
+    std::vector<std::string> keys;
+    auto found = list_all(version_prefix(pool, ref), {}, [&](const transport::s3_list_page& page) {
+      for (const auto& obj : page.objects)
+        keys.push_back(obj.key);
+    });
+    if (!found)
+      return found;
+    for (const auto& key : keys)
+      if (auto ok = client->delete_object(where.bucket, key); !ok)
+        return ok;
+    return {};
+  }
+
+  // -- writes ----------------------------------------------------------------
+
+  /// Publishes `target`: its marker, the boot record when the run is new
+  /// (create-only), then the pointer (conditional on what was read) — the
+  /// pointer last, so whoever sees it can read everything it names.
+  status commit(std::string_view pool, const pointer_decision& decision, const version_ref& target,
+                bool is_full, bool new_run, const std::optional<version_ref>& read_latest_ref,
+                const std::string& etag) {
+    if (decision.move == pointer_move::unchanged)
+      return {};
+    const auto& next = decision.next;
+    const auto marker = published_key(pool, target);
+    if (auto put = client->put_object(where.bucket, marker, is_full ? "full\n" : "delta\n"); !put)
+      return std::move(put).error();
+    remember_published(marker, is_full);
+    if (new_run) {
+      const auto key = boot_key(pool, next.latest.run_id);
+      const version_ref boot{next.latest.run_id, next.boot_version};
+      auto put =
+        client->put_object(where.bucket, key, to_string(boot) + "\n", s3_write_condition::absent());
+      if (!put && put.error().code == errc::conflict) {
+        // Another publisher claimed the run first: fine only if it chose the same boot.
+        auto now = read_boot(pool, next.latest.run_id);
+        if (!now)
+          return std::move(now).error();
+        if (*now != next.boot_version)
+          return make_error(errc::conflict, "run '" + next.latest.run_id
+                                              + "' was claimed concurrently at boot "
+                                              + (*now ? std::to_string(**now) : "(none)"));
+      } else if (!put) {
+        return std::move(put).error();
+      }
+    }
+    // A server that sends no ETag cannot do If-Match either: plain write then.
+    s3_write_condition condition = s3_write_condition::absent();
+    if (read_latest_ref)
+      condition = etag.empty() ? s3_write_condition{} : s3_write_condition::matching(etag);
+    auto put =
+      client->put_object(where.bucket, latest_key(pool), to_string(next.latest) + "\n", condition);
+    if (put)
+      return {};
+    if (put.error().code != errc::conflict)
+      return std::move(put).error();
+    std::optional<version_ref> actual;
+    if (auto now = read_latest(pool); now && *now)
+      actual = (*now)->ref;
+    return make_error(errc::conflict, describe(cas_conflict{read_latest_ref, actual, next.latest}));
+  }
+
+  /// Removes what a failed publish wrote, best effort: nothing of it is
+  /// visible anyway (its index was never written).
+  void discard(const std::vector<std::string>& keys, const std::string& upload_key,
+               const std::string& upload_id) {
+    if (!upload_id.empty())
+      (void) client->abort_multipart_upload(where.bucket, upload_key, upload_id);
+    for (const auto& key : keys)
+      (void) client->delete_object(where.bucket, key);
+  }
+};
+
+s3_store::s3_store(std::unique_ptr<transport::s3_client> client, transport::s3_location where)
+    : impl_(std::make_unique<impl>()) {
+  impl_->client = std::move(client);
+  impl_->where = std::move(where);
+}
+
+s3_store::~s3_store() = default;
+
+result<std::optional<pointer_record>> s3_store::read_pointer(std::string_view pool) {
+  if (auto ok = validate_pool(pool); !ok)
+    return std::move(ok).error();
+  auto record = impl_->read_pointer_record(pool);
+  if (!record)
+    return std::move(record).error();
+  return std::move(record->first);
+}
+
+result<pointer_record> s3_store::claim(std::string_view pool, const version_ref& boot) {
+  if (auto ok = validate_pool(pool); !ok)
+    return std::move(ok).error();
+  if (auto ok = validate_run_id(boot.run_id); !ok)
+    return std::move(ok).error();
+  std::lock_guard lock{impl_->publish_mutex};
+  auto current = impl_->read_pointer_record(pool);
+  if (!current)
+    return std::move(current).error();
+  auto stored = impl_->load_manifest(pool, boot, false);
+  if (!stored)
+    return std::move(stored).error();
+  auto known = impl_->read_boot(pool, boot.run_id);
+  if (!known)
+    return std::move(known).error();
+  auto decision = decide_claim(current->first, boot, stored->is_full(), *known);
+  if (!decision)
+    return std::move(decision).error();
+  std::optional<version_ref> read_ref;
+  if (current->first)
+    read_ref = current->first->latest;
+  if (auto ok = impl_->commit(pool, *decision, boot, stored->is_full(), !known->has_value(),
+                              read_ref, current->second);
+      !ok)
+    return std::move(ok).error();
+  return decision->next;
+}
+
+// The compare-and-swap is a conditional write of `latest` (If-Match on the
+// ETag read here, If-None-Match: * when there was none). On a server that
+// ignores conditional writes (s3rver, some S3 clones) it degrades to
+// check-then-write: safe with one publisher per pool, which the store actor
+// guarantees within a node (and `publish_mutex` within this object), but two
+// nodes publishing to one pool could then lose an update. runtime/store/README.md.
+result<pointer_record> s3_store::compare_and_advance_pointer(
+  std::string_view pool, const std::optional<version_ref>& expected, const version_ref& proposed) {
+  if (auto ok = validate_pool(pool); !ok)
+    return std::move(ok).error();
+  if (auto ok = validate_run_id(proposed.run_id); !ok)
+    return std::move(ok).error();
+  std::lock_guard lock{impl_->publish_mutex};
+  auto current = impl_->read_pointer_record(pool);
+  if (!current)
+    return std::move(current).error();
+  std::optional<version_ref> actual;
+  if (current->first)
+    actual = current->first->latest;
+  if (auto ok = check_compare_and_swap(expected, actual, proposed); !ok)
+    return std::move(ok).error();
+  auto stored = impl_->load_manifest(pool, proposed, false);
+  if (!stored)
+    return std::move(stored).error();
+  auto known = impl_->read_boot(pool, proposed.run_id);
+  if (!known)
+    return std::move(known).error();
+  if (!stored->is_full()) {
+    // A delta is only publishable on top of its published base.
+    auto base = impl_->load_manifest(pool, {proposed.run_id, proposed.version - 1}, true);
+    if (!base)
+      return make_error(errc::missing_link, "cannot publish " + to_string(proposed)
+                                              + ": its base version is not published ("
+                                              + base.error().message + ")");
+  }
+  // put_version already refused different content for a stored version, so
+  // the current version proposed again is identical by construction.
+  pointer_proposal proposal{proposed, stored->is_full(), *known,
+                            actual == proposed ? std::optional<bool>{true} : std::nullopt};
+  auto decision = decide_pointer_move(current->first, proposal);
+  if (!decision)
+    return std::move(decision).error();
+  if (auto ok = impl_->commit(pool, *decision, proposed, stored->is_full(), !known->has_value(),
+                              actual, current->second);
+      !ok)
+    return std::move(ok).error();
+  return decision->next;
+}
+
+status s3_store::put_version(std::string_view pool, const manifest& m,
+                             std::span<const shard_upload> shards) {
+  if (auto ok = validate_pool(pool); !ok)
+    return ok;
+  if (auto ok = validate(m); !ok)
+    return ok;
+  auto& s = *impl_;
+  const std::string json = to_json(m);
+  const auto index_key = s.index_key(pool, m.ref);
+  auto identical = [&](const std::string& stored) {
+    if (stored == json)
+      return true;
+    auto parsed = parse_manifest(stored);
+    return parsed && *parsed == m;
+  };
+  auto existing = s.client->get_object(s.where.bucket, index_key, max_manifest_bytes);
+  if (existing) {
+    if (identical(existing->body))
+      return {};
+    auto pub = s.published(pool, m.ref);
+    if (!pub)
+      return std::move(pub).error();
+    if (*pub)
+      return make_error(errc::version_exists, to_string(m.ref) + " is already published"
+                                                + s.in_pool(pool) + " with different content");
+    // Stored but never published, so never visible: start it over.
+    if (auto ok = s.delete_version(pool, m.ref); !ok)
+      return ok;
+  } else if (existing.error().code != errc::not_found) {
+    return std::move(existing).error();
+  }
+
+  std::map<std::string, uint64_t> declared;
+  for (const auto& up : shards)
+    if (up.bytes)
+      declared[up.name] = up.bytes->size();
+  for (const auto& [name, size] : declared)
+    if ((size + piece_size - 1) / piece_size > max_parts)
+      return make_error(errc::limit_exceeded, "shard '" + name + "' of " + to_string(m.ref)
+                                                + " needs more than " + std::to_string(max_parts)
+                                                + " parts of " + std::to_string(piece_size)
+                                                + " bytes");
+
+  // Each piece of a shard over one piece becomes a part of a multipart upload
+  // (8 MiB: above S3's 5 MiB minimum); a shard of one piece is one PutObject.
+  std::vector<std::string> written;
+  int64_t shard_index = -1;
+  std::string key;
+  uint64_t size = 0;
+  std::string upload_id;
+  std::vector<s3_completed_part> parts;
+  auto write = [&](uint32_t shard, uint64_t offset, std::span<const std::byte> bytes) -> status {
+    if (shard != shard_index) {
+      if (!upload_id.empty())
+        return make_error(errc::invalid_format,
+                          "shard '" + m.shards[shard_index] + "' ended before its declared size");
+      shard_index = shard;
+      key = s.version_prefix(pool, m.ref) + m.shards[shard];
+      size = declared[m.shards[shard]];
+      parts.clear();
+      if (size > piece_size) {
+        auto id = s.client->create_multipart_upload(s.where.bucket, key);
+        if (!id)
+          return std::move(id).error();
+        upload_id = std::move(*id);
+      }
+    }
+    if (upload_id.empty()) {
+      if (offset != 0 || bytes.size() != size)
+        return make_error(errc::invalid_format, "shard '" + m.shards[shard] + "' of "
+                                                  + to_string(m.ref)
+                                                  + " does not match its declared size");
+      auto put = s.client->put_object(s.where.bucket, key, bytes);
+      if (!put)
+        return std::move(put).error();
+      written.push_back(key);
+      return {};
+    }
+    const auto number = static_cast<uint32_t>(offset / piece_size + 1);
+    auto etag = s.client->upload_part(s.where.bucket, key, upload_id, number, bytes);
+    if (!etag)
+      return std::move(etag).error();
+    parts.push_back({number, std::move(*etag)});
+    if (offset + bytes.size() == size) {
+      auto done = s.client->complete_multipart_upload(s.where.bucket, key, upload_id, parts);
+      if (!done)
+        return std::move(done).error();
+      upload_id.clear();
+      written.push_back(key);
+    }
+    return {};
+  };
+  auto layout = ingest_version(m, shards, write);
+  if (layout && !upload_id.empty())
+    layout = make_error(errc::invalid_format, s.url(key) + " ended before its declared size");
+  if (!layout) {
+    s.discard(written, key, upload_id);
+    return std::move(layout).error();
+  }
+  if (auto put =
+        s.client->put_object(s.where.bucket, s.layout_key(pool, m.ref), encode_layout(*layout));
+      !put) {
+    s.discard(written, key, {});
+    return std::move(put).error();
+  }
+  // The index last: its presence says every byte above is in place.
+  auto put = s.client->put_object(s.where.bucket, index_key, json, s3_write_condition::absent());
+  if (put)
+    return {};
+  if (put.error().code != errc::conflict)
+    return std::move(put).error();
+  // A concurrent publish of the same version won the race.
+  auto now = s.client->get_object(s.where.bucket, index_key, max_manifest_bytes);
+  if (!now)
+    return std::move(now).error();
+  if (identical(now->body))
+    return {};
+  return make_error(errc::version_exists, to_string(m.ref) + " was stored concurrently"
+                                            + s.in_pool(pool) + " with different content");
+}
+
+result<manifest> s3_store::read_manifest(std::string_view pool, const version_ref& ref) {
+  if (auto ok = validate_pool(pool); !ok)
+    return std::move(ok).error();
+  return impl_->load_manifest(pool, ref, true);
+}
+
+status s3_store::read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
+                            uint64_t offset, std::span<std::byte> out) {
+  if (auto ok = validate_pool(pool); !ok)
+    return ok;
+  if (auto ok = validate_run_id(ref.run_id); !ok)
+    return ok;
+  auto layout = impl_->load_layout(pool, ref);
+  if (!layout)
+    return std::move(layout).error();
+  auto it = layout->tensors.find(std::string{tensor});
+  if (it == layout->tensors.end())
+    return make_error(errc::not_found,
+                      "tensor " + quote(tensor) + " is not stored in " + to_string(ref));
+  const auto& loc = it->second;
+  if (offset > loc.size || out.size() > loc.size - offset)
+    return make_error(errc::invalid_argument, "range [" + std::to_string(offset) + ", +"
+                                                + std::to_string(out.size())
+                                                + ") is outside tensor " + quote(tensor) + " of "
+                                                + std::to_string(loc.size) + " bytes");
+  const auto key = impl_->version_prefix(pool, ref) + layout->shards[loc.shard];
+  // Ranged GETs of at most one piece keep memory bounded whatever `out` is.
+  size_t done = 0;
+  while (done < out.size()) {
+    const size_t take = std::min<size_t>(out.size() - done, piece_size);
+    auto bytes =
+      impl_->client->get_object_range(impl_->where.bucket, key, loc.offset + offset + done, take);
+    if (!bytes) {
+      if (bytes.error().code == errc::not_found)
+        return make_error(errc::not_found,
+                          "shard " + impl_->url(key) + " of " + to_string(ref) + " is gone");
+      return std::move(bytes).error();
+    }
+    std::memcpy(out.data() + done, bytes->data(), take);
+    done += take;
+  }
+  return {};
+}
+
+result<std::vector<version_ref>> s3_store::list_versions(std::string_view pool,
+                                                         std::string_view run_id) {
+  if (auto ok = validate_pool(pool); !ok)
+    return std::move(ok).error();
+  if (auto ok = validate_run_id(run_id); !ok)
+    return std::move(ok).error();
+  return impl_->published_versions(pool, run_id);
+}
+
+result<retention_report> s3_store::retain(std::string_view pool, size_t keep_last) {
+  if (auto ok = validate_pool(pool); !ok)
+    return std::move(ok).error();
+  auto& s = *impl_;
+  std::lock_guard lock{s.publish_mutex};
+  auto pointer = s.read_pointer_record(pool);
+  if (!pointer)
+    return std::move(pointer).error();
+  const auto& current = pointer->first;
+
+  // Runs are the "directories" under the pool; only claimed runs (with a boot
+  // record) are pruned, as the boot anchors what retention must keep.
+  std::vector<std::string> runs;
+  const auto prefix = s.pool_prefix(pool);
+  auto listed = s.list_all(prefix, "/", [&](const transport::s3_list_page& page) {
+    for (const auto& p : page.common_prefixes) {
+      if (!p.starts_with(prefix) || !p.ends_with('/'))
+        continue;
+      auto run = p.substr(prefix.size(), p.size() - prefix.size() - 1);
+      if (validate_run_id(run))
+        runs.push_back(std::move(run));
+    }
+  });
+  if (!listed)
+    return std::move(listed).error();
+
+  retention_report report;
+  for (const auto& run : runs) {
+    auto boot = s.read_boot(pool, run);
+    if (!boot)
+      return std::move(boot).error();
+    if (!*boot)
+      continue;
+    auto refs = s.published_versions(pool, run);
+    if (!refs)
+      return std::move(refs).error();
+    std::vector<stored_version> versions;
+    for (const auto& ref : *refs) {
+      auto full = s.published(pool, ref);
+      if (!full)
+        return std::move(full).error();
+      versions.push_back({ref.version, full->value_or(false)});
+    }
+    std::set<uint64_t> pinned;
+    if (current && current->latest.run_id == run)
+      pinned.insert(current->latest.version);
+    auto doomed = select_deletions(versions, **boot, keep_last, pinned);
+    for (const auto& ref : *refs) {
+      if (!doomed.contains(ref.version)) {
+        report.kept.push_back(ref);
+        continue;
+      }
+      if (auto ok = s.delete_version(pool, ref); !ok)
+        return std::move(ok).error();
+      report.deleted.push_back(ref);
+    }
+  }
+  return report;
+}
+
+result<std::unique_ptr<store_backend>> open_s3_store(std::string_view uri, s3_options options) {
+  auto where = transport::parse_s3_uri(uri);
+  if (!where)
+    return std::move(where).error();
+  auto client = s3_client::open(std::move(options.client));
+  if (!client)
+    return std::move(client).error();
+  if (auto ok = (*client)->head_bucket(where->bucket); !ok)
+    return make_error(ok.error().code,
+                      "opening the S3 store " + quote(uri) + ": " + ok.error().message);
+  return std::unique_ptr<store_backend>{
+    std::make_unique<s3_store>(std::move(*client), std::move(*where))};
+}
+
+} // namespace stitch::store

@@ -1,0 +1,283 @@
+#include "runtime/store/materialize.hpp"
+
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/store/hf_directory.hpp"
+#include "runtime/store/publisher.hpp"
+#include "runtime/store/rocksdb_store.hpp"
+#include "store/memory_store.hpp"
+
+namespace {
+
+using namespace stitch;
+using namespace stitch::store;
+using stitch::safetensors::dtype;
+using stitch::testing::memory_store;
+namespace fs = std::filesystem;
+
+host_tensor make_tensor(std::string name, dtype type, std::vector<uint64_t> shape,
+                        std::mt19937_64& rng) {
+  host_tensor t{std::move(name), type, std::move(shape), {}};
+  t.bytes.resize(safetensors::byte_length(t.type, t.shape).value());
+  for (auto& b : t.bytes)
+    b = static_cast<std::byte>(rng() & 0xff);
+  return t;
+}
+
+tensor_set make_weights(uint64_t seed) {
+  std::mt19937_64 rng{seed};
+  tensor_set w;
+  auto add = [&](host_tensor t) { w.emplace(t.name, std::move(t)); };
+  add(make_tensor("embed.weight", dtype::bf16, {64, 32}, rng));
+  add(make_tensor("layers.0.weight", dtype::f32, {32, 48}, rng));
+  add(make_tensor("layers.1.weight", dtype::f32, {32, 48}, rng));
+  add(make_tensor("norm.weight", dtype::f32, {32}, rng));
+  add(make_tensor("weird \"quoted\" name ✓", dtype::i32, {7}, rng));
+  add(make_tensor("empty", dtype::f16, {0}, rng));
+  return w;
+}
+
+void mutate_sparse(tensor_set& w, std::mt19937_64& rng) {
+  for (auto& [name, t] : w) {
+    if (t.bytes.empty() || rng() % 2 != 0)
+      continue;
+    for (size_t i = 0, n = 1 + rng() % 6; i < n; ++i)
+      t.bytes[rng() % t.bytes.size()] ^= static_cast<std::byte>(1 + rng() % 255);
+  }
+}
+
+publish_request req(std::string run, uint64_t version) {
+  publish_request r;
+  r.run_id = std::move(run);
+  r.version = version;
+  return r;
+}
+
+class materialize_test : public ::testing::Test {
+protected:
+  void SetUp() override {
+    dir = fs::path{::testing::TempDir()}
+          / ("materialize_test_" + std::to_string(::getpid()) + "_"
+             + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+
+  /// Publishes `count` versions of run r1 (anchor every 4) and remembers them.
+  void publish_chain(size_t count, uint64_t max_shard_bytes = default_max_shard_bytes) {
+    publisher pub{store, publisher_options{.anchor_every = 4, .max_shard_bytes = max_shard_bytes}};
+    std::mt19937_64 rng{99};
+    tensor_set w = make_weights(5);
+    for (uint64_t v = 0; v < count; ++v) {
+      if (v > 0)
+        mutate_sparse(w, rng);
+      auto report = pub.publish(req("r1", v), w);
+      ASSERT_TRUE(report) << to_string(report.error());
+      versions.push_back(w);
+    }
+  }
+
+  memory_store store;
+  fs::path dir;
+  std::vector<tensor_set> versions;
+};
+
+TEST_F(materialize_test, every_version_of_a_chain) {
+  publish_chain(11, 4096);
+  for (uint64_t v = 0; v < versions.size(); ++v) {
+    auto got = materialize(store, "default", {"r1", v});
+    ASSERT_TRUE(got) << v << ": " << to_string(got.error());
+    EXPECT_TRUE(*got == versions[v]) << "version " << v;
+  }
+}
+
+TEST_F(materialize_test, with_a_caller_runner) {
+  publish_chain(3);
+  sequential_for runner;
+  auto got = materialize(store, "default", {"r1", 2}, &runner);
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_TRUE(*got == versions[2]);
+}
+
+TEST_F(materialize_test, large_tensors_take_the_parallel_path) {
+  publisher pub{store};
+  std::mt19937_64 rng{3};
+  tensor_set w;
+  auto big = make_tensor("big", dtype::f32, {3, 1024, 1024}, rng); // 12 MiB
+  w.emplace(big.name, std::move(big));
+  ASSERT_TRUE(pub.publish(req("r1", 0), w));
+  w.at("big").bytes[10'000'000] ^= std::byte{0xff};
+  auto report = pub.publish(req("r1", 1), w);
+  ASSERT_TRUE(report) << to_string(report.error());
+  EXPECT_EQ(report->kind, version_kind::delta);
+  auto got = materialize(store, "default", {"r1", 1});
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_TRUE(*got == w);
+}
+
+TEST_F(materialize_test, export_writes_a_directory_that_reads_back_identically) {
+  publish_chain(6);
+  for (uint64_t v : {uint64_t{0}, uint64_t{5}}) {
+    fs::path out = dir / ("v" + std::to_string(v));
+    auto ok = export_version(store, "default", {"r1", v}, out, 4096);
+    ASSERT_TRUE(ok) << to_string(ok.error());
+    auto loaded = load_hf_directory(out);
+    ASSERT_TRUE(loaded) << to_string(loaded.error());
+    EXPECT_TRUE(*loaded == versions[v]);
+    EXPECT_FALSE(loaded->contains(std::string{tensor_specs_name}));
+  }
+  // Exporting again over an earlier export replaces it.
+  auto again = export_version(store, "default", {"r1", 3}, dir / "v0");
+  ASSERT_TRUE(again) << to_string(again.error());
+  auto loaded = load_hf_directory(dir / "v0");
+  ASSERT_TRUE(loaded);
+  EXPECT_TRUE(*loaded == versions[3]);
+}
+
+TEST_F(materialize_test, corrupt_anchor_bytes_are_a_checksum_mismatch_naming_the_tensor) {
+  publish_chain(3);
+  ASSERT_TRUE(store.corrupt("default", {"r1", 0}, "layers.1.weight", 17));
+  for (uint64_t v : {uint64_t{0}, uint64_t{2}}) {
+    auto got = materialize(store, "default", {"r1", v});
+    ASSERT_FALSE(got);
+    EXPECT_EQ(got.error().code, errc::checksum_mismatch) << to_string(got.error());
+    EXPECT_NE(got.error().message.find("'layers.1.weight'"), std::string::npos)
+      << got.error().message;
+  }
+}
+
+TEST_F(materialize_test, corrupt_specs_are_a_checksum_mismatch) {
+  publish_chain(1);
+  ASSERT_TRUE(store.corrupt("default", {"r1", 0}, tensor_specs_name, 12));
+  auto got = materialize(store, "default", {"r1", 0});
+  ASSERT_FALSE(got);
+  EXPECT_EQ(got.error().code, errc::checksum_mismatch);
+  EXPECT_NE(got.error().message.find(std::string{tensor_specs_name}), std::string::npos);
+}
+
+TEST_F(materialize_test, corrupt_delta_bytes_fail_naming_the_tensor) {
+  publisher pub{store};
+  tensor_set w = make_weights(1);
+  ASSERT_TRUE(pub.publish(req("r1", 0), w));
+  w.at("norm.weight").bytes[4] ^= std::byte{1};
+  ASSERT_TRUE(pub.publish(req("r1", 1), w));
+  auto m = store.read_manifest("default", {"r1", 1});
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->touched, std::vector<std::string>{"norm.weight"});
+  // Somewhere in the zstd frame: either the frame breaks or the bytes differ.
+  ASSERT_TRUE(store.corrupt("default", {"r1", 1}, "norm.weight", delta_frame_prefix + 6));
+  auto got = materialize(store, "default", {"r1", 1});
+  ASSERT_FALSE(got);
+  EXPECT_TRUE(got.error().code == errc::checksum_mismatch
+              || got.error().code == errc::decode_failure)
+    << to_string(got.error());
+  EXPECT_NE(got.error().message.find("'norm.weight'"), std::string::npos) << got.error().message;
+}
+
+TEST_F(materialize_test, hostile_frame_length_is_refused_without_allocating) {
+  publisher pub{store};
+  tensor_set w = make_weights(1);
+  ASSERT_TRUE(pub.publish(req("r1", 0), w));
+  w.at("norm.weight").bytes[4] ^= std::byte{1};
+  ASSERT_TRUE(pub.publish(req("r1", 1), w));
+  // Flip the top byte of the length prefix: a claim of ~2^63 bytes.
+  ASSERT_TRUE(store.corrupt("default", {"r1", 1}, "norm.weight", 7));
+  auto got = materialize(store, "default", {"r1", 1});
+  ASSERT_FALSE(got);
+  EXPECT_EQ(got.error().code, errc::corrupt_data) << to_string(got.error());
+  EXPECT_NE(got.error().message.find("'norm.weight'"), std::string::npos);
+}
+
+TEST_F(materialize_test, missing_versions_and_holes) {
+  publish_chain(4);
+  auto absent = materialize(store, "default", {"r1", 9});
+  ASSERT_FALSE(absent);
+  EXPECT_EQ(absent.error().code, errc::not_found);
+  auto other_run = materialize(store, "default", {"nope", 0});
+  ASSERT_FALSE(other_run);
+  EXPECT_EQ(other_run.error().code, errc::not_found);
+
+  ASSERT_TRUE(store.erase("default", {"r1", 2}));
+  auto hole = materialize(store, "default", {"r1", 3});
+  ASSERT_FALSE(hole);
+  EXPECT_EQ(hole.error().code, errc::missing_link) << to_string(hole.error());
+  // Versions before the hole still build.
+  auto before = materialize(store, "default", {"r1", 1});
+  ASSERT_TRUE(before) << to_string(before.error());
+  EXPECT_TRUE(*before == versions[1]);
+
+  auto bad = materialize(store, "default", {"../x", 0});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code, errc::invalid_argument);
+}
+
+TEST_F(materialize_test, resumed_run_walks_back_to_its_boot) {
+  publisher pub{store};
+  std::mt19937_64 rng{5};
+  tensor_set w = make_weights(8);
+  ASSERT_TRUE(pub.publish(req("r2", 40), w));
+  for (uint64_t v = 41; v < 44; ++v) {
+    mutate_sparse(w, rng);
+    ASSERT_TRUE(pub.publish(req("r2", v), w));
+  }
+  auto got = materialize(store, "default", {"r2", 43});
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_TRUE(*got == w);
+}
+
+TEST_F(materialize_test, specs_reader_works_over_any_range_reader) {
+  publish_chain(1);
+  auto anchor = store.read_manifest("default", {"r1", 0});
+  ASSERT_TRUE(anchor);
+  range_reader read = [&](const version_ref& r, std::string_view tensor, uint64_t offset,
+                          std::span<std::byte> out) {
+    return store.read_range("default", r, tensor, offset, out);
+  };
+  auto specs = read_tensor_specs(read, *anchor);
+  ASSERT_TRUE(specs) << to_string(specs.error());
+  ASSERT_EQ(specs->size(), versions[0].size());
+  for (const auto& info : *specs) {
+    const auto& t = versions[0].at(info.name);
+    EXPECT_EQ(info.type, t.type);
+    EXPECT_EQ(info.shape, t.shape);
+    EXPECT_EQ(info.byte_size(), t.bytes.size());
+  }
+}
+
+TEST_F(materialize_test, through_the_rocksdb_backend) {
+  auto rocks = open_rocksdb_store((dir / "db").string());
+  ASSERT_TRUE(rocks) << to_string(rocks.error());
+  store_backend& db = **rocks;
+  publisher pub{db, publisher_options{.anchor_every = 3, .max_shard_bytes = 4096}};
+  std::mt19937_64 rng{21};
+  tensor_set w = make_weights(21);
+  std::vector<tensor_set> published;
+  for (uint64_t v = 0; v < 5; ++v) {
+    if (v > 0)
+      mutate_sparse(w, rng);
+    auto report = pub.publish(req("r1", v), w);
+    ASSERT_TRUE(report) << v << ": " << to_string(report.error());
+    published.push_back(w);
+  }
+  auto again = pub.publish(req("r1", 4), w);
+  ASSERT_TRUE(again) << to_string(again.error());
+  EXPECT_TRUE(again->idempotent);
+  for (uint64_t v = 0; v < 5; ++v) {
+    auto got = materialize(db, "default", {"r1", v});
+    ASSERT_TRUE(got) << v << ": " << to_string(got.error());
+    EXPECT_TRUE(*got == published[v]) << "version " << v;
+  }
+  auto out = export_version(db, "default", {"r1", 4}, dir / "export");
+  ASSERT_TRUE(out) << to_string(out.error());
+  auto loaded = load_hf_directory(dir / "export");
+  ASSERT_TRUE(loaded);
+  EXPECT_TRUE(*loaded == published[4]);
+}
+
+} // namespace

@@ -1,0 +1,466 @@
+#include "runtime/store/publisher.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/store/materialize.hpp"
+#include "store/memory_store.hpp"
+
+namespace {
+
+using namespace stitch;
+using namespace stitch::store;
+using stitch::safetensors::dtype;
+using stitch::testing::memory_store;
+
+host_tensor make_tensor(std::string name, dtype type, std::vector<uint64_t> shape,
+                        std::mt19937_64& rng) {
+  host_tensor t{std::move(name), type, std::move(shape), {}};
+  t.bytes.resize(safetensors::byte_length(t.type, t.shape).value());
+  for (auto& b : t.bytes)
+    b = static_cast<std::byte>(rng() & 0xff);
+  return t;
+}
+
+/// A small model with varied dtypes, an empty tensor and a sub-byte one.
+tensor_set make_weights(uint64_t seed) {
+  std::mt19937_64 rng{seed};
+  tensor_set w;
+  auto add = [&](host_tensor t) { w.emplace(t.name, std::move(t)); };
+  add(make_tensor("model.embed_tokens.weight", dtype::bf16, {64, 32}, rng));
+  add(make_tensor("model.layers.0.mlp.up_proj.weight", dtype::f32, {32, 48}, rng));
+  add(make_tensor("model.layers.0.self_attn.q_proj.weight", dtype::f16, {32, 32}, rng));
+  add(make_tensor("model.layers.1.mlp.up_proj.weight", dtype::f32, {32, 48}, rng));
+  add(make_tensor("model.norm.weight", dtype::f32, {32}, rng));
+  add(make_tensor("lm_head.bias", dtype::i64, {3, 5}, rng));
+  add(make_tensor("packed.f4", dtype::f4, {11}, rng));
+  add(make_tensor("empty", dtype::f32, {0, 4}, rng));
+  return w;
+}
+
+/// Changes a few bytes of a few tensors, as one optimizer step on a sparse update.
+void mutate_sparse(tensor_set& w, std::mt19937_64& rng) {
+  for (auto& [name, t] : w) {
+    if (t.bytes.empty() || rng() % 3 != 0)
+      continue;
+    size_t changes = 1 + rng() % 8;
+    for (size_t i = 0; i < changes; ++i)
+      t.bytes[rng() % t.bytes.size()] ^= static_cast<std::byte>(1 + rng() % 255);
+  }
+}
+
+void randomize_all(tensor_set& w, std::mt19937_64& rng) {
+  for (auto& [name, t] : w)
+    for (auto& b : t.bytes)
+      b = static_cast<std::byte>(rng() & 0xff);
+}
+
+publish_request req(std::string run, uint64_t version) {
+  publish_request r;
+  r.run_id = std::move(run);
+  r.version = version;
+  return r;
+}
+
+class publisher_test : public ::testing::Test {
+protected:
+  memory_store store;
+};
+
+TEST_F(publisher_test, ten_sparse_versions_materialize_byte_identical) {
+  publisher pub{store};
+  std::mt19937_64 rng{42};
+  tensor_set w = make_weights(1);
+  std::vector<tensor_set> published;
+  for (uint64_t v = 0; v < 10; ++v) {
+    if (v > 0)
+      mutate_sparse(w, rng);
+    auto report = pub.publish(req("r1", v), w);
+    ASSERT_TRUE(report) << to_string(report.error());
+    EXPECT_EQ(report->kind, v == 0 ? version_kind::full : version_kind::delta) << v;
+    EXPECT_EQ(report->claimed, v == 0);
+    ASSERT_TRUE(report->pointer);
+    EXPECT_EQ(report->pointer->latest, (version_ref{"r1", v}));
+    EXPECT_EQ(report->pointer->boot_version, 0u);
+    published.push_back(w);
+  }
+  for (uint64_t v = 0; v < 10; ++v) {
+    auto got = materialize(store, "default", {"r1", v});
+    ASSERT_TRUE(got) << v << ": " << to_string(got.error());
+    EXPECT_TRUE(*got == published[v]) << "version " << v;
+  }
+}
+
+TEST_F(publisher_test, deltas_store_only_changed_tensors) {
+  publisher pub{store};
+  tensor_set w = make_weights(2);
+  ASSERT_TRUE(pub.publish(req("r1", 0), w));
+  w.at("model.norm.weight").bytes[3] ^= std::byte{0x10};
+  auto report = pub.publish(req("r1", 1), w);
+  ASSERT_TRUE(report) << to_string(report.error());
+  EXPECT_EQ(report->kind, version_kind::delta);
+  EXPECT_EQ(report->touched, std::vector<std::string>{"model.norm.weight"});
+  EXPECT_EQ(report->encoded_bytes, w.at("model.norm.weight").bytes.size());
+  EXPECT_LT(report->stored_bytes, report->raw_bytes);
+  EXPECT_TRUE(report->reason_for_anchor.empty());
+  auto m = store.read_manifest("default", {"r1", 1});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->base_version, 0u);
+  EXPECT_EQ(m->encoding, delta_encoding::xor_bytes);
+  EXPECT_EQ(m->comp, compression::zstd);
+  EXPECT_EQ(m->weight_map.size(), 1u);
+  // Checksums cover every tensor of the result, the specs tensor included.
+  EXPECT_EQ(m->checksums.size(), w.size() + 1);
+}
+
+TEST_F(publisher_test, anchors_every_k_versions) {
+  publisher pub{store, publisher_options{.anchor_every = 3}};
+  std::mt19937_64 rng{7};
+  tensor_set w = make_weights(3);
+  std::vector<version_kind> kinds;
+  for (uint64_t v = 0; v < 8; ++v) {
+    if (v > 0)
+      mutate_sparse(w, rng);
+    auto report = pub.publish(req("r1", v), w);
+    ASSERT_TRUE(report) << to_string(report.error());
+    kinds.push_back(report->kind);
+    if (v == 3 || v == 6) {
+      EXPECT_NE(report->reason_for_anchor.find("anchor_every = 3"), std::string::npos)
+        << report->reason_for_anchor;
+    }
+  }
+  using enum version_kind;
+  EXPECT_EQ(kinds, (std::vector{full, delta, delta, full, delta, delta, full, delta}));
+  auto got = materialize(store, "default", {"r1", 7});
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_TRUE(*got == w);
+}
+
+TEST_F(publisher_test, anchors_when_the_delta_is_not_smaller) {
+  publisher pub{store};
+  std::mt19937_64 rng{9};
+  tensor_set w = make_weights(4);
+  ASSERT_TRUE(pub.publish(req("r1", 0), w));
+  randomize_all(w, rng);
+  auto report = pub.publish(req("r1", 1), w);
+  ASSERT_TRUE(report) << to_string(report.error());
+  EXPECT_EQ(report->kind, version_kind::full);
+  EXPECT_NE(report->reason_for_anchor.find("not smaller"), std::string::npos)
+    << report->reason_for_anchor;
+  // The next delta counts from the new anchor.
+  w.at("model.norm.weight").bytes[0] ^= std::byte{1};
+  auto next = pub.publish(req("r1", 2), w);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->kind, version_kind::delta);
+  auto got = materialize(store, "default", {"r1", 2});
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_TRUE(*got == w);
+}
+
+TEST_F(publisher_test, anchor_reasons) {
+  publisher pub{store};
+  tensor_set w = make_weights(5);
+  auto first = pub.publish(req("r1", 0), w);
+  ASSERT_TRUE(first);
+  EXPECT_NE(first->reason_for_anchor.find("first version"), std::string::npos);
+
+  auto forced_req = req("r1", 1);
+  forced_req.force_anchor = true;
+  auto forced = pub.publish(forced_req, w);
+  ASSERT_TRUE(forced);
+  EXPECT_EQ(forced->kind, version_kind::full);
+  EXPECT_NE(forced->reason_for_anchor.find("requested"), std::string::npos);
+
+  auto gap = pub.publish(req("r1", 5), w);
+  ASSERT_TRUE(gap) << to_string(gap.error());
+  EXPECT_EQ(gap->kind, version_kind::full);
+  EXPECT_NE(gap->reason_for_anchor.find("previous version in memory is 1"), std::string::npos)
+    << gap->reason_for_anchor;
+
+  std::mt19937_64 rng{1};
+  w.emplace("extra", make_tensor("extra", dtype::u8, {16}, rng));
+  auto grown = pub.publish(req("r1", 6), w);
+  ASSERT_TRUE(grown);
+  EXPECT_EQ(grown->kind, version_kind::full);
+  EXPECT_NE(grown->reason_for_anchor.find("'extra' was added"), std::string::npos)
+    << grown->reason_for_anchor;
+
+  w.at("extra").type = dtype::i8;
+  auto retyped = pub.publish(req("r1", 7), w);
+  ASSERT_TRUE(retyped);
+  EXPECT_EQ(retyped->kind, version_kind::full);
+  EXPECT_NE(retyped->reason_for_anchor.find("changed dtype"), std::string::npos);
+
+  w.erase("extra");
+  auto shrunk = pub.publish(req("r1", 8), w);
+  ASSERT_TRUE(shrunk);
+  EXPECT_EQ(shrunk->kind, version_kind::full);
+  EXPECT_NE(shrunk->reason_for_anchor.find("'extra' was removed"), std::string::npos);
+  auto got = materialize(store, "default", {"r1", 8});
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_TRUE(*got == w);
+}
+
+TEST_F(publisher_test, empty_delta_has_no_shards) {
+  publisher pub{store};
+  tensor_set w = make_weights(6);
+  ASSERT_TRUE(pub.publish(req("r1", 0), w));
+  auto report = pub.publish(req("r1", 1), w);
+  ASSERT_TRUE(report) << to_string(report.error());
+  EXPECT_EQ(report->kind, version_kind::delta);
+  EXPECT_TRUE(report->touched.empty());
+  EXPECT_EQ(report->stored_bytes, 0u);
+  auto m = store.read_manifest("default", {"r1", 1});
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(m->is_empty_delta());
+  EXPECT_TRUE(m->shards.empty());
+  EXPECT_TRUE(m->weight_map.empty());
+  auto got = materialize(store, "default", {"r1", 1});
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_TRUE(*got == w);
+}
+
+TEST_F(publisher_test, republishing_identical_content_is_idempotent) {
+  publisher pub{store};
+  tensor_set w = make_weights(7);
+  ASSERT_TRUE(pub.publish(req("r1", 0), w));
+  w.at("model.norm.weight").bytes[1] ^= std::byte{4};
+  auto first = pub.publish(req("r1", 1), w);
+  ASSERT_TRUE(first);
+  EXPECT_FALSE(first->idempotent);
+  auto manifest_before = store.read_manifest("default", {"r1", 1});
+  ASSERT_TRUE(manifest_before);
+
+  auto again = pub.publish(req("r1", 1), w);
+  ASSERT_TRUE(again) << to_string(again.error());
+  EXPECT_TRUE(again->idempotent);
+  EXPECT_EQ(again->kind, version_kind::delta);
+  ASSERT_TRUE(again->pointer);
+  EXPECT_EQ(again->pointer->latest, (version_ref{"r1", 1}));
+
+  // A restarted publisher (nothing in memory) retrying the same version.
+  publisher restarted{store};
+  auto retried = restarted.publish(req("r1", 1), w);
+  ASSERT_TRUE(retried) << to_string(retried.error());
+  EXPECT_TRUE(retried->idempotent);
+  EXPECT_EQ(retried->kind, version_kind::delta);
+  EXPECT_EQ(*store.read_manifest("default", {"r1", 1}), *manifest_before);
+
+  // And it carries on from there.
+  w.at("model.norm.weight").bytes[2] ^= std::byte{4};
+  auto next = restarted.publish(req("r1", 2), w);
+  ASSERT_TRUE(next) << to_string(next.error());
+  auto got = materialize(store, "default", {"r1", 2});
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_TRUE(*got == w);
+}
+
+TEST_F(publisher_test, republishing_different_content_is_version_exists) {
+  publisher pub{store};
+  tensor_set w = make_weights(8);
+  ASSERT_TRUE(pub.publish(req("r1", 0), w));
+  w.at("model.norm.weight").bytes[1] ^= std::byte{4};
+  ASSERT_TRUE(pub.publish(req("r1", 1), w));
+  w.at("model.norm.weight").bytes[5] ^= std::byte{4};
+  auto clash = pub.publish(req("r1", 1), w);
+  ASSERT_FALSE(clash);
+  EXPECT_EQ(clash.error().code, errc::version_exists) << to_string(clash.error());
+
+  publisher other{store};
+  auto clash0 = other.publish(req("r1", 0), w);
+  ASSERT_FALSE(clash0);
+  EXPECT_EQ(clash0.error().code, errc::version_exists);
+  auto pointer = store.read_pointer("default");
+  ASSERT_TRUE(pointer && *pointer);
+  EXPECT_EQ((*pointer)->latest, (version_ref{"r1", 1}));
+}
+
+TEST_F(publisher_test, resume_claims_at_a_higher_boot) {
+  publisher pub{store};
+  std::mt19937_64 rng{11};
+  tensor_set w = make_weights(9);
+  auto boot = pub.publish(req("resumed", 40), w);
+  ASSERT_TRUE(boot) << to_string(boot.error());
+  EXPECT_TRUE(boot->claimed);
+  EXPECT_EQ(boot->kind, version_kind::full);
+  EXPECT_EQ(boot->pointer->boot_version, 40u);
+  mutate_sparse(w, rng);
+  auto next = pub.publish(req("resumed", 41), w);
+  ASSERT_TRUE(next) << to_string(next.error());
+  EXPECT_EQ(next->kind, version_kind::delta);
+  EXPECT_FALSE(next->claimed);
+  EXPECT_EQ(next->pointer->boot_version, 40u);
+  auto got = materialize(store, "default", {"resumed", 41});
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_TRUE(*got == w);
+}
+
+TEST_F(publisher_test, run_switch_and_back) {
+  publisher pub{store};
+  std::mt19937_64 rng{12};
+  tensor_set a = make_weights(10);
+  tensor_set b = make_weights(11);
+  for (uint64_t v = 0; v < 3; ++v) {
+    if (v > 0)
+      mutate_sparse(a, rng);
+    ASSERT_TRUE(pub.publish(req("a", v), a));
+  }
+  auto switched = pub.publish(req("b", 0), b);
+  ASSERT_TRUE(switched) << to_string(switched.error());
+  EXPECT_TRUE(switched->claimed);
+  EXPECT_EQ(switched->pointer->latest, (version_ref{"b", 0}));
+
+  mutate_sparse(a, rng);
+  a.at("model.norm.weight").bytes[0] ^= std::byte{1};
+  auto back = pub.publish(req("a", 3), a);
+  ASSERT_TRUE(back) << to_string(back.error());
+  EXPECT_EQ(back->kind, version_kind::delta);
+  EXPECT_FALSE(back->claimed);
+  EXPECT_EQ(back->pointer->latest, (version_ref{"a", 3}));
+  EXPECT_EQ(back->pointer->boot_version, 0u);
+
+  auto got_a = materialize(store, "default", {"a", 3});
+  ASSERT_TRUE(got_a) << to_string(got_a.error());
+  EXPECT_TRUE(*got_a == a);
+  auto got_b = materialize(store, "default", {"b", 0});
+  ASSERT_TRUE(got_b) << to_string(got_b.error());
+  EXPECT_TRUE(*got_b == b);
+
+  // A new publisher switching back to a run claimed before at another boot.
+  publisher fresh{store};
+  auto again = fresh.publish(req("b", 5), b);
+  ASSERT_TRUE(again) << to_string(again.error());
+  EXPECT_EQ(again->pointer->latest, (version_ref{"b", 5}));
+  EXPECT_EQ(again->pointer->boot_version, 0u);
+}
+
+TEST_F(publisher_test, pools_are_independent) {
+  publisher pub{store};
+  tensor_set w = make_weights(12);
+  auto other_pool = req("r1", 0);
+  other_pool.pool = "exp2";
+  ASSERT_TRUE(pub.publish(req("r1", 0), w));
+  auto report = pub.publish(other_pool, w);
+  ASSERT_TRUE(report) << to_string(report.error());
+  EXPECT_TRUE(report->claimed);
+  EXPECT_EQ(pub.last_version("exp2", "r1"), 0u);
+  EXPECT_EQ(pub.last_version("default", "r2"), std::nullopt);
+}
+
+TEST_F(publisher_test, dry_run_touches_nothing) {
+  publisher pub{store};
+  tensor_set w = make_weights(13);
+  auto dry = req("r1", 0);
+  dry.dry_run = true;
+  auto report = pub.publish(dry, w);
+  ASSERT_TRUE(report) << to_string(report.error());
+  EXPECT_EQ(report->kind, version_kind::full);
+  EXPECT_GT(report->stored_bytes, report->raw_bytes);
+  EXPECT_FALSE(report->pointer);
+  EXPECT_EQ(store.calls(), 0u);
+  EXPECT_EQ(pub.last_version("default", "r1"), std::nullopt);
+
+  ASSERT_TRUE(pub.publish(req("r1", 0), w));
+  const size_t calls = store.calls();
+  w.at("model.norm.weight").bytes[0] ^= std::byte{1};
+  auto dry1 = req("r1", 1);
+  dry1.dry_run = true;
+  auto delta = pub.publish(dry1, w);
+  ASSERT_TRUE(delta);
+  EXPECT_EQ(delta->kind, version_kind::delta);
+  EXPECT_EQ(delta->touched, std::vector<std::string>{"model.norm.weight"});
+  EXPECT_EQ(store.calls(), calls);
+  EXPECT_EQ(pub.last_version("default", "r1"), 0u);
+}
+
+TEST_F(publisher_test, multi_shard_versions) {
+  publisher pub{store, publisher_options{.max_shard_bytes = 4096}};
+  std::mt19937_64 rng{14};
+  tensor_set w = make_weights(14);
+  auto first = pub.publish(req("r1", 0), w);
+  ASSERT_TRUE(first) << to_string(first.error());
+  EXPECT_GT(first->published.shards.size(), 2u);
+  for (uint64_t v = 1; v < 4; ++v) {
+    for (auto& [name, t] : w)
+      if (!t.bytes.empty())
+        t.bytes[rng() % t.bytes.size()] ^= std::byte{0x55};
+    auto report = pub.publish(req("r1", v), w);
+    ASSERT_TRUE(report) << to_string(report.error());
+    EXPECT_EQ(report->kind, version_kind::delta);
+  }
+  auto got = materialize(store, "default", {"r1", 3});
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_TRUE(*got == w);
+}
+
+TEST_F(publisher_test, refuses_bad_requests_and_tensors) {
+  publisher pub{store};
+  tensor_set w = make_weights(15);
+  auto bad_run = pub.publish(req("no/slash", 0), w);
+  ASSERT_FALSE(bad_run);
+  EXPECT_EQ(bad_run.error().code, errc::invalid_argument);
+
+  auto bad_pool_req = req("r1", 0);
+  bad_pool_req.pool = "..";
+  EXPECT_FALSE(pub.publish(bad_pool_req, w));
+
+  EXPECT_FALSE(pub.publish(req("r1", 0), tensor_set{}));
+
+  tensor_set reserved = w;
+  std::mt19937_64 rng{1};
+  auto t = make_tensor(std::string{tensor_specs_name}, dtype::u8, {4}, rng);
+  reserved.emplace(t.name, t);
+  auto r = pub.publish(req("r1", 0), reserved);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("reserved"), std::string::npos);
+
+  tensor_set short_bytes = w;
+  short_bytes.at("model.norm.weight").bytes.pop_back();
+  auto s = pub.publish(req("r1", 0), short_bytes);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("model.norm.weight"), std::string::npos);
+
+  tensor_set hostile = w;
+  auto h = make_tensor("../../etc/passwd", dtype::u8, {4}, rng);
+  hostile.emplace(h.name, h);
+  auto hr = pub.publish(req("r1", 0), hostile);
+  ASSERT_FALSE(hr);
+  EXPECT_EQ(hr.error().code, errc::invalid_argument);
+  EXPECT_EQ(store.calls(), 0u);
+}
+
+TEST(memory_source_test, reads_pieces_as_one_stream) {
+  std::vector<std::byte> a{std::byte{1}, std::byte{2}, std::byte{3}};
+  std::vector<std::byte> empty;
+  std::vector<std::byte> b{std::byte{4}, std::byte{5}};
+  memory_source src{{a, empty, b}};
+  EXPECT_EQ(src.size(), 5u);
+  std::vector<std::byte> out(2);
+  std::vector<std::byte> all;
+  for (;;) {
+    auto n = src.read(out);
+    ASSERT_TRUE(n);
+    if (*n == 0)
+      break;
+    all.insert(all.end(), out.begin(), out.begin() + static_cast<ptrdiff_t>(*n));
+  }
+  EXPECT_EQ(all, (std::vector<std::byte>{std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4},
+                                         std::byte{5}}));
+}
+
+TEST(delta_frame_test, prefix_is_little_endian_length) {
+  std::vector<std::byte> payload(300, std::byte{7});
+  auto frame = encode_delta_frame(payload);
+  ASSERT_EQ(frame.size(), 308u);
+  EXPECT_EQ(frame[0], std::byte{0x2c});
+  EXPECT_EQ(frame[1], std::byte{0x01});
+  for (size_t i = 2; i < 8; ++i)
+    EXPECT_EQ(frame[i], std::byte{0});
+}
+
+} // namespace

@@ -1,0 +1,430 @@
+#include "transport/http_client.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <mutex>
+
+namespace stitch::transport {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+
+namespace {
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c; };
+           return lower(x) == lower(y);
+         });
+}
+
+bool has_line_break(std::string_view text) {
+  return text.find_first_of("\r\n") != std::string_view::npos || text.find('\0') != text.npos;
+}
+
+/// Runs the asynchronous operation started by `start` to completion on `ioc`
+/// and returns its error; the streams' own expiry turns a stall into
+/// `beast::error::timeout`.
+template <class Start>
+beast::error_code run_to_completion(net::io_context& ioc, Start&& start) {
+  beast::error_code result = net::error::would_block;
+  start([&result](beast::error_code ec, auto&&...) { result = ec; });
+  ioc.restart();
+  ioc.run();
+  return result;
+}
+
+} // namespace
+
+std::string http_endpoint::host_header() const {
+  const bool bracket = host.find(':') != std::string::npos;
+  std::string out = bracket ? "[" + host + "]" : host;
+  if (port != (tls() ? 443 : 80))
+    out += ":" + std::to_string(port);
+  return out;
+}
+
+std::string http_endpoint::to_string() const {
+  const bool bracket = host.find(':') != std::string::npos;
+  return scheme + "://" + (bracket ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+result<http_endpoint> parse_endpoint(std::string_view url) {
+  auto bad = [&](std::string_view why) {
+    return make_error(errc::invalid_argument,
+                      "endpoint '" + std::string{url.substr(0, 200)} + "' " + std::string{why});
+  };
+  http_endpoint ep;
+  std::string_view rest;
+  if (url.starts_with("http://")) {
+    ep.scheme = "http";
+    ep.port = 80;
+    rest = url.substr(7);
+  } else if (url.starts_with("https://")) {
+    ep.scheme = "https";
+    ep.port = 443;
+    rest = url.substr(8);
+  } else {
+    return bad("must start with http:// or https://");
+  }
+  if (auto slash = rest.find('/'); slash != rest.npos) {
+    if (rest.substr(slash) != "/")
+      return bad("must not have a path");
+    rest = rest.substr(0, slash);
+  }
+  if (rest.find_first_of("@?#") != rest.npos)
+    return bad("must not have user info, a query or a fragment");
+  std::string_view port_text;
+  if (rest.starts_with("[")) {
+    auto close = rest.find(']');
+    if (close == rest.npos)
+      return bad("has an unclosed '['");
+    ep.host = std::string{rest.substr(1, close - 1)};
+    auto after = rest.substr(close + 1);
+    if (!after.empty()) {
+      if (after[0] != ':')
+        return bad("has text after the IPv6 address");
+      port_text = after.substr(1);
+      if (port_text.empty())
+        return bad("has an empty port");
+    }
+  } else {
+    auto colon = rest.find(':');
+    ep.host = std::string{rest.substr(0, colon)};
+    if (colon != rest.npos) {
+      port_text = rest.substr(colon + 1);
+      if (port_text.empty())
+        return bad("has an empty port");
+    }
+  }
+  if (ep.host.empty())
+    return bad("has no host");
+  for (char c : ep.host)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_'
+          || c == ':'))
+      return bad("has a host with the character '" + std::string(1, c) + "'");
+  if (!port_text.empty()) {
+    unsigned value = 0;
+    auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), value);
+    if (ec != std::errc{} || end != port_text.data() + port_text.size() || value == 0
+        || value > 65535)
+      return bad("has an invalid port");
+    ep.port = static_cast<uint16_t>(value);
+  }
+  return ep;
+}
+
+const std::string* find_header(const http_headers& headers, std::string_view name) {
+  for (const auto& h : headers)
+    if (iequals(h.name, name))
+      return &h.value;
+  return nullptr;
+}
+
+struct http_client::impl {
+  impl(http_endpoint e, http_client_options o) : ep(std::move(e)), opts(o) {}
+
+  http_endpoint ep;
+  http_client_options opts;
+  std::mutex mutex;
+  net::io_context ioc;
+  std::optional<net::ssl::context> ssl_ctx;
+  std::optional<beast::tcp_stream> plain;
+  std::optional<beast::ssl_stream<beast::tcp_stream>> secure;
+  beast::flat_buffer buffer;
+  /// Requests completed on the current connection; >0 means it is a reused one.
+  size_t served = 0;
+  /// The last failure was a timeout (not worth repeating at once).
+  bool timed_out_last = false;
+
+  stitch::error fail(std::string_view what, const beast::error_code& ec) {
+    timed_out_last = ec == beast::error::timeout;
+    std::string cause = ec == beast::error::timeout ? std::string{"timed out"} : ec.message();
+    return make_error(errc::backend_failure,
+                      ep.to_string() + ": " + std::string{what} + " failed: " + cause);
+  }
+
+  bool connected() const { return plain.has_value() || secure.has_value(); }
+
+  beast::tcp_stream& lowest() { return plain ? *plain : beast::get_lowest_layer(*secure); }
+
+  void disconnect() {
+    if (connected()) {
+      beast::error_code ignored;
+      lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+      lowest().socket().close(ignored);
+    }
+    secure.reset();
+    plain.reset();
+    buffer.clear();
+    served = 0;
+  }
+
+  /// A kept-alive connection the server has closed (or written to unasked)
+  /// shows readable bytes or EOF; such a connection is dropped before use.
+  bool connection_is_stale() {
+    auto& socket = lowest().socket();
+    beast::error_code ec;
+    if (socket.available(ec) > 0 || ec)
+      return true;
+    socket.non_blocking(true, ec);
+    if (ec)
+      return true;
+    char probe = 0;
+    socket.receive(net::buffer(&probe, 1), tcp::socket::message_peek, ec);
+    beast::error_code restore;
+    socket.non_blocking(false, restore);
+    return ec != net::error::would_block || restore;
+  }
+
+  result<bool> connect() {
+    tcp::resolver resolver{ioc};
+    net::steady_timer timer{ioc};
+    tcp::resolver::results_type endpoints;
+    beast::error_code resolve_ec = net::error::would_block;
+    resolver.async_resolve(ep.host, std::to_string(ep.port),
+                           [&](beast::error_code ec, tcp::resolver::results_type found) {
+                             resolve_ec = ec;
+                             endpoints = std::move(found);
+                             timer.cancel();
+                           });
+    timer.expires_after(opts.connect_timeout);
+    bool timed_out = false;
+    timer.async_wait([&](beast::error_code ec) {
+      if (!ec) {
+        timed_out = true;
+        resolver.cancel();
+      }
+    });
+    ioc.restart();
+    ioc.run();
+    if (timed_out)
+      return fail("resolving " + ep.host, beast::error::timeout);
+    if (resolve_ec)
+      return fail("resolving " + ep.host, resolve_ec);
+
+    if (ep.tls()) {
+      if (!ssl_ctx) {
+        ssl_ctx.emplace(net::ssl::context::tls_client);
+        beast::error_code ec;
+        ssl_ctx->set_default_verify_paths(ec);
+        if (ec)
+          return fail("loading the system's CA certificates", ec);
+        ssl_ctx->set_verify_mode(opts.verify_tls ? net::ssl::verify_peer : net::ssl::verify_none,
+                                 ec);
+        if (ec)
+          return fail("configuring TLS", ec);
+      }
+      secure.emplace(ioc, *ssl_ctx);
+      if (!SSL_set_tlsext_host_name(secure->native_handle(), ep.host.c_str()))
+        return make_error(errc::backend_failure,
+                          ep.to_string() + ": setting the TLS server name failed");
+      if (opts.verify_tls)
+        secure->set_verify_callback(net::ssl::host_name_verification(ep.host));
+    } else {
+      plain.emplace(ioc);
+    }
+    lowest().expires_after(opts.connect_timeout);
+    auto ec = run_to_completion(
+      ioc, [&](auto handler) { lowest().async_connect(endpoints, std::move(handler)); });
+    if (ec) {
+      disconnect();
+      return fail("connecting", ec);
+    }
+    if (secure) {
+      lowest().expires_after(opts.connect_timeout);
+      ec = run_to_completion(ioc, [&](auto handler) {
+        secure->async_handshake(net::ssl::stream_base::client, std::move(handler));
+      });
+      if (ec) {
+        disconnect();
+        return fail("TLS handshake", ec);
+      }
+    }
+    return true;
+  }
+
+  /// One attempt on the current connection. `*got_response` tells whether any
+  /// response byte arrived (then the request must not be replayed).
+  template <class Stream>
+  result<http_response> exchange(Stream& stream, const http_request& request, bool* got_response) {
+    *got_response = false;
+    const bool streamed = static_cast<bool>(request.producer);
+    const uint64_t total = streamed ? request.producer_size : request.body.size();
+
+    http::request<http::buffer_body> req;
+    req.method_string(request.method);
+    req.target(request.target);
+    req.version(11);
+    req.set(http::field::host, ep.host_header());
+    for (const auto& h : request.headers)
+      req.insert(h.name, h.value);
+    if (total > 0 || request.method == "PUT" || request.method == "POST")
+      req.content_length(total);
+    req.keep_alive(true);
+    req.body().data = nullptr;
+    req.body().more = total > 0;
+
+    http::request_serializer<http::buffer_body> serializer{req};
+    lowest().expires_after(opts.io_timeout);
+    auto ec = run_to_completion(
+      ioc, [&](auto handler) { http::async_write_header(stream, serializer, std::move(handler)); });
+    if (ec)
+      return fail("sending " + request.method + " " + request.target, ec);
+
+    std::vector<std::byte> chunk;
+    uint64_t sent = 0;
+    while (!serializer.is_done()) {
+      if (sent == total) {
+        req.body().data = nullptr;
+        req.body().more = false;
+      } else if (!streamed) {
+        req.body().data = const_cast<char*>(request.body.data());
+        req.body().size = request.body.size();
+        req.body().more = false;
+        sent = total;
+      } else {
+        chunk.resize(std::min<uint64_t>(total, 256 << 10));
+        auto want = std::min<uint64_t>(chunk.size(), total - sent);
+        auto n = request.producer(std::span{chunk}.first(want));
+        if (!n) {
+          disconnect();
+          return std::move(n).error();
+        }
+        if (*n == 0 || *n > want) {
+          disconnect();
+          return make_error(errc::invalid_argument, ep.to_string() + ": the body of "
+                                                      + request.method + " " + request.target
+                                                      + " ended after " + std::to_string(sent)
+                                                      + " of " + std::to_string(total) + " bytes");
+        }
+        req.body().data = chunk.data();
+        req.body().size = *n;
+        sent += *n;
+        req.body().more = sent < total;
+      }
+      lowest().expires_after(opts.io_timeout);
+      ec = run_to_completion(
+        ioc, [&](auto handler) { http::async_write(stream, serializer, std::move(handler)); });
+      if (ec == http::error::need_buffer)
+        ec = {};
+      if (ec)
+        return fail("sending " + request.method + " " + request.target, ec);
+    }
+
+    const size_t limit = request.body_limit ? request.body_limit : opts.max_body_bytes;
+    http::response_parser<http::string_body> parser;
+    parser.header_limit(64 << 10);
+    parser.body_limit(limit);
+    if (request.method == "HEAD")
+      parser.skip(true);
+    // The header alone first: Beast 1.74's eager parse of a header and body
+    // arriving together skips the Content-Length check against the limit.
+    lowest().expires_after(opts.io_timeout);
+    ec = run_to_completion(ioc, [&](auto handler) {
+      http::async_read_header(stream, buffer, parser, std::move(handler));
+    });
+    if (!ec && !parser.is_done()) {
+      lowest().expires_after(opts.io_timeout);
+      ec = run_to_completion(
+        ioc, [&](auto handler) { http::async_read(stream, buffer, parser, std::move(handler)); });
+    }
+    *got_response = parser.got_some();
+    if (!ec && parser.get().body().size() > limit)
+      ec = http::error::body_limit;
+    if (ec == http::error::body_limit) {
+      disconnect();
+      return make_error(errc::limit_exceeded, ep.to_string() + ": the response to " + request.method
+                                                + " " + request.target + " is larger than "
+                                                + std::to_string(limit) + " bytes");
+    }
+    if (ec)
+      return fail("reading the response to " + request.method + " " + request.target, ec);
+    auto message = parser.release();
+    http_response out;
+    out.status = message.result_int();
+    for (const auto& field : message)
+      out.headers.push_back({std::string{field.name_string()}, std::string{field.value()}});
+    out.body = std::move(message.body());
+    if (!message.keep_alive())
+      disconnect();
+    else
+      ++served;
+    return out;
+  }
+
+  result<http_response> attempt(const http_request& request, bool* reused, bool* got_response) {
+    *got_response = false;
+    timed_out_last = false;
+    if (connected() && connection_is_stale())
+      disconnect();
+    *reused = connected();
+    if (!connected())
+      if (auto ok = connect(); !ok)
+        return std::move(ok).error();
+    auto out =
+      secure ? exchange(*secure, request, got_response) : exchange(*plain, request, got_response);
+    if (!out)
+      disconnect();
+    return out;
+  }
+
+  result<http_response> send(const http_request& request) {
+    if (has_line_break(request.method) || has_line_break(request.target) || request.method.empty()
+        || request.target.empty())
+      return make_error(errc::invalid_argument, "HTTP request line with a line break or empty");
+    for (const auto& h : request.headers)
+      if (h.name.empty() || has_line_break(h.name) || has_line_break(h.value)
+          || h.name.find(':') != std::string::npos)
+        return make_error(errc::invalid_argument,
+                          "HTTP header '" + h.name.substr(0, 64) + "' is malformed");
+    bool reused = false;
+    bool got_response = false;
+    auto out = attempt(request, &reused, &got_response);
+    // A kept-alive connection can die between the stale check and the write;
+    // that is not the server refusing the request, so it is tried once more.
+    if (!out && out.error().code == errc::backend_failure && reused && !got_response
+        && !request.producer && !timed_out_last)
+      out = attempt(request, &reused, &got_response);
+    return out;
+  }
+};
+
+http_client::http_client(http_endpoint endpoint, http_client_options options)
+    : impl_(std::make_unique<impl>(std::move(endpoint), options)) {}
+
+http_client::~http_client() {
+  impl_->disconnect();
+}
+
+const http_endpoint& http_client::endpoint() const noexcept {
+  return impl_->ep;
+}
+
+result<http_response> http_client::send(const http_request& request) {
+  std::lock_guard lock{impl_->mutex};
+  try {
+    return impl_->send(request);
+  } catch (const std::exception& e) {
+    impl_->disconnect();
+    return make_error(errc::backend_failure, impl_->ep.to_string() + ": " + e.what());
+  }
+}
+
+void http_client::close() {
+  std::lock_guard lock{impl_->mutex};
+  impl_->disconnect();
+}
+
+} // namespace stitch::transport
