@@ -5,6 +5,8 @@
 # every unit test (the closing ctest summary is the verdict).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache hits across clones in other folders (CI builds a fresh clone).
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=true
 root=$PWD
 jobs=$(nproc)
 fuzz_seconds=${STITCH_FUZZ_SECONDS:-20}

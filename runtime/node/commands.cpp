@@ -107,6 +107,13 @@ result<publish_summary> run_publish(caf::actor_system& sys, const publish_comman
     summary->reason_for_anchor.empty() ? "" : (" (" + summary->reason_for_anchor + ")").c_str(),
     summary->touched.size(), human_bytes(summary->raw_bytes).c_str(),
     human_bytes(summary->encoded_bytes).c_str(), human_bytes(summary->stored_bytes).c_str());
+  if (cmd.args.dry_run) {
+    constexpr size_t shown = 20;
+    for (size_t i = 0; i < summary->touched.size() && i < shown; ++i)
+      std::fprintf(out, "  touches %s\n", summary->touched[i].c_str());
+    if (summary->touched.size() > shown)
+      std::fprintf(out, "  ... and %zu more\n", summary->touched.size() - shown);
+  }
   if (summary->pointer.present)
     std::fprintf(out, "pool '%s' now points at %s (boot %llu)\n", cmd.args.pool.c_str(),
                  to_string(summary->pointer.record.latest).c_str(),

@@ -8,18 +8,22 @@
 
 namespace stitch {
 
+void register_stitch_types(caf::actor_system_config& cfg) {
+  cfg.add_message_types<caf::id_block::stitch>();
+  cfg.add_error_category(caf::atom("stitch"),
+                         [](uint8_t code, caf::atom_value, const caf::message& ctx) -> std::string {
+                           std::string out = "stitch::";
+                           out += to_string(static_cast<errc>(code));
+                           if (ctx.match_elements<std::string>()) {
+                             out += ": ";
+                             out += ctx.get_as<std::string>(0);
+                           }
+                           return out;
+                         });
+}
+
 system_config::system_config() {
-  add_message_types<caf::id_block::stitch>();
-  add_error_category(caf::atom("stitch"),
-                     [](uint8_t code, caf::atom_value, const caf::message& ctx) -> std::string {
-                       std::string out = "stitch::";
-                       out += to_string(static_cast<errc>(code));
-                       if (ctx.match_elements<std::string>()) {
-                         out += ": ";
-                         out += ctx.get_as<std::string>(0);
-                       }
-                       return out;
-                     });
+  register_stitch_types(*this);
   load<caf::io::middleman>();
 }
 

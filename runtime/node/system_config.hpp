@@ -4,8 +4,11 @@
 
 namespace stitch {
 
-/// The actor system config every Stitch process uses: our message types, the
-/// renderer of our error category, and the middleman for remote actors.
+/// Registers Stitch's message types and the renderer of its error category.
+void register_stitch_types(caf::actor_system_config& cfg);
+
+/// The actor system config every Stitch process uses: our types, and the
+/// middleman for remote actors.
 class system_config : public caf::actor_system_config {
 public:
   system_config();

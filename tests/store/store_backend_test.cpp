@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <rocksdb/db.h>
+
 #include <cstdlib>
 #include <functional>
 
@@ -439,6 +441,59 @@ TEST_P(store_backend_test, retention_keeps_newest_their_anchors_and_the_boot) {
   std::vector<std::byte> buf(4);
   EXPECT_FALSE(store->read_range(pool, {"r", 3}, "a", 0, buf));
   EXPECT_TRUE(store->read_range(pool, {"r", 6}, "a", 0, buf));
+}
+
+TEST(rocksdb_store, garbage_pointer_record_is_corrupt_data) {
+  temp_dir dir;
+  const auto path = (dir.path() / "db").string();
+  {
+    auto opened = store::open_rocksdb_store(path);
+    ASSERT_TRUE(opened);
+    auto v0 = full_version("r", 0, {{"w", random_bytes(64, 1)}});
+    ASSERT_TRUE(put(**opened, "default", v0));
+    ASSERT_TRUE((*opened)->claim("default", v0.m.ref));
+  }
+  {
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs{
+      {rocksdb::kDefaultColumnFamilyName, {}}, {"manifests", {}}, {"chunks", {}}};
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open({}, path, cfs, &handles, &raw).ok());
+    ASSERT_TRUE(raw->Put({}, handles[0], std::string{"ptr\0default", 11}, "\xc1garbage").ok());
+    for (auto* h : handles)
+      raw->DestroyColumnFamilyHandle(h);
+    delete raw;
+  }
+  auto opened = store::open_rocksdb_store(path);
+  ASSERT_TRUE(opened);
+  auto p = (*opened)->read_pointer("default");
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().code, errc::corrupt_data);
+  EXPECT_NE(p.error().message.find("default"), std::string::npos) << p.error().message;
+  // Nothing was overwritten: the version is still there for a repair.
+  auto versions = (*opened)->list_versions("default", "r");
+  ASSERT_TRUE(versions);
+  EXPECT_EQ(versions->size(), 1u);
+}
+
+TEST(rocksdb_store, schema_mismatch_is_refused) {
+  temp_dir dir;
+  const auto path = (dir.path() / "db").string();
+  { ASSERT_TRUE(store::open_rocksdb_store(path)); }
+  {
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs{
+      {rocksdb::kDefaultColumnFamilyName, {}}, {"manifests", {}}, {"chunks", {}}};
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open({}, path, cfs, &handles, &raw).ok());
+    ASSERT_TRUE(raw->Put({}, handles[0], "schema", "stitch-rocksdb-999").ok());
+    for (auto* h : handles)
+      raw->DestroyColumnFamilyHandle(h);
+    delete raw;
+  }
+  auto opened = store::open_rocksdb_store(path);
+  ASSERT_FALSE(opened);
+  EXPECT_NE(opened.error().message.find("stitch-rocksdb-999"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, store_backend_test, ::testing::ValuesIn(backends()),
