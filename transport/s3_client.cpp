@@ -81,24 +81,6 @@ bool is_bucket_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-';
 }
 
-/// Quotes untrusted text for an error message: bounded, control bytes escaped.
-std::string quote(std::string_view text, size_t limit = 200) {
-  std::string out = "'";
-  for (char c : text.substr(0, limit)) {
-    auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) {
-      static constexpr char digits[] = "0123456789abcdef";
-      out += "\\x";
-      out.push_back(digits[u >> 4]);
-      out.push_back(digits[u & 0xf]);
-    } else {
-      out.push_back(c);
-    }
-  }
-  out += text.size() > limit ? "'..." : "'";
-  return out;
-}
-
 // ---------------------------------------------------------------------------
 // A small XML reader for S3's responses: elements, text, CDATA, comments,
 // processing instructions and the five predefined entities plus character
@@ -168,10 +150,10 @@ status decode_text(std::string_view raw, std::string& out) {
         std::from_chars(digits.data(), digits.data() + digits.size(), cp, hex ? 16 : 10);
       if (digits.empty() || ec != std::errc{} || end != digits.data() + digits.size() || cp == 0
           || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-        return xml_error("bad character reference " + quote(entity, 16));
+        return xml_error("bad character reference " + quote_untrusted(entity, 16));
       append_utf8(out, cp);
     } else {
-      return xml_error("unknown entity " + quote(entity, 16));
+      return xml_error("unknown entity " + quote_untrusted(entity, 16));
     }
     pos = semi + 1;
   }
@@ -247,7 +229,7 @@ status scan_xml(std::string_view xml, const xml_handler& on) {
       while (!name.empty() && is_space(name.back()))
         name.remove_suffix(1);
       if (stack.empty() || local_name(name) != stack.back())
-        return xml_error("end tag " + quote(name, 64) + " does not match");
+        return xml_error("end tag " + quote_untrusted(name, 64) + " does not match");
       if (auto ok = on(xml_event{false, stack, texts.back()}); !ok)
         return ok;
       stack.pop_back();
@@ -307,7 +289,7 @@ result<uint64_t> parse_u64(std::string_view text, std::string_view what) {
   uint64_t value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc{} || end != text.data() + text.size())
-    return xml_error(std::string{what} + " is not a number: " + quote(text, 32));
+    return xml_error(std::string{what} + " is not a number: " + quote_untrusted(text, 32));
   return value;
 }
 
@@ -369,7 +351,7 @@ s3_config s3_config::from_environment() {
 
 result<s3_location> parse_s3_uri(std::string_view uri) {
   auto bad = [&](std::string why) {
-    return make_error(errc::invalid_argument, "S3 URI " + quote(uri) + " " + why);
+    return make_error(errc::invalid_argument, "S3 URI " + quote_untrusted(uri) + " " + why);
   };
   if (!uri.starts_with("s3://"))
     return bad("must start with s3://");
@@ -537,7 +519,7 @@ result<s3_list_page> parse_list_objects_v2(std::string_view xml) {
       page.common_prefixes.back() = e.text;
     } else if (path_is(p, {"ListBucketResult", "IsTruncated"})) {
       if (e.text != "true" && e.text != "false")
-        return xml_error("IsTruncated is " + quote(e.text, 16));
+        return xml_error("IsTruncated is " + quote_untrusted(e.text, 16));
       page.truncated = e.text == "true";
     } else if (path_is(p, {"ListBucketResult", "NextContinuationToken"})) {
       page.next_continuation_token = e.text;
@@ -695,7 +677,7 @@ result<std::unique_ptr<s3_client>> s3_client::open(s3_config config) {
   for (char c : config.region)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-'))
       return make_error(errc::invalid_argument,
-                        "S3 region " + quote(config.region) + " is invalid");
+                        "S3 region " + quote_untrusted(config.region) + " is invalid");
   if (config.credentials.access_key_id.empty() || config.credentials.secret_access_key.empty())
     return make_error(errc::invalid_argument,
                       "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
@@ -822,7 +804,8 @@ result<s3_object_info> s3_client::head_object(std::string_view bucket, std::stri
   auto size = parse_u64(length, "Content-Length");
   if (!size)
     return make_error(errc::backend_failure, describe_key("HeadObject", bucket, key)
-                                               + ": bad Content-Length " + quote(length, 32));
+                                               + ": bad Content-Length "
+                                               + quote_untrusted(length, 32));
   info.size = *size;
   return info;
 }

@@ -21,24 +21,6 @@ constexpr std::string_view body_min_field = "weight_version.min_version";
 constexpr std::string_view body_exact_field = "weight_version.exact_version";
 constexpr std::string_view utf8_bom = "\xEF\xBB\xBF";
 
-std::string show(std::string_view text) {
-  constexpr size_t max_quote = 80;
-  std::string out = "'";
-  for (char c : text.substr(0, max_quote)) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned char>(c));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  if (text.size() > max_quote)
-    out += "...";
-  out += "'";
-  return out;
-}
-
 error bad_request(std::string message) {
   return make_error(errc::invalid_argument, std::move(message));
 }
@@ -169,12 +151,12 @@ result<uint64_t> parse_decimal(std::string_view text, std::string_view field,
                        + " is empty; expected a decimal integer");
   for (char c : text)
     if (c < '0' || c > '9')
-      return bad_request(std::string(field) + ": " + std::string(what) + " " + show(text)
+      return bad_request(std::string(field) + ": " + std::string(what) + " " + quote_untrusted(text)
                          + " is not a decimal integer (digits only, no sign or spaces)");
   int64_t value = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc{} || ptr != text.data() + text.size())
-    return bad_request(std::string(field) + ": " + std::string(what) + " " + show(text)
+    return bad_request(std::string(field) + ": " + std::string(what) + " " + quote_untrusted(text)
                        + " is larger than " + std::to_string(std::numeric_limits<int64_t>::max()));
   return static_cast<uint64_t>(value);
 }
@@ -185,7 +167,7 @@ std::string describe_token(std::string_view token) {
   switch (token.front()) {
     case '{': return "an object";
     case '[': return "an array";
-    case '"': return "the string " + show(decode_string(token));
+    case '"': return "the string " + quote_untrusted(decode_string(token));
     default: return std::string(token.substr(0, 80));
   }
 }
@@ -240,7 +222,7 @@ result<constraint> interpret(std::string_view t, size_t value_begin, size_t valu
     std::string_view value = t.substr(m.value_begin, m.value_end - m.value_begin);
     bool is_min = key == "min_version";
     if (!is_min && key != "exact_version")
-      return bad_request("weight_version: unknown key " + show(key)
+      return bad_request("weight_version: unknown key " + quote_untrusted(key)
                          + " (expected min_version or exact_version)");
     bool& seen = is_min ? seen_min : seen_exact;
     if (seen)

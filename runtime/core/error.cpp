@@ -28,6 +28,23 @@ std::string_view to_string(errc code) noexcept {
   return "unknown";
 }
 
+std::string quote_untrusted(std::string_view text, size_t limit) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out = "'";
+  for (char c : text.substr(0, limit)) {
+    auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out.push_back(digits[u >> 4]);
+      out.push_back(digits[u & 0xf]);
+    } else {
+      out.push_back(c);
+    }
+  }
+  out += text.size() > limit ? "'..." : "'";
+  return out;
+}
+
 std::string to_string(const error& err) {
   std::string out{to_string(err.code)};
   if (!err.message.empty()) {

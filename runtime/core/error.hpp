@@ -66,6 +66,10 @@ struct error {
 /// Renders "code: message".
 std::string to_string(const error& err);
 
+/// Untrusted text for an error message: single-quoted, at most `limit` bytes
+/// (then "..."), control bytes escaped as \xNN.
+std::string quote_untrusted(std::string_view text, size_t limit = 80);
+
 inline error make_error(errc code, std::string message) {
   return error{code, std::move(message)};
 }

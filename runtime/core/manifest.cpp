@@ -25,24 +25,6 @@ constexpr size_t max_tensor_name_length = 1024;
 constexpr size_t max_shard_name_length = 255;
 constexpr std::string_view shard_suffix = ".safetensors";
 
-std::string show(std::string_view text) {
-  constexpr size_t max_quote = 80;
-  std::string out = "'";
-  for (char c : text.substr(0, max_quote)) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned char>(c));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  if (text.size() > max_quote)
-    out += "...";
-  out += "'";
-  return out;
-}
-
 error manifest_error(std::string message) {
   return make_error(errc::invalid_manifest, std::move(message));
 }
@@ -57,7 +39,8 @@ std::string describe(const json& v) {
   switch (v.type()) {
     case json::value_t::object: return "an object";
     case json::value_t::array: return "an array";
-    case json::value_t::string: return "the string " + show(v.get_ref<const std::string&>());
+    case json::value_t::string:
+      return "the string " + quote_untrusted(v.get_ref<const std::string&>());
     case json::value_t::discarded: return "nothing";
     default: return v.dump(-1, ' ', false, json::error_handler_t::replace);
   }
@@ -142,7 +125,7 @@ public:
       return false;
     frame& top = frames_.back();
     if (top.value->contains(k))
-      return fail(manifest_error("duplicate key " + show(k) + " in " + path()));
+      return fail(manifest_error("duplicate key " + quote_untrusted(k) + " in " + path()));
     top.last_key = k;
     pending_ = &(*top.value)[k];
     return true;
@@ -339,7 +322,7 @@ result<std::map<std::string, std::string>> read_weight_map(const json& root) {
   std::map<std::string, std::string> out;
   for (const auto& [name, shard] : (*wm)->items()) {
     if (!shard.is_string())
-      return manifest_error("weight_map[" + show(name) + "] must be a string, got "
+      return manifest_error("weight_map[" + quote_untrusted(name) + "] must be a string, got "
                             + describe(shard));
     out.emplace_hint(out.end(), name, shard.get<std::string>());
   }
@@ -362,8 +345,8 @@ result<Enum> enum_member(const json& obj, const char* key, const std::string& fi
       return e;
     expected += (expected.empty() ? "" : ", ") + std::string(to_string(e));
   }
-  return manifest_error(field + ": unknown value " + show(*text) + " (expected one of " + expected
-                        + ")");
+  return manifest_error(field + ": unknown value " + quote_untrusted(*text) + " (expected one of "
+                        + expected + ")");
 }
 
 std::optional<uint64_t> parse_hex64(std::string_view text) {
@@ -416,10 +399,10 @@ status check_weight_map(const std::map<std::string, std::string>& weight_map,
     if (auto ok = validate_tensor_name(name); !ok)
       return with_field("weight_map", ok.error());
     if (auto ok = validate_shard_name(shard); !ok)
-      return with_field("weight_map[" + show(name) + "]", ok.error());
+      return with_field("weight_map[" + quote_untrusted(name) + "]", ok.error());
     if (!shards.contains(shard))
-      return manifest_error("weight_map[" + show(name) + "] names shard " + show(shard)
-                            + ", which is not in metadata.shards");
+      return manifest_error("weight_map[" + quote_untrusted(name) + "] names shard "
+                            + quote_untrusted(shard) + ", which is not in metadata.shards");
   }
   return {};
 }
@@ -453,7 +436,7 @@ std::string_view to_string(compression comp) noexcept {
 
 status validate_tensor_name(std::string_view name) {
   auto bad = [&](const char* why) {
-    return make_error(errc::invalid_argument, "tensor name " + show(name) + " " + why);
+    return make_error(errc::invalid_argument, "tensor name " + quote_untrusted(name) + " " + why);
   };
   if (name.empty())
     return make_error(errc::invalid_argument, "tensor name is empty");
@@ -489,7 +472,7 @@ status validate_tensor_name(std::string_view name) {
 
 status validate_shard_name(std::string_view name) {
   auto bad = [&](const char* why) {
-    return make_error(errc::invalid_argument, "shard name " + show(name) + " " + why);
+    return make_error(errc::invalid_argument, "shard name " + quote_untrusted(name) + " " + why);
   };
   if (name.empty())
     return make_error(errc::invalid_argument, "shard name is empty");
@@ -545,7 +528,7 @@ status validate(const manifest& m) {
   }
   if (m.checksum_algorithm != checksum_algorithm_name)
     return manifest_error("metadata.checksum: unknown checksum algorithm "
-                          + show(m.checksum_algorithm) + " (expected "
+                          + quote_untrusted(m.checksum_algorithm) + " (expected "
                           + std::string(checksum_algorithm_name) + ")");
   if (auto ok = check_counts(m); !ok)
     return ok;
@@ -555,7 +538,7 @@ status validate(const manifest& m) {
     if (auto ok = validate_shard_name(shard); !ok)
       return with_field("metadata.shards", ok.error());
     if (!shards.insert(shard).second)
-      return manifest_error("metadata.shards lists " + show(shard) + " twice");
+      return manifest_error("metadata.shards lists " + quote_untrusted(shard) + " twice");
   }
   if (auto ok = check_weight_map(m.weight_map, shards); !ok)
     return ok;
@@ -565,10 +548,10 @@ status validate(const manifest& m) {
     if (auto ok = validate_tensor_name(name); !ok)
       return with_field("metadata.touched", ok.error());
     if (i > 0 && !(m.touched[i - 1] < name))
-      return manifest_error("metadata.touched must be sorted and unique: " + show(name)
-                            + " follows " + show(m.touched[i - 1]));
+      return manifest_error("metadata.touched must be sorted and unique: " + quote_untrusted(name)
+                            + " follows " + quote_untrusted(m.touched[i - 1]));
     if (!m.weight_map.contains(name))
-      return manifest_error("metadata.touched names " + show(name)
+      return manifest_error("metadata.touched names " + quote_untrusted(name)
                             + ", which is not in weight_map");
   }
   if (m.is_full() && m.touched.size() != m.weight_map.size()) {
@@ -576,7 +559,7 @@ status validate(const manifest& m) {
     auto it = m.weight_map.begin();
     for (size_t i = 0; i < m.touched.size() && it->first == m.touched[i]; ++i)
       ++it;
-    return manifest_error("weight_map names " + show(it->first)
+    return manifest_error("weight_map names " + quote_untrusted(it->first)
                           + ", which a full anchor must also list in metadata.touched");
   }
 
@@ -584,12 +567,13 @@ status validate(const manifest& m) {
     if (auto ok = validate_tensor_name(name); !ok)
       return with_field("metadata.checksums", ok.error());
     if (m.is_full() && !m.weight_map.contains(name))
-      return manifest_error("metadata.checksums names " + show(name)
+      return manifest_error("metadata.checksums names " + quote_untrusted(name)
                             + ", which is not a tensor of this full anchor");
   }
   for (const auto& [name, shard] : m.weight_map)
     if (!m.checksums.contains(name))
-      return manifest_error("metadata.checksums has no checksum for tensor " + show(name));
+      return manifest_error("metadata.checksums has no checksum for tensor "
+                            + quote_untrusted(name));
   return {};
 }
 
@@ -624,7 +608,7 @@ result<manifest> parse_manifest(std::string_view text) {
   else if (*kind == "delta")
     m.kind = version_kind::delta;
   else
-    return manifest_error("metadata.kind: unknown kind " + show(*kind)
+    return manifest_error("metadata.kind: unknown kind " + quote_untrusted(*kind)
                           + " (expected full or delta)");
 
   if (const json* base = optional_member(meta, "base_version")) {
@@ -652,8 +636,9 @@ result<manifest> parse_manifest(std::string_view text) {
   if (!algorithm)
     return std::move(algorithm).error();
   if (*algorithm != checksum_algorithm_name)
-    return manifest_error("metadata.checksum: unknown checksum algorithm " + show(*algorithm)
-                          + " (expected " + std::string(checksum_algorithm_name) + ")");
+    return manifest_error("metadata.checksum: unknown checksum algorithm "
+                          + quote_untrusted(*algorithm) + " (expected "
+                          + std::string(checksum_algorithm_name) + ")");
   m.checksum_algorithm = std::move(*algorithm);
 
   auto total = required_uint(meta, "total_size", "metadata.total_size");
@@ -667,7 +652,7 @@ result<manifest> parse_manifest(std::string_view text) {
   m.touched = std::move(*touched);
   std::sort(m.touched.begin(), m.touched.end());
   if (auto dup = std::adjacent_find(m.touched.begin(), m.touched.end()); dup != m.touched.end())
-    return manifest_error("metadata.touched names " + show(*dup) + " twice");
+    return manifest_error("metadata.touched names " + quote_untrusted(*dup) + " twice");
 
   auto shards = string_array(meta, "shards", "metadata.shards");
   if (!shards)
@@ -678,7 +663,7 @@ result<manifest> parse_manifest(std::string_view text) {
   if (!sums)
     return std::move(sums).error();
   for (const auto& [name, sum] : (*sums)->items()) {
-    const std::string field = "metadata.checksums[" + show(name) + "]";
+    const std::string field = "metadata.checksums[" + quote_untrusted(name) + "]";
     if (!sum.is_string())
       return manifest_error(field + " must be a string of 16 lowercase hex digits, got "
                             + describe(sum));

@@ -14,24 +14,6 @@ bool is_run_char(char c) {
          || c == '_' || c == '-';
 }
 
-std::string quoted(std::string_view text) {
-  constexpr size_t max_quote = 80;
-  std::string out = "'";
-  for (char c : text.substr(0, max_quote)) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned char>(c));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  if (text.size() > max_quote)
-    out += "...";
-  out += "'";
-  return out;
-}
-
 std::optional<uint64_t> parse_digits(std::string_view digits) {
   if (digits.empty())
     return std::nullopt;
@@ -61,13 +43,14 @@ status validate_run_id(std::string_view run_id) {
     return make_error(errc::invalid_argument, "run id is empty");
   if (run_id.size() > max_run_id_length)
     return make_error(errc::invalid_argument,
-                      "run id " + quoted(run_id) + " is longer than 64 characters");
+                      "run id " + quote_untrusted(run_id) + " is longer than 64 characters");
   if (run_id == "." || run_id == "..")
-    return make_error(errc::invalid_argument, "run id " + quoted(run_id) + " is not allowed");
+    return make_error(errc::invalid_argument,
+                      "run id " + quote_untrusted(run_id) + " is not allowed");
   for (char c : run_id)
     if (!is_run_char(c))
       return make_error(errc::invalid_argument,
-                        "run id " + quoted(run_id) + " may only contain [A-Za-z0-9._-]");
+                        "run id " + quote_untrusted(run_id) + " may only contain [A-Za-z0-9._-]");
   return {};
 }
 
@@ -89,7 +72,7 @@ result<std::optional<version_ref>> parse_version_ref(std::string_view text) {
     return std::optional<version_ref>{};
   auto fail = [&](std::string why) {
     return make_error(errc::invalid_argument,
-                      "invalid version reference " + quoted(text) + ": " + std::move(why));
+                      "invalid version reference " + quote_untrusted(text) + ": " + std::move(why));
   };
   version_ref ref;
   std::string_view version_part = body;

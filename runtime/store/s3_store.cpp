@@ -25,25 +25,6 @@ constexpr std::string_view published_name = ".stitch-published";
 /// S3's limit on the parts of one multipart upload.
 constexpr uint64_t max_parts = 10'000;
 
-/// Untrusted text for an error message: bounded, control bytes escaped.
-std::string quote(std::string_view text) {
-  constexpr size_t limit = 120;
-  std::string out = "'";
-  for (char c : text.substr(0, limit)) {
-    auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) {
-      static constexpr char digits[] = "0123456789abcdef";
-      out += "\\x";
-      out.push_back(digits[u >> 4]);
-      out.push_back(digits[u & 0xf]);
-    } else {
-      out.push_back(c);
-    }
-  }
-  out += text.size() > limit ? "'..." : "'";
-  return out;
-}
-
 std::string_view trim(std::string_view text) {
   auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
   while (!text.empty() && space(text.front()))
@@ -58,7 +39,7 @@ result<version_ref> parse_record(std::string_view body, std::string_view what) {
   auto text = trim(body);
   auto ref = parse_version_ref(text);
   if (!ref || !*ref || (*ref)->run_id.empty())
-    return make_error(errc::corrupt_data, std::string{what} + " holds " + quote(text)
+    return make_error(errc::corrupt_data, std::string{what} + " holds " + quote_untrusted(text)
                                             + ", not a version like run/weight_v000007");
   return **ref;
 }
@@ -200,8 +181,8 @@ struct s3_store::impl {
       return std::optional<bool>{};
     auto text = trim((*obj)->body);
     if (text != "full" && text != "delta")
-      return make_error(errc::corrupt_data,
-                        "the marker " + url(key) + " holds " + quote(text) + ", not full or delta");
+      return make_error(errc::corrupt_data, "the marker " + url(key) + " holds "
+                                              + quote_untrusted(text) + ", not full or delta");
     remember_published(key, text == "full");
     return std::optional<bool>{text == "full"};
   }
@@ -635,13 +616,13 @@ status s3_store::read_range(std::string_view pool, const version_ref& ref, std::
   auto it = layout->tensors.find(std::string{tensor});
   if (it == layout->tensors.end())
     return make_error(errc::not_found,
-                      "tensor " + quote(tensor) + " is not stored in " + to_string(ref));
+                      "tensor " + quote_untrusted(tensor) + " is not stored in " + to_string(ref));
   const auto& loc = it->second;
   if (offset > loc.size || out.size() > loc.size - offset)
     return make_error(errc::invalid_argument, "range [" + std::to_string(offset) + ", +"
                                                 + std::to_string(out.size())
-                                                + ") is outside tensor " + quote(tensor) + " of "
-                                                + std::to_string(loc.size) + " bytes");
+                                                + ") is outside tensor " + quote_untrusted(tensor)
+                                                + " of " + std::to_string(loc.size) + " bytes");
   const auto key = impl_->version_prefix(pool, ref) + layout->shards[loc.shard];
   // Ranged GETs of at most one piece keep memory bounded whatever `out` is.
   size_t done = 0;
@@ -739,7 +720,7 @@ result<std::unique_ptr<store_backend>> open_s3_store(std::string_view uri, s3_op
     return std::move(client).error();
   if (auto ok = (*client)->head_bucket(where->bucket); !ok)
     return make_error(ok.error().code,
-                      "opening the S3 store " + quote(uri) + ": " + ok.error().message);
+                      "opening the S3 store " + quote_untrusted(uri) + ": " + ok.error().message);
   return std::unique_ptr<store_backend>{
     std::make_unique<s3_store>(std::move(*client), std::move(*where))};
 }
