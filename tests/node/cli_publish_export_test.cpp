@@ -1,0 +1,196 @@
+// End to end over real processes: a stitch-node on a free port, then the
+// `stitch` CLI publishing Hugging Face directories and exporting versions.
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "runtime/store/hf_directory.hpp"
+#include "store/store_fixtures.hpp"
+
+namespace stitch {
+namespace {
+
+using namespace stitch::testing;
+
+struct run_result {
+  int code = -1;
+  std::string output;
+};
+
+/// Runs a command line, capturing stdout and stderr.
+run_result run(const std::string& command) {
+  run_result r;
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe)
+    return r;
+  std::array<char, 4096> buf;
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe))
+    r.output.append(buf.data(), n);
+  int status = ::pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+store::tensor_set model(uint32_t seed) {
+  store::tensor_set w;
+  for (auto [name, rows] :
+       {std::pair{"model.embed_tokens.weight", 64},
+        std::pair{"model.layers.0.mlp.up_proj.weight", 96}, std::pair{"lm_head.weight", 64}}) {
+    auto& t = w[name];
+    t.name = name;
+    t.type = safetensors::dtype::f32;
+    t.shape = {static_cast<uint64_t>(rows), 32};
+    t.bytes = random_bytes(static_cast<size_t>(rows) * 32 * 4, seed++);
+  }
+  return w;
+}
+
+class cli_test : public ::testing::Test {
+protected:
+  void SetUp() override {
+    auto log = dir.path() / "node.log";
+    node = fork();
+    ASSERT_GE(node, 0);
+    if (node == 0) {
+      std::freopen(log.c_str(), "w", stdout);
+      std::freopen(log.c_str(), "a", stderr);
+      std::string data = "--data-dir=" + (dir.path() / "data").string();
+      execl(STITCH_NODE_BIN, STITCH_NODE_BIN, data.c_str(), "--set",
+            "coordinator.listen=127.0.0.1:0", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // The node prints the port it chose.
+    std::regex listening{"listening on 127\\.0\\.0\\.1:([0-9]+)"};
+    for (int i = 0; i < 300 && port.empty(); ++i) {
+      std::ifstream in{log};
+      std::stringstream text;
+      text << in.rdbuf();
+      std::smatch m;
+      auto s = text.str();
+      if (std::regex_search(s, m, listening))
+        port = m[1];
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_FALSE(port.empty()) << "the node did not start";
+  }
+
+  void TearDown() override {
+    if (node > 0) {
+      kill(node, SIGTERM);
+      int status = 0;
+      waitpid(node, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the node did not stop cleanly";
+    }
+  }
+
+  std::string stitch(const std::string& args) {
+    return std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + port + " " + args;
+  }
+
+  std::string write(const std::string& name, const store::tensor_set& w, uint64_t shard = 0) {
+    auto path = dir.path() / name;
+    auto ok =
+      shard ? store::write_hf_directory(path, w, shard) : store::write_hf_directory(path, w);
+    EXPECT_TRUE(ok) << to_string(ok.error());
+    return path.string();
+  }
+
+  temp_dir dir;
+  pid_t node = -1;
+  std::string port;
+};
+
+TEST_F(cli_test, publish_anchor_delta_then_export_is_byte_identical) {
+  auto w0 = model(1);
+  auto v0 = run(stitch("publish --run r1 --version 0 " + write("v0", w0, 20000)));
+  ASSERT_EQ(v0.code, 0) << v0.output;
+  EXPECT_NE(v0.output.find("published r1/weight_v000000 as a full"), std::string::npos)
+    << v0.output;
+  auto w1 = w0;
+  w1["lm_head.weight"].bytes[5] ^= std::byte{0x40};
+  // Streamed through the publisher actor in chunks, as from another machine.
+  auto v1 = run(stitch("publish --run r1 --version 1 --stream " + write("v1", w1)));
+  ASSERT_EQ(v1.code, 0) << v1.output;
+  EXPECT_NE(v1.output.find("as a delta: 1 tensor(s) touched"), std::string::npos) << v1.output;
+  EXPECT_NE(v1.output.find("now points at r1/weight_v000001"), std::string::npos) << v1.output;
+
+  for (const char* form : {"r1/1", "r1/weight_v000001"}) {
+    auto out = dir.path() / ("export-" + std::to_string(std::hash<std::string>{}(form)));
+    auto e = run(stitch(std::string{"export --version "} + form + " --out " + out.string()));
+    ASSERT_EQ(e.code, 0) << e.output;
+    auto back = store::load_hf_directory(out);
+    ASSERT_TRUE(back) << to_string(back.error());
+    EXPECT_EQ(*back, w1) << form;
+  }
+}
+
+TEST_F(cli_test, republish_is_idempotent_and_different_content_is_refused) {
+  auto w0 = model(1);
+  auto path = write("v0", w0);
+  ASSERT_EQ(run(stitch("publish --run r --version 0 " + path)).code, 0);
+  auto again = run(stitch("publish --run r --version 0 " + path));
+  EXPECT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(again.output.find("already published"), std::string::npos) << again.output;
+  auto other = model(9);
+  auto clash = run(stitch("publish --run r --version 0 " + write("other", other)));
+  EXPECT_EQ(clash.code, 1) << clash.output;
+  EXPECT_NE(clash.output.find("version_exists"), std::string::npos) << clash.output;
+}
+
+TEST_F(cli_test, dry_run_names_the_touched_tensors_and_publishes_nothing) {
+  auto w0 = model(1);
+  ASSERT_EQ(run(stitch("publish --run r --version 0 " + write("v0", w0))).code, 0);
+  auto w1 = w0;
+  w1["model.layers.0.mlp.up_proj.weight"].bytes[0] ^= std::byte{1};
+  auto dry = run(stitch("publish --run r --version 1 --dry-run " + write("v1", w1)));
+  ASSERT_EQ(dry.code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("would publish r/weight_v000001 as a delta"), std::string::npos)
+    << dry.output;
+  EXPECT_NE(dry.output.find("touches model.layers.0.mlp.up_proj.weight"), std::string::npos);
+  auto e = run(stitch("export --version r/1 --out " + (dir.path() / "none").string()));
+  EXPECT_NE(e.code, 0) << "the dry run stored nothing: " << e.output;
+}
+
+TEST_F(cli_test, bad_input_is_refused_with_the_reason) {
+  auto missing = run(stitch("publish --run r --version 0 " + (dir.path() / "nope").string()));
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.output.find("nope"), std::string::npos) << missing.output;
+  auto bad_ref = run(stitch("export --version latest --out " + (dir.path() / "x").string()));
+  EXPECT_NE(bad_ref.code, 0);
+  EXPECT_NE(bad_ref.output.find("'latest'"), std::string::npos) << bad_ref.output;
+  auto bad_run = run(stitch("publish --run ../x --version 0 " + write("v0", model(1))));
+  EXPECT_NE(bad_run.code, 0);
+  EXPECT_NE(bad_run.output.find("run id"), std::string::npos) << bad_run.output;
+  auto no_node = run(std::string{STITCH_BIN} + " --coordinator 127.0.0.1:1 export --version r/0"
+                     + " --out " + (dir.path() / "y").string());
+  EXPECT_EQ(no_node.code, 1);
+  EXPECT_NE(no_node.output.find("cannot reach the coordinator"), std::string::npos)
+    << no_node.output;
+}
+
+TEST(stitch_node, print_config_and_bad_overrides) {
+  auto cfg = run(std::string{STITCH_NODE_BIN} + " --print-config --data-dir /tmp/x --set "
+                 + "store.uri=s3://bucket/prefix");
+  EXPECT_EQ(cfg.code, 0) << cfg.output;
+  EXPECT_NE(cfg.output.find("uri = \"s3://bucket/prefix\""), std::string::npos) << cfg.output;
+  auto bad = run(std::string{STITCH_NODE_BIN} + " --set nope.key=1 --set coordinator.listen=x");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("nope.key"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("coordinator.listen"), std::string::npos) << bad.output;
+}
+
+} // namespace
+} // namespace stitch
