@@ -1,4 +1,5 @@
 #include "runtime/core/manifest.hpp"
+#include "runtime/core/safetensors.hpp"
 
 #include <algorithm>
 #include <array>
@@ -574,6 +575,33 @@ status validate(const manifest& m) {
     if (!m.checksums.contains(name))
       return manifest_error("metadata.checksums has no checksum for tensor "
                             + quote_untrusted(name));
+
+  if (!m.tensor_specs.empty()) {
+    if (!m.is_full())
+      return manifest_error("metadata.tensor_specs belongs to full anchors only");
+    uint64_t bytes = 0;
+    for (const auto& [name, spec] : m.tensor_specs) {
+      const std::string field = "metadata.tensor_specs[" + quote_untrusted(name) + "]";
+      if (!m.weight_map.contains(name))
+        return manifest_error(field + " names a tensor the anchor does not store");
+      auto type = safetensors::parse_dtype(spec.dtype);
+      if (!type)
+        return manifest_error(field + ".dtype: " + type.error().message);
+      if (spec.shape.size() > safetensors::max_rank)
+        return manifest_error(field + ".shape has more than "
+                              + std::to_string(safetensors::max_rank) + " dimensions");
+      auto size = safetensors::byte_length(*type, spec.shape);
+      if (!size || *size > m.total_size - bytes)
+        return manifest_error(field + ".shape describes more bytes than total_size");
+      bytes += *size;
+    }
+    for (const auto& [name, shard] : m.weight_map)
+      if (!m.tensor_specs.contains(name))
+        return manifest_error("metadata.tensor_specs lacks tensor " + quote_untrusted(name));
+    if (bytes != m.total_size)
+      return manifest_error("metadata.tensor_specs describe " + std::to_string(bytes)
+                            + " bytes but total_size is " + std::to_string(m.total_size));
+  }
   return {};
 }
 
@@ -673,6 +701,31 @@ result<manifest> parse_manifest(std::string_view text) {
     m.checksums.emplace_hint(m.checksums.end(), name, *value);
   }
 
+  if (const json* specs = optional_member(meta, "tensor_specs")) {
+    if (!specs->is_object())
+      return manifest_error("metadata.tensor_specs must be an object, got " + describe(*specs));
+    for (const auto& [name, spec] : specs->items()) {
+      const std::string field = "metadata.tensor_specs[" + quote_untrusted(name) + "]";
+      if (!spec.is_object())
+        return manifest_error(field + " must be an object, got " + describe(spec));
+      auto dtype = required_string(spec, "dtype", field + ".dtype");
+      if (!dtype)
+        return std::move(dtype).error();
+      const json* shape = optional_member(spec, "shape");
+      if (!shape || !shape->is_array() || shape->size() > safetensors::max_rank)
+        return manifest_error(field + ".shape must be an array of at most "
+                              + std::to_string(safetensors::max_rank) + " dimensions");
+      tensor_spec_entry entry{std::move(*dtype), {}};
+      for (const auto& dim : *shape) {
+        auto value = as_uint(dim, field + ".shape");
+        if (!value)
+          return std::move(value).error();
+        entry.shape.push_back(*value);
+      }
+      m.tensor_specs.emplace_hint(m.tensor_specs.end(), name, std::move(entry));
+    }
+  }
+
   auto weight_map = read_weight_map(root);
   if (!weight_map)
     return std::move(weight_map).error();
@@ -725,6 +778,12 @@ std::string to_json(const manifest& m) {
   meta["touched"] = m.touched;
   meta["shards"] = m.shards;
   meta["checksums"] = sums;
+  if (!m.tensor_specs.empty()) {
+    ordered_json specs = ordered_json::object();
+    for (const auto& [name, spec] : m.tensor_specs)
+      specs.emplace(name, ordered_json{{"dtype", spec.dtype}, {"shape", spec.shape}});
+    meta["tensor_specs"] = std::move(specs);
+  }
   ordered_json root = ordered_json::object();
   root["metadata"] = std::move(meta);
   root["weight_map"] = m.weight_map;

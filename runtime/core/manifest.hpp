@@ -26,6 +26,14 @@ std::string_view to_string(delta_encoding encoding) noexcept;
 /// "none", "zstd".
 std::string_view to_string(compression comp) noexcept;
 
+/// A stored tensor's element type (the safetensors dtype name) and shape.
+struct tensor_spec_entry {
+  std::string dtype;
+  std::vector<uint64_t> shape;
+
+  friend bool operator==(const tensor_spec_entry&, const tensor_spec_entry&) = default;
+};
+
 /// A version's manifest: the Hugging Face `model.safetensors.index.json`
 /// (`metadata` + `weight_map`) with Stitch's keys in `metadata`.
 ///
@@ -35,7 +43,8 @@ std::string_view to_string(compression comp) noexcept;
 ///               "base_version": 6, "delta_encoding": "xor", "compression": "zstd",
 ///               "checksum": "xxh3-64-tree-1MiB", "touched": ["a", ...],
 ///               "shards": ["model-00001-of-00001.safetensors"],
-///               "checksums": {"a": "0123456789abcdef", ...}},
+///               "checksums": {"a": "0123456789abcdef", ...},
+///               "tensor_specs": {"a": {"dtype": "BF16", "shape": [4096, 4096]}, ...}},
 ///  "weight_map": {"a": "model-00001-of-00001.safetensors", ...}}
 /// ```
 /// `weight_map` names the tensors whose (encoded) bytes this version stores:
@@ -61,6 +70,11 @@ struct manifest {
   std::map<std::string, std::string> weight_map;
   /// Tensor name -> checksum of the resulting bytes.
   std::map<std::string, uint64_t> checksums;
+  /// Full anchors written by Stitch: every tensor's dtype and shape
+  /// (`metadata.tensor_specs`), so readers size the weights without parsing
+  /// shard headers. Empty for deltas (a chain never changes them: a change of
+  /// names, dtypes or shapes forces a new anchor).
+  std::map<std::string, tensor_spec_entry> tensor_specs;
 
   bool is_full() const noexcept { return kind == version_kind::full; }
   bool is_empty_delta() const noexcept { return kind == version_kind::delta && touched.empty(); }

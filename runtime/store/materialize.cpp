@@ -56,52 +56,24 @@ std::string mismatch(std::string_view tensor, const version_ref& ref, uint64_t g
 
 } // namespace
 
-result<std::vector<safetensors::tensor_info>> read_tensor_specs(const range_reader& read,
-                                                                const manifest& anchor) {
-  const std::string where = "the tensor specs of " + to_string(anchor.ref);
-  auto corrupt = [&](const std::string& what) {
-    return fail(errc::corrupt_data, where + " " + what);
-  };
+result<std::vector<safetensors::tensor_info>> read_tensor_specs(const manifest& anchor) {
   if (!anchor.is_full())
     return fail(errc::invalid_argument, to_string(anchor.ref) + " is not a full anchor");
-  auto sum = anchor.checksums.find(std::string{tensor_specs_name});
-  if (!anchor.weight_map.contains(std::string{tensor_specs_name}) || sum == anchor.checksums.end())
-    return fail(errc::corrupt_data, to_string(anchor.ref) + " has no " + quote(tensor_specs_name)
-                                      + " tensor; it was not published by a Stitch publisher");
-
-  std::vector<std::byte> bytes(8);
-  if (auto ok = read(anchor.ref, tensor_specs_name, 0, bytes); !ok)
-    return std::move(ok).error();
-  auto header_size = safetensors::read_header_size(bytes);
-  if (!header_size)
-    return corrupt(header_size.error().message);
-  if (*header_size > anchor.total_size - std::min<uint64_t>(8, anchor.total_size))
-    return corrupt("claim " + std::to_string(*header_size)
-                   + " bytes, more than the version stores");
-  bytes.resize(8 + *header_size);
-  if (auto ok = read_all(read, anchor.ref, tensor_specs_name, 8, std::span{bytes}.subspan(8)); !ok)
-    return std::move(ok).error();
-  if (uint64_t got = checksum::tree_checksum(bytes); got != sum->second)
-    return fail(errc::checksum_mismatch, mismatch(tensor_specs_name, anchor.ref, got, sum->second));
-  auto view = safetensors::parse_header(bytes);
-  if (!view)
-    return corrupt("are malformed: " + view.error().message);
-
-  std::vector<safetensors::tensor_info> specs = std::move(view->tensors);
-  std::sort(specs.begin(), specs.end(),
-            [](const auto& a, const auto& b) { return a.name < b.name; });
-  std::set<std::string_view> listed;
-  for (const auto& t : specs) {
-    if (!anchor.weight_map.contains(t.name) || t.name == tensor_specs_name)
-      return corrupt("list " + quote(t.name) + ", which the anchor does not store");
-    listed.insert(t.name);
+  if (anchor.tensor_specs.empty() && !anchor.weight_map.empty())
+    return fail(errc::corrupt_data, to_string(anchor.ref)
+                                      + " carries no metadata.tensor_specs; it was not "
+                                        "published by a Stitch publisher");
+  // `validate` (run on every parsed manifest) checked that the specs cover
+  // exactly the stored tensors and add up to total_size.
+  std::vector<safetensors::tensor_info> specs;
+  for (const auto& [name, spec] : anchor.tensor_specs) {
+    auto type = safetensors::parse_dtype(spec.dtype);
+    auto size = type ? safetensors::byte_length(*type, spec.shape) : result<uint64_t>{type.error()};
+    if (!type || !size)
+      return fail(errc::corrupt_data, "the tensor specs of " + to_string(anchor.ref) + " describe "
+                                        + quote(name) + " badly");
+    specs.push_back({name, *type, spec.shape, 0, *size});
   }
-  for (const auto& [name, shard] : anchor.weight_map)
-    if (name != tensor_specs_name && !listed.contains(name))
-      return corrupt("lack tensor " + quote(name));
-  if (view->data_size + bytes.size() != anchor.total_size)
-    return corrupt("describe " + std::to_string(view->data_size + bytes.size())
-                   + " stored bytes but the anchor stores " + std::to_string(anchor.total_size));
   return specs;
 }
 
@@ -221,7 +193,7 @@ result<tensor_set> materialize(store_backend& store, std::string_view pool, cons
     return store.read_range(pool, r, tensor, offset, out);
   };
   const manifest& anchor = cache.at(plan->anchor->version);
-  auto specs = read_tensor_specs(read, anchor);
+  auto specs = read_tensor_specs(anchor);
   if (!specs)
     return std::move(specs).error();
   tensor_set weights;
@@ -251,16 +223,10 @@ result<tensor_set> materialize(store_backend& store, std::string_view pool, cons
 
   // Every tensor must be exactly what the target's manifest promises.
   const manifest& m = cache.at(ref.version);
-  const std::string specs_name{tensor_specs_name};
   for (const auto& [name, sum] : m.checksums)
-    if (name != specs_name && !weights.contains(name))
+    if (!weights.contains(name))
       return fail(errc::corrupt_data, "the manifest of " + to_string(ref) + " has a checksum for "
                                         + quote(name) + ", which its chain does not build");
-  auto specs_sum = m.checksums.find(specs_name);
-  if (specs_sum == m.checksums.end() || specs_sum->second != anchor.checksums.at(specs_name))
-    return fail(errc::checksum_mismatch, "the tensor specs of " + to_string(ref)
-                                           + " differ from those of its anchor "
-                                           + to_string(anchor.ref));
   std::vector<host_tensor*> tensors;
   for (auto& [name, t] : weights) {
     if (!m.checksums.contains(name))

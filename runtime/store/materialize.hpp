@@ -18,7 +18,7 @@
 #include "runtime/store/host_tensors.hpp"
 
 /// Rebuilding a stored version's full weights, and the readers of the stored
-/// format `publisher.hpp` describes (the specs tensor of anchors, the delta
+/// format `publisher.hpp` describes (the anchors' tensor specs, the delta
 /// frames), usable over any source of stored bytes.
 namespace stitch::store {
 
@@ -27,13 +27,10 @@ namespace stitch::store {
 using range_reader = std::function<status(const version_ref& ref, std::string_view tensor,
                                           uint64_t offset, std::span<std::byte> out)>;
 
-/// The weight tensors of a full anchor as its specs tensor lists them (dtype,
-/// shape, and byte size as `data_end - data_begin`), in name order. The specs
-/// bytes are checked against the anchor's checksum; the names must be the
-/// anchor's tensors and the sizes must add up to its `total_size` (so a
-/// corrupt record cannot make a reader allocate more than the store holds).
-result<std::vector<safetensors::tensor_info>> read_tensor_specs(const range_reader& read,
-                                                                const manifest& anchor);
+/// The weight tensors of a full anchor as its manifest's `tensor_specs` list
+/// them (dtype, shape, and byte size as `data_end - data_begin`), in name
+/// order; `corrupt_data` for an anchor without specs.
+result<std::vector<safetensors::tensor_info>> read_tensor_specs(const manifest& anchor);
 
 /// The payload of `tensor`'s delta frame in `delta` (still compressed when the
 /// manifest says so); its length is bounded by the version's `total_size`.
@@ -58,7 +55,7 @@ result<tensor_set> materialize(store_backend& store, std::string_view pool, cons
                                parallel_for* runner = nullptr);
 
 /// `materialize` and then `write_hf_directory(out_dir, ...)`: the directory
-/// holds exactly the tensors that were published (without the specs tensor).
+/// holds exactly the tensors that were published.
 status export_version(store_backend& store, std::string_view pool, const version_ref& ref,
                       const std::filesystem::path& out_dir,
                       uint64_t max_shard_bytes = default_max_shard_bytes);

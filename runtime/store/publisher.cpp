@@ -31,9 +31,6 @@ status validate_weights(const tensor_set& weights) {
                   "tensor " + quote(t.name) + " is stored under the key " + quote(key));
     if (auto ok = validate_tensor_name(t.name); !ok)
       return ok;
-    if (t.name == tensor_specs_name)
-      return fail(errc::invalid_argument,
-                  "tensor name " + quote(t.name) + " is reserved for Stitch's own use");
     auto size = safetensors::byte_length(t.type, t.shape);
     if (!size)
       return fail(errc::invalid_argument, "tensor " + quote(t.name) + ": " + size.error().message);
@@ -85,17 +82,6 @@ struct stored_tensor {
 };
 
 } // namespace
-
-result<std::vector<std::byte>> encode_tensor_specs(const tensor_set& tensors) {
-  std::vector<safetensors::tensor_spec> specs;
-  specs.reserve(tensors.size());
-  for (const auto& [name, t] : tensors)
-    specs.push_back({t.name, t.type, t.shape});
-  auto header = safetensors::serialize_header(specs);
-  if (!header)
-    return std::move(header).error();
-  return std::move(header->bytes);
-}
 
 std::vector<std::byte> encode_delta_frame(std::span<const std::byte> payload) {
   std::vector<std::byte> frame(delta_frame_prefix + payload.size());
@@ -156,8 +142,8 @@ struct publisher::prepared {
 
   manifest m;
   std::vector<shard> shards;
-  /// Bytes the shards point into besides the caller's tensors (the specs
-  /// tensor, delta frames); moving a vector keeps its buffer in place.
+  /// Bytes the shards point into besides the caller's tensors (delta
+  /// frames); moving a vector keeps its buffer in place.
   std::vector<std::vector<std::byte>> owned;
   uint64_t raw_bytes = 0;
   uint64_t encoded_bytes = 0;
@@ -222,19 +208,11 @@ result<publisher::prepared> publisher::prepare_anchor(const publish_request& req
                                                       std::string reason) const {
   prepared out;
   out.reason = std::move(reason);
-  auto specs = encode_tensor_specs(weights);
-  if (!specs)
-    return std::move(specs).error();
-  out.owned.push_back(std::move(*specs));
-  const auto& specs_bytes = out.owned.back();
-
   std::vector<stored_tensor> tensors;
   for (const auto& [name, t] : weights) {
     tensors.push_back({name, t.type, t.shape, t.bytes});
     out.raw_bytes += t.bytes.size();
   }
-  tensors.push_back(
-    {std::string{tensor_specs_name}, safetensors::dtype::u8, {specs_bytes.size()}, specs_bytes});
 
   manifest& m = out.m;
   m.ref = {request.run_id, request.version};
@@ -257,6 +235,8 @@ result<publisher::prepared> publisher::prepare_anchor(const publish_request& req
     m.checksums[tensors[i].name] = sums[i];
   }
   std::sort(m.touched.begin(), m.touched.end());
+  for (const auto& [name, t] : weights)
+    m.tensor_specs[name] = {std::string{safetensors::to_string(t.type)}, t.shape};
   out.encoded_bytes = m.total_size;
   return out;
 }

@@ -24,33 +24,21 @@
 /// ## How Stitch stores tensors
 ///
 /// The store port reads a stored tensor's bytes (`read_range`) but neither its
-/// size nor its dtype and shape, so every stored version describes itself
-/// through its tensors:
+/// size nor its dtype and shape, so every stored version describes itself:
 ///
 /// - A **full anchor** stores every tensor's bytes as they are (dtype and
-///   shape in the shard headers, so the directory is a plain HF checkpoint)
-///   plus one extra U8 tensor, `tensor_specs_name`, whose bytes are a
-///   safetensors header (8-byte little-endian length, then the JSON) listing
-///   every weight tensor's dtype, shape and byte size. It is a tensor like any
-///   other: in `weight_map`, `touched` and `checksums`, and its checksum is
-///   carried by every later manifest of the chain (it never changes within a
-///   chain, since a change of names, dtypes or shapes forces an anchor).
-///   Readers skip it when they build weights.
+///   shape in the shard headers), so its directory is a plain HF checkpoint
+///   any loader reads. Its manifest lists every tensor's dtype and shape in
+///   `metadata.tensor_specs` (HF loaders ignore index metadata), which is how
+///   readers size the weights.
 /// - A **delta** stores each touched tensor as a U8 tensor holding a *delta
 ///   frame*: the payload's length as 8 little-endian bytes, then the payload
 ///   (the XOR of old and new bytes, zstd-compressed). A reader fetches the 8
 ///   bytes, then the payload.
 namespace stitch::store {
 
-/// The reserved name of a full anchor's tensor descriptions.
-inline constexpr std::string_view tensor_specs_name = "__stitch_tensor_specs__";
-
 /// Bytes of a delta frame's length prefix.
 inline constexpr size_t delta_frame_prefix = 8;
-
-/// The bytes of the `tensor_specs_name` tensor for `tensors`: a safetensors
-/// header (no data section) describing them in name order.
-result<std::vector<std::byte>> encode_tensor_specs(const tensor_set& tensors);
 
 /// A delta frame: `payload.size()` as 8 little-endian bytes, then `payload`.
 std::vector<std::byte> encode_delta_frame(std::span<const std::byte> payload);
@@ -99,7 +87,7 @@ struct publisher_options {
 
 struct publish_report {
   version_kind kind = version_kind::full;
-  /// The manifest's `touched`: every tensor (the specs tensor included) for
+  /// The manifest's `touched`: every tensor for
   /// an anchor, the changed ones for a delta.
   std::vector<std::string> touched;
   /// Bytes of the full weights.

@@ -567,3 +567,93 @@ TEST(hf_index, refuses_bad_input) {
     {"duplicate key", "'a'", "weight_map"});
   check(R"({"metadata": {"total_size": 1}, "weight_map": {"a": 5}})", {"weight_map['a']"});
 }
+
+namespace stitch {
+namespace {
+
+manifest anchor_with_specs() {
+  manifest m;
+  m.ref = {"r", 0};
+  m.kind = version_kind::full;
+  m.shards = {"model-00001-of-00001.safetensors"};
+  m.weight_map = {{"a", "model-00001-of-00001.safetensors"},
+                  {"b", "model-00001-of-00001.safetensors"}};
+  m.touched = {"a", "b"};
+  m.checksums = {{"a", 1}, {"b", 2}};
+  m.tensor_specs = {{"a", {"BF16", {4, 8}}}, {"b", {"F32", {3}}}};
+  m.total_size = 4 * 8 * 2 + 3 * 4;
+  return m;
+}
+
+TEST(manifest_tensor_specs, round_trip_through_json) {
+  auto m = anchor_with_specs();
+  ASSERT_TRUE(validate(m)) << to_string(validate(m).error());
+  auto json = to_json(m);
+  EXPECT_NE(json.find("\"tensor_specs\":{\"a\":{\"dtype\":\"BF16\",\"shape\":[4,8]}"),
+            std::string::npos)
+    << json;
+  auto back = parse_manifest(json);
+  ASSERT_TRUE(back) << to_string(back.error());
+  EXPECT_EQ(*back, m);
+}
+
+TEST(manifest_tensor_specs, must_cover_exactly_the_stored_tensors_and_their_bytes) {
+  auto missing = anchor_with_specs();
+  missing.tensor_specs.erase("b");
+  auto e1 = validate(missing);
+  ASSERT_FALSE(e1);
+  EXPECT_NE(e1.error().message.find("lacks tensor 'b'"), std::string::npos) << e1.error().message;
+
+  auto extra = anchor_with_specs();
+  extra.tensor_specs["z"] = {"U8", {1}};
+  auto e2 = validate(extra);
+  ASSERT_FALSE(e2);
+  EXPECT_NE(e2.error().message.find("tensor_specs['z']"), std::string::npos);
+
+  auto wrong_size = anchor_with_specs();
+  wrong_size.tensor_specs["b"].shape = {4};
+  auto e3 = validate(wrong_size);
+  ASSERT_FALSE(e3);
+  EXPECT_NE(e3.error().message.find("total_size"), std::string::npos) << e3.error().message;
+
+  auto bad_dtype = anchor_with_specs();
+  bad_dtype.tensor_specs["a"].dtype = "FP32";
+  auto e4 = validate(bad_dtype);
+  ASSERT_FALSE(e4);
+  EXPECT_NE(e4.error().message.find("tensor_specs['a'].dtype"), std::string::npos);
+
+  auto huge = anchor_with_specs();
+  huge.tensor_specs["a"].shape = {UINT64_MAX, UINT64_MAX};
+  EXPECT_FALSE(validate(huge));
+}
+
+TEST(manifest_tensor_specs, belong_to_full_anchors_only) {
+  auto m = anchor_with_specs();
+  m.kind = version_kind::delta;
+  m.ref.version = 1;
+  m.base_version = 0;
+  m.encoding = delta_encoding::xor_bytes;
+  auto e = validate(m);
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.error().message.find("full anchors only"), std::string::npos);
+}
+
+TEST(manifest_tensor_specs, malformed_json_is_refused_naming_the_field) {
+  auto json = to_json(anchor_with_specs());
+  auto replace = [&](std::string from, std::string to) {
+    auto s = json;
+    s.replace(s.find(from), from.size(), to);
+    return parse_manifest(s);
+  };
+  auto not_array = replace("\"shape\":[4,8]", "\"shape\":\"4x8\"");
+  ASSERT_FALSE(not_array);
+  EXPECT_NE(not_array.error().message.find("tensor_specs['a'].shape"), std::string::npos);
+  auto negative = replace("\"shape\":[4,8]", "\"shape\":[-4,8]");
+  ASSERT_FALSE(negative);
+  auto no_dtype = replace("\"dtype\":\"BF16\",", "");
+  ASSERT_FALSE(no_dtype);
+  EXPECT_NE(no_dtype.error().message.find("dtype"), std::string::npos);
+}
+
+} // namespace
+} // namespace stitch

@@ -130,7 +130,6 @@ TEST_F(materialize_test, export_writes_a_directory_that_reads_back_identically) 
     auto loaded = load_hf_directory(out);
     ASSERT_TRUE(loaded) << to_string(loaded.error());
     EXPECT_TRUE(*loaded == versions[v]);
-    EXPECT_FALSE(loaded->contains(std::string{tensor_specs_name}));
   }
   // Exporting again over an earlier export replaces it.
   auto again = export_version(store, "default", {"r1", 3}, dir / "v0");
@@ -152,13 +151,31 @@ TEST_F(materialize_test, corrupt_anchor_bytes_are_a_checksum_mismatch_naming_the
   }
 }
 
-TEST_F(materialize_test, corrupt_specs_are_a_checksum_mismatch) {
+TEST_F(materialize_test, anchor_manifest_lists_every_tensor_spec_and_stores_no_extra_tensor) {
   publish_chain(1);
-  ASSERT_TRUE(store.corrupt("default", {"r1", 0}, tensor_specs_name, 12));
-  auto got = materialize(store, "default", {"r1", 0});
-  ASSERT_FALSE(got);
-  EXPECT_EQ(got.error().code, errc::checksum_mismatch);
-  EXPECT_NE(got.error().message.find(std::string{tensor_specs_name}), std::string::npos);
+  auto anchor = store.read_manifest("default", {"r1", 0});
+  ASSERT_TRUE(anchor);
+  ASSERT_EQ(anchor->tensor_specs.size(), versions[0].size());
+  EXPECT_EQ(anchor->weight_map.size(), versions[0].size()) << "the directory is plain HF";
+  for (const auto& [name, t] : versions[0]) {
+    EXPECT_EQ(anchor->tensor_specs.at(name).dtype, safetensors::to_string(t.type));
+    EXPECT_EQ(anchor->tensor_specs.at(name).shape, t.shape);
+  }
+}
+
+TEST_F(materialize_test, anchor_without_specs_is_refused_naming_the_version) {
+  manifest m;
+  m.ref = {"r1", 0};
+  m.kind = version_kind::full;
+  m.shards = {"model-00001-of-00001.safetensors"};
+  m.weight_map = {{"w", "model-00001-of-00001.safetensors"}};
+  m.touched = {"w"};
+  m.checksums = {{"w", 1}};
+  m.total_size = 4;
+  auto specs = read_tensor_specs(m);
+  ASSERT_FALSE(specs);
+  EXPECT_EQ(specs.error().code, errc::corrupt_data);
+  EXPECT_NE(specs.error().message.find("r1/weight_v000000"), std::string::npos);
 }
 
 TEST_F(materialize_test, corrupt_delta_bytes_fail_naming_the_tensor) {
@@ -231,15 +248,11 @@ TEST_F(materialize_test, resumed_run_walks_back_to_its_boot) {
   EXPECT_TRUE(*got == w);
 }
 
-TEST_F(materialize_test, specs_reader_works_over_any_range_reader) {
+TEST_F(materialize_test, specs_reader_sizes_every_tensor) {
   publish_chain(1);
   auto anchor = store.read_manifest("default", {"r1", 0});
   ASSERT_TRUE(anchor);
-  range_reader read = [&](const version_ref& r, std::string_view tensor, uint64_t offset,
-                          std::span<std::byte> out) {
-    return store.read_range("default", r, tensor, offset, out);
-  };
-  auto specs = read_tensor_specs(read, *anchor);
+  auto specs = read_tensor_specs(*anchor);
   ASSERT_TRUE(specs) << to_string(specs.error());
   ASSERT_EQ(specs->size(), versions[0].size());
   for (const auto& info : *specs) {
