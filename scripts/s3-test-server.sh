@@ -31,7 +31,11 @@ install() {
   fi
   if [ ! -x "$dir/node_modules/.bin/s3rver" ]; then
     mkdir -p "$dir"
-    npm install --prefix "$dir" --no-audit --no-fund --silent s3rver@3 >/dev/null
+    # The system's CA bundle (not node's built-in one), so registries behind a
+    # TLS-inspecting proxy whose CA the machine trusts work too.
+    local ca=()
+    [ -f /etc/ssl/certs/ca-certificates.crt ] && ca=(--cafile /etc/ssl/certs/ca-certificates.crt)
+    npm install "${ca[@]}" --prefix "$dir" --no-audit --no-fund --silent s3rver@3 >/dev/null
   fi
 }
 
