@@ -104,7 +104,6 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       t.name = name;
       t.type = *type;
       t.shape = shape;
-      t.bytes.reserve(*size);
       s.current = name;
       s.remaining = *size;
       return *size;
