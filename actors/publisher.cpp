@@ -65,12 +65,18 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       return run_publish(self, args, *weights);
     },
     [self](atom::publish, const publish_args& args) -> caf::result<uint64_t> {
+      const auto now = std::chrono::steady_clock::now();
+      std::erase_if(self->state.sessions, [&](const auto& kv) {
+        return now - kv.second.last_seen > self->state.session_idle_timeout;
+      });
       if (self->state.sessions.size() >= self->state.max_sessions)
         return to_caf_error({errc::limit_exceeded, "too many publishes in progress"});
       if (auto ok = validate_run_id(args.run_id); !ok)
         return to_caf_error(ok.error());
       auto id = self->state.next_session++;
-      self->state.sessions[id].args = args;
+      auto& session = self->state.sessions[id];
+      session.args = args;
+      session.last_seen = now;
       return id;
     },
     [self](atom::tensor, uint64_t id, const std::string& name, const std::string& dtype,
@@ -79,6 +85,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       if (it == self->state.sessions.end())
         return to_caf_error({errc::not_found, "no publish session " + std::to_string(id)});
       auto& s = it->second;
+      s.last_seen = std::chrono::steady_clock::now();
       auto fail = [&](error err) -> caf::result<uint64_t> {
         self->state.sessions.erase(it);
         return to_caf_error(err);
@@ -113,6 +120,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       if (it == self->state.sessions.end())
         return to_caf_error({errc::not_found, "no publish session " + std::to_string(id)});
       auto& s = it->second;
+      s.last_seen = std::chrono::steady_clock::now();
       if (bytes.size() > s.remaining || bytes.size() > max_chunk_bytes) {
         auto current = s.current;
         self->state.sessions.erase(it);

@@ -3,6 +3,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -24,6 +25,7 @@ struct publisher_state {
     std::string current;
     uint64_t remaining = 0;
     uint64_t received = 0;
+    std::chrono::steady_clock::time_point last_seen;
   };
 
   std::shared_ptr<store_backend> backend;
@@ -34,6 +36,9 @@ struct publisher_state {
   /// Bytes one session may send (bounds the memory a client can pin).
   uint64_t max_session_bytes = uint64_t{64} << 30;
   size_t max_sessions = 4;
+  /// A session silent this long is dropped when room is needed (its client
+  /// went away mid-publish).
+  std::chrono::seconds session_idle_timeout{600};
 };
 
 /// Publishes through `backend` (the store's own, or a `remote_store`), then
