@@ -3,11 +3,15 @@
 #include <caf/all.hpp>
 #include <caf/io/middleman.hpp>
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "actors/coordinator_actor.hpp"
 #include "actors/publisher_actor.hpp"
 #include "actors/store_client.hpp"
+#include "runtime/engine/model_config.hpp"
+#include "runtime/engine/weights.hpp"
 #include "runtime/store/hf_directory.hpp"
 #include "runtime/store/materialize.hpp"
 
@@ -135,6 +139,42 @@ status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* 
   if (auto ok = store::export_version(store, cmd.pool, *ref, cmd.out_dir); !ok)
     return ok;
   std::fprintf(out, "exported %s to %s\n", to_string(*ref).c_str(), cmd.out_dir.c_str());
+  return {};
+}
+
+status run_init_model(const init_model_command& cmd, std::FILE* out) {
+  auto config = engine::preset(cmd.preset);
+  if (!config)
+    return std::move(config).error();
+  auto weights = engine::random_init(*config, cmd.seed);
+  if (!weights)
+    return std::move(weights).error();
+  const std::filesystem::path dir = cmd.out_dir;
+  if (auto ok = store::write_hf_directory(dir, *weights); !ok)
+    return ok;
+  // config.json next to the shards, written whole before it is visible.
+  const auto tmp = dir / "config.json.tmp";
+  {
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f)
+      return make_error(errc::backend_failure, "cannot write " + tmp.string());
+    const auto text = engine::render_model_config(*config);
+    const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size()
+                         && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+    std::fclose(f);
+    if (!written)
+      return make_error(errc::backend_failure, "cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, dir / "config.json", ec);
+  if (ec)
+    return make_error(errc::backend_failure, "cannot write config.json: " + ec.message());
+  uint64_t bytes = 0;
+  for (const auto& [name, t] : *weights)
+    bytes += t.bytes.size();
+  std::fprintf(out, "wrote the %s model (seed %llu, %zu tensors, %s) to %s\n", cmd.preset.c_str(),
+               static_cast<unsigned long long>(cmd.seed), weights->size(),
+               human_bytes(bytes).c_str(), dir.c_str());
   return {};
 }
 

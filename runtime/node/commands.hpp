@@ -36,4 +36,14 @@ struct export_command {
 /// writes a standard HF directory.
 status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* out);
 
+struct init_model_command {
+  std::string preset = "tiny";
+  uint64_t seed = 0;
+  std::string out_dir;
+};
+
+/// `stitch init-model`: writes a deterministic random-init boot checkpoint of
+/// the built-in model (safetensors shards, index and `config.json`).
+status run_init_model(const init_model_command& cmd, std::FILE* out);
+
 } // namespace stitch::node

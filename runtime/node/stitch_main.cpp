@@ -36,7 +36,13 @@ int main(int argc, char** argv) {
   exporter->add_option("--out", exp.out_dir, "output directory")->required();
   exporter->add_option("--pool", exp.pool, "pool")->capture_default_str();
 
-  for (const char* name : {"init-model", "demo", "submit", "status", "scale", "stop"})
+  init_model_command init;
+  auto* init_model = app.add_subcommand("init-model", "write a random-init boot checkpoint");
+  init_model->add_option("--preset", init.preset, "tiny | small | medium")->capture_default_str();
+  init_model->add_option("--seed", init.seed, "random seed")->capture_default_str();
+  init_model->add_option("--out", init.out_dir, "output directory")->required();
+
+  for (const char* name : {"demo", "submit", "status", "scale", "stop"})
     app.add_subcommand(name, "not part of this build yet")->allow_extras();
   try {
     app.parse(argc, argv);
@@ -50,6 +56,14 @@ int main(int argc, char** argv) {
     return exit_usage;
   }
   auto* chosen = app.get_subcommands().front();
+  if (chosen == init_model) {
+    if (auto done = run_init_model(init, stdout); !done) {
+      std::fprintf(stderr, "stitch init-model: %s\n", to_string(done.error()).c_str());
+      return done.error().code == stitch::errc::invalid_argument ? exit_usage
+                                                                 : exit_runtime_failure;
+    }
+    return exit_ok;
+  }
   if (chosen != publish && chosen != exporter) {
     std::fprintf(stderr, "stitch: '%s' is not part of this build yet\n",
                  chosen->get_name().c_str());

@@ -181,6 +181,30 @@ TEST_F(cli_test, bad_input_is_refused_with_the_reason) {
     << no_node.output;
 }
 
+TEST(stitch_cli, init_model_is_deterministic_and_hf_shaped) {
+  temp_dir dir;
+  auto init = [&](const std::string& name, int seed) {
+    auto out = dir.path() / name;
+    auto r = run(std::string{STITCH_BIN} + " init-model --preset tiny --seed "
+                 + std::to_string(seed) + " --out " + out.string());
+    EXPECT_EQ(r.code, 0) << r.output;
+    auto w = store::load_hf_directory(out);
+    EXPECT_TRUE(w) << (w ? "" : to_string(w.error()));
+    EXPECT_TRUE(std::filesystem::exists(out / "config.json"));
+    return w ? *w : store::tensor_set{};
+  };
+  auto a = init("a", 5), b = init("b", 5), c = init("c", 6);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_TRUE(a.contains("model.embed_tokens.weight"));
+  EXPECT_TRUE(a.contains("model.layers.1.self_attn.k_proj.weight"));
+  EXPECT_TRUE(a.contains("lm_head.weight"));
+  auto bad =
+    run(std::string{STITCH_BIN} + " init-model --preset huge --out " + (dir.path() / "d").string());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("'huge'"), std::string::npos) << bad.output;
+}
+
 TEST(stitch_node, print_config_and_bad_overrides) {
   auto cfg = run(std::string{STITCH_NODE_BIN} + " --print-config --data-dir /tmp/x --set "
                  + "store.uri=s3://bucket/prefix");

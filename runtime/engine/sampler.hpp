@@ -1,0 +1,70 @@
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+#include "runtime/engine/model_config.hpp"
+#include "runtime/engine/tokenizer.hpp"
+#include "runtime/engine/weights.hpp"
+
+namespace stitch::engine {
+
+struct sampling_options {
+  /// 0 = greedy (argmax, lowest id on ties).
+  double temperature = 0.0;
+  /// 0 = no top-k cut.
+  uint32_t top_k = 0;
+  /// Nucleus: the smallest set of most likely tokens whose probability
+  /// reaches `top_p` of the (top-k) mass; 1 = no cut.
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  uint32_t max_tokens = 16;
+  /// Generation stops at the first occurrence of any of these in the
+  /// generated text; the text is cut before it.
+  std::vector<std::string> stop;
+  /// Generation stops when the model samples EOS (not part of the text).
+  bool stop_at_eos = true;
+};
+
+/// Checks the ranges: temperature finite in [0, 100], top_p in (0, 1].
+status validate(const sampling_options& options);
+
+struct sampled_token {
+  int32_t token = 0;
+  /// `log_softmax(logits / T)[token]` over the whole vocabulary, before any
+  /// top-k/top-p cut, with T = temperature, or T = 1 when greedy. Computed
+  /// in double, returned as float.
+  float logprob = 0.0F;
+};
+
+/// Samples one token from `logits`. `counter` is the index of the token
+/// within its request: the random draw is a pure function of (seed,
+/// counter), so the same seed and logits give the same token however the
+/// request was batched. Fails on empty or non-finite logits.
+result<sampled_token> sample(std::span<const float> logits, const sampling_options& options,
+                             uint64_t counter);
+
+struct generation_output {
+  /// Generated tokens (EOS included when it ended the generation).
+  std::vector<int32_t> tokens;
+  /// Decoded generated text, cut before a matched stop string.
+  std::string text;
+  /// One per generated token.
+  std::vector<float> logprobs;
+  /// "stop" (EOS or a stop string) or "length" (max_tokens or the context).
+  std::string finish_reason;
+  uint32_t prompt_tokens = 0;
+};
+
+/// Generates for one request: the prompt (BOS + bytes) is fed token by token
+/// through `step`, then tokens are sampled until EOS, a stop string,
+/// `max_tokens` or `max_position_embeddings`.
+result<generation_output> generate(const weights& w, const model_config& config,
+                                   const tokenizer& tok, std::string_view prompt,
+                                   const sampling_options& options);
+
+} // namespace stitch::engine
