@@ -63,9 +63,9 @@ struct engine_health {
 /// copy while the engine keeps serving; `commit` activates the shadow and is
 /// the only step that pauses generation. Slow methods are called from worker
 /// threads; implementations are thread-safe. Instances: `runtime/engine/`.
-class engine {
+class engine_port {
 public:
-  virtual ~engine() = default;
+  virtual ~engine_port() = default;
 
   /// Warms whatever the plan will need (e.g. allocates the shadow).
   virtual status prefetch(const chain_plan& plan) = 0;

@@ -118,6 +118,20 @@ result<generation_output> generate(const weights& w, const model_config& config,
   if (!(config == w.config)) {
     return make_error(errc::invalid_argument, "generate: config does not match the weights");
   }
+  // Not owned: the caller keeps `w` alive for the call.
+  std::shared_ptr<const weights> fixed{std::shared_ptr<const weights>{}, &w};
+  return generate([&] { return fixed; }, tok, prompt, options);
+}
+
+result<generation_output> generate(const weights_source& current, const tokenizer& tok,
+                                   std::string_view prompt, const sampling_options& options,
+                                   const std::function<bool()>& cancelled) {
+  auto first = current();
+  if (!first) {
+    return make_error(errc::engine_unavailable, "generate: no weights are served");
+  }
+  const model_config config = first->config;
+  first.reset();
   if (config.vocab_size < tokenizer::vocab_size) {
     return make_error(errc::invalid_argument, "generate: vocab_size "
                                                 + std::to_string(config.vocab_size)
@@ -144,13 +158,31 @@ result<generation_output> generate(const weights& w, const model_config& config,
   sequence seq(config);
   sequence* batch[] = {&seq};
   std::vector<float> logits;
-  for (int32_t t : prompt_tokens) {
-    int32_t feed[] = {t};
-    auto r = step(w, batch, feed);
+  auto advance = [&](int32_t token) -> status {
+    auto w = current();
+    if (!w) {
+      return make_error(errc::engine_unavailable, "generate: the weights went away mid-request");
+    }
+    if (!(w->config == config)) {
+      return make_error(errc::invalid_argument,
+                        "generate: the served weights changed shape mid-request");
+    }
+    int32_t feed[] = {token};
+    auto r = step(*w, batch, feed);
     if (!r) {
       return std::move(r).error();
     }
     logits = std::move((*r)[0]);
+    return {};
+  };
+  for (int32_t t : prompt_tokens) {
+    if (cancelled && cancelled()) {
+      out.finish_reason = "abort";
+      return out;
+    }
+    if (auto ok = advance(t); !ok) {
+      return std::move(ok).error();
+    }
   }
   size_t longest_stop = 0;
   for (const auto& s : options.stop) {
@@ -158,6 +190,10 @@ result<generation_output> generate(const weights& w, const model_config& config,
   }
   std::string text;
   for (uint32_t i = 0; i < options.max_tokens; ++i) {
+    if (cancelled && cancelled()) {
+      out.finish_reason = "abort";
+      break;
+    }
     auto picked = sample(logits, options, i);
     if (!picked) {
       return std::move(picked).error();
@@ -189,11 +225,9 @@ result<generation_output> generate(const weights& w, const model_config& config,
     if (i + 1 == options.max_tokens || seq.position >= config.max_position_embeddings) {
       break;
     }
-    auto r = step(w, batch, fed);
-    if (!r) {
-      return std::move(r).error();
+    if (auto ok = advance(picked->token); !ok) {
+      return std::move(ok).error();
     }
-    logits = std::move((*r)[0]);
   }
   out.text = std::move(text);
   return out;

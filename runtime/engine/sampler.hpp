@@ -1,6 +1,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -55,7 +57,8 @@ struct generation_output {
   std::string text;
   /// One per generated token.
   std::vector<float> logprobs;
-  /// "stop" (EOS or a stop string) or "length" (max_tokens or the context).
+  /// "stop" (EOS or a stop string), "length" (max_tokens or the context) or
+  /// "abort" (cancelled).
   std::string finish_reason;
   uint32_t prompt_tokens = 0;
 };
@@ -66,5 +69,17 @@ struct generation_output {
 result<generation_output> generate(const weights& w, const model_config& config,
                                    const tokenizer& tok, std::string_view prompt,
                                    const sampling_options& options);
+
+/// Where a generation reads its weights at each step: a request in flight
+/// across an in_place activation continues on the weights served when it
+/// steps (DESIGN §1 Commit modes); its KV cache is kept.
+using weights_source = std::function<std::shared_ptr<const weights>()>;
+
+/// `generate` reading the weights from `current` before every step, and
+/// finishing with "abort" as soon as `cancelled` returns true. Weights of
+/// another shape mid-request are an error.
+result<generation_output> generate(const weights_source& current, const tokenizer& tok,
+                                   std::string_view prompt, const sampling_options& options,
+                                   const std::function<bool()>& cancelled = {});
 
 } // namespace stitch::engine

@@ -1,0 +1,245 @@
+#include "runtime/engine/builtin_engine.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/checksum.hpp"
+#include "runtime/core/checksum.hpp"
+#include "runtime/engine/sampler.hpp"
+#include "runtime/store/materialize.hpp"
+
+namespace stitch::engine {
+
+namespace {
+
+stitch::error fail(errc code, std::string message) {
+  return make_error(code, std::move(message));
+}
+
+/// Reads a whole stored tensor through the port.
+status read_tensor(tensor_source& source, const version_ref& ref, const std::string& name,
+                   std::vector<std::byte>& out) {
+  return source.read(ref, name, 0, out);
+}
+
+} // namespace
+
+builtin_engine::builtin_engine(model_config config) : config_(std::move(config)) {}
+
+std::shared_ptr<const weights> builtin_engine::served() const {
+  std::lock_guard guard{mutex_};
+  return serving_;
+}
+
+std::shared_ptr<const weights> builtin_engine::current() {
+  std::unique_lock lock{mutex_};
+  resumed_.wait(lock, [&] { return !paused_; });
+  return serving_;
+}
+
+status builtin_engine::prefetch(const chain_plan& plan) {
+  std::lock_guard guard{mutex_};
+  if (!plan.anchor && !serving_tensors_ && !shadow_)
+    return fail(errc::invalid_argument, "cannot prepare " + to_string(plan.target)
+                                          + ": the plan builds on weights this engine lacks");
+  return {};
+}
+
+status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_source& source) {
+  store::range_reader read = [&](const version_ref& ref, std::string_view tensor, uint64_t offset,
+                                 std::span<std::byte> out) {
+    return source.read(ref, tensor, offset, out);
+  };
+  // The base: an anchor read afresh, the shadow staged so far, or a copy of
+  // the serving tensors. A failure below drops whatever was staged.
+  store::tensor_set tensors;
+  if (plan.anchor) {
+    auto anchor = source.manifest_of(*plan.anchor);
+    if (!anchor)
+      return std::move(anchor).error();
+    auto specs = store::read_tensor_specs(*anchor);
+    if (!specs)
+      return std::move(specs).error();
+    for (auto& info : *specs) {
+      store::host_tensor t{info.name, info.type, std::move(info.shape), {}};
+      t.bytes.resize(info.byte_size());
+      if (auto ok = read_tensor(source, anchor->ref, t.name, t.bytes); !ok)
+        return ok;
+      tensors.emplace(info.name, std::move(t));
+    }
+  } else {
+    std::lock_guard guard{mutex_};
+    if (onto_shadow) {
+      if (!shadow_)
+        return fail(errc::invalid_argument,
+                    "no staged shadow to continue to " + to_string(plan.target));
+      tensors = std::move(shadow_->tensors);
+      shadow_.reset();
+    } else {
+      if (!serving_tensors_)
+        return fail(errc::invalid_argument,
+                    "nothing is served to build " + to_string(plan.target) + " on");
+      shadow_.reset();
+      tensors = *serving_tensors_;
+    }
+  }
+  for (const auto& ref : plan.deltas) {
+    auto delta = source.manifest_of(ref);
+    if (!delta)
+      return std::move(delta).error();
+    for (const auto& name : delta->touched) {
+      auto it = tensors.find(name);
+      if (it == tensors.end())
+        return fail(errc::corrupt_data,
+                    to_string(ref) + " changes tensor '" + name + "', which its base lacks");
+      auto payload = store::read_delta_payload(read, *delta, name);
+      if (!payload)
+        return std::move(payload).error();
+      if (auto ok = store::apply_delta_payload(*delta, name, *payload, it->second.bytes); !ok)
+        return ok;
+    }
+  }
+  // Nothing is activated unless it is exactly what was published.
+  auto target = source.manifest_of(plan.target);
+  if (!target)
+    return std::move(target).error();
+  for (const auto& [name, expected] : target->checksums) {
+    auto it = tensors.find(name);
+    if (it == tensors.end())
+      return fail(errc::corrupt_data, to_string(plan.target) + " has tensor '" + name
+                                        + "', which the staged weights lack");
+    if (!plan.anchor && !plan.touched.contains(name))
+      continue; // unchanged bytes, verified when they were staged
+    uint64_t got = gpu::parallel_tree_checksum(it->second.bytes);
+    if (got != expected)
+      return fail(errc::checksum_mismatch, "tensor '" + name + "' of " + to_string(plan.target)
+                                             + " has checksum " + checksum::to_hex(got)
+                                             + " but the manifest says "
+                                             + checksum::to_hex(expected));
+  }
+  // The expensive part of activation happens here, while serving.
+  auto prepared = build_weights(config_, tensors);
+  if (!prepared)
+    return std::move(prepared).error();
+  std::lock_guard guard{mutex_};
+  shadow_ = shadow{std::move(tensors), std::move(*prepared)};
+  return {};
+}
+
+void builtin_engine::discard_shadow() {
+  std::optional<shadow> dropped;
+  std::lock_guard guard{mutex_};
+  dropped.swap(shadow_);
+}
+
+status builtin_engine::commit() {
+  // The replaced weights are freed after the lock, outside the pause.
+  std::shared_ptr<const weights> old_weights;
+  std::shared_ptr<const store::tensor_set> old_tensors;
+  {
+    std::lock_guard guard{mutex_};
+    if (!shadow_)
+      return fail(errc::invalid_argument, "nothing is staged to activate");
+    old_weights = std::exchange(serving_, std::move(shadow_->prepared));
+    old_tensors = std::exchange(
+      serving_tensors_, std::make_shared<const store::tensor_set>(std::move(shadow_->tensors)));
+    shadow_.reset();
+  }
+  return {};
+}
+
+status builtin_engine::pause() {
+  std::lock_guard guard{mutex_};
+  paused_ = true;
+  return {};
+}
+
+status builtin_engine::resume() {
+  {
+    std::lock_guard guard{mutex_};
+    paused_ = false;
+  }
+  resumed_.notify_all();
+  return {};
+}
+
+status builtin_engine::flush_cache() {
+  // KV caches live in each request and follow its weights; the built-in engine
+  // keeps no cache across requests, so there is nothing to flush.
+  return {};
+}
+
+status builtin_engine::reset_to_boot(const version_ref& ref, tensor_source& source) {
+  chain_plan plan;
+  plan.target = ref;
+  plan.anchor = ref;
+  plan.reset_to_boot = true;
+  plan.activation_needed = true;
+  if (auto ok = stage(plan, false, source); !ok)
+    return ok;
+  return commit();
+}
+
+result<generation_result> builtin_engine::generate(const generation_request& request,
+                                                   const std::function<bool()>& cancelled) {
+  sampling_options options;
+  options.temperature = request.sampling.temperature;
+  options.top_k = request.sampling.top_k;
+  options.top_p = request.sampling.top_p;
+  options.seed = request.sampling.seed.value_or(request.id);
+  options.max_tokens = request.sampling.max_new_tokens;
+  options.stop = request.sampling.stop;
+  auto out =
+    engine::generate([this] { return current(); }, tokenizer_, request.prompt, options, cancelled);
+  if (!out)
+    return std::move(out).error();
+  generation_result r;
+  r.tokens = std::move(out->tokens);
+  r.text = std::move(out->text);
+  if (request.return_logprob)
+    r.logprobs = std::move(out->logprobs);
+  r.finish = out->finish_reason == "stop"     ? finish_reason::stop
+             : out->finish_reason == "length" ? finish_reason::length
+                                              : finish_reason::abort;
+  r.prompt_tokens = out->prompt_tokens;
+  return r;
+}
+
+std::string builtin_engine::stamp_response(std::string_view route, std::string_view body,
+                                           const stamps& s, std::string_view run_id) {
+  auto doc = nlohmann::json::parse(body, nullptr, false);
+  // Only JSON objects carry stamps; anything else passes through untouched.
+  if (doc.is_discarded() || !doc.is_object())
+    return std::string{body};
+  if (route == "/generate") {
+    auto& meta = doc["meta_info"];
+    if (!meta.is_object())
+      meta = nlohmann::json::object();
+    meta["weight_version_start"] = s.start;
+    meta["weight_version_end"] = s.end;
+    meta["weight_version"] = std::to_string(s.start);
+    meta["run_id"] = run_id;
+  } else if (route == "/v1/completions" || route == "/v1/chat/completions") {
+    doc["weight_version_start"] = s.start;
+    doc["weight_version_end"] = s.end;
+    doc["run_id"] = run_id;
+  } else {
+    return std::string{body};
+  }
+  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+engine_health builtin_engine::health() {
+  std::lock_guard guard{mutex_};
+  if (!serving_)
+    return {false, "no weights activated yet"};
+  if (paused_)
+    return {true, "paused for an activation"};
+  return {true, "serving"};
+}
+
+std::vector<std::string> builtin_engine::blocked_routes() const {
+  // The built-in engine exposes no HTTP control routes of its own.
+  return {};
+}
+
+} // namespace stitch::engine

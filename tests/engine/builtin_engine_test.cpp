@@ -1,0 +1,215 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/chain_planner.hpp"
+#include "runtime/engine/builtin_engine.hpp"
+#include "runtime/engine/sampler.hpp"
+#include "runtime/store/publisher.hpp"
+#include "runtime/store/store_tensor_source.hpp"
+#include "store/memory_store.hpp"
+
+namespace stitch::engine {
+namespace {
+
+using stitch::testing::memory_store;
+
+/// Nudges the low mantissa bits of every `every`-th float of a tensor: a
+/// training step's worth of change.
+void nudge(store::host_tensor& t, uint32_t salt, size_t every = 7) {
+  for (size_t i = salt % every; i + 4 <= t.bytes.size(); i += 4 * every)
+    t.bytes[i] ^= static_cast<std::byte>(1 + salt % 200);
+}
+
+class builtin_engine_test : public ::testing::Test {
+protected:
+  void SetUp() override {
+    auto c = preset("tiny");
+    ASSERT_TRUE(c);
+    config = *c;
+    auto w = random_init(config, 42);
+    ASSERT_TRUE(w);
+    versions.push_back(*w);
+    for (uint32_t v = 1; v <= 3; ++v) {
+      auto next = versions.back();
+      nudge(next.at("lm_head.weight"), v);
+      nudge(next.at("model.layers." + std::to_string(v % 2) + ".mlp.up_proj.weight"), v);
+      versions.push_back(next);
+    }
+    store::publisher pub{db};
+    for (uint64_t v = 0; v < versions.size(); ++v) {
+      auto r = pub.publish({"default", "r", v, false, false}, versions[v]);
+      ASSERT_TRUE(r) << to_string(r.error());
+      ASSERT_EQ(r->kind, v == 0 ? version_kind::full : version_kind::delta);
+    }
+  }
+
+  chain_plan plan(std::optional<applied_state> applied, uint64_t to) {
+    auto out =
+      plan_chain(applied, {"r", to}, 0, [&](const version_ref& ref) -> manifest_lookup_result {
+        auto it = cache.find(ref);
+        if (it == cache.end()) {
+          auto m = db.read_manifest("default", ref);
+          if (!m)
+            return manifest_missing{};
+          it = cache.emplace(ref, *m).first;
+        }
+        return manifest_found{&it->second};
+      });
+    EXPECT_TRUE(out && std::holds_alternative<chain_plan>(*out));
+    return std::get<chain_plan>(*out);
+  }
+
+  /// Greedy generation on a fresh engine built straight from `tensors`.
+  generation_output reference(const store::tensor_set& tensors, std::string_view prompt) {
+    auto w = build_weights(config, tensors);
+    EXPECT_TRUE(w);
+    sampling_options o;
+    o.max_tokens = 24;
+    o.stop_at_eos = false;
+    auto out = engine::generate(**w, config, tokenizer{}, prompt, o);
+    EXPECT_TRUE(out);
+    return *out;
+  }
+
+  static generation_request request(std::string prompt) {
+    generation_request r;
+    r.id = 1;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0;
+    r.sampling.max_new_tokens = 24;
+    r.return_logprob = true;
+    return r;
+  }
+
+  model_config config;
+  memory_store db;
+  std::vector<store::tensor_set> versions;
+  std::map<version_ref, manifest> cache;
+};
+
+TEST_F(builtin_engine_test, cold_start_from_anchor_matches_a_fresh_engine_exactly) {
+  builtin_engine e{config};
+  EXPECT_FALSE(e.health().healthy);
+  store::store_tensor_source src{db, "default"};
+  auto p = plan(std::nullopt, 0);
+  ASSERT_TRUE(e.stage(p, false, src));
+  EXPECT_FALSE(e.served()) << "staging does not activate";
+  ASSERT_TRUE(e.commit());
+  auto got = e.generate(request("hello"), {});
+  ASSERT_TRUE(got) << to_string(got.error());
+  auto want = reference(versions[0], "hello");
+  EXPECT_EQ(got->tokens, want.tokens);
+  EXPECT_EQ(got->logprobs, want.logprobs);
+  EXPECT_TRUE(e.health().healthy);
+}
+
+TEST_F(builtin_engine_test, folded_delta_chain_activates_exactly_the_published_weights) {
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE(e.commit());
+  auto p = plan(applied_state{{"r", 0}}, 3);
+  ASSERT_EQ(p.deltas.size(), 3u);
+  ASSERT_TRUE(e.prefetch(p));
+  ASSERT_TRUE(e.stage(p, false, src));
+  auto before = e.served();
+  ASSERT_TRUE(e.commit());
+  EXPECT_NE(e.served(), before);
+  auto got = e.generate(request("the policy"), {});
+  ASSERT_TRUE(got);
+  auto want = reference(versions[3], "the policy");
+  EXPECT_EQ(got->tokens, want.tokens);
+  EXPECT_EQ(got->logprobs, want.logprobs);
+  EXPECT_NE(want.logprobs, reference(versions[0], "the policy").logprobs)
+    << "the versions differ, so the comparison means something";
+}
+
+TEST_F(builtin_engine_test, restaging_onto_the_shadow_continues_from_it) {
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.stage(plan(std::nullopt, 1), false, src));
+  ASSERT_TRUE(e.stage(plan(applied_state{{"r", 1}}, 3), true, src));
+  ASSERT_TRUE(e.commit());
+  auto got = e.generate(request("x"), {});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->logprobs, reference(versions[3], "x").logprobs);
+}
+
+TEST_F(builtin_engine_test, corrupt_bytes_are_never_activated) {
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE(e.commit());
+  auto serving = e.served();
+  ASSERT_TRUE(db.corrupt("default", {"r", 2}, "lm_head.weight", 20));
+  auto staged = e.stage(plan(applied_state{{"r", 0}}, 2), false, src);
+  ASSERT_FALSE(staged);
+  EXPECT_TRUE(staged.error().code == errc::checksum_mismatch
+              || staged.error().code == errc::decode_failure)
+    << to_string(staged.error());
+  EXPECT_NE(staged.error().message.find("lm_head.weight"), std::string::npos)
+    << staged.error().message;
+  EXPECT_FALSE(e.commit()) << "the failed shadow was dropped";
+  EXPECT_EQ(e.served(), serving);
+}
+
+TEST_F(builtin_engine_test, a_request_waits_while_paused_and_continues_after) {
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
+  ASSERT_TRUE(e.pause());
+  std::atomic<bool> done{false};
+  std::thread t{[&] {
+    auto r = e.generate(request("wait"), {});
+    EXPECT_TRUE(r);
+    done = true;
+  }};
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(done) << "a paused engine generates nothing";
+  ASSERT_TRUE(e.resume());
+  t.join();
+  EXPECT_TRUE(done);
+}
+
+TEST_F(builtin_engine_test, cancelled_request_finishes_with_abort) {
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
+  auto r = e.generate(request("stop me"), [] { return true; });
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->finish, finish_reason::abort);
+}
+
+TEST_F(builtin_engine_test, nothing_staged_or_served_is_refused) {
+  builtin_engine e{config};
+  EXPECT_FALSE(e.commit());
+  EXPECT_FALSE(e.prefetch(plan(applied_state{{"r", 0}}, 2)));
+  auto r = e.generate(request("x"), {});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::engine_unavailable);
+}
+
+TEST_F(builtin_engine_test, stamps_follow_the_reference_shapes) {
+  builtin_engine e{config};
+  auto native = nlohmann::json::parse(
+    e.stamp_response("/generate", R"({"text":"hi","meta_info":{"id":"a"}})", {5, 6}, "r1"));
+  EXPECT_EQ(native["meta_info"]["weight_version_start"], 5);
+  EXPECT_EQ(native["meta_info"]["weight_version_end"], 6);
+  EXPECT_EQ(native["meta_info"]["weight_version"], "5");
+  EXPECT_EQ(native["meta_info"]["id"], "a");
+  auto openai = nlohmann::json::parse(
+    e.stamp_response("/v1/chat/completions", R"({"choices":[]})", {7, 7}, "r1"));
+  EXPECT_EQ(openai["weight_version_start"], 7);
+  EXPECT_EQ(openai["weight_version_end"], 7);
+  EXPECT_EQ(openai["run_id"], "r1");
+  EXPECT_EQ(e.stamp_response("/v1/models", R"({"a":1})", {1, 1}, "r"), R"({"a":1})");
+  EXPECT_EQ(e.stamp_response("/generate", "not json", {1, 1}, "r"), "not json");
+}
+
+} // namespace
+} // namespace stitch::engine
