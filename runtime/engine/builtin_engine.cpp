@@ -45,6 +45,13 @@ status builtin_engine::prefetch(const chain_plan& plan) {
 }
 
 status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_source& source) {
+  {
+    std::shared_ptr<const weights> old_weights;
+    std::shared_ptr<const store::tensor_set> old_tensors;
+    std::lock_guard guard{mutex_};
+    old_weights.swap(retired_weights_);
+    old_tensors.swap(retired_tensors_);
+  }
   store::range_reader read = [&](const version_ref& ref, std::string_view tensor, uint64_t offset,
                                  std::span<std::byte> out) {
     return source.read(ref, tensor, offset, out);
@@ -132,18 +139,15 @@ void builtin_engine::discard_shadow() {
 }
 
 status builtin_engine::commit() {
-  // The replaced weights are freed after the lock, outside the pause.
-  std::shared_ptr<const weights> old_weights;
-  std::shared_ptr<const store::tensor_set> old_tensors;
-  {
-    std::lock_guard guard{mutex_};
-    if (!shadow_)
-      return fail(errc::invalid_argument, "nothing is staged to activate");
-    old_weights = std::exchange(serving_, std::move(shadow_->prepared));
-    old_tensors = std::exchange(
-      serving_tensors_, std::make_shared<const store::tensor_set>(std::move(shadow_->tensors)));
-    shadow_.reset();
-  }
+  std::lock_guard guard{mutex_};
+  if (!shadow_)
+    return fail(errc::invalid_argument, "nothing is staged to activate");
+  // Two pointer swaps; the replaced weights are freed later, outside the pause
+  // (requests still stepping on them keep them alive meanwhile).
+  retired_weights_ = std::exchange(serving_, std::move(shadow_->prepared));
+  retired_tensors_ = std::exchange(
+    serving_tensors_, std::make_shared<const store::tensor_set>(std::move(shadow_->tensors)));
+  shadow_.reset();
   return {};
 }
 

@@ -60,6 +60,10 @@ private:
   std::shared_ptr<const weights> serving_;
   std::shared_ptr<const store::tensor_set> serving_tensors_;
   std::optional<shadow> shadow_;
+  /// What the last commit replaced; freed by the next stage, not inside the
+  /// pause (freeing a model's memory takes time that grows with its size).
+  std::shared_ptr<const weights> retired_weights_;
+  std::shared_ptr<const store::tensor_set> retired_tensors_;
 };
 
 } // namespace stitch::engine
