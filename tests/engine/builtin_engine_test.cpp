@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +12,8 @@
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/sampler.hpp"
+#include "runtime/store/hf_directory.hpp"
+#include "runtime/store/materialize.hpp"
 #include "runtime/store/publisher.hpp"
 #include "runtime/store/store_tensor_source.hpp"
 #include "store/memory_store.hpp"
@@ -127,6 +132,59 @@ TEST_F(builtin_engine_test, folded_delta_chain_activates_exactly_the_published_w
   EXPECT_EQ(got->logprobs, want.logprobs);
   EXPECT_NE(want.logprobs, reference(versions[0], "the policy").logprobs)
     << "the versions differ, so the comparison means something";
+}
+
+TEST_F(builtin_engine_test, catch_up_equals_a_fresh_engine_loaded_from_stitch_export) {
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE(e.commit());
+  ASSERT_TRUE(e.stage(plan(applied_state{{"r", 0}}, 3), false, src));
+  ASSERT_TRUE(e.commit());
+  auto dir =
+    std::filesystem::temp_directory_path() / ("stitch-engine-export-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(store::export_version(db, "default", {"r", 3}, dir));
+  auto exported = store::load_hf_directory(dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(exported) << to_string(exported.error());
+  for (const char* prompt : {"a", "exactness", "the quick brown fox"}) {
+    auto got = e.generate(request(prompt), {});
+    ASSERT_TRUE(got);
+    auto want = reference(*exported, prompt);
+    EXPECT_EQ(got->tokens, want.tokens) << prompt;
+    EXPECT_EQ(got->logprobs, want.logprobs) << prompt;
+  }
+}
+
+TEST_F(builtin_engine_test, run_switch_resets_to_the_new_runs_weights) {
+  auto other = random_init(config, 7);
+  ASSERT_TRUE(other);
+  store::publisher pub{db};
+  ASSERT_TRUE(pub.publish({"default", "b", 0, false, false}, *other));
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.stage(plan(std::nullopt, 3), false, src));
+  ASSERT_TRUE(e.commit());
+  auto switched = plan_chain(applied_state{{"r", 3}}, {"b", 0}, 0,
+                             [&](const version_ref& ref) -> manifest_lookup_result {
+                               auto it = cache.find(ref);
+                               if (it == cache.end()) {
+                                 auto m = db.read_manifest("default", ref);
+                                 if (!m)
+                                   return manifest_missing{};
+                                 it = cache.emplace(ref, *m).first;
+                               }
+                               return manifest_found{&it->second};
+                             });
+  ASSERT_TRUE(switched);
+  auto p = std::get<chain_plan>(*switched);
+  EXPECT_TRUE(p.reset_to_boot);
+  ASSERT_TRUE(e.stage(p, false, src));
+  ASSERT_TRUE(e.commit());
+  auto got = e.generate(request("switch"), {});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->logprobs, reference(*other, "switch").logprobs);
 }
 
 TEST_F(builtin_engine_test, restaging_onto_the_shadow_continues_from_it) {
