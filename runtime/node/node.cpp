@@ -46,10 +46,16 @@ node::~node() {
 }
 
 void node::stop() {
+  if (coordinator_ && port_ != 0)
+    (void) sys_.middleman().unpublish(coordinator_, port_);
   for (auto handle : {caf::actor_cast<caf::actor>(coordinator_),
                       caf::actor_cast<caf::actor>(publisher_), caf::actor_cast<caf::actor>(store_)})
-    if (handle)
+    if (handle) {
       caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
+      // Handles sent to remote nodes are kept alive in the registry for them;
+      // a stopping node releases them.
+      sys_.registry().erase(handle.id());
+    }
   coordinator_ = nullptr;
   publisher_ = nullptr;
   store_ = nullptr;

@@ -3,8 +3,10 @@
 #include <CLI/CLI.hpp>
 #include <caf/actor_system.hpp>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <thread>
 
 #include "runtime/node/cli.hpp"
 #include "runtime/node/node.hpp"
@@ -65,5 +67,13 @@ int main(int argc, char** argv) {
   std::printf("stitch-node: stopping on signal %d\n", sig);
   std::fflush(stdout);
   (*n)->stop();
+  n->reset();
+  // Everything durable was synced when it was acknowledged. Should a peer's
+  // reference keep an actor from being destroyed, do not hang on exit.
+  std::thread{[] {
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::fprintf(stderr, "stitch-node: shutdown took over 10 s; exiting anyway\n");
+    std::_Exit(exit_ok);
+  }}.detach();
   return exit_ok;
 }
