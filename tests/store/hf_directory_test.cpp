@@ -1,4 +1,5 @@
 #include "runtime/store/hf_directory.hpp"
+#include "store/store_fixtures.hpp"
 
 #include <unistd.h>
 
@@ -18,16 +19,8 @@ namespace {
 using namespace stitch;
 using namespace stitch::store;
 using stitch::safetensors::dtype;
+using stitch::testing::make_tensor;
 namespace fs = std::filesystem;
-
-host_tensor make_tensor(std::string name, dtype type, std::vector<uint64_t> shape,
-                        std::mt19937_64& rng) {
-  host_tensor t{std::move(name), type, std::move(shape), {}};
-  t.bytes.resize(safetensors::byte_length(t.type, t.shape).value());
-  for (auto& b : t.bytes)
-    b = static_cast<std::byte>(rng() & 0xff);
-  return t;
-}
 
 tensor_set make_weights(uint64_t seed) {
   std::mt19937_64 rng{seed};

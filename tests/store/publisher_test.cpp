@@ -1,4 +1,5 @@
 #include "runtime/store/publisher.hpp"
+#include "store/store_fixtures.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -16,16 +17,8 @@ namespace {
 using namespace stitch;
 using namespace stitch::store;
 using stitch::safetensors::dtype;
+using stitch::testing::make_tensor;
 using stitch::testing::memory_store;
-
-host_tensor make_tensor(std::string name, dtype type, std::vector<uint64_t> shape,
-                        std::mt19937_64& rng) {
-  host_tensor t{std::move(name), type, std::move(shape), {}};
-  t.bytes.resize(safetensors::byte_length(t.type, t.shape).value());
-  for (auto& b : t.bytes)
-    b = static_cast<std::byte>(rng() & 0xff);
-  return t;
-}
 
 /// A small model with varied dtypes, an empty tensor and a sub-byte one.
 tensor_set make_weights(uint64_t seed) {
