@@ -23,7 +23,137 @@ status read_tensor(tensor_source& source, const version_ref& ref, const std::str
 
 } // namespace
 
-builtin_engine::builtin_engine(model_config config) : config_(std::move(config)) {}
+struct builtin_engine::job {
+  job(decoder d, std::function<bool()> c) : dec(std::move(d)), cancelled(std::move(c)) {}
+  decoder dec;
+  std::function<bool()> cancelled;
+  std::promise<result<generation_output>> answer;
+};
+
+builtin_engine::builtin_engine(model_config config)
+    : builtin_engine(std::move(config), options{}) {}
+
+builtin_engine::builtin_engine(model_config config, options opts)
+    : config_(std::move(config)), opts_(opts) {
+  if (opts_.max_batch == 0)
+    opts_.max_batch = 1;
+  loop_ = std::thread{[this] { decode_loop(); }};
+}
+
+builtin_engine::~builtin_engine() {
+  {
+    std::lock_guard guard{jobs_mutex_};
+    stopping_ = true;
+  }
+  jobs_ready_.notify_all();
+  // A paused engine must not hold the loop forever.
+  {
+    std::lock_guard guard{mutex_};
+    paused_ = false;
+  }
+  resumed_.notify_all();
+  loop_.join();
+}
+
+size_t builtin_engine::requests_in_flight() const {
+  std::lock_guard guard{jobs_mutex_};
+  return incoming_.size() + active_jobs_;
+}
+
+builtin_engine::batch_stats builtin_engine::stats() const {
+  std::lock_guard guard{jobs_mutex_};
+  return stats_;
+}
+
+void builtin_engine::decode_loop() {
+  std::vector<std::shared_ptr<job>> active;
+  for (;;) {
+    {
+      std::unique_lock lock{jobs_mutex_};
+      jobs_ready_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !active.empty(); });
+      if (stopping_)
+        break;
+      // Newcomers join at this step, up to the batch limit.
+      size_t room = opts_.max_batch - std::min(opts_.max_batch, active.size());
+      size_t take = std::min(room, incoming_.size());
+      active.insert(active.end(), std::make_move_iterator(incoming_.begin()),
+                    std::make_move_iterator(incoming_.begin() + static_cast<ptrdiff_t>(take)));
+      incoming_.erase(incoming_.begin(), incoming_.begin() + static_cast<ptrdiff_t>(take));
+      active_jobs_ = active.size();
+    }
+    step_batch(active);
+    std::lock_guard guard{jobs_mutex_};
+    active_jobs_ = active.size();
+  }
+  std::lock_guard guard{jobs_mutex_};
+  for (auto* list : {&active, &incoming_})
+    for (auto& j : *list)
+      j->answer.set_value(fail(errc::engine_unavailable, "the engine shut down"));
+  active.clear();
+  incoming_.clear();
+  active_jobs_ = 0;
+}
+
+void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
+  auto finish_job = [](job& j) { j.answer.set_value(std::move(j.dec).finish()); };
+  // Cancelled requests leave before the step.
+  std::erase_if(active, [&](const std::shared_ptr<job>& j) {
+    if (j->cancelled && j->cancelled()) {
+      j->dec.abort();
+      finish_job(*j);
+      return true;
+    }
+    return false;
+  });
+  if (active.empty())
+    return;
+  auto w = current();
+  if (!w) {
+    for (auto& j : active)
+      j->answer.set_value(fail(errc::engine_unavailable, "generate: no weights are served"));
+    active.clear();
+    return;
+  }
+  std::erase_if(active, [&](const std::shared_ptr<job>& j) {
+    if (w->config == j->dec.config())
+      return false;
+    j->answer.set_value(
+      fail(errc::invalid_argument, "generate: the served weights changed shape mid-request"));
+    return true;
+  });
+  std::vector<sequence*> batch;
+  std::vector<int32_t> feed;
+  batch.reserve(active.size());
+  feed.reserve(active.size());
+  for (auto& j : active) {
+    batch.push_back(&j->dec.seq());
+    feed.push_back(j->dec.next_token());
+  }
+  auto logits = step(*w, batch, feed);
+  w.reset();
+  {
+    std::lock_guard guard{jobs_mutex_};
+    ++stats_.steps;
+    stats_.sequences_stepped += batch.size();
+    stats_.largest_batch = std::max(stats_.largest_batch, batch.size());
+  }
+  if (!logits) {
+    for (auto& j : active)
+      j->answer.set_value(logits.error());
+    active.clear();
+    return;
+  }
+  for (size_t i = 0; i < active.size(); ++i) {
+    if (auto ok = active[i]->dec.on_logits((*logits)[i]); !ok) {
+      active[i]->answer.set_value(std::move(ok).error());
+      active[i].reset();
+    } else if (active[i]->dec.done()) {
+      finish_job(*active[i]);
+      active[i].reset();
+    }
+  }
+  std::erase(active, nullptr);
+}
 
 std::shared_ptr<const weights> builtin_engine::served() const {
   std::lock_guard guard{mutex_};
@@ -192,8 +322,26 @@ result<generation_result> builtin_engine::generate(const generation_request& req
   options.seed = request.sampling.seed.value_or(request.id);
   options.max_tokens = request.sampling.max_new_tokens;
   options.stop = request.sampling.stop;
-  auto out =
-    engine::generate([this] { return current(); }, tokenizer_, request.prompt, options, cancelled);
+  auto started = decoder::start(config_, tokenizer_, request.prompt, options);
+  if (!started)
+    return std::move(started).error();
+  std::future<result<generation_output>> answer;
+  if (started->done()) {
+    std::promise<result<generation_output>> now;
+    answer = now.get_future();
+    now.set_value(std::move(*started).finish());
+  } else {
+    auto j = std::make_shared<job>(std::move(*started), cancelled);
+    answer = j->answer.get_future();
+    {
+      std::lock_guard guard{jobs_mutex_};
+      if (stopping_)
+        return fail(errc::engine_unavailable, "the engine is shutting down");
+      incoming_.push_back(std::move(j));
+    }
+    jobs_ready_.notify_one();
+  }
+  auto out = answer.get();
   if (!out)
     return std::move(out).error();
   generation_result r;

@@ -1,9 +1,13 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
+#include <vector>
 
 #include "runtime/core/engine_port.hpp"
 #include "runtime/engine/model_config.hpp"
@@ -19,10 +23,32 @@ namespace stitch::engine {
 /// every touched tensor's checksum verified) and prepares its weights; commit
 /// swaps two pointers, so the pause does not grow with model size. Requests
 /// read the served weights at every step, so one in flight across an in_place
-/// commit continues on the new weights. Thread-safe.
+/// commit continues on the new weights.
+///
+/// Continuous batching: `generate` hands its request to one decode loop, which
+/// steps every active request together, one token each; requests join at the
+/// next step and leave when done. `step` is batch invariant and sampling is
+/// counter based, so a request's tokens and logprobs do not depend on what
+/// shares its batch. Thread-safe.
 class builtin_engine final : public engine_port {
 public:
+  struct options {
+    /// Requests stepped together at most; more wait for a free slot.
+    size_t max_batch = 64;
+  };
+
+  /// Decode-loop counters (for tests and metrics).
+  struct batch_stats {
+    uint64_t steps = 0;
+    uint64_t sequences_stepped = 0;
+    size_t largest_batch = 0;
+  };
+
   explicit builtin_engine(model_config config);
+  builtin_engine(model_config config, options opts);
+  ~builtin_engine() override;
+  builtin_engine(const builtin_engine&) = delete;
+  builtin_engine& operator=(const builtin_engine&) = delete;
 
   status prefetch(const chain_plan& plan) override;
   status stage(const chain_plan& plan, bool onto_shadow, tensor_source& source) override;
@@ -42,8 +68,13 @@ public:
   /// The weights served now (null before the first commit).
   std::shared_ptr<const weights> served() const;
   const model_config& config() const noexcept { return config_; }
+  /// Requests submitted and not finished (waiting or stepping).
+  size_t requests_in_flight() const;
+  batch_stats stats() const;
 
 private:
+  struct job;
+
   struct shadow {
     store::tensor_set tensors;
     std::shared_ptr<const weights> prepared;
@@ -51,6 +82,9 @@ private:
 
   /// Waits while paused, then returns the served weights.
   std::shared_ptr<const weights> current();
+  void decode_loop();
+  /// One step of every active job; finished jobs are answered and dropped.
+  void step_batch(std::vector<std::shared_ptr<job>>& active);
 
   model_config config_;
   tokenizer tokenizer_;
@@ -64,6 +98,15 @@ private:
   /// pause (freeing a model's memory takes time that grows with its size).
   std::shared_ptr<const weights> retired_weights_;
   std::shared_ptr<const store::tensor_set> retired_tensors_;
+
+  options opts_;
+  mutable std::mutex jobs_mutex_;
+  std::condition_variable jobs_ready_;
+  std::vector<std::shared_ptr<job>> incoming_;
+  size_t active_jobs_ = 0;
+  bool stopping_ = false;
+  batch_stats stats_;
+  std::thread loop_;
 };
 
 } // namespace stitch::engine

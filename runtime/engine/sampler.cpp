@@ -123,15 +123,11 @@ result<generation_output> generate(const weights& w, const model_config& config,
   return generate([&] { return fixed; }, tok, prompt, options);
 }
 
-result<generation_output> generate(const weights_source& current, const tokenizer& tok,
-                                   std::string_view prompt, const sampling_options& options,
-                                   const std::function<bool()>& cancelled) {
-  auto first = current();
-  if (!first) {
-    return make_error(errc::engine_unavailable, "generate: no weights are served");
-  }
-  const model_config config = first->config;
-  first.reset();
+decoder::decoder(const model_config& config, const tokenizer& tok, const sampling_options& options)
+    : config_(config), tok_(&tok), options_(options), seq_(std::make_unique<sequence>(config)) {}
+
+result<decoder> decoder::start(const model_config& config, const tokenizer& tok,
+                               std::string_view prompt, const sampling_options& options) {
   if (config.vocab_size < tokenizer::vocab_size) {
     return make_error(errc::invalid_argument, "generate: vocab_size "
                                                 + std::to_string(config.vocab_size)
@@ -141,24 +137,104 @@ result<generation_output> generate(const weights_source& current, const tokenize
   if (auto ok = validate(options); !ok) {
     return std::move(ok).error();
   }
-  std::vector<int32_t> prompt_tokens = tok.encode(prompt);
-  if (prompt_tokens.size() >= config.max_position_embeddings) {
+  decoder d{config, tok, options};
+  d.prompt_ = tok.encode(prompt);
+  if (d.prompt_.size() >= config.max_position_embeddings) {
     return make_error(errc::limit_exceeded, "generate: prompt of "
-                                              + std::to_string(prompt_tokens.size())
+                                              + std::to_string(d.prompt_.size())
                                               + " tokens does not fit max_position_embeddings "
                                               + std::to_string(config.max_position_embeddings));
   }
-  generation_output out;
-  out.prompt_tokens = static_cast<uint32_t>(prompt_tokens.size());
-  out.finish_reason = "length";
-  if (options.max_tokens == 0) {
-    return out;
+  d.out_.prompt_tokens = static_cast<uint32_t>(d.prompt_.size());
+  d.out_.finish_reason = "length";
+  d.done_ = options.max_tokens == 0 || d.prompt_.empty();
+  for (const auto& s : options.stop) {
+    d.longest_stop_ = std::max(d.longest_stop_, s.size());
   }
+  return d;
+}
 
-  sequence seq(config);
-  sequence* batch[] = {&seq};
-  std::vector<float> logits;
-  auto advance = [&](int32_t token) -> status {
+int32_t decoder::next_token() const noexcept {
+  return fed_prompt_ < prompt_.size() ? prompt_[fed_prompt_] : pending_;
+}
+
+void decoder::abort() {
+  if (!done_) {
+    done_ = true;
+    out_.finish_reason = "abort";
+  }
+}
+
+status decoder::on_logits(std::span<const float> logits) {
+  if (done_) {
+    return make_error(errc::invalid_argument, "generate: logits after the end of the request");
+  }
+  if (fed_prompt_ < prompt_.size() && ++fed_prompt_ < prompt_.size()) {
+    return {}; // still reading the prompt: its logits are not sampled
+  }
+  auto picked = sample(logits, options_, out_.tokens.size());
+  if (!picked) {
+    return std::move(picked).error();
+  }
+  out_.tokens.push_back(picked->token);
+  out_.logprobs.push_back(picked->logprob);
+  if (options_.stop_at_eos && picked->token == tokenizer::eos) {
+    out_.finish_reason = "stop";
+    done_ = true;
+    return {};
+  }
+  int32_t fed[] = {picked->token};
+  std::string piece = tok_->decode(fed);
+  std::string& text = out_.text;
+  text += piece;
+  if (!piece.empty() && longest_stop_ > 0) {
+    // Only a match that ends in the new bytes is new.
+    size_t from = text.size() >= piece.size() + longest_stop_ - 1
+                    ? text.size() - piece.size() - longest_stop_ + 1
+                    : 0;
+    size_t cut = std::string::npos;
+    for (const auto& s : options_.stop) {
+      cut = std::min(cut, text.find(s, from));
+    }
+    if (cut != std::string::npos) {
+      text.resize(cut);
+      out_.finish_reason = "stop";
+      done_ = true;
+      return {};
+    }
+  }
+  if (out_.tokens.size() >= options_.max_tokens
+      || seq_->position >= config_.max_position_embeddings) {
+    done_ = true;
+    return {};
+  }
+  pending_ = picked->token;
+  return {};
+}
+
+generation_output decoder::finish() && {
+  return std::move(out_);
+}
+
+result<generation_output> generate(const weights_source& current, const tokenizer& tok,
+                                   std::string_view prompt, const sampling_options& options,
+                                   const std::function<bool()>& cancelled) {
+  auto first = current();
+  if (!first) {
+    return make_error(errc::engine_unavailable, "generate: no weights are served");
+  }
+  const model_config config = first->config;
+  first.reset();
+  auto started = decoder::start(config, tok, prompt, options);
+  if (!started) {
+    return std::move(started).error();
+  }
+  decoder& d = *started;
+  while (!d.done()) {
+    if (cancelled && cancelled()) {
+      d.abort();
+      break;
+    }
     auto w = current();
     if (!w) {
       return make_error(errc::engine_unavailable, "generate: the weights went away mid-request");
@@ -167,70 +243,17 @@ result<generation_output> generate(const weights_source& current, const tokenize
       return make_error(errc::invalid_argument,
                         "generate: the served weights changed shape mid-request");
     }
-    int32_t feed[] = {token};
+    sequence* batch[] = {&d.seq()};
+    int32_t feed[] = {d.next_token()};
     auto r = step(*w, batch, feed);
     if (!r) {
       return std::move(r).error();
     }
-    logits = std::move((*r)[0]);
-    return {};
-  };
-  for (int32_t t : prompt_tokens) {
-    if (cancelled && cancelled()) {
-      out.finish_reason = "abort";
-      return out;
-    }
-    if (auto ok = advance(t); !ok) {
+    if (auto ok = d.on_logits((*r)[0]); !ok) {
       return std::move(ok).error();
     }
   }
-  size_t longest_stop = 0;
-  for (const auto& s : options.stop) {
-    longest_stop = std::max(longest_stop, s.size());
-  }
-  std::string text;
-  for (uint32_t i = 0; i < options.max_tokens; ++i) {
-    if (cancelled && cancelled()) {
-      out.finish_reason = "abort";
-      break;
-    }
-    auto picked = sample(logits, options, i);
-    if (!picked) {
-      return std::move(picked).error();
-    }
-    out.tokens.push_back(picked->token);
-    out.logprobs.push_back(picked->logprob);
-    if (options.stop_at_eos && picked->token == tokenizer::eos) {
-      out.finish_reason = "stop";
-      break;
-    }
-    int32_t fed[] = {picked->token};
-    std::string piece = tok.decode(fed);
-    text += piece;
-    if (!piece.empty() && longest_stop > 0) {
-      // Only a match that ends in the new bytes is new.
-      size_t from = text.size() >= piece.size() + longest_stop - 1
-                      ? text.size() - piece.size() - longest_stop + 1
-                      : 0;
-      size_t cut = std::string::npos;
-      for (const auto& s : options.stop) {
-        cut = std::min(cut, text.find(s, from));
-      }
-      if (cut != std::string::npos) {
-        text.resize(cut);
-        out.finish_reason = "stop";
-        break;
-      }
-    }
-    if (i + 1 == options.max_tokens || seq.position >= config.max_position_embeddings) {
-      break;
-    }
-    if (auto ok = advance(picked->token); !ok) {
-      return std::move(ok).error();
-    }
-  }
-  out.text = std::move(text);
-  return out;
+  return std::move(d).finish();
 }
 
 } // namespace stitch::engine

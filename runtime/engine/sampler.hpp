@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/core/error.hpp"
+#include "runtime/engine/model.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/tokenizer.hpp"
 #include "runtime/engine/weights.hpp"
@@ -61,6 +62,44 @@ struct generation_output {
   /// "abort" (cancelled).
   std::string finish_reason;
   uint32_t prompt_tokens = 0;
+};
+
+/// One request's decoding, step by step, so a scheduler can batch many
+/// requests through `step`: feed `next_token()` to `seq()` (alone or batched),
+/// hand the step's logits to `on_logits`, repeat until `done()`. The prompt
+/// (BOS + bytes) is fed token by token; after its last token every step
+/// samples the next one, until EOS, a stop string, `max_tokens` or
+/// `max_position_embeddings`. The tokenizer must outlive the decoder.
+class decoder {
+public:
+  /// Validates the options and the prompt's length against `config`.
+  static result<decoder> start(const model_config& config, const tokenizer& tok,
+                               std::string_view prompt, const sampling_options& options);
+
+  bool done() const noexcept { return done_; }
+  const model_config& config() const noexcept { return config_; }
+  sequence& seq() noexcept { return *seq_; }
+  /// The token to feed at the next step (precondition: not done).
+  int32_t next_token() const noexcept;
+  /// The logits `step` returned for `next_token()`.
+  status on_logits(std::span<const float> logits);
+  /// Ends the generation with "abort", keeping what was generated.
+  void abort();
+  generation_output finish() &&;
+
+private:
+  decoder(const model_config& config, const tokenizer& tok, const sampling_options& options);
+
+  model_config config_;
+  const tokenizer* tok_;
+  sampling_options options_;
+  std::vector<int32_t> prompt_;
+  size_t fed_prompt_ = 0;
+  int32_t pending_ = 0;
+  size_t longest_stop_ = 0;
+  bool done_ = false;
+  std::unique_ptr<sequence> seq_;
+  generation_output out_;
 };
 
 /// Generates for one request: the prompt (BOS + bytes) is fed token by token

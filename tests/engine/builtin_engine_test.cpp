@@ -234,6 +234,55 @@ TEST_F(builtin_engine_test, a_request_waits_while_paused_and_continues_after) {
   EXPECT_TRUE(done);
 }
 
+TEST_F(builtin_engine_test, concurrent_requests_share_steps_and_match_solo_runs_exactly) {
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
+  // Paused, the decode loop holds at its first step; every request submitted
+  // meanwhile joins the next one, so the batch provably holds all of them.
+  ASSERT_TRUE(e.pause());
+  const std::vector<std::string> prompts = {
+    "alpha", "a much longer prompt than the others", "g", "delta delta", "eps", "zeta!"};
+  std::vector<result<generation_result>> got(prompts.size(),
+                                             make_error(errc::invalid_argument, "not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    threads.emplace_back([&, i] {
+      auto r = request(prompts[i]);
+      r.id = i + 1;
+      if (i % 2 == 1) {
+        r.sampling.temperature = 0.8;
+        r.sampling.top_k = 40;
+        r.sampling.seed = 1000 + i;
+      }
+      got[i] = e.generate(r, {});
+    });
+  while (e.requests_in_flight() < prompts.size())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(e.resume());
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(e.stats().largest_batch, prompts.size());
+  // Each alone on a fresh engine, with the same weights and seeds.
+  builtin_engine solo{config};
+  ASSERT_TRUE(solo.reset_to_boot({"r", 0}, src));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto r = request(prompts[i]);
+    r.id = i + 1;
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8;
+      r.sampling.top_k = 40;
+      r.sampling.seed = 1000 + i;
+    }
+    auto alone = solo.generate(r, {});
+    ASSERT_TRUE(alone && got[i]) << prompts[i];
+    EXPECT_EQ(got[i]->tokens, alone->tokens) << prompts[i];
+    EXPECT_EQ(got[i]->logprobs, alone->logprobs) << prompts[i];
+    EXPECT_EQ(got[i]->text, alone->text) << prompts[i];
+  }
+  EXPECT_EQ(solo.stats().largest_batch, 1u);
+}
+
 TEST_F(builtin_engine_test, cancelled_request_finishes_with_abort) {
   builtin_engine e{config};
   store::store_tensor_source src{db, "default"};
