@@ -49,6 +49,140 @@ struct publish_summary {
   std::string reason_for_anchor;
 };
 
+/// A generation request as a replica receives it (the gateway or the
+/// replica's own HTTP endpoint fills it from the client's body).
+struct generate_call {
+  /// Chosen by the caller, unique among its requests in flight at this
+  /// replica: `cancel` names it.
+  uint64_t key = 0;
+  /// The constraint: -1 = absent.
+  int64_t min_version = -1;
+  int64_t exact_version = -1;
+  std::string prompt;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  uint32_t top_k = 0;
+  uint32_t max_new_tokens = 128;
+  std::vector<std::string> stop;
+  /// -1 = no seed (the replica picks one).
+  int64_t seed = -1;
+  bool return_logprob = false;
+};
+
+/// A replica's answer to `generate_call`. `status` is the HTTP status it
+/// maps to: 200, 400, 409 (`WeightVersionNotReady`), 499 (cancelled by the
+/// client), 500, 503 (`EngineUnavailable`, `DrainTimeout`).
+struct generate_reply {
+  uint16_t status = 200;
+  /// Error type for non-200 answers (`WeightVersionNotReady`, ...).
+  std::string error_type;
+  std::string message;
+  bool retryable = false;
+  /// 409: the version asked for and the replica's applied one (-1 = none).
+  uint64_t target_version = 0;
+  int64_t applied = -1;
+  /// 200: the stamps and the run that produced the sample.
+  uint64_t weight_version_start = 0;
+  uint64_t weight_version_end = 0;
+  std::string run_id;
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::vector<float> logprobs;
+  /// "stop", "length" or "abort".
+  std::string finish_reason;
+  uint32_t prompt_tokens = 0;
+};
+
+/// Counters and timings of one replica (DESIGN §5 `server_info.metrics`).
+struct replica_metrics {
+  double last_stage_s = 0;
+  double last_drain_ms = 0;
+  /// The time the engine was stopped by the last activation.
+  double last_pause_us = 0;
+  double max_pause_us = 0;
+  uint64_t last_folded = 0;
+  uint64_t folded_versions_total = 0;
+  uint64_t activations_total = 0;
+  uint64_t skipped_activations_total = 0;
+  uint64_t stages_total = 0;
+  uint64_t stage_failures_total = 0;
+  uint64_t activation_failures_total = 0;
+  uint64_t checksum_failures_total = 0;
+  uint64_t rebuilds_total = 0;
+  uint64_t bytes_fetched_total = 0;
+  uint64_t requests_admitted_total = 0;
+  uint64_t requests_rejected_total = 0;
+  uint64_t requests_completed_total = 0;
+  uint64_t drain_timeouts_total = 0;
+};
+
+/// A replica's `server_info` (DESIGN §5).
+struct replica_info {
+  std::string replica_id;
+  std::string pool;
+  bool ready = false;
+  /// The identity string `run/weight_v000007`; empty before the first activation.
+  std::string applied;
+  /// -1 before the first activation.
+  int64_t applied_version = -1;
+  std::string run_id;
+  /// The pointer as last read (identity string, empty when none).
+  std::string pointer;
+  std::string sync_state = "IDLE";
+  std::string reason;
+  std::string terminal_error;
+  std::string commit_mode;
+  uint64_t active_requests = 0;
+  uint64_t queued_requests = 0;
+  replica_metrics metrics;
+};
+
+/// A replica worker's report on a slow step (stage, activation, rebuild):
+/// `code` 0 = success, otherwise an `errc` with its message.
+struct work_report {
+  uint64_t op = 0;
+  uint8_t code = 0;
+  std::string message;
+  int64_t nanos = 0;
+  version_ref version;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generate_call& x) {
+  return f(caf::meta::type_name("stitch.generate_call"), x.key, x.min_version, x.exact_version,
+           x.prompt, x.temperature, x.top_p, x.top_k, x.max_new_tokens, x.stop, x.seed,
+           x.return_logprob);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generate_reply& x) {
+  return f(caf::meta::type_name("stitch.generate_reply"), x.status, x.error_type, x.message,
+           x.retryable, x.target_version, x.applied, x.weight_version_start, x.weight_version_end,
+           x.run_id, x.tokens, x.text, x.logprobs, x.finish_reason, x.prompt_tokens);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replica_metrics& x) {
+  return f(caf::meta::type_name("stitch.replica_metrics"), x.last_stage_s, x.last_drain_ms,
+           x.last_pause_us, x.max_pause_us, x.last_folded, x.folded_versions_total,
+           x.activations_total, x.skipped_activations_total, x.stages_total, x.stage_failures_total,
+           x.activation_failures_total, x.checksum_failures_total, x.rebuilds_total,
+           x.bytes_fetched_total, x.requests_admitted_total, x.requests_rejected_total,
+           x.requests_completed_total, x.drain_timeouts_total);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replica_info& x) {
+  return f(caf::meta::type_name("stitch.replica_info"), x.replica_id, x.pool, x.ready, x.applied,
+           x.applied_version, x.run_id, x.pointer, x.sync_state, x.reason, x.terminal_error,
+           x.commit_mode, x.active_requests, x.queued_requests, x.metrics);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, work_report& x) {
+  return f(caf::meta::type_name("stitch.work_report"), x.op, x.code, x.message, x.nanos, x.version);
+}
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, version_ref& x) {
   return f(caf::meta::type_name("stitch.version_ref"), x.run_id, x.version);
@@ -97,6 +231,11 @@ CAF_ADD_TYPE_ID(stitch, (stitch::pointer_record))
 CAF_ADD_TYPE_ID(stitch, (stitch::pointer_reply))
 CAF_ADD_TYPE_ID(stitch, (stitch::publish_args))
 CAF_ADD_TYPE_ID(stitch, (stitch::publish_summary))
+CAF_ADD_TYPE_ID(stitch, (stitch::generate_call))
+CAF_ADD_TYPE_ID(stitch, (stitch::generate_reply))
+CAF_ADD_TYPE_ID(stitch, (stitch::replica_metrics))
+CAF_ADD_TYPE_ID(stitch, (stitch::replica_info))
+CAF_ADD_TYPE_ID(stitch, (stitch::work_report))
 CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::version_ref>) )
 CAF_ADD_TYPE_ID(stitch, (std::vector<uint64_t>) )
 CAF_ADD_TYPE_ID(stitch, (std::vector<char>) )
@@ -120,4 +259,15 @@ CAF_ADD_ATOM(stitch, stitch::atom, chunk, "chunk")
 CAF_ADD_ATOM(stitch, stitch::atom, finish, "finish")
 CAF_ADD_ATOM(stitch, stitch::atom, lookup, "lookup")
 CAF_ADD_ATOM(stitch, stitch::atom, enroll, "enroll")
+CAF_ADD_ATOM(stitch, stitch::atom, generate, "generate")
+CAF_ADD_ATOM(stitch, stitch::atom, cancel, "cancel")
+CAF_ADD_ATOM(stitch, stitch::atom, wake, "wake")
+CAF_ADD_ATOM(stitch, stitch::atom, server_info, "srvinfo")
+CAF_ADD_ATOM(stitch, stitch::atom, tick, "tick")
+CAF_ADD_ATOM(stitch, stitch::atom, drain_check, "drainchk")
+CAF_ADD_ATOM(stitch, stitch::atom, staged, "staged")
+CAF_ADD_ATOM(stitch, stitch::atom, committed, "committed")
+CAF_ADD_ATOM(stitch, stitch::atom, rebuilt, "rebuilt")
+CAF_ADD_ATOM(stitch, stitch::atom, generated, "generated")
+CAF_ADD_ATOM(stitch, stitch::atom, discarded, "discarded")
 CAF_END_TYPE_ID_BLOCK(stitch)

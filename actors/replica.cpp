@@ -1,0 +1,554 @@
+#include "actors/replica.hpp"
+
+#include <caf/all.hpp>
+
+#include "runtime/core/manifest.hpp"
+
+namespace stitch {
+
+namespace {
+
+using self_ptr = replica_actor::stateful_pointer<replica_state>;
+namespace rfx = reconcile_effects;
+namespace gfx = gate_effects;
+
+clock_time now_of(self_ptr self) {
+  return std::chrono::duration_cast<clock_time>(self->clock().now().time_since_epoch());
+}
+
+work_report report_of(uint64_t op, const status& outcome, std::chrono::nanoseconds took) {
+  work_report r;
+  r.op = op;
+  r.nanos = took.count();
+  if (!outcome) {
+    r.code = static_cast<uint8_t>(outcome.error().code);
+    r.message = outcome.error().message;
+  }
+  return r;
+}
+
+status status_of(const work_report& r) {
+  if (r.code == 0)
+    return {};
+  return error{static_cast<errc>(r.code), r.message};
+}
+
+std::chrono::nanoseconds since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::steady_clock::now() - t0;
+}
+
+generate_reply failure(uint16_t http, std::string type, std::string message, bool retryable) {
+  generate_reply r;
+  r.status = http;
+  r.error_type = std::move(type);
+  r.message = std::move(message);
+  r.retryable = retryable;
+  return r;
+}
+
+generate_reply unavailable_reply(std::string reason) {
+  return failure(503, "EngineUnavailable", std::move(reason), true);
+}
+
+generate_reply conflict_reply(const rejection& body) {
+  generate_reply r = failure(409, "WeightVersionNotReady", body.message, body.retryable);
+  r.target_version = body.target_version;
+  r.applied = body.applied ? static_cast<int64_t>(*body.applied) : -1;
+  return r;
+}
+
+/// The engine's answer as a reply (stamps are added by the actor).
+generate_reply reply_of(result<generation_result> out) {
+  if (!out) {
+    const auto& e = out.error();
+    switch (e.code) {
+      case errc::invalid_argument:
+      case errc::limit_exceeded: return failure(400, "BadRequest", e.message, false);
+      case errc::engine_unavailable: return unavailable_reply(e.message);
+      default: return failure(500, "EngineError", to_string(e), true);
+    }
+  }
+  generate_reply r;
+  r.tokens = std::move(out->tokens);
+  r.text = std::move(out->text);
+  r.logprobs = std::move(out->logprobs);
+  r.finish_reason = out->finish == finish_reason::stop     ? "stop"
+                    : out->finish == finish_reason::length ? "length"
+                                                           : "abort";
+  r.prompt_tokens = out->prompt_tokens;
+  return r;
+}
+
+/// Checks the call's fields and converts it for the engine.
+result<std::pair<constraint, generation_request>> parse_call(const generate_call& call,
+                                                             request_id id) {
+  auto bound = [](int64_t v, const char* name) -> result<std::optional<uint64_t>> {
+    if (v == -1)
+      return std::optional<uint64_t>{};
+    if (v < 0)
+      return make_error(errc::invalid_argument,
+                        std::string{"weight_version."} + name + " must not be negative");
+    return std::optional<uint64_t>{static_cast<uint64_t>(v)};
+  };
+  constraint c;
+  auto min = bound(call.min_version, "min_version");
+  if (!min)
+    return std::move(min).error();
+  auto exact = bound(call.exact_version, "exact_version");
+  if (!exact)
+    return std::move(exact).error();
+  c.min_version = *min;
+  c.exact_version = *exact;
+  if (c.min_version && c.exact_version && *c.exact_version < *c.min_version)
+    return make_error(errc::invalid_argument,
+                      "weight_version.exact_version is below weight_version.min_version");
+  generation_request req;
+  req.id = id;
+  req.prompt = call.prompt;
+  req.sampling.temperature = call.temperature;
+  req.sampling.top_p = call.top_p;
+  req.sampling.top_k = call.top_k;
+  req.sampling.max_new_tokens = call.max_new_tokens;
+  req.sampling.stop = call.stop;
+  if (call.seed >= 0)
+    req.sampling.seed = static_cast<uint64_t>(call.seed);
+  req.return_logprob = call.return_logprob;
+  return std::pair{c, std::move(req)};
+}
+
+void apply(self_ptr self, std::vector<reconcile_effect> effects);
+void apply_gate(self_ptr self, std::vector<gate_effect> effects);
+
+void answer(self_ptr self, request_id id, generate_reply reply) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end())
+    return;
+  it->second.promise.deliver(std::move(reply));
+  st.by_key.erase(it->second.call.key);
+  st.requests.erase(it);
+}
+
+void reconcile_now(self_ptr self, trigger why) {
+  apply(self, self->state.rec.on_trigger(why));
+}
+
+void start_generation(self_ptr self, request_id id) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end())
+    return;
+  auto parsed = parse_call(it->second.call, id);
+  it->second.running = true;
+  auto handle = caf::actor_cast<replica_actor>(self);
+  st.deps.request_workers->post(
+    [handle, id, engine = st.engine, req = std::move(parsed->second),
+     cancelled = it->second.cancelled] {
+      auto out = engine->generate(req, [&] { return cancelled->load(); });
+      caf::anon_send(handle, atom::generated_v, id, reply_of(std::move(out)));
+    });
+}
+
+void arm_drain_timer(self_ptr self) {
+  auto& st = self->state;
+  auto deadline = st.gate.drain_deadline();
+  if (!deadline || st.drain_timer_armed)
+    return;
+  st.drain_timer_armed = true;
+  auto wait = std::max(clock_time{0}, *deadline - now_of(self));
+  self->delayed_send(self, std::chrono::duration_cast<std::chrono::milliseconds>(wait)
+                             + std::chrono::milliseconds{1},
+                     atom::drain_check_v);
+}
+
+void run_commit(self_ptr self) {
+  auto& st = self->state;
+  if (!st.pending_commit)
+    return;
+  auto handle = caf::actor_cast<replica_actor>(self);
+  st.deps.reconcile_worker->post(
+    [handle, engine = st.engine, c = *st.pending_commit] {
+      // The pause: from stopping the engine to resuming it, nothing else.
+      auto t0 = std::chrono::steady_clock::now();
+      status outcome = engine->pause();
+      if (outcome)
+        outcome = engine->commit();
+      if (outcome && c.flush_cache)
+        outcome = engine->flush_cache();
+      auto resumed = engine->resume();
+      auto took = since(t0);
+      if (outcome && !resumed)
+        outcome = resumed;
+      auto report = report_of(c.op, outcome, took);
+      report.version = c.target;
+      caf::anon_send(handle, atom::committed_v, std::move(report));
+    });
+}
+
+void read_pointer(self_ptr self, std::function<void(result<std::optional<pointer_record>>)> then) {
+  auto& st = self->state;
+  self->request(st.deps.store, caf::duration{st.opts.store_timeout}, atom::read_pointer_v, st.opts.pool)
+    .then(
+      [then](const pointer_reply& r) {
+        then(r.present ? std::optional<pointer_record>{r.record} : std::nullopt);
+      },
+      [self, then](caf::error& err) { then(from_caf_error(self->system(), err)); });
+}
+
+void rebuild(self_ptr self, uint64_t op, std::optional<version_ref> last_good) {
+  auto& st = self->state;
+  auto handle = caf::actor_cast<replica_actor>(self);
+  auto slot = std::make_shared<std::shared_ptr<engine_port>>();
+  st.rebuilt_engine = slot;
+  auto build = [&st, handle, op, slot](version_ref ref) {
+    st.deps.reconcile_worker->post([handle, op, slot, ref, make = st.deps.make_engine,
+                                    bytes = st.bytes] {
+      auto t0 = std::chrono::steady_clock::now();
+      status outcome;
+      auto made = make();
+      if (!made) {
+        outcome = std::move(made).error();
+      } else {
+        outcome = (*made)->reset_to_boot(ref, *bytes);
+        if (outcome)
+          *slot = std::move(*made);
+      }
+      auto report = report_of(op, outcome, since(t0));
+      report.version = ref;
+      caf::anon_send(handle, atom::rebuilt_v, std::move(report));
+    });
+  };
+  if (last_good) {
+    build(*last_good);
+    return;
+  }
+  // Nothing was ever activated: rebuild from the claimed run's boot anchor.
+  read_pointer(self, [self, op, build](result<std::optional<pointer_record>> p) {
+    if (!p || !p->has_value()) {
+      error why = p ? error{errc::no_run_claimed, "no run claimed"} : p.error();
+      apply(self, self->state.rec.on_rebuilt(op, why));
+      return;
+    }
+    build(version_ref{(*p)->latest.run_id, (*p)->boot_version});
+  });
+}
+
+void carry_out(self_ptr self, rfx::read_pointer e) {
+  read_pointer(self, [self, op = e.op](result<std::optional<pointer_record>> p) {
+    apply(self, self->state.rec.on_pointer_read(op, std::move(p)));
+  });
+}
+
+void carry_out(self_ptr self, rfx::read_manifest e) {
+  auto& st = self->state;
+  self->request(st.deps.store, caf::duration{st.opts.store_timeout}, atom::read_manifest_v, st.opts.pool,
+                e.ref)
+    .then(
+      [self, e](const std::string& json) {
+        apply(self, self->state.rec.on_manifest_read(e.op, e.ref, parse_manifest(json)));
+      },
+      [self, e](caf::error& err) {
+        apply(self,
+              self->state.rec.on_manifest_read(e.op, e.ref, from_caf_error(self->system(), err)));
+      });
+}
+
+void carry_out(self_ptr self, rfx::stage e) {
+  auto& st = self->state;
+  auto handle = caf::actor_cast<replica_actor>(self);
+  st.deps.reconcile_worker->post([handle, engine = st.engine, bytes = st.bytes, e] {
+    auto t0 = std::chrono::steady_clock::now();
+    status outcome = engine->prefetch(e.plan);
+    if (outcome)
+      outcome = engine->stage(e.plan, e.onto_shadow, *bytes);
+    auto report = report_of(e.op, outcome, since(t0));
+    report.version = e.plan.target;
+    caf::anon_send(handle, atom::staged_v, std::move(report));
+  });
+}
+
+void carry_out(self_ptr self, rfx::commit e) {
+  auto& st = self->state;
+  st.pending_commit = e;
+  apply_gate(self, st.gate.begin_commit(st.opts.mode, e.drain_all, now_of(self)));
+  arm_drain_timer(self);
+}
+
+void carry_out(self_ptr self, rfx::advance e) {
+  auto& st = self->state;
+  if (auto ok = st.gate.advance(e.target.version); !ok)
+    caf::aout(self) << "replica " << st.opts.replica_id << ": cannot advance to "
+                    << to_string(e.target) << ": " << to_string(ok.error()) << '\n';
+}
+
+void carry_out(self_ptr self, rfx::discard_shadow) {
+  self->state.deps.reconcile_worker->post([engine = self->state.engine] { engine->discard_shadow(); });
+}
+
+void carry_out(self_ptr self, rfx::rebuild_engine e) {
+  rebuild(self, e.op, e.last_good);
+}
+
+void carry_out(self_ptr self, rfx::leave_rotation e) {
+  self->state.gate.stop_serving(e.reason);
+}
+
+void carry_out(self_ptr self, rfx::enter_rotation e) {
+  auto& gate = self->state.gate;
+  if (gate.open())
+    gate.serve(e.version.version);
+}
+
+void apply(self_ptr self, std::vector<reconcile_effect> effects) {
+  for (auto& e : effects)
+    std::visit([self](auto& x) { carry_out(self, std::move(x)); }, e);
+}
+
+void apply_gate(self_ptr self, std::vector<gate_effect> effects) {
+  auto& st = self->state;
+  for (auto& e : effects) {
+    if (auto* a = std::get_if<gfx::admit>(&e)) {
+      start_generation(self, a->id);
+    } else if (auto* r = std::get_if<gfx::reject>(&e)) {
+      answer(self, r->id, conflict_reply(r->body));
+      reconcile_now(self, trigger::rejected_request);
+    } else if (auto* f = std::get_if<gfx::refuse>(&e)) {
+      answer(self, f->id, unavailable_reply(f->reason));
+    } else if (auto* x = std::get_if<gfx::abort_request>(&e)) {
+      if (auto it = st.requests.find(x->id); it != st.requests.end()) {
+        it->second.aborted_for_drain = true;
+        it->second.cancelled->store(true);
+      }
+      ++st.counters.drain_timeouts_total;
+    } else if (auto* p = std::get_if<gfx::commit_may_proceed>(&e)) {
+      st.counters.last_drain_ms = std::chrono::duration<double, std::milli>(p->drain).count();
+      run_commit(self);
+    }
+  }
+}
+
+/// The engine's weights are uncertain: nothing may finish on them.
+void abort_running(self_ptr self) {
+  for (auto& [id, r] : self->state.requests)
+    if (r.running) {
+      r.engine_failed = true;
+      r.cancelled->store(true);
+    }
+}
+
+void arm_backstop(self_ptr self) {
+  if (self->state.opts.backstop.count() > 0)
+    self->delayed_send(self, self->state.opts.backstop, atom::tick_v);
+}
+
+} // namespace
+
+replica_info describe(const replica_state& st) {
+  replica_info info;
+  info.replica_id = st.opts.replica_id;
+  info.pool = st.opts.pool;
+  auto snap = st.rec.snapshot();
+  // Ready means admitting: caught up, in rotation, not terminally failed.
+  info.ready = snap.ready && snap.terminal_error.empty() && st.gate.served_version().has_value();
+  if (snap.applied) {
+    info.applied = to_string(*snap.applied);
+    info.run_id = snap.applied->run_id;
+    info.applied_version = static_cast<int64_t>(st.gate.served_version().value_or(snap.applied->version));
+  }
+  if (snap.pointer)
+    info.pointer = to_string(*snap.pointer);
+  info.sync_state = std::string{to_string(snap.state)};
+  info.reason = snap.reason;
+  if (info.reason.empty() && !info.ready)
+    info.reason = "not ready";
+  info.terminal_error = snap.terminal_error;
+  info.commit_mode = std::string{to_string(st.opts.mode)};
+  info.active_requests = st.gate.active_requests();
+  info.queued_requests = st.gate.queued_requests();
+  replica_metrics m = st.counters;
+  m.last_stage_s = std::chrono::duration<double>(snap.metrics.last_stage).count();
+  m.last_folded = snap.metrics.last_folded;
+  m.folded_versions_total = snap.metrics.folded_versions_total;
+  m.activations_total = snap.metrics.commits_total;
+  m.skipped_activations_total = snap.metrics.skipped_activations_total;
+  m.stages_total = snap.metrics.stages_total;
+  m.stage_failures_total = snap.metrics.stage_failures_total;
+  m.activation_failures_total = snap.metrics.activation_failures_total;
+  m.bytes_fetched_total = st.bytes ? st.bytes->bytes() : 0;
+  m.requests_admitted_total = st.gate.metrics().admitted_total;
+  m.requests_rejected_total = st.gate.metrics().rejected_total;
+  info.metrics = m;
+  return info;
+}
+
+namespace {
+
+replica_actor::behavior_type behavior(self_ptr self);
+
+} // namespace
+
+replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<replica_state> self,
+                                             replica_options opts, replica_deps deps) {
+  auto& init = self->state;
+  init.opts = std::move(opts);
+  init.deps = std::move(deps);
+  init.gate = admission_gate{admission_gate::options{
+    std::chrono::duration_cast<clock_time>(init.opts.drain_timeout), init.opts.max_queued}};
+  init.bytes = std::make_shared<counting_source>(init.deps.bytes);
+  auto made = init.deps.make_engine();
+  if (!made) {
+    caf::aout(self) << "replica " << init.opts.replica_id
+                    << ": cannot create its engine: " << to_string(made.error()) << '\n';
+    self->quit(to_caf_error(made.error()));
+    return behavior(self);
+  }
+  init.engine = std::move(*made);
+  self->attach_functor([self] {
+    // Generations still running stop at their next step.
+    for (auto& [id, r] : self->state.requests)
+      r.cancelled->store(true);
+  });
+  self->send(init.deps.store, atom::subscribe_v, init.opts.pool, caf::actor_cast<caf::actor>(self));
+  reconcile_now(self, trigger::startup);
+  arm_backstop(self);
+  return behavior(self);
+}
+
+namespace {
+
+replica_actor::behavior_type behavior(self_ptr self) {
+  return {
+    [self](atom::generate, generate_call& call) -> caf::result<generate_reply> {
+      auto& st = self->state;
+      auto promise = self->make_response_promise<generate_reply>();
+      if (st.by_key.contains(call.key)) {
+        promise.deliver(failure(400, "BadRequest",
+                                "request key " + std::to_string(call.key) + " is already in flight",
+                                false));
+        return promise;
+      }
+      request_id id = st.next_id++;
+      auto parsed = parse_call(call, id);
+      if (!parsed) {
+        promise.deliver(failure(400, "BadRequest", parsed.error().message, false));
+        return promise;
+      }
+      st.by_key.emplace(call.key, id);
+      st.requests.emplace(id, replica_state::request{std::move(call), promise});
+      auto decision = st.gate.admit(id, parsed->first, now_of(self));
+      if (std::holds_alternative<admitted>(decision)) {
+        start_generation(self, id);
+      } else if (auto* no = std::get_if<rejected>(&decision)) {
+        answer(self, id, conflict_reply(no->body));
+        reconcile_now(self, trigger::rejected_request);
+      } else if (auto* down = std::get_if<unavailable>(&decision)) {
+        answer(self, id, unavailable_reply(down->reason));
+      }
+      // queued: decided when the gate reopens.
+      return promise;
+    },
+    [self](atom::cancel, uint64_t key) {
+      auto& st = self->state;
+      auto k = st.by_key.find(key);
+      if (k == st.by_key.end())
+        return;
+      auto id = k->second;
+      auto& r = st.requests.at(id);
+      r.cancelled_by_client = true;
+      r.cancelled->store(true);
+      if (!r.running) {
+        // Still queued behind a commit: it never started.
+        auto [stamped, effects] = st.gate.finish(id, now_of(self));
+        answer(self, id, failure(499, "ClientClosedRequest", "the client went away", false));
+        apply_gate(self, std::move(effects));
+      }
+    },
+    [self](atom::wake) { reconcile_now(self, trigger::wake); },
+    [self](atom::server_info) -> replica_info { return describe(self->state); },
+    [self](atom::pointer_moved, const std::string& pool, const pointer_record&) {
+      if (pool == self->state.opts.pool)
+        reconcile_now(self, trigger::wake);
+    },
+    [self](atom::tick) {
+      reconcile_now(self, trigger::backstop);
+      arm_backstop(self);
+    },
+    [self](atom::drain_check) {
+      auto& st = self->state;
+      st.drain_timer_armed = false;
+      apply_gate(self, st.gate.tick(now_of(self)));
+      arm_drain_timer(self);
+    },
+    [self](atom::staged, const work_report& r) {
+      auto& st = self->state;
+      auto outcome = status_of(r);
+      if (!outcome && outcome.error().code == errc::checksum_mismatch)
+        ++st.counters.checksum_failures_total;
+      apply(self, st.rec.on_staged(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
+    },
+    [self](atom::committed, const work_report& r) {
+      auto& st = self->state;
+      if (!st.pending_commit || st.pending_commit->op != r.op)
+        return;
+      st.pending_commit.reset();
+      auto outcome = status_of(r);
+      auto now = now_of(self);
+      if (outcome) {
+        double pause = std::chrono::duration<double, std::micro>(std::chrono::nanoseconds{r.nanos}).count();
+        st.counters.last_pause_us = pause;
+        st.counters.max_pause_us = std::max(st.counters.max_pause_us, pause);
+        apply_gate(self, st.gate.end_commit(r.version.version, now));
+        apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
+        return;
+      }
+      abort_running(self);
+      apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
+      apply_gate(self, st.gate.abort_commit(now));
+    },
+    [self](atom::rebuilt, const work_report& r) {
+      auto& st = self->state;
+      auto outcome = status_of(r);
+      if (outcome && st.rebuilt_engine && *st.rebuilt_engine) {
+        st.engine = std::move(*st.rebuilt_engine);
+        st.rebuilt_engine.reset();
+        ++st.counters.rebuilds_total;
+        apply(self, st.rec.on_rebuilt(r.op, r.version));
+        return;
+      }
+      apply(self, st.rec.on_rebuilt(r.op, outcome ? error{errc::engine_unavailable, "rebuild produced no engine"}
+                                                  : outcome.error()));
+    },
+    [self](atom::generated, uint64_t id, generate_reply& reply) {
+      auto& st = self->state;
+      auto it = st.requests.find(id);
+      if (it == st.requests.end())
+        return;
+      auto [stamped, effects] = st.gate.finish(id, now_of(self));
+      const auto& r = it->second;
+      if (r.engine_failed) {
+        reply = unavailable_reply("the engine failed while activating new weights; retry");
+      } else if (r.aborted_for_drain) {
+        reply = failure(503, "DrainTimeout",
+                        "aborted: the request held a weight update past replica.drain_timeout",
+                        true);
+      } else if (r.cancelled_by_client) {
+        reply = failure(499, "ClientClosedRequest", "the client went away", false);
+      } else if (reply.status == 200) {
+        if (!stamped) {
+          reply = unavailable_reply("the request lost its admission; retry");
+        } else {
+          reply.weight_version_start = stamped->start;
+          reply.weight_version_end = stamped->end;
+          reply.run_id = st.rec.applied() ? st.rec.applied()->run_id : std::string{};
+          ++st.counters.requests_completed_total;
+        }
+      }
+      answer(self, id, std::move(reply));
+      apply_gate(self, std::move(effects));
+    },
+  };
+}
+
+} // namespace
+
+} // namespace stitch

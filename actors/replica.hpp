@@ -1,0 +1,112 @@
+#pragma once
+
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "actors/replica_actor.hpp"
+#include "actors/store_actor.hpp"
+#include "actors/workers.hpp"
+#include "runtime/core/admission_gate.hpp"
+#include "runtime/core/engine_port.hpp"
+#include "runtime/core/reconciler.hpp"
+
+namespace stitch {
+
+struct replica_options {
+  std::string replica_id = "replica-0";
+  std::string pool = "default";
+  /// `replica.commit_mode`.
+  commit_mode mode = commit_mode::in_place;
+  /// The backstop reconcile timer; zero disables it.
+  std::chrono::milliseconds backstop{5000};
+  /// `replica.drain_timeout`.
+  std::chrono::milliseconds drain_timeout{300'000};
+  /// Pointer and manifest reads that take longer fail the pass (retried on
+  /// the next trigger).
+  std::chrono::milliseconds store_timeout{30'000};
+  /// Requests queued behind a commit beyond this are refused.
+  size_t max_queued = 4096;
+};
+
+/// Makes a fresh engine instance: at startup and to rebuild after an
+/// activation failure (a failed engine is never reused).
+using engine_factory = std::function<result<std::shared_ptr<engine_port>>()>;
+
+/// What a replica runs on. The workers report back by message, so the actor
+/// never blocks: `reconcile_worker` runs staging, activation and rebuilds in
+/// posting order (one thread); `request_workers` run generations.
+struct replica_deps {
+  store_actor store;
+  engine_factory make_engine;
+  /// Where tensor bytes come from (the store today; peers with the transport).
+  std::shared_ptr<tensor_source> bytes;
+  std::shared_ptr<executor> reconcile_worker;
+  std::shared_ptr<executor> request_workers;
+};
+
+/// A `tensor_source` that counts the bytes read through it.
+class counting_source final : public tensor_source {
+public:
+  explicit counting_source(std::shared_ptr<tensor_source> inner) : inner_(std::move(inner)) {}
+  result<manifest> manifest_of(const version_ref& ref) override { return inner_->manifest_of(ref); }
+  status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
+              std::span<std::byte> out) override {
+    auto ok = inner_->read(ref, tensor, offset, out);
+    if (ok)
+      bytes_.fetch_add(out.size(), std::memory_order_relaxed);
+    return ok;
+  }
+  uint64_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
+
+private:
+  std::shared_ptr<tensor_source> inner_;
+  std::atomic<uint64_t> bytes_{0};
+};
+
+struct replica_state {
+  static inline const char* name = "replica";
+
+  struct request {
+    generate_call call;
+    caf::typed_response_promise<generate_reply> promise;
+    std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+    bool running = false;
+    bool cancelled_by_client = false;
+    bool aborted_for_drain = false;
+    bool engine_failed = false;
+  };
+
+  replica_options opts;
+  replica_deps deps;
+  reconciler rec;
+  admission_gate gate;
+  std::shared_ptr<engine_port> engine;
+  std::shared_ptr<counting_source> bytes;
+  std::map<request_id, request> requests;
+  std::map<uint64_t, request_id> by_key;
+  request_id next_id = 1;
+  /// The commit the gate is draining for.
+  std::optional<reconcile_effects::commit> pending_commit;
+  /// An engine built by a rebuild job, taken when its report arrives.
+  std::shared_ptr<std::shared_ptr<engine_port>> rebuilt_engine;
+  bool drain_timer_armed = false;
+  replica_metrics counters;
+};
+
+/// A replica over `deps`. Spawn it on the cooperative scheduler: everything
+/// slow runs on the workers.
+replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<replica_state> self,
+                                             replica_options opts, replica_deps deps);
+
+/// The `server_info` of a replica's state (exposed for tests).
+replica_info describe(const replica_state& state);
+
+} // namespace stitch

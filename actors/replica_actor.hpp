@@ -1,0 +1,31 @@
+#pragma once
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "actors/messages.hpp"
+
+namespace stitch {
+
+/// REPLICA: one inference engine kept converged to its pool's pointer while it
+/// serves (DESIGN §1, §2): reconcile, stage, commit, admission, stamping,
+/// `server_info`.
+using replica_actor = caf::typed_actor<
+  // Generates under the request's constraint; the reply carries the stamps,
+  // or the 409/503/... answer.
+  caf::replies_to<atom::generate, generate_call>::with<generate_reply>,
+  // The caller gave up on request `key` (client disconnect): abort it.
+  caf::reacts_to<atom::cancel, uint64_t>,
+  // Best-effort hint that the pointer moved: reconcile now.
+  caf::reacts_to<atom::wake>,
+  // DESIGN §5 `server_info`.
+  caf::replies_to<atom::server_info>::with<replica_info>,
+  // The store's pointer subscription.
+  caf::reacts_to<atom::pointer_moved, std::string, pointer_record>,
+  // Internal: the backstop timer and the drain deadline.
+  caf::reacts_to<atom::tick>, caf::reacts_to<atom::drain_check>,
+  // Internal: reports of the replica's worker threads.
+  caf::reacts_to<atom::staged, work_report>, caf::reacts_to<atom::committed, work_report>,
+  caf::reacts_to<atom::rebuilt, work_report>, caf::reacts_to<atom::generated, uint64_t, generate_reply>>;
+
+} // namespace stitch

@@ -1,0 +1,48 @@
+#include "actors/workers.hpp"
+
+#include <pthread.h>
+
+namespace stitch {
+
+worker_pool::worker_pool(size_t threads, std::string name) : name_(std::move(name)) {
+  threads_.reserve(std::max<size_t>(threads, 1));
+  for (size_t i = 0; i < std::max<size_t>(threads, 1); ++i)
+    threads_.emplace_back([this] { work(); });
+}
+
+worker_pool::~worker_pool() {
+  {
+    std::lock_guard guard{mutex_};
+    stopping_ = true;
+  }
+  ready_.notify_all();
+  for (auto& t : threads_)
+    t.join();
+}
+
+void worker_pool::post(std::function<void()> job) {
+  {
+    std::lock_guard guard{mutex_};
+    jobs_.push_back(std::move(job));
+  }
+  ready_.notify_one();
+}
+
+void worker_pool::work() {
+  // Thread names are at most 15 characters.
+  pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock lock{mutex_};
+      ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty())
+        return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+} // namespace stitch

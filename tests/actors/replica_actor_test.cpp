@@ -1,0 +1,654 @@
+// The replica actor on CAF's deterministic scheduler, over a real RocksDB
+// store in a temp dir. Its worker threads are replaced by manual executors:
+// the test decides when staging, activation and each generation run, so
+// every interleaving below is exact.
+
+#include <gtest/gtest.h>
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+
+#include <deque>
+
+#include "actors/replica.hpp"
+#include "actors/store.hpp"
+#include "runtime/engine/builtin_engine.hpp"
+#include "runtime/engine/sampler.hpp"
+#include "runtime/node/system_config.hpp"
+#include "runtime/store/publisher.hpp"
+#include "runtime/store/rocksdb_store.hpp"
+#include "runtime/store/store_tensor_source.hpp"
+#include "store/store_fixtures.hpp"
+
+namespace stitch {
+namespace {
+
+using namespace std::chrono_literals;
+using stitch::testing::temp_dir;
+
+caf::actor_system_config& deterministic(caf::actor_system_config& cfg) {
+  register_stitch_types(cfg);
+  cfg.set("scheduler.policy", caf::atom("testing"));
+  cfg.set("logger.file-verbosity", caf::atom("quiet"));
+  return cfg;
+}
+
+/// Jobs wait until the test runs them.
+class manual_executor final : public executor {
+public:
+  void post(std::function<void()> job) override { jobs_.push_back(std::move(job)); }
+  size_t pending() const { return jobs_.size(); }
+  /// Runs job `i` (in posting order among those still pending).
+  void run(size_t i = 0) {
+    ASSERT_LT(i, jobs_.size());
+    auto job = std::move(jobs_[i]);
+    jobs_.erase(jobs_.begin() + static_cast<ptrdiff_t>(i));
+    job();
+  }
+  size_t run_all() {
+    size_t n = 0;
+    while (!jobs_.empty()) {
+      run(0);
+      ++n;
+    }
+    return n;
+  }
+
+private:
+  std::deque<std::function<void()>> jobs_;
+};
+
+/// The built-in engine with fault injection and call counters.
+class test_engine final : public engine_port {
+public:
+  test_engine(const engine::model_config& c, std::shared_ptr<std::atomic<int>> fail_commits)
+      : inner_(c), fail_commits_(std::move(fail_commits)) {}
+
+  status prefetch(const chain_plan& p) override { return inner_.prefetch(p); }
+  status stage(const chain_plan& p, bool onto, tensor_source& s) override {
+    ++stages;
+    return inner_.stage(p, onto, s);
+  }
+  void discard_shadow() override { inner_.discard_shadow(); }
+  status commit() override {
+    ++commits;
+    if (fail_commits_->load() > 0) {
+      --*fail_commits_;
+      return make_error(errc::activation_failed, "injected activation failure");
+    }
+    return inner_.commit();
+  }
+  status pause() override { return inner_.pause(); }
+  status resume() override { return inner_.resume(); }
+  status flush_cache() override {
+    ++flushes;
+    return inner_.flush_cache();
+  }
+  status reset_to_boot(const version_ref& ref, tensor_source& s) override {
+    ++resets;
+    return inner_.reset_to_boot(ref, s);
+  }
+  result<generation_result> generate(const generation_request& r,
+                                     const std::function<bool()>& cancelled) override {
+    return inner_.generate(r, cancelled);
+  }
+  std::string stamp_response(std::string_view route, std::string_view body, const stamps& s,
+                             std::string_view run_id) override {
+    return inner_.stamp_response(route, body, s, run_id);
+  }
+  engine_health health() override { return inner_.health(); }
+  std::vector<std::string> blocked_routes() const override { return inner_.blocked_routes(); }
+
+  std::atomic<int> stages{0}, commits{0}, flushes{0}, resets{0};
+
+private:
+  engine::builtin_engine inner_;
+  std::shared_ptr<std::atomic<int>> fail_commits_;
+};
+
+/// Flips a byte of one tensor's reads while `corrupt` is set.
+class corrupting_source final : public tensor_source {
+public:
+  explicit corrupting_source(std::shared_ptr<tensor_source> inner) : inner_(std::move(inner)) {}
+  result<manifest> manifest_of(const version_ref& ref) override { return inner_->manifest_of(ref); }
+  status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
+              std::span<std::byte> out) override {
+    auto ok = inner_->read(ref, tensor, offset, out);
+    if (ok && corrupt && tensor == "lm_head.weight" && !out.empty())
+      out[out.size() / 2] ^= std::byte{0x40};
+    return ok;
+  }
+  std::atomic<bool> corrupt{false};
+
+private:
+  std::shared_ptr<tensor_source> inner_;
+};
+
+/// Nudges some floats of a tensor: a training step's worth of change.
+void nudge(store::host_tensor& t, uint32_t salt) {
+  for (size_t i = salt % 7; i + 4 <= t.bytes.size(); i += 4 * 7)
+    t.bytes[i + 3] ^= static_cast<std::byte>(1 + salt % 3);
+}
+
+class replica_actor_test : public ::testing::Test {
+protected:
+  replica_actor_test()
+      : sys(deterministic(cfg)), self(sys, true),
+        sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {
+    auto opened = store::open_rocksdb_store((dir.path() / "db").string());
+    EXPECT_TRUE(opened);
+    backend = std::shared_ptr<store_backend>{std::move(*opened)};
+    store = sys.spawn(store_service, backend, dir.path() / "spool");
+    sched.run();
+    config = *engine::preset("tiny");
+    pub = std::make_unique<store::publisher>(*backend);
+    bytes = std::make_shared<corrupting_source>(
+      std::make_shared<store::store_tensor_source>(*backend, pool));
+  }
+
+  ~replica_actor_test() override {
+    if (replica)
+      caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+
+  /// The weights of `run` at version `v`: seeded per run, nudged per version.
+  store::tensor_set weights_of(const std::string& run, uint64_t v) {
+    auto w = *engine::random_init(config, run == "r" ? 42 : 7);
+    for (uint64_t i = 1; i <= v; ++i)
+      nudge(w.at("lm_head.weight"), static_cast<uint32_t>(i));
+    return w;
+  }
+
+  /// Publishes straight into the backend; `notify` tells the store actor (and
+  /// so the subscribed replica), otherwise the wake is "lost".
+  void publish(const std::string& run, uint64_t v, bool notify = true,
+               std::optional<store::tensor_set> w = std::nullopt, bool anchor = false) {
+    auto r = pub->publish({pool, run, v, anchor, false}, w ? *w : weights_of(run, v));
+    ASSERT_TRUE(r) << to_string(r.error());
+    if (notify) {
+      self->send(store, atom::notify_v, pool);
+      sched.run();
+    }
+  }
+
+  void start(replica_options o = {}) {
+    o.pool = pool;
+    if (o.backstop == 5000ms && !keep_backstop)
+      o.backstop = 0ms;
+    replica_deps d;
+    d.store = store;
+    d.make_engine = [this]() -> result<std::shared_ptr<engine_port>> {
+      auto e = std::make_shared<test_engine>(config, fail_commits);
+      engines.push_back(e);
+      return std::shared_ptr<engine_port>{e};
+    };
+    d.bytes = bytes;
+    d.reconcile_worker = reconcile;
+    d.request_workers = requests;
+    replica = sys.spawn(replica_service, o, d);
+    sched.run();
+  }
+
+  /// Runs messages and reconcile jobs (not generations) until both are idle.
+  void settle() {
+    for (;;) {
+      size_t n = sched.run();
+      n += reconcile->run_all();
+      if (n == 0)
+        return;
+    }
+  }
+
+  replica_info info() {
+    self->send(replica, atom::server_info_v);
+    sched.run();
+    replica_info out;
+    self->receive([&](const replica_info& i) { out = i; },
+                  caf::after(0s) >> [&] { ADD_FAILURE() << "no server_info"; });
+    return out;
+  }
+
+  static generate_call call(uint64_t key, int64_t min = -1, int64_t exact = -1) {
+    generate_call c;
+    c.key = key;
+    c.min_version = min;
+    c.exact_version = exact;
+    c.prompt = "policy says";
+    c.temperature = 0;
+    c.max_new_tokens = 8;
+    c.return_logprob = true;
+    return c;
+  }
+
+  void send(const generate_call& c) {
+    self->send(replica, atom::generate_v, c);
+    sched.run();
+  }
+
+  /// The next reply, which must be there.
+  generate_reply reply() {
+    generate_reply out;
+    out.status = 0;
+    self->receive([&](const generate_reply& r) { out = r; },
+                  caf::after(0s) >> [&] { ADD_FAILURE() << "no reply arrived"; });
+    return out;
+  }
+
+  bool no_reply() {
+    bool none = true;
+    self->receive([&](const generate_reply&) { none = false; }, caf::after(0s) >> [] {});
+    return none;
+  }
+
+  /// Greedy tokens and logprobs of `call`'s prompt on a fresh engine built
+  /// from `w`.
+  engine::generation_output reference(const store::tensor_set& w) {
+    auto built = engine::build_weights(config, w);
+    EXPECT_TRUE(built);
+    engine::sampling_options o;
+    o.max_tokens = 8;
+    auto out = engine::generate(**built, config, engine::tokenizer{}, "policy says", o);
+    EXPECT_TRUE(out);
+    return *out;
+  }
+
+  temp_dir dir;
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  caf::scoped_actor self;
+  caf::scheduler::test_coordinator& sched;
+  const std::string pool = "default";
+  std::shared_ptr<store_backend> backend;
+  store_actor store;
+  engine::model_config config;
+  std::unique_ptr<store::publisher> pub;
+  std::shared_ptr<corrupting_source> bytes;
+  std::shared_ptr<manual_executor> reconcile = std::make_shared<manual_executor>();
+  std::shared_ptr<manual_executor> requests = std::make_shared<manual_executor>();
+  std::shared_ptr<std::atomic<int>> fail_commits = std::make_shared<std::atomic<int>>(0);
+  std::vector<std::shared_ptr<test_engine>> engines;
+  bool keep_backstop = false;
+  replica_actor replica;
+};
+
+TEST_F(replica_actor_test, fresh_replica_catches_up_and_only_then_reports_ready) {
+  for (uint64_t v = 0; v <= 2; ++v)
+    publish("r", v);
+  start();
+  // The pass has read the pointer and the chain and posted the stage.
+  auto before = info();
+  EXPECT_FALSE(before.ready);
+  EXPECT_EQ(before.sync_state, "STAGING");
+  EXPECT_EQ(before.applied_version, -1);
+  EXPECT_EQ(before.applied, "");
+  send(call(1));
+  auto early = reply();
+  EXPECT_EQ(early.status, 503);
+  EXPECT_EQ(early.error_type, "EngineUnavailable");
+  EXPECT_TRUE(early.retryable);
+
+  settle();
+  auto after = info();
+  EXPECT_TRUE(after.ready);
+  EXPECT_EQ(after.applied, "r/weight_v000002");
+  EXPECT_EQ(after.applied_version, 2);
+  EXPECT_EQ(after.run_id, "r");
+  EXPECT_EQ(after.sync_state, "IDLE");
+  EXPECT_EQ(after.commit_mode, "in_place");
+  EXPECT_EQ(after.metrics.activations_total, 1u);
+  EXPECT_EQ(after.metrics.stages_total, 1u);
+  EXPECT_EQ(after.metrics.last_folded, 3u);
+  EXPECT_GT(after.metrics.bytes_fetched_total, 0u);
+  EXPECT_EQ(engines.size(), 1u);
+
+  send(call(2));
+  ASSERT_EQ(requests->pending(), 1u);
+  requests->run();
+  sched.run();
+  auto ok = reply();
+  ASSERT_EQ(ok.status, 200) << ok.message;
+  EXPECT_EQ(ok.weight_version_start, 2u);
+  EXPECT_EQ(ok.weight_version_end, 2u);
+  EXPECT_EQ(ok.run_id, "r");
+  auto ref = reference(weights_of("r", 2));
+  EXPECT_EQ(ok.tokens, ref.tokens);
+  EXPECT_EQ(ok.logprobs, ref.logprobs);
+}
+
+TEST_F(replica_actor_test, folding_eight_versions_is_one_stage_and_one_commit) {
+  publish("r", 0);
+  start();
+  settle();
+  ASSERT_EQ(info().applied_version, 0);
+  for (uint64_t v = 1; v <= 8; ++v)
+    publish("r", v, false);
+  self->send(replica, atom::wake_v);
+  settle();
+  auto i = info();
+  EXPECT_EQ(i.applied, "r/weight_v000008");
+  EXPECT_EQ(i.metrics.stages_total, 2u);
+  EXPECT_EQ(i.metrics.activations_total, 2u);
+  EXPECT_EQ(i.metrics.last_folded, 8u);
+  EXPECT_EQ(engines.at(0)->stages.load(), 2);
+  EXPECT_EQ(engines.at(0)->commits.load(), 2);
+  send(call(1));
+  requests->run_all();
+  sched.run();
+  auto r = reply();
+  ASSERT_EQ(r.status, 200);
+  auto ref = reference(weights_of("r", 8));
+  EXPECT_EQ(r.tokens, ref.tokens);
+  EXPECT_EQ(r.logprobs, ref.logprobs);
+}
+
+TEST_F(replica_actor_test, an_all_empty_tail_advances_the_version_without_an_activation) {
+  publish("r", 0);
+  start();
+  settle();
+  // Same weights again: empty deltas.
+  publish("r", 1, false, weights_of("r", 0));
+  publish("r", 2, true, weights_of("r", 0));
+  settle();
+  auto i = info();
+  EXPECT_EQ(i.applied_version, 2);
+  EXPECT_TRUE(i.ready);
+  EXPECT_EQ(i.metrics.activations_total, 1u);
+  EXPECT_GE(i.metrics.skipped_activations_total, 1u);
+  EXPECT_EQ(engines.at(0)->commits.load(), 1);
+  send(call(1, 2));
+  requests->run_all();
+  sched.run();
+  auto r = reply();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.weight_version_start, 2u);
+}
+
+TEST_F(replica_actor_test, a_run_switch_drains_every_request_and_resets_to_the_boot) {
+  publish("r", 0);
+  publish("r", 1);
+  start();
+  settle();
+  send(call(1)); // in flight on r/1, no constraint
+  ASSERT_EQ(requests->pending(), 1u);
+  publish("s", 0);
+  settle();
+  auto mid = info();
+  EXPECT_EQ(mid.sync_state, "COMMITTING");
+  EXPECT_EQ(mid.applied, "r/weight_v000001");
+  EXPECT_EQ(engines.at(0)->commits.load(), 1) << "in_place must still drain for a run switch";
+  send(call(2)); // queued behind the closed gate
+  EXPECT_TRUE(no_reply());
+
+  requests->run(); // the r request finishes, the commit proceeds
+  settle();
+  auto first = reply();
+  ASSERT_EQ(first.status, 200);
+  EXPECT_EQ(first.run_id, "r");
+  EXPECT_EQ(first.weight_version_start, 1u);
+  EXPECT_EQ(first.weight_version_end, 1u);
+  EXPECT_EQ(info().applied, "s/weight_v000000");
+  EXPECT_EQ(engines.at(0)->flushes.load(), 1);
+
+  ASSERT_EQ(requests->pending(), 1u);
+  requests->run();
+  sched.run();
+  auto second = reply();
+  ASSERT_EQ(second.status, 200);
+  EXPECT_EQ(second.run_id, "s");
+  EXPECT_EQ(second.weight_version_start, 0u);
+  EXPECT_EQ(second.weight_version_end, 0u);
+  auto ref = reference(weights_of("s", 0));
+  EXPECT_EQ(second.tokens, ref.tokens);
+  EXPECT_EQ(second.logprobs, ref.logprobs);
+}
+
+TEST_F(replica_actor_test, a_lost_wake_converges_on_the_next_backstop_tick) {
+  keep_backstop = true;
+  publish("r", 0);
+  start();
+  settle();
+  publish("r", 1, false); // nobody is told
+  settle();
+  EXPECT_EQ(info().applied_version, 0);
+  sched.advance_time(5s);
+  settle();
+  EXPECT_EQ(info().applied_version, 1);
+}
+
+TEST_F(replica_actor_test, a_409_answers_with_the_applied_version_and_triggers_a_wake) {
+  publish("r", 0);
+  start();
+  settle();
+  publish("r", 1, false);
+  send(call(1, 1));
+  auto r = reply();
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(r.error_type, "WeightVersionNotReady");
+  EXPECT_EQ(r.target_version, 1u);
+  EXPECT_EQ(r.applied, 0);
+  EXPECT_TRUE(r.retryable);
+  settle();
+  EXPECT_EQ(info().applied_version, 1);
+  send(call(2, 1));
+  requests->run_all();
+  sched.run();
+  auto ok = reply();
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_EQ(ok.weight_version_start, 1u);
+  // An exact pin below the applied version can never be served again.
+  send(call(3, -1, 0));
+  auto old = reply();
+  EXPECT_EQ(old.status, 409);
+  EXPECT_FALSE(old.retryable);
+}
+
+TEST_F(replica_actor_test, quiesce_waits_for_every_request_before_activating) {
+  publish("r", 0);
+  replica_options o;
+  o.mode = commit_mode::quiesce;
+  start(o);
+  settle();
+  send(call(1));
+  publish("r", 1);
+  settle();
+  EXPECT_EQ(info().sync_state, "COMMITTING");
+  EXPECT_EQ(engines.at(0)->commits.load(), 1);
+  requests->run();
+  settle();
+  auto r = reply();
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.weight_version_start, 0u);
+  EXPECT_EQ(r.weight_version_end, 0u);
+  auto i = info();
+  EXPECT_EQ(i.applied_version, 1);
+  EXPECT_EQ(i.commit_mode, "quiesce");
+}
+
+TEST_F(replica_actor_test, in_place_waits_only_for_exact_pins_and_others_cross_with_both_stamps) {
+  publish("r", 0);
+  start();
+  settle();
+  send(call(1));        // job 0: no constraint
+  send(call(2, -1, 0)); // job 1: pinned to 0
+  publish("r", 1);
+  settle();
+  EXPECT_EQ(info().sync_state, "COMMITTING");
+  EXPECT_EQ(engines.at(0)->commits.load(), 1) << "the exact pin holds the activation";
+  requests->run(1); // the pin finishes on 0
+  settle();
+  auto pinned = reply();
+  ASSERT_EQ(pinned.status, 200);
+  EXPECT_EQ(pinned.weight_version_start, 0u);
+  EXPECT_EQ(pinned.weight_version_end, 0u);
+  EXPECT_EQ(info().applied_version, 1);
+  EXPECT_EQ(engines.at(0)->commits.load(), 2);
+  EXPECT_EQ(engines.at(0)->flushes.load(), 0);
+  // The unpinned request was admitted on 0 and ran after the activation.
+  requests->run();
+  sched.run();
+  auto crossed = reply();
+  ASSERT_EQ(crossed.status, 200);
+  EXPECT_EQ(crossed.weight_version_start, 0u);
+  EXPECT_EQ(crossed.weight_version_end, 1u);
+  EXPECT_EQ(crossed.tokens, reference(weights_of("r", 1)).tokens);
+  EXPECT_GT(info().metrics.last_pause_us, 0.0);
+}
+
+TEST_F(replica_actor_test, an_exact_pin_outliving_the_drain_deadline_is_aborted_with_drain_timeout) {
+  publish("r", 0);
+  replica_options o;
+  o.drain_timeout = 2s;
+  start(o);
+  settle();
+  send(call(1, -1, 0));
+  publish("r", 1);
+  settle();
+  EXPECT_EQ(info().applied_version, 0);
+  sched.advance_time(3s);
+  settle();
+  auto i = info();
+  EXPECT_EQ(i.applied_version, 1);
+  EXPECT_EQ(i.metrics.drain_timeouts_total, 1u);
+  requests->run_all();
+  sched.run();
+  auto r = reply();
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.error_type, "DrainTimeout");
+  EXPECT_TRUE(r.retryable);
+}
+
+TEST_F(replica_actor_test, corrupt_bytes_are_never_activated_and_are_refetched_on_the_next_trigger) {
+  publish("r", 0);
+  start();
+  settle();
+  bytes->corrupt = true;
+  publish("r", 1, true, std::nullopt, true); // an anchor: the flipped byte decodes fine
+  settle();
+  auto bad = info();
+  EXPECT_EQ(bad.sync_state, "ERROR");
+  EXPECT_NE(bad.reason.find("lm_head.weight"), std::string::npos) << bad.reason;
+  EXPECT_EQ(bad.metrics.checksum_failures_total, 1u);
+  EXPECT_EQ(bad.applied_version, 0);
+  EXPECT_TRUE(bad.ready) << "the serving weights are untouched and keep serving";
+  EXPECT_EQ(engines.at(0)->commits.load(), 1);
+  send(call(1));
+  requests->run_all();
+  sched.run();
+  auto r = reply();
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.tokens, reference(weights_of("r", 0)).tokens);
+
+  bytes->corrupt = false;
+  self->send(replica, atom::wake_v);
+  settle();
+  auto good = info();
+  EXPECT_EQ(good.applied_version, 1);
+  EXPECT_EQ(good.sync_state, "IDLE");
+}
+
+TEST_F(replica_actor_test, a_failed_activation_leaves_rotation_until_the_engine_is_rebuilt) {
+  publish("r", 0);
+  start();
+  settle();
+  send(call(1)); // in flight across the failing in_place activation
+  *fail_commits = 1;
+  publish("r", 1);
+  // Step until the failure is reported, before the rebuild runs.
+  replica_info down;
+  for (int i = 0; i < 20; ++i) {
+    sched.run();
+    down = info();
+    if (!down.terminal_error.empty() || reconcile->pending() == 0)
+      break;
+    reconcile->run();
+  }
+  ASSERT_FALSE(down.terminal_error.empty());
+  EXPECT_FALSE(down.ready);
+  EXPECT_EQ(down.sync_state, "ERROR");
+  send(call(2));
+  auto refused = reply();
+  EXPECT_EQ(refused.status, 503);
+  requests->run_all();
+  sched.run();
+  auto crossed = reply();
+  EXPECT_EQ(crossed.status, 503) << "nothing finishes on uncertain weights";
+
+  settle();
+  auto up = info();
+  EXPECT_TRUE(up.ready);
+  EXPECT_EQ(up.terminal_error, "");
+  EXPECT_EQ(up.applied_version, 1);
+  EXPECT_EQ(up.metrics.rebuilds_total, 1u);
+  EXPECT_EQ(up.metrics.activation_failures_total, 1u);
+  ASSERT_EQ(engines.size(), 2u) << "a failed engine instance is never reused";
+  EXPECT_EQ(engines.at(1)->resets.load(), 1);
+  send(call(3));
+  requests->run_all();
+  sched.run();
+  auto ok = reply();
+  ASSERT_EQ(ok.status, 200);
+  EXPECT_EQ(ok.tokens, reference(weights_of("r", 1)).tokens);
+}
+
+TEST_F(replica_actor_test, no_claimed_run_answers_503_until_a_run_is_claimed) {
+  start();
+  settle();
+  auto i = info();
+  EXPECT_FALSE(i.ready);
+  EXPECT_EQ(i.reason, "no run claimed");
+  send(call(1));
+  auto r = reply();
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.message, "no run claimed");
+  publish("r", 0);
+  settle();
+  EXPECT_TRUE(info().ready);
+}
+
+TEST_F(replica_actor_test, a_boot_version_above_zero_works) {
+  publish("r", 5);
+  publish("r", 6);
+  start();
+  settle();
+  auto i = info();
+  EXPECT_TRUE(i.ready);
+  EXPECT_EQ(i.applied, "r/weight_v000006");
+  EXPECT_EQ(i.pointer, "r/weight_v000006");
+}
+
+TEST_F(replica_actor_test, a_cancelled_request_answers_499_and_leaves_the_gate) {
+  publish("r", 0);
+  start();
+  settle();
+  send(call(7));
+  self->send(replica, atom::cancel_v, uint64_t{7});
+  sched.run();
+  requests->run_all();
+  sched.run();
+  auto r = reply();
+  EXPECT_EQ(r.status, 499);
+  EXPECT_EQ(info().active_requests, 0u);
+}
+
+TEST_F(replica_actor_test, malformed_calls_are_refused_with_400) {
+  publish("r", 0);
+  start();
+  settle();
+  send(call(1, 5, 3));
+  auto r = reply();
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.message.find("exact_version"), std::string::npos);
+  send(call(2, -7));
+  EXPECT_EQ(reply().status, 400);
+  auto c = call(3);
+  c.temperature = -1;
+  send(c);
+  requests->run_all();
+  sched.run();
+  EXPECT_EQ(reply().status, 400);
+}
+
+} // namespace
+} // namespace stitch
