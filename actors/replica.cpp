@@ -141,12 +141,11 @@ void start_generation(self_ptr self, request_id id) {
   auto parsed = parse_call(it->second.call, id);
   it->second.running = true;
   auto handle = caf::actor_cast<replica_actor>(self);
-  st.deps.request_workers->post(
-    [handle, id, engine = st.engine, req = std::move(parsed->second),
-     cancelled = it->second.cancelled] {
-      auto out = engine->generate(req, [&] { return cancelled->load(); });
-      caf::anon_send(handle, atom::generated_v, id, reply_of(std::move(out)));
-    });
+  st.deps.request_workers->post([handle, id, engine = st.engine, req = std::move(parsed->second),
+                                 cancelled = it->second.cancelled] {
+    auto out = engine->generate(req, [&] { return cancelled->load(); });
+    caf::anon_send(handle, atom::generated_v, id, reply_of(std::move(out)));
+  });
 }
 
 void arm_drain_timer(self_ptr self) {
@@ -156,8 +155,9 @@ void arm_drain_timer(self_ptr self) {
     return;
   st.drain_timer_armed = true;
   auto wait = std::max(clock_time{0}, *deadline - now_of(self));
-  self->delayed_send(self, std::chrono::duration_cast<std::chrono::milliseconds>(wait)
-                             + std::chrono::milliseconds{1},
+  self->delayed_send(self,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(wait)
+                       + std::chrono::milliseconds{1},
                      atom::drain_check_v);
 }
 
@@ -166,28 +166,29 @@ void run_commit(self_ptr self) {
   if (!st.pending_commit)
     return;
   auto handle = caf::actor_cast<replica_actor>(self);
-  st.deps.reconcile_worker->post(
-    [handle, engine = st.engine, c = *st.pending_commit] {
-      // The pause: from stopping the engine to resuming it, nothing else.
-      auto t0 = std::chrono::steady_clock::now();
-      status outcome = engine->pause();
-      if (outcome)
-        outcome = engine->commit();
-      if (outcome && c.flush_cache)
-        outcome = engine->flush_cache();
-      auto resumed = engine->resume();
-      auto took = since(t0);
-      if (outcome && !resumed)
-        outcome = resumed;
-      auto report = report_of(c.op, outcome, took);
-      report.version = c.target;
-      caf::anon_send(handle, atom::committed_v, std::move(report));
-    });
+  st.deps.reconcile_worker->post([handle, engine = st.engine, c = *st.pending_commit] {
+    // The pause: from stopping the engine to resuming it, nothing else.
+    auto t0 = std::chrono::steady_clock::now();
+    status outcome = engine->pause();
+    if (outcome)
+      outcome = engine->commit();
+    if (outcome && c.flush_cache)
+      outcome = engine->flush_cache();
+    auto resumed = engine->resume();
+    auto took = since(t0);
+    if (outcome && !resumed)
+      outcome = resumed;
+    auto report = report_of(c.op, outcome, took);
+    report.version = c.target;
+    caf::anon_send(handle, atom::committed_v, std::move(report));
+  });
 }
 
 void read_pointer(self_ptr self, std::function<void(result<std::optional<pointer_record>>)> then) {
   auto& st = self->state;
-  self->request(st.deps.store, caf::duration{st.opts.store_timeout}, atom::read_pointer_v, st.opts.pool)
+  self
+    ->request(st.deps.store, caf::duration{st.opts.store_timeout}, atom::read_pointer_v,
+              st.opts.pool)
     .then(
       [then](const pointer_reply& r) {
         then(r.present ? std::optional<pointer_record>{r.record} : std::nullopt);
@@ -201,22 +202,22 @@ void rebuild(self_ptr self, uint64_t op, std::optional<version_ref> last_good) {
   auto slot = std::make_shared<std::shared_ptr<engine_port>>();
   st.rebuilt_engine = slot;
   auto build = [&st, handle, op, slot](version_ref ref) {
-    st.deps.reconcile_worker->post([handle, op, slot, ref, make = st.deps.make_engine,
-                                    bytes = st.bytes] {
-      auto t0 = std::chrono::steady_clock::now();
-      status outcome;
-      auto made = make();
-      if (!made) {
-        outcome = std::move(made).error();
-      } else {
-        outcome = (*made)->reset_to_boot(ref, *bytes);
-        if (outcome)
-          *slot = std::move(*made);
-      }
-      auto report = report_of(op, outcome, since(t0));
-      report.version = ref;
-      caf::anon_send(handle, atom::rebuilt_v, std::move(report));
-    });
+    st.deps.reconcile_worker->post(
+      [handle, op, slot, ref, make = st.deps.make_engine, bytes = st.bytes] {
+        auto t0 = std::chrono::steady_clock::now();
+        status outcome;
+        auto made = make();
+        if (!made) {
+          outcome = std::move(made).error();
+        } else {
+          outcome = (*made)->reset_to_boot(ref, *bytes);
+          if (outcome)
+            *slot = std::move(*made);
+        }
+        auto report = report_of(op, outcome, since(t0));
+        report.version = ref;
+        caf::anon_send(handle, atom::rebuilt_v, std::move(report));
+      });
   };
   if (last_good) {
     build(*last_good);
@@ -241,8 +242,9 @@ void carry_out(self_ptr self, rfx::read_pointer e) {
 
 void carry_out(self_ptr self, rfx::read_manifest e) {
   auto& st = self->state;
-  self->request(st.deps.store, caf::duration{st.opts.store_timeout}, atom::read_manifest_v, st.opts.pool,
-                e.ref)
+  self
+    ->request(st.deps.store, caf::duration{st.opts.store_timeout}, atom::read_manifest_v,
+              st.opts.pool, e.ref)
     .then(
       [self, e](const std::string& json) {
         apply(self, self->state.rec.on_manifest_read(e.op, e.ref, parse_manifest(json)));
@@ -282,7 +284,8 @@ void carry_out(self_ptr self, rfx::advance e) {
 }
 
 void carry_out(self_ptr self, rfx::discard_shadow) {
-  self->state.deps.reconcile_worker->post([engine = self->state.engine] { engine->discard_shadow(); });
+  self->state.deps.reconcile_worker->post(
+    [engine = self->state.engine] { engine->discard_shadow(); });
 }
 
 void carry_out(self_ptr self, rfx::rebuild_engine e) {
@@ -353,7 +356,8 @@ replica_info describe(const replica_state& st) {
   if (snap.applied) {
     info.applied = to_string(*snap.applied);
     info.run_id = snap.applied->run_id;
-    info.applied_version = static_cast<int64_t>(st.gate.served_version().value_or(snap.applied->version));
+    info.applied_version =
+      static_cast<int64_t>(st.gate.served_version().value_or(snap.applied->version));
   }
   if (snap.pointer)
     info.pointer = to_string(*snap.pointer);
@@ -494,7 +498,8 @@ replica_actor::behavior_type behavior(self_ptr self) {
       auto outcome = status_of(r);
       auto now = now_of(self);
       if (outcome) {
-        double pause = std::chrono::duration<double, std::micro>(std::chrono::nanoseconds{r.nanos}).count();
+        double pause =
+          std::chrono::duration<double, std::micro>(std::chrono::nanoseconds{r.nanos}).count();
         st.counters.last_pause_us = pause;
         st.counters.max_pause_us = std::max(st.counters.max_pause_us, pause);
         apply_gate(self, st.gate.end_commit(r.version.version, now));
@@ -515,8 +520,9 @@ replica_actor::behavior_type behavior(self_ptr self) {
         apply(self, st.rec.on_rebuilt(r.op, r.version));
         return;
       }
-      apply(self, st.rec.on_rebuilt(r.op, outcome ? error{errc::engine_unavailable, "rebuild produced no engine"}
-                                                  : outcome.error()));
+      apply(self, st.rec.on_rebuilt(
+                    r.op, outcome ? error{errc::engine_unavailable, "rebuild produced no engine"}
+                                  : outcome.error()));
     },
     [self](atom::generated, uint64_t id, generate_reply& reply) {
       auto& st = self->state;
@@ -528,9 +534,9 @@ replica_actor::behavior_type behavior(self_ptr self) {
       if (r.engine_failed) {
         reply = unavailable_reply("the engine failed while activating new weights; retry");
       } else if (r.aborted_for_drain) {
-        reply = failure(503, "DrainTimeout",
-                        "aborted: the request held a weight update past replica.drain_timeout",
-                        true);
+        reply =
+          failure(503, "DrainTimeout",
+                  "aborted: the request held a weight update past replica.drain_timeout", true);
       } else if (r.cancelled_by_client) {
         reply = failure(499, "ClientClosedRequest", "the client went away", false);
       } else if (reply.status == 200) {

@@ -26,6 +26,7 @@ using replica_actor = caf::typed_actor<
   caf::reacts_to<atom::tick>, caf::reacts_to<atom::drain_check>,
   // Internal: reports of the replica's worker threads.
   caf::reacts_to<atom::staged, work_report>, caf::reacts_to<atom::committed, work_report>,
-  caf::reacts_to<atom::rebuilt, work_report>, caf::reacts_to<atom::generated, uint64_t, generate_reply>>;
+  caf::reacts_to<atom::rebuilt, work_report>,
+  caf::reacts_to<atom::generated, uint64_t, generate_reply>>;
 
 } // namespace stitch

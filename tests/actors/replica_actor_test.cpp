@@ -496,7 +496,8 @@ TEST_F(replica_actor_test, in_place_waits_only_for_exact_pins_and_others_cross_w
   EXPECT_GT(info().metrics.last_pause_us, 0.0);
 }
 
-TEST_F(replica_actor_test, an_exact_pin_outliving_the_drain_deadline_is_aborted_with_drain_timeout) {
+TEST_F(replica_actor_test,
+       an_exact_pin_outliving_the_drain_deadline_is_aborted_with_drain_timeout) {
   publish("r", 0);
   replica_options o;
   o.drain_timeout = 2s;
@@ -519,7 +520,8 @@ TEST_F(replica_actor_test, an_exact_pin_outliving_the_drain_deadline_is_aborted_
   EXPECT_TRUE(r.retryable);
 }
 
-TEST_F(replica_actor_test, corrupt_bytes_are_never_activated_and_are_refetched_on_the_next_trigger) {
+TEST_F(replica_actor_test,
+       corrupt_bytes_are_never_activated_and_are_refetched_on_the_next_trigger) {
   publish("r", 0);
   start();
   settle();
