@@ -86,6 +86,12 @@ public:
   /// Generates; blocking. `cancelled` is polled between steps.
   virtual result<generation_result> generate(const generation_request& request,
                                              const std::function<bool()>& cancelled) = 0;
+  /// Namespaces an engine request body for `route` by the version it is
+  /// admitted on, so that no prefix/KV cache entry computed under other
+  /// weights is reused (DESIGN §1 Caches follow versions): SGLang's
+  /// `extra_key`. Bodies that are not JSON objects pass through.
+  virtual std::string stamp_request(std::string_view route, std::string_view body,
+                                    const version_ref& served) = 0;
   /// Adds the version stamps to an engine response body for `route`.
   virtual std::string stamp_response(std::string_view route, std::string_view body, const stamps& s,
                                      std::string_view run_id) = 0;

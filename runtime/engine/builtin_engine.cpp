@@ -356,6 +356,26 @@ result<generation_result> builtin_engine::generate(const generation_request& req
   return r;
 }
 
+namespace {
+
+bool versioned_route(std::string_view route) {
+  return route == "/generate" || route == "/v1/completions" || route == "/v1/chat/completions";
+}
+
+} // namespace
+
+std::string builtin_engine::stamp_request(std::string_view route, std::string_view body,
+                                          const version_ref& served) {
+  if (!versioned_route(route))
+    return std::string{body};
+  auto doc = nlohmann::json::parse(body, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object())
+    return std::string{body};
+  // The engine's cache key namespace: entries of other weights never match.
+  doc["extra_key"] = to_string(served);
+  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string builtin_engine::stamp_response(std::string_view route, std::string_view body,
                                            const stamps& s, std::string_view run_id) {
   auto doc = nlohmann::json::parse(body, nullptr, false);

@@ -60,6 +60,8 @@ public:
   status reset_to_boot(const version_ref& ref, tensor_source& source) override;
   result<generation_result> generate(const generation_request& request,
                                      const std::function<bool()>& cancelled) override;
+  std::string stamp_request(std::string_view route, std::string_view body,
+                            const version_ref& served) override;
   std::string stamp_response(std::string_view route, std::string_view body, const stamps& s,
                              std::string_view run_id) override;
   engine_health health() override;

@@ -92,6 +92,10 @@ public:
                                      const std::function<bool()>& cancelled) override {
     return inner_.generate(r, cancelled);
   }
+  std::string stamp_request(std::string_view route, std::string_view body,
+                            const version_ref& served) override {
+    return inner_.stamp_request(route, body, served);
+  }
   std::string stamp_response(std::string_view route, std::string_view body, const stamps& s,
                              std::string_view run_id) override {
     return inner_.stamp_response(route, body, s, run_id);

@@ -301,6 +301,19 @@ TEST_F(builtin_engine_test, nothing_staged_or_served_is_refused) {
   EXPECT_EQ(r.error().code, errc::engine_unavailable);
 }
 
+TEST_F(builtin_engine_test, requests_are_namespaced_by_the_version_they_run_on) {
+  builtin_engine e{config};
+  auto stamped = nlohmann::json::parse(
+    e.stamp_request("/generate", R"({"text":"hi","sampling_params":{}})", {"r1", 7}));
+  EXPECT_EQ(stamped["extra_key"], "r1/weight_v000007");
+  EXPECT_EQ(stamped["text"], "hi");
+  auto other = nlohmann::json::parse(
+    e.stamp_request("/v1/completions", R"({"prompt":"hi","extra_key":"mine"})", {"r1", 8}));
+  EXPECT_EQ(other["extra_key"], "r1/weight_v000008") << "a client cannot pick another namespace";
+  EXPECT_EQ(e.stamp_request("/v1/models", R"({"a":1})", {"r", 1}), R"({"a":1})");
+  EXPECT_EQ(e.stamp_request("/generate", "[1,2]", {"r", 1}), "[1,2]");
+}
+
 TEST_F(builtin_engine_test, stamps_follow_the_reference_shapes) {
   builtin_engine e{config};
   auto native = nlohmann::json::parse(
