@@ -390,4 +390,14 @@ std::string rejection_json(const rejection& r) {
   return out.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
 }
 
+std::string error_json(std::string_view type, std::string_view message, bool retryable) {
+  ordered_json body = ordered_json::object();
+  body["type"] = type;
+  body["message"] = message;
+  body["retryable"] = retryable;
+  ordered_json out = body;
+  out["error"] = std::move(body);
+  return out.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
 } // namespace stitch

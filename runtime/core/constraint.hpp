@@ -82,4 +82,8 @@ rejection reject(const constraint& c, std::optional<uint64_t> applied);
 /// same object again under `"error"`; `applied` is null when none.
 std::string rejection_json(const rejection& r);
 
+/// Every other error response body, in the same shape as the 409:
+/// `{"type":T,"message":M,"retryable":B,"error":{"type":T,"message":M,"retryable":B}}`.
+std::string error_json(std::string_view type, std::string_view message, bool retryable);
+
 } // namespace stitch

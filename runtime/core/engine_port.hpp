@@ -54,6 +54,31 @@ public:
                       std::span<std::byte> out) = 0;
 };
 
+/// An HTTP-level call a replica hands its engine: a versioned route's body
+/// (constraint removed, `stamp_request` applied) or a pass-through route.
+struct engine_call {
+  request_id id = 0;
+  /// Unique across replicas: response ids are made from it.
+  std::string tag;
+  std::string method = "POST";
+  std::string route;
+  std::string body;
+};
+
+struct engine_reply {
+  uint16_t status = 200;
+  std::string content_type = "application/json";
+  /// The whole response body; for a stream, the last event's JSON object
+  /// (the host stamps it, then sends it).
+  std::string body;
+  bool stream = false;
+  /// Versioned routes: "stop", "length" or "abort".
+  std::string finish_reason;
+};
+
+/// Receives a stream's events before the last, each one JSON object.
+using event_sink = std::function<void(std::string event)>;
+
 struct engine_health {
   bool healthy = false;
   std::string detail;
@@ -83,6 +108,11 @@ public:
   virtual status flush_cache() = 0;
   /// Rebuilds the weights of `ref` from scratch (run switch, recovery).
   virtual status reset_to_boot(const version_ref& ref, tensor_source& source) = 0;
+  /// Serves an HTTP-level call; blocking. Versioned routes generate (bad
+  /// input is `invalid_argument` naming the field); streamed events go to
+  /// `on_event` as they are produced. `cancelled` is polled between steps.
+  virtual result<engine_reply> forward(const engine_call& call, const event_sink& on_event,
+                                       const std::function<bool()>& cancelled) = 0;
   /// Generates; blocking. `cancelled` is polled between steps.
   virtual result<generation_result> generate(const generation_request& request,
                                              const std::function<bool()>& cancelled) = 0;

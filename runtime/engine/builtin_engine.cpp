@@ -4,8 +4,12 @@
 
 #include "gpu/checksum.hpp"
 #include "runtime/core/checksum.hpp"
+#include "runtime/core/constraint.hpp"
+#include "runtime/engine/api_shapes.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/store/materialize.hpp"
+#include <chrono>
+#include <random>
 
 namespace stitch::engine {
 
@@ -24,9 +28,12 @@ status read_tensor(tensor_source& source, const version_ref& ref, const std::str
 } // namespace
 
 struct builtin_engine::job {
-  job(decoder d, std::function<bool()> c) : dec(std::move(d)), cancelled(std::move(c)) {}
+  job(decoder d, std::function<bool()> c, std::function<void(const decoder&)> t)
+      : dec(std::move(d)), cancelled(std::move(c)), on_token(std::move(t)) {}
   decoder dec;
   std::function<bool()> cancelled;
+  /// Called on the decode loop after each step of this request.
+  std::function<void(const decoder&)> on_token;
   std::promise<result<generation_output>> answer;
 };
 
@@ -34,7 +41,8 @@ builtin_engine::builtin_engine(model_config config)
     : builtin_engine(std::move(config), options{}) {}
 
 builtin_engine::builtin_engine(model_config config, options opts)
-    : config_(std::move(config)), opts_(opts) {
+    : config_(std::move(config)), opts_(opts), seed_salt_(std::random_device{}()) {
+  seed_salt_ = (seed_salt_ << 32) ^ std::random_device{}();
   if (opts_.max_batch == 0)
     opts_.max_batch = 1;
   loop_ = std::thread{[this] { decode_loop(); }};
@@ -147,9 +155,13 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
     if (auto ok = active[i]->dec.on_logits((*logits)[i]); !ok) {
       active[i]->answer.set_value(std::move(ok).error());
       active[i].reset();
-    } else if (active[i]->dec.done()) {
-      finish_job(*active[i]);
-      active[i].reset();
+    } else {
+      if (active[i]->on_token)
+        active[i]->on_token(active[i]->dec);
+      if (active[i]->dec.done()) {
+        finish_job(*active[i]);
+        active[i].reset();
+      }
     }
   }
   std::erase(active, nullptr);
@@ -313,35 +325,42 @@ status builtin_engine::reset_to_boot(const version_ref& ref, tensor_source& sour
   return commit();
 }
 
+uint64_t builtin_engine::seed_for(uint64_t request_id) const noexcept {
+  uint64_t z = seed_salt_ ^ (request_id * 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+result<generation_output> builtin_engine::run(decoder d, const std::function<bool()>& cancelled,
+                                              std::function<void(const decoder&)> on_token) {
+  if (d.done())
+    return std::move(d).finish();
+  auto j = std::make_shared<job>(std::move(d), cancelled, std::move(on_token));
+  auto answer = j->answer.get_future();
+  {
+    std::lock_guard guard{jobs_mutex_};
+    if (stopping_)
+      return fail(errc::engine_unavailable, "the engine is shutting down");
+    incoming_.push_back(std::move(j));
+  }
+  jobs_ready_.notify_one();
+  return answer.get();
+}
+
 result<generation_result> builtin_engine::generate(const generation_request& request,
                                                    const std::function<bool()>& cancelled) {
   sampling_options options;
   options.temperature = request.sampling.temperature;
   options.top_k = request.sampling.top_k;
   options.top_p = request.sampling.top_p;
-  options.seed = request.sampling.seed.value_or(request.id);
+  options.seed = request.sampling.seed ? *request.sampling.seed : seed_for(request.id);
   options.max_tokens = request.sampling.max_new_tokens;
   options.stop = request.sampling.stop;
   auto started = decoder::start(config_, tokenizer_, request.prompt, options);
   if (!started)
     return std::move(started).error();
-  std::future<result<generation_output>> answer;
-  if (started->done()) {
-    std::promise<result<generation_output>> now;
-    answer = now.get_future();
-    now.set_value(std::move(*started).finish());
-  } else {
-    auto j = std::make_shared<job>(std::move(*started), cancelled);
-    answer = j->answer.get_future();
-    {
-      std::lock_guard guard{jobs_mutex_};
-      if (stopping_)
-        return fail(errc::engine_unavailable, "the engine is shutting down");
-      incoming_.push_back(std::move(j));
-    }
-    jobs_ready_.notify_one();
-  }
-  auto out = answer.get();
+  auto out = run(std::move(*started), cancelled, {});
   if (!out)
     return std::move(out).error();
   generation_result r;
@@ -363,6 +382,108 @@ bool versioned_route(std::string_view route) {
 }
 
 } // namespace
+
+namespace {
+
+/// The longest prefix of `text` (at most `n` bytes) that does not end inside
+/// a UTF-8 sequence.
+size_t utf8_boundary(std::string_view text, size_t n) {
+  size_t cut = n;
+  size_t back = 0;
+  while (cut > 0 && back < 4 && (static_cast<unsigned char>(text[cut - 1]) & 0xC0) == 0x80) {
+    --cut;
+    ++back;
+  }
+  if (cut == 0)
+    return n;
+  auto lead = static_cast<unsigned char>(text[cut - 1]);
+  size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  return need > back + 1 ? cut - 1 : n;
+}
+
+} // namespace
+
+result<engine_reply> builtin_engine::forward(const engine_call& call, const event_sink& on_event,
+                                             const std::function<bool()>& cancelled) {
+  engine_reply reply;
+  auto kind = api_kind_of(call.route);
+  if (!kind) {
+    nlohmann::ordered_json j;
+    if (call.method == "GET" && call.route == "/v1/models") {
+      nlohmann::ordered_json model;
+      model["id"] = "stitch-builtin";
+      model["object"] = "model";
+      model["owned_by"] = "stitch";
+      j["object"] = "list";
+      j["data"] = nlohmann::ordered_json::array({model});
+    } else if (call.method == "GET" && call.route == "/get_model_info") {
+      j["model_path"] = "stitch-builtin";
+      j["is_generation"] = true;
+      j["config"] = nlohmann::ordered_json::parse(render_model_config(config_), nullptr, false);
+    } else {
+      reply.status = 404;
+      reply.body = error_json(
+        "NotFound",
+        "the built-in engine serves no " + call.method + " " + quote_untrusted(call.route), false);
+      return reply;
+    }
+    reply.body = j.dump();
+    return reply;
+  }
+  if (call.method != "POST")
+    return fail(errc::invalid_argument, call.route + " takes POST");
+  auto req = parse_api_request(*kind, call.body);
+  if (!req)
+    return std::move(req).error();
+  if (!req->seeded)
+    req->sampling.seed = seed_for(call.id);
+  if (req->model.empty())
+    req->model = "stitch-builtin";
+  auto started = decoder::start(config_, tokenizer_, req->prompt, req->sampling);
+  if (!started)
+    return std::move(started).error();
+  const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+  size_t holdback = 0;
+  for (const auto& stop : req->sampling.stop)
+    holdback = std::max(holdback, stop.size() - 1);
+  size_t released = 0;
+  std::function<void(const decoder&)> on_token;
+  if (req->stream && on_event) {
+    // Text that may still turn out to start a stop string is held back.
+    on_token = [&](const decoder& d) {
+      const std::string& text = d.progress().text;
+      if (d.done() || text.size() <= released + holdback)
+        return;
+      size_t upto = utf8_boundary(text, text.size() - holdback);
+      if (upto <= released)
+        return;
+      on_event(render_stream_event(*req, call.tag, created, std::string_view{text}.substr(0, upto),
+                                   std::string_view{text}.substr(released, upto - released)));
+      released = upto;
+    };
+  }
+  auto out = run(std::move(*started), cancelled, std::move(on_token));
+  if (!out)
+    return std::move(out).error();
+  api_output o;
+  o.tokens = std::move(out->tokens);
+  o.logprobs = std::move(out->logprobs);
+  o.text = std::move(out->text);
+  o.finish_reason = out->finish_reason;
+  o.prompt_tokens = out->prompt_tokens;
+  reply.finish_reason = o.finish_reason;
+  reply.stream = req->stream;
+  if (req->stream) {
+    std::string_view rest =
+      released <= o.text.size() ? std::string_view{o.text}.substr(released) : std::string_view{};
+    reply.body = render_stream_final(*req, o, call.tag, created, rest);
+  } else {
+    reply.body = render_response(*req, o, call.tag, created);
+  }
+  return reply;
+}
 
 std::string builtin_engine::stamp_request(std::string_view route, std::string_view body,
                                           const version_ref& served) {

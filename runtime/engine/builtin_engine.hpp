@@ -11,6 +11,7 @@
 
 #include "runtime/core/engine_port.hpp"
 #include "runtime/engine/model_config.hpp"
+#include "runtime/engine/sampler.hpp"
 #include "runtime/engine/tokenizer.hpp"
 #include "runtime/engine/weights.hpp"
 #include "runtime/store/host_tensors.hpp"
@@ -58,6 +59,8 @@ public:
   status resume() override;
   status flush_cache() override;
   status reset_to_boot(const version_ref& ref, tensor_source& source) override;
+  result<engine_reply> forward(const engine_call& call, const event_sink& on_event,
+                               const std::function<bool()>& cancelled) override;
   result<generation_result> generate(const generation_request& request,
                                      const std::function<bool()>& cancelled) override;
   std::string stamp_request(std::string_view route, std::string_view body,
@@ -84,6 +87,11 @@ private:
 
   /// Waits while paused, then returns the served weights.
   std::shared_ptr<const weights> current();
+  /// Runs one request through the decode loop and waits for it.
+  result<generation_output> run(decoder d, const std::function<bool()>& cancelled,
+                                std::function<void(const decoder&)> on_token);
+  /// A seed for a request that names none: distinct across engines.
+  uint64_t seed_for(uint64_t request_id) const noexcept;
   void decode_loop();
   /// One step of every active job; finished jobs are answered and dropped.
   void step_batch(std::vector<std::shared_ptr<job>>& active);
@@ -102,6 +110,7 @@ private:
   std::shared_ptr<const store::tensor_set> retired_tensors_;
 
   options opts_;
+  uint64_t seed_salt_;
   mutable std::mutex jobs_mutex_;
   std::condition_variable jobs_ready_;
   std::vector<std::shared_ptr<job>> incoming_;

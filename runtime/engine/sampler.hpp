@@ -83,6 +83,8 @@ public:
   int32_t next_token() const noexcept;
   /// The logits `step` returned for `next_token()`.
   status on_logits(std::span<const float> logits);
+  /// What was generated so far (text cut before a matched stop string).
+  const generation_output& progress() const noexcept { return out_; }
   /// Ends the generation with "abort", keeping what was generated.
   void abort();
   generation_output finish() &&;

@@ -88,6 +88,10 @@ public:
     ++resets;
     return inner_.reset_to_boot(ref, s);
   }
+  result<engine_reply> forward(const engine_call& c, const event_sink& sink,
+                               const std::function<bool()>& cancelled) override {
+    return inner_.forward(c, sink, cancelled);
+  }
   result<generation_result> generate(const generation_request& r,
                                      const std::function<bool()>& cancelled) override {
     return inner_.generate(r, cancelled);

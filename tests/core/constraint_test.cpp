@@ -281,6 +281,18 @@ TEST(constraint, exact_pin_behind_applied_is_not_retryable) {
   EXPECT_TRUE(reject(make(std::nullopt, 10), 9).retryable);
 }
 
+TEST(constraint, error_json_has_the_same_shape_as_the_409) {
+  auto j = json::parse(error_json("EngineUnavailable", "no run \"claimed\"", true));
+  EXPECT_EQ(j["type"], "EngineUnavailable");
+  EXPECT_EQ(j["message"], "no run \"claimed\"");
+  EXPECT_EQ(j["retryable"], true);
+  auto inner = j["error"];
+  j.erase("error");
+  EXPECT_EQ(inner, j);
+  // Bytes that are not UTF-8 are replaced, never an exception.
+  EXPECT_NO_THROW(json::parse(error_json("BadRequest", "\xff\xfe", false)));
+}
+
 TEST(constraint, rejection_json_shape) {
   auto text = rejection_json(reject(make(5, std::nullopt), 3));
   auto j = json::parse(text);

@@ -301,6 +301,58 @@ TEST_F(builtin_engine_test, nothing_staged_or_served_is_refused) {
   EXPECT_EQ(r.error().code, errc::engine_unavailable);
 }
 
+TEST_F(builtin_engine_test, forward_serves_the_versioned_routes_and_streams_events) {
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
+  engine_call call;
+  call.id = 3;
+  call.tag = "t3";
+  call.route = "/generate";
+  call.body =
+    R"({"text":"abc","sampling_params":{"temperature":0,"max_new_tokens":12},"return_logprob":true})";
+  auto whole = e.forward(call, {}, {});
+  ASSERT_TRUE(whole) << to_string(whole.error());
+  EXPECT_FALSE(whole->stream);
+  auto j = nlohmann::json::parse(whole->body);
+  auto want = reference(versions[0], "abc");
+  want.tokens.resize(12);
+  EXPECT_EQ(j["output_ids"].get<std::vector<int32_t>>(),
+            std::vector<int32_t>(want.tokens.begin(), want.tokens.end()));
+  EXPECT_EQ(j["meta_info"]["id"], "t3");
+  EXPECT_EQ(j["meta_info"]["finish_reason"]["type"], whole->finish_reason);
+
+  // The same request streamed: events before the last, whose texts add up.
+  call.route = "/v1/completions";
+  call.body = R"({"prompt":"abc","temperature":0,"max_tokens":12,"stream":true})";
+  std::vector<std::string> events;
+  auto streamed = e.forward(call, [&](std::string ev) { events.push_back(std::move(ev)); }, {});
+  ASSERT_TRUE(streamed);
+  EXPECT_TRUE(streamed->stream);
+  EXPECT_FALSE(events.empty());
+  std::string text;
+  for (const auto& ev : events)
+    text += nlohmann::json::parse(ev)["choices"][0]["text"].get<std::string>();
+  auto last = nlohmann::json::parse(streamed->body);
+  text += last["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(text, j["text"].get<std::string>());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], whole->finish_reason);
+
+  call.body = R"({"prompt":"abc","temperature":"x"})";
+  auto bad = e.forward(call, {}, {});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message, "temperature must be a number");
+  call.method = "GET";
+  call.route = "/v1/models";
+  auto models = e.forward(call, {}, {});
+  ASSERT_TRUE(models);
+  EXPECT_EQ(nlohmann::json::parse(models->body)["data"][0]["id"], "stitch-builtin");
+  call.route = "/nope";
+  auto missing = e.forward(call, {}, {});
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+}
+
 TEST_F(builtin_engine_test, requests_are_namespaced_by_the_version_they_run_on) {
   builtin_engine e{config};
   auto stamped = nlohmann::json::parse(

@@ -1,0 +1,479 @@
+#include "runtime/engine/api_shapes.hpp"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine/tokenizer.hpp"
+
+namespace stitch::engine {
+
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+stitch::error bad(const std::string& field, const std::string& what) {
+  return make_error(errc::invalid_argument, field + " " + what);
+}
+
+std::string dump(const ordered_json& j) {
+  return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+/// A member that is absent or null is nullopt.
+const json* member(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null())
+    return nullptr;
+  return &*it;
+}
+
+result<std::optional<double>> number(const json& obj, const char* key, const std::string& path) {
+  const json* v = member(obj, key);
+  if (!v)
+    return std::optional<double>{};
+  if (!v->is_number())
+    return bad(path + key, "must be a number");
+  double d = v->get<double>();
+  if (!std::isfinite(d))
+    return bad(path + key, "must be finite");
+  return std::optional<double>{d};
+}
+
+result<std::optional<int64_t>> integer(const json& obj, const char* key, const std::string& path) {
+  const json* v = member(obj, key);
+  if (!v)
+    return std::optional<int64_t>{};
+  if (v->is_number_unsigned()) {
+    if (v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      return bad(path + key, "is out of range");
+    return std::optional<int64_t>{static_cast<int64_t>(v->get<uint64_t>())};
+  }
+  if (v->is_number_integer())
+    return std::optional<int64_t>{v->get<int64_t>()};
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15)
+      return std::optional<int64_t>{static_cast<int64_t>(d)};
+  }
+  return bad(path + key, "must be an integer");
+}
+
+result<bool> flag(const json& obj, const char* key, const std::string& path) {
+  const json* v = member(obj, key);
+  if (!v)
+    return false;
+  if (!v->is_boolean())
+    return bad(path + key, "must be true or false");
+  return v->get<bool>();
+}
+
+#define STITCH_TRY(var, expr)                                                                      \
+  auto var = (expr);                                                                               \
+  if (!var)                                                                                        \
+    return std::move(var).error();
+
+/// Sampling fields shared by every shape, read from `obj` (the body, or
+/// SGLang's `sampling_params`). `path` prefixes field names in errors.
+status read_sampling(const json& obj, const std::string& path, const char* max_tokens_key,
+                     const api_limits& limits, api_request& req) {
+  STITCH_TRY(temperature, number(obj, "temperature", path));
+  if (*temperature) {
+    if (**temperature < 0 || **temperature > 100)
+      return bad(path + "temperature", "must be in [0, 100]");
+    req.sampling.temperature = **temperature;
+  }
+  STITCH_TRY(top_p, number(obj, "top_p", path));
+  if (*top_p) {
+    if (**top_p <= 0 || **top_p > 1)
+      return bad(path + "top_p", "must be in (0, 1]");
+    req.sampling.top_p = **top_p;
+  }
+  STITCH_TRY(top_k, integer(obj, "top_k", path));
+  if (*top_k) {
+    // SGLang and vLLM use -1 (and 0) for "no cut".
+    if (**top_k < -1 || **top_k > (int64_t{1} << 31))
+      return bad(path + "top_k", "must be -1 (off) or a positive integer");
+    req.sampling.top_k = **top_k <= 0 ? 0 : static_cast<uint32_t>(**top_k);
+  }
+  STITCH_TRY(max_tokens, integer(obj, max_tokens_key, path));
+  req.sampling.max_tokens = limits.default_max_tokens;
+  if (*max_tokens) {
+    if (**max_tokens < 0 || **max_tokens > limits.max_tokens)
+      return bad(path + max_tokens_key, "must be in [0, " + std::to_string(limits.max_tokens) + "]");
+    req.sampling.max_tokens = static_cast<uint32_t>(**max_tokens);
+  }
+  if (const json* stop = member(obj, "stop")) {
+    auto add = [&](const json& s, const std::string& where) -> status {
+      if (!s.is_string())
+        return bad(where, "must be a string");
+      if (s.get_ref<const std::string&>().empty())
+        return bad(where, "must not be empty");
+      req.sampling.stop.push_back(s.get<std::string>());
+      return {};
+    };
+    if (stop->is_array()) {
+      if (stop->size() > limits.max_stop_strings)
+        return bad(path + "stop",
+                   "has more than " + std::to_string(limits.max_stop_strings) + " strings");
+      for (size_t i = 0; i < stop->size(); ++i)
+        if (auto ok = add((*stop)[i], path + "stop[" + std::to_string(i) + "]"); !ok)
+          return ok;
+    } else if (auto ok = add(*stop, path + "stop"); !ok) {
+      return ok;
+    }
+  }
+  for (const char* key : {"seed", "sampling_seed"}) {
+    STITCH_TRY(seed, integer(obj, key, path));
+    if (*seed) {
+      req.sampling.seed = static_cast<uint64_t>(**seed);
+      req.seeded = true;
+    }
+  }
+  return {};
+}
+
+status read_stream(const json& body, api_request& req) {
+  STITCH_TRY(stream, flag(body, "stream", ""));
+  req.stream = *stream;
+  if (const json* opts = member(body, "stream_options")) {
+    if (!opts->is_object())
+      return bad("stream_options", "must be an object");
+    STITCH_TRY(usage, flag(*opts, "include_usage", "stream_options."));
+    req.stream_usage = *usage;
+  }
+  return {};
+}
+
+status refuse_many(const json& body) {
+  for (const char* key : {"n", "best_of"}) {
+    auto n = integer(body, key, "");
+    if (!n)
+      return std::move(n).error();
+    if (*n && **n != 1)
+      return bad(key, "must be 1: the built-in engine returns one choice");
+  }
+  return {};
+}
+
+result<std::string> text_content(const json& content, const std::string& where) {
+  if (content.is_string())
+    return content.get<std::string>();
+  if (!content.is_array())
+    return bad(where, "must be a string or an array of text parts");
+  std::string out;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const auto& part = content[i];
+    std::string at = where + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text")
+      return bad(at, "must be a text part ({\"type\":\"text\",\"text\":...})");
+    if (!part.contains("text") || !part["text"].is_string())
+      return bad(at + ".text", "must be a string");
+    out += part["text"].get<std::string>();
+  }
+  return out;
+}
+
+result<std::string> chat_prompt(const json& messages, const api_limits& limits) {
+  if (!messages.is_array() || messages.empty())
+    return bad("messages", "must be a non-empty array");
+  if (messages.size() > limits.max_messages)
+    return bad("messages", "has more than " + std::to_string(limits.max_messages) + " entries");
+  std::string prompt;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object())
+      return bad(at, "must be an object");
+    if (!m.contains("role") || !m["role"].is_string())
+      return bad(at + ".role", "must be a string");
+    const auto& role = m["role"].get_ref<const std::string&>();
+    if (role.empty() || role.size() > 64)
+      return bad(at + ".role", "must be 1 to 64 characters");
+    std::string content;
+    if (const json* c = member(m, "content")) {
+      auto t = text_content(*c, at + ".content");
+      if (!t)
+        return std::move(t).error();
+      content = std::move(*t);
+    }
+    prompt += "<|" + role + "|>\n" + content + "\n";
+  }
+  prompt += "<|assistant|>\n";
+  return prompt;
+}
+
+std::string token_text(int32_t token) {
+  if (token == tokenizer::eos)
+    return "<|eos|>";
+  int32_t one[] = {token};
+  return tokenizer{}.decode(one);
+}
+
+ordered_json usage_of(const api_output& out) {
+  ordered_json u;
+  u["prompt_tokens"] = out.prompt_tokens;
+  u["completion_tokens"] = out.tokens.size();
+  u["total_tokens"] = out.prompt_tokens + out.tokens.size();
+  return u;
+}
+
+ordered_json native_meta(std::string_view id, const api_output& out, bool finished,
+                         bool logprobs) {
+  ordered_json meta;
+  meta["id"] = id;
+  if (finished) {
+    ordered_json reason;
+    reason["type"] = out.finish_reason;
+    meta["finish_reason"] = reason;
+  } else {
+    meta["finish_reason"] = nullptr;
+  }
+  meta["prompt_tokens"] = out.prompt_tokens;
+  meta["completion_tokens"] = out.tokens.size();
+  meta["cached_tokens"] = 0;
+  if (logprobs) {
+    ordered_json lps = ordered_json::array();
+    for (size_t i = 0; i < out.tokens.size() && i < out.logprobs.size(); ++i)
+      lps.push_back(ordered_json::array({out.logprobs[i], out.tokens[i], nullptr}));
+    meta["output_token_logprobs"] = std::move(lps);
+  }
+  return meta;
+}
+
+ordered_json completion_logprobs(const api_output& out) {
+  ordered_json tokens = ordered_json::array(), lps = ordered_json::array(),
+               offsets = ordered_json::array();
+  size_t offset = 0;
+  for (size_t i = 0; i < out.tokens.size() && i < out.logprobs.size(); ++i) {
+    auto t = token_text(out.tokens[i]);
+    tokens.push_back(t);
+    lps.push_back(out.logprobs[i]);
+    offsets.push_back(offset);
+    if (out.tokens[i] != tokenizer::eos)
+      offset += t.size();
+  }
+  ordered_json l;
+  l["tokens"] = std::move(tokens);
+  l["token_logprobs"] = std::move(lps);
+  l["top_logprobs"] = nullptr;
+  l["text_offset"] = std::move(offsets);
+  return l;
+}
+
+ordered_json chat_logprobs(const api_output& out) {
+  ordered_json content = ordered_json::array();
+  for (size_t i = 0; i < out.tokens.size() && i < out.logprobs.size(); ++i) {
+    ordered_json e;
+    auto t = token_text(out.tokens[i]);
+    e["token"] = t;
+    e["logprob"] = out.logprobs[i];
+    ordered_json bytes = ordered_json::array();
+    for (unsigned char c : t)
+      bytes.push_back(c);
+    e["bytes"] = std::move(bytes);
+    e["top_logprobs"] = ordered_json::array();
+    content.push_back(std::move(e));
+  }
+  ordered_json l;
+  l["content"] = std::move(content);
+  return l;
+}
+
+ordered_json openai_head(const api_request& req, std::string_view id, int64_t created,
+                         const char* object) {
+  ordered_json j;
+  j["id"] = std::string{req.kind == api_kind::chat ? "chatcmpl-" : "cmpl-"} + std::string{id};
+  j["object"] = object;
+  j["created"] = created;
+  j["model"] = req.model;
+  return j;
+}
+
+} // namespace
+
+std::optional<api_kind> api_kind_of(std::string_view route) {
+  if (route == "/generate")
+    return api_kind::native;
+  if (route == "/v1/completions")
+    return api_kind::completions;
+  if (route == "/v1/chat/completions")
+    return api_kind::chat;
+  return std::nullopt;
+}
+
+result<api_request> parse_api_request(api_kind kind, std::string_view body,
+                                      const api_limits& limits) {
+  json doc = json::parse(body, nullptr, false);
+  if (doc.is_discarded())
+    return make_error(errc::invalid_argument, "the request body is not valid JSON");
+  if (!doc.is_object())
+    return make_error(errc::invalid_argument, "the request body must be a JSON object");
+  api_request req;
+  req.kind = kind;
+  req.sampling.temperature = 1.0;
+  req.sampling.stop_at_eos = true;
+  if (auto ok = read_stream(doc, req); !ok)
+    return std::move(ok).error();
+  if (const json* model = member(doc, "model")) {
+    if (!model->is_string())
+      return bad("model", "must be a string");
+    req.model = model->get<std::string>();
+  }
+  switch (kind) {
+    case api_kind::native: {
+      if (member(doc, "input_ids"))
+        return bad("input_ids", "is not supported by the built-in engine: send \"text\"");
+      const json* text = member(doc, "text");
+      if (!text)
+        return bad("text", "is required");
+      if (!text->is_string())
+        return bad("text", "must be a string (batched prompts are not supported)");
+      req.prompt = text->get<std::string>();
+      const json* params = member(doc, "sampling_params");
+      json none = json::object();
+      if (params && !params->is_object())
+        return bad("sampling_params", "must be an object");
+      if (auto ok = read_sampling(params ? *params : none, "sampling_params.", "max_new_tokens",
+                                  limits, req);
+          !ok)
+        return std::move(ok).error();
+      STITCH_TRY(lp, flag(doc, "return_logprob", ""));
+      req.return_logprob = *lp;
+      break;
+    }
+    case api_kind::completions: {
+      if (auto ok = refuse_many(doc); !ok)
+        return std::move(ok).error();
+      const json* prompt = member(doc, "prompt");
+      if (!prompt)
+        return bad("prompt", "is required");
+      if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string())
+        req.prompt = (*prompt)[0].get<std::string>();
+      else if (prompt->is_string())
+        req.prompt = prompt->get<std::string>();
+      else
+        return bad("prompt", "must be a string (batched or token prompts are not supported)");
+      if (auto ok = read_sampling(doc, "", "max_tokens", limits, req); !ok)
+        return std::move(ok).error();
+      STITCH_TRY(lp, integer(doc, "logprobs", ""));
+      if (*lp && (**lp < 0 || **lp > 20))
+        return bad("logprobs", "must be in [0, 20]");
+      req.return_logprob = lp->has_value();
+      break;
+    }
+    case api_kind::chat: {
+      if (auto ok = refuse_many(doc); !ok)
+        return std::move(ok).error();
+      const json* messages = member(doc, "messages");
+      if (!messages)
+        return bad("messages", "is required");
+      STITCH_TRY(prompt, chat_prompt(*messages, limits));
+      req.prompt = std::move(*prompt);
+      const char* key = member(doc, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+      if (auto ok = read_sampling(doc, "", key, limits, req); !ok)
+        return std::move(ok).error();
+      STITCH_TRY(lp, flag(doc, "logprobs", ""));
+      req.return_logprob = *lp;
+      break;
+    }
+  }
+  return req;
+}
+
+std::string render_chat_prompt(std::string_view messages_json) {
+  json doc = json::parse(messages_json, nullptr, false);
+  auto p = chat_prompt(doc, api_limits{});
+  return p ? *p : std::string{};
+}
+
+std::string render_response(const api_request& req, const api_output& out, std::string_view id,
+                            int64_t created) {
+  if (req.kind == api_kind::native) {
+    ordered_json j;
+    j["text"] = out.text;
+    j["output_ids"] = out.tokens;
+    j["meta_info"] = native_meta(id, out, true, req.return_logprob);
+    return dump(j);
+  }
+  bool chat = req.kind == api_kind::chat;
+  ordered_json j = openai_head(req, id, created, chat ? "chat.completion" : "text_completion");
+  ordered_json choice;
+  choice["index"] = 0;
+  if (chat) {
+    ordered_json message;
+    message["role"] = "assistant";
+    message["content"] = out.text;
+    choice["message"] = std::move(message);
+    choice["logprobs"] = req.return_logprob ? chat_logprobs(out) : ordered_json(nullptr);
+  } else {
+    choice["text"] = out.text;
+    choice["logprobs"] = req.return_logprob ? completion_logprobs(out) : ordered_json(nullptr);
+  }
+  choice["finish_reason"] = out.finish_reason;
+  j["choices"] = ordered_json::array({std::move(choice)});
+  j["usage"] = usage_of(out);
+  return dump(j);
+}
+
+std::string render_stream_event(const api_request& req, std::string_view id, int64_t created,
+                                std::string_view text_so_far, std::string_view delta) {
+  if (req.kind == api_kind::native) {
+    ordered_json j;
+    j["text"] = text_so_far;
+    ordered_json meta;
+    meta["id"] = id;
+    meta["finish_reason"] = nullptr;
+    j["meta_info"] = std::move(meta);
+    return dump(j);
+  }
+  bool chat = req.kind == api_kind::chat;
+  ordered_json j = openai_head(req, id, created, chat ? "chat.completion.chunk" : "text_completion");
+  ordered_json choice;
+  choice["index"] = 0;
+  if (chat) {
+    ordered_json d;
+    if (text_so_far.size() == delta.size())
+      d["role"] = "assistant";
+    d["content"] = delta;
+    choice["delta"] = std::move(d);
+  } else {
+    choice["text"] = delta;
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = nullptr;
+  j["choices"] = ordered_json::array({std::move(choice)});
+  return dump(j);
+}
+
+std::string render_stream_final(const api_request& req, const api_output& out,
+                                std::string_view id, int64_t created, std::string_view delta) {
+  if (req.kind == api_kind::native) {
+    ordered_json j;
+    j["text"] = out.text;
+    j["output_ids"] = out.tokens;
+    j["meta_info"] = native_meta(id, out, true, req.return_logprob);
+    return dump(j);
+  }
+  bool chat = req.kind == api_kind::chat;
+  ordered_json j = openai_head(req, id, created, chat ? "chat.completion.chunk" : "text_completion");
+  ordered_json choice;
+  choice["index"] = 0;
+  if (chat) {
+    ordered_json d;
+    d["content"] = delta;
+    choice["delta"] = std::move(d);
+    choice["logprobs"] = req.return_logprob ? chat_logprobs(out) : ordered_json(nullptr);
+  } else {
+    choice["text"] = delta;
+    choice["logprobs"] = req.return_logprob ? completion_logprobs(out) : ordered_json(nullptr);
+  }
+  choice["finish_reason"] = out.finish_reason;
+  j["choices"] = ordered_json::array({std::move(choice)});
+  if (req.stream_usage)
+    j["usage"] = usage_of(out);
+  return dump(j);
+}
+
+} // namespace stitch::engine
