@@ -49,48 +49,43 @@ struct publish_summary {
   std::string reason_for_anchor;
 };
 
-/// A generation request as a replica receives it (the gateway or the
-/// replica's own HTTP endpoint fills it from the client's body).
-struct generate_call {
+/// A request to a replica's HTTP surface, as the gateway or the replica's own
+/// endpoint hands it over (the body travels as text, DESIGN §2).
+struct replica_call {
   /// Chosen by the caller, unique among its requests in flight at this
-  /// replica: `cancel` names it.
+  /// replica: `cancel` names it, streamed events carry it.
   uint64_t key = 0;
-  /// The constraint: -1 = absent.
+  std::string method = "POST";
+  /// The path: a versioned route (`/generate`, `/v1/completions`,
+  /// `/v1/chat/completions`) or one passed through to the engine.
+  std::string route;
+  /// The body with its `weight_version` member removed.
+  std::string body;
+  /// The constraint (body and headers merged): -1 = absent.
   int64_t min_version = -1;
   int64_t exact_version = -1;
-  std::string prompt;
-  double temperature = 1.0;
-  double top_p = 1.0;
-  uint32_t top_k = 0;
-  uint32_t max_new_tokens = 128;
-  std::vector<std::string> stop;
-  /// -1 = no seed (the replica picks one).
-  int64_t seed = -1;
-  bool return_logprob = false;
 };
 
-/// A replica's answer to `generate_call`. `status` is the HTTP status it
-/// maps to: 200, 400, 409 (`WeightVersionNotReady`), 499 (cancelled by the
-/// client), 500, 503 (`EngineUnavailable`, `DrainTimeout`).
-struct generate_reply {
+/// A replica's answer. For a stream, `body` is the last event (stamped); the
+/// events before it went to the caller as `(event, key, json)` messages.
+struct replica_answer {
   uint16_t status = 200;
-  /// Error type for non-200 answers (`WeightVersionNotReady`, ...).
+  std::string content_type = "application/json";
+  std::string body;
+  bool stream = false;
+  /// Seconds for `Retry-After` (0 = none).
+  uint32_t retry_after = 0;
+  /// Error answers: the `type` of the error body, and whether retrying helps.
   std::string error_type;
-  std::string message;
   bool retryable = false;
-  /// 409: the version asked for and the replica's applied one (-1 = none).
-  uint64_t target_version = 0;
+  /// 409: the replica's applied version (-1 = none).
   int64_t applied = -1;
-  /// 200: the stamps and the run that produced the sample.
+  /// Versioned 200 answers: the stamps and the run.
+  bool stamped = false;
   uint64_t weight_version_start = 0;
   uint64_t weight_version_end = 0;
   std::string run_id;
-  std::vector<int32_t> tokens;
-  std::string text;
-  std::vector<float> logprobs;
-  /// "stop", "length" or "abort".
-  std::string finish_reason;
-  uint32_t prompt_tokens = 0;
+  std::string replica_id;
 };
 
 /// Counters and timings of one replica (DESIGN §5 `server_info.metrics`).
@@ -148,17 +143,16 @@ struct work_report {
 };
 
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, generate_call& x) {
-  return f(caf::meta::type_name("stitch.generate_call"), x.key, x.min_version, x.exact_version,
-           x.prompt, x.temperature, x.top_p, x.top_k, x.max_new_tokens, x.stop, x.seed,
-           x.return_logprob);
+typename Inspector::result_type inspect(Inspector& f, replica_call& x) {
+  return f(caf::meta::type_name("stitch.replica_call"), x.key, x.method, x.route, x.body,
+           x.min_version, x.exact_version);
 }
 
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, generate_reply& x) {
-  return f(caf::meta::type_name("stitch.generate_reply"), x.status, x.error_type, x.message,
-           x.retryable, x.target_version, x.applied, x.weight_version_start, x.weight_version_end,
-           x.run_id, x.tokens, x.text, x.logprobs, x.finish_reason, x.prompt_tokens);
+typename Inspector::result_type inspect(Inspector& f, replica_answer& x) {
+  return f(caf::meta::type_name("stitch.replica_answer"), x.status, x.content_type, x.body,
+           x.stream, x.retry_after, x.error_type, x.retryable, x.applied, x.stamped,
+           x.weight_version_start, x.weight_version_end, x.run_id, x.replica_id);
 }
 
 template <class Inspector>
@@ -231,8 +225,8 @@ CAF_ADD_TYPE_ID(stitch, (stitch::pointer_record))
 CAF_ADD_TYPE_ID(stitch, (stitch::pointer_reply))
 CAF_ADD_TYPE_ID(stitch, (stitch::publish_args))
 CAF_ADD_TYPE_ID(stitch, (stitch::publish_summary))
-CAF_ADD_TYPE_ID(stitch, (stitch::generate_call))
-CAF_ADD_TYPE_ID(stitch, (stitch::generate_reply))
+CAF_ADD_TYPE_ID(stitch, (stitch::replica_call))
+CAF_ADD_TYPE_ID(stitch, (stitch::replica_answer))
 CAF_ADD_TYPE_ID(stitch, (stitch::replica_metrics))
 CAF_ADD_TYPE_ID(stitch, (stitch::replica_info))
 CAF_ADD_TYPE_ID(stitch, (stitch::work_report))
@@ -269,5 +263,5 @@ CAF_ADD_ATOM(stitch, stitch::atom, staged, "staged")
 CAF_ADD_ATOM(stitch, stitch::atom, committed, "committed")
 CAF_ADD_ATOM(stitch, stitch::atom, rebuilt, "rebuilt")
 CAF_ADD_ATOM(stitch, stitch::atom, generated, "generated")
-CAF_ADD_ATOM(stitch, stitch::atom, discarded, "discarded")
+CAF_ADD_ATOM(stitch, stitch::atom, event, "event")
 CAF_END_TYPE_ID_BLOCK(stitch)

@@ -2,6 +2,9 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
+
+#include "runtime/core/constraint.hpp"
 #include "runtime/core/manifest.hpp"
 
 namespace stitch {
@@ -37,28 +40,35 @@ std::chrono::nanoseconds since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::steady_clock::now() - t0;
 }
 
-generate_reply failure(uint16_t http, std::string type, std::string message, bool retryable) {
-  generate_reply r;
+replica_answer failure(uint16_t http, std::string type, const std::string& message,
+                       bool retryable) {
+  replica_answer r;
   r.status = http;
+  r.body = error_json(type, message, retryable);
   r.error_type = std::move(type);
-  r.message = std::move(message);
   r.retryable = retryable;
+  if (retryable && (http == 409 || http == 503))
+    r.retry_after = 1;
   return r;
 }
 
-generate_reply unavailable_reply(std::string reason) {
-  return failure(503, "EngineUnavailable", std::move(reason), true);
+replica_answer unavailable_reply(const std::string& reason) {
+  return failure(503, "EngineUnavailable", reason, true);
 }
 
-generate_reply conflict_reply(const rejection& body) {
-  generate_reply r = failure(409, "WeightVersionNotReady", body.message, body.retryable);
-  r.target_version = body.target_version;
+replica_answer conflict_reply(const rejection& body) {
+  replica_answer r;
+  r.status = 409;
+  r.body = rejection_json(body);
+  r.error_type = "WeightVersionNotReady";
+  r.retryable = body.retryable;
+  r.retry_after = body.retryable ? 1 : 0;
   r.applied = body.applied ? static_cast<int64_t>(*body.applied) : -1;
   return r;
 }
 
-/// The engine's answer as a reply (stamps are added by the actor).
-generate_reply reply_of(result<generation_result> out) {
+/// The engine's answer (stamps are added by the actor).
+replica_answer answer_of(result<engine_reply> out) {
   if (!out) {
     const auto& e = out.error();
     switch (e.code) {
@@ -68,20 +78,16 @@ generate_reply reply_of(result<generation_result> out) {
       default: return failure(500, "EngineError", to_string(e), true);
     }
   }
-  generate_reply r;
-  r.tokens = std::move(out->tokens);
-  r.text = std::move(out->text);
-  r.logprobs = std::move(out->logprobs);
-  r.finish_reason = out->finish == finish_reason::stop     ? "stop"
-                    : out->finish == finish_reason::length ? "length"
-                                                           : "abort";
-  r.prompt_tokens = out->prompt_tokens;
+  replica_answer r;
+  r.status = out->status;
+  r.content_type = std::move(out->content_type);
+  r.body = std::move(out->body);
+  r.stream = out->stream;
   return r;
 }
 
-/// Checks the call's fields and converts it for the engine.
-result<std::pair<constraint, generation_request>> parse_call(const generate_call& call,
-                                                             request_id id) {
+/// The call's constraint; bad values are refused naming the field.
+result<constraint> constraint_of(const replica_call& call) {
   auto bound = [](int64_t v, const char* name) -> result<std::optional<uint64_t>> {
     if (v == -1)
       return std::optional<uint64_t>{};
@@ -102,24 +108,18 @@ result<std::pair<constraint, generation_request>> parse_call(const generate_call
   if (c.min_version && c.exact_version && *c.exact_version < *c.min_version)
     return make_error(errc::invalid_argument,
                       "weight_version.exact_version is below weight_version.min_version");
-  generation_request req;
-  req.id = id;
-  req.prompt = call.prompt;
-  req.sampling.temperature = call.temperature;
-  req.sampling.top_p = call.top_p;
-  req.sampling.top_k = call.top_k;
-  req.sampling.max_new_tokens = call.max_new_tokens;
-  req.sampling.stop = call.stop;
-  if (call.seed >= 0)
-    req.sampling.seed = static_cast<uint64_t>(call.seed);
-  req.return_logprob = call.return_logprob;
-  return std::pair{c, std::move(req)};
+  return c;
+}
+
+bool blocked(const std::vector<std::string>& routes, std::string_view route) {
+  return std::find(routes.begin(), routes.end(), route) != routes.end();
 }
 
 void apply(self_ptr self, std::vector<reconcile_effect> effects);
 void apply_gate(self_ptr self, std::vector<gate_effect> effects);
 
-void answer(self_ptr self, request_id id, generate_reply reply) {
+void answer(self_ptr self, request_id id, replica_answer reply) {
+  reply.replica_id = self->state.opts.replica_id;
   auto& st = self->state;
   auto it = st.requests.find(id);
   if (it == st.requests.end())
@@ -138,13 +138,28 @@ void start_generation(self_ptr self, request_id id) {
   auto it = st.requests.find(id);
   if (it == st.requests.end())
     return;
-  auto parsed = parse_call(it->second.call, id);
-  it->second.running = true;
+  auto& r = it->second;
+  r.running = true;
+  engine_call call;
+  call.id = id;
+  call.tag = st.opts.replica_id + "-" + std::to_string(id);
+  call.method = r.call.method;
+  call.route = r.call.route;
+  call.body = r.call.body;
+  std::optional<version_ref> served;
+  if (r.gated && st.rec.applied() && st.gate.served_version())
+    served = version_ref{st.rec.applied()->run_id, *st.gate.served_version()};
   auto handle = caf::actor_cast<replica_actor>(self);
-  st.deps.request_workers->post([handle, id, engine = st.engine, req = std::move(parsed->second),
-                                 cancelled = it->second.cancelled] {
-    auto out = engine->generate(req, [&] { return cancelled->load(); });
-    caf::anon_send(handle, atom::generated_v, id, reply_of(std::move(out)));
+  st.deps.request_workers->post([handle, id, engine = st.engine, call = std::move(call), served,
+                                 caller = r.caller, key = r.call.key,
+                                 cancelled = r.cancelled]() mutable {
+    if (served)
+      call.body = engine->stamp_request(call.route, call.body, *served);
+    event_sink sink;
+    if (caller)
+      sink = [&](std::string ev) { caf::anon_send(caller, atom::event_v, key, std::move(ev)); };
+    auto out = engine->forward(call, sink, [&] { return cancelled->load(); });
+    caf::anon_send(handle, atom::generated_v, id, answer_of(std::move(out)));
   });
 }
 
@@ -422,24 +437,45 @@ namespace {
 
 replica_actor::behavior_type behavior(self_ptr self) {
   return {
-    [self](atom::generate, generate_call& call) -> caf::result<generate_reply> {
+    [self](atom::generate, replica_call& call) -> caf::result<replica_answer> {
       auto& st = self->state;
-      auto promise = self->make_response_promise<generate_reply>();
-      if (st.by_key.contains(call.key)) {
-        promise.deliver(failure(400, "BadRequest",
-                                "request key " + std::to_string(call.key) + " is already in flight",
-                                false));
+      // Before the promise: making it takes the sender out of the message.
+      auto caller = caf::actor_cast<caf::actor>(self->current_sender());
+      auto promise = self->make_response_promise<replica_answer>();
+      auto refuse = [&](replica_answer a) {
+        a.replica_id = st.opts.replica_id;
+        promise.deliver(std::move(a));
         return promise;
+      };
+      if (st.by_key.contains(call.key))
+        return refuse(failure(400, "BadRequest",
+                              "request key " + std::to_string(call.key) + " is already in flight",
+                              false));
+      const bool versioned = is_versioned_route(call.route);
+      constraint c;
+      if (versioned) {
+        auto parsed = constraint_of(call);
+        if (!parsed)
+          return refuse(failure(400, "BadRequest", parsed.error().message, false));
+        c = *parsed;
+      } else if (blocked(st.engine->blocked_routes(), call.route)) {
+        return refuse(failure(403, "RouteBlocked",
+                              "route " + call.route + " controls the engine; Stitch owns it",
+                              false));
       }
       request_id id = st.next_id++;
-      auto parsed = parse_call(call, id);
-      if (!parsed) {
-        promise.deliver(failure(400, "BadRequest", parsed.error().message, false));
+      st.by_key.emplace(call.key, id);
+      replica_state::request r;
+      r.call = std::move(call);
+      r.promise = promise;
+      r.gated = versioned;
+      r.caller = std::move(caller);
+      st.requests.emplace(id, std::move(r));
+      if (!versioned) {
+        start_generation(self, id);
         return promise;
       }
-      st.by_key.emplace(call.key, id);
-      st.requests.emplace(id, replica_state::request{std::move(call), promise});
-      auto decision = st.gate.admit(id, parsed->first, now_of(self));
+      auto decision = st.gate.admit(id, c, now_of(self));
       if (std::holds_alternative<admitted>(decision)) {
         start_generation(self, id);
       } else if (auto* no = std::get_if<rejected>(&decision)) {
@@ -524,13 +560,20 @@ replica_actor::behavior_type behavior(self_ptr self) {
                     r.op, outcome ? error{errc::engine_unavailable, "rebuild produced no engine"}
                                   : outcome.error()));
     },
-    [self](atom::generated, uint64_t id, generate_reply& reply) {
+    [self](atom::generated, uint64_t id, replica_answer& reply) {
       auto& st = self->state;
       auto it = st.requests.find(id);
       if (it == st.requests.end())
         return;
-      auto [stamped, effects] = st.gate.finish(id, now_of(self));
       const auto& r = it->second;
+      if (!r.gated) {
+        answer(self, id,
+               r.cancelled_by_client
+                 ? failure(499, "ClientClosedRequest", "the client went away", false)
+                 : std::move(reply));
+        return;
+      }
+      auto [stamped, effects] = st.gate.finish(id, now_of(self));
       if (r.engine_failed) {
         reply = unavailable_reply("the engine failed while activating new weights; retry");
       } else if (r.aborted_for_drain) {
@@ -543,9 +586,11 @@ replica_actor::behavior_type behavior(self_ptr self) {
         if (!stamped) {
           reply = unavailable_reply("the request lost its admission; retry");
         } else {
+          reply.stamped = true;
           reply.weight_version_start = stamped->start;
           reply.weight_version_end = stamped->end;
           reply.run_id = st.rec.applied() ? st.rec.applied()->run_id : std::string{};
+          reply.body = st.engine->stamp_response(r.call.route, reply.body, *stamped, reply.run_id);
           ++st.counters.requests_completed_total;
         }
       }

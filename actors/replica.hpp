@@ -75,9 +75,13 @@ struct replica_state {
   static inline const char* name = "replica";
 
   struct request {
-    generate_call call;
-    caf::typed_response_promise<generate_reply> promise;
+    replica_call call;
+    caf::typed_response_promise<replica_answer> promise;
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+    /// Who asked: streamed events go there.
+    caf::actor caller;
+    /// Versioned: admitted through the gate and stamped.
+    bool gated = true;
     bool running = false;
     bool cancelled_by_client = false;
     bool aborted_for_drain = false;

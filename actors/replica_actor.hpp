@@ -11,9 +11,11 @@ namespace stitch {
 /// serves (DESIGN §1, §2): reconcile, stage, commit, admission, stamping,
 /// `server_info`.
 using replica_actor = caf::typed_actor<
-  // Generates under the request's constraint; the reply carries the stamps,
-  // or the 409/503/... answer.
-  caf::replies_to<atom::generate, generate_call>::with<generate_reply>,
+  // Serves a request of the replica's HTTP surface: a versioned route under
+  // its constraint (the answer carries the stamps, or the 409/503/...), or a
+  // route passed through to the engine (403 for its control routes). A
+  // stream's events go to the sender as (event, key, json) first.
+  caf::replies_to<atom::generate, replica_call>::with<replica_answer>,
   // The caller gave up on request `key` (client disconnect): abort it.
   caf::reacts_to<atom::cancel, uint64_t>,
   // Best-effort hint that the pointer moved: reconcile now.
@@ -27,6 +29,6 @@ using replica_actor = caf::typed_actor<
   // Internal: reports of the replica's worker threads.
   caf::reacts_to<atom::staged, work_report>, caf::reacts_to<atom::committed, work_report>,
   caf::reacts_to<atom::rebuilt, work_report>,
-  caf::reacts_to<atom::generated, uint64_t, generate_reply>>;
+  caf::reacts_to<atom::generated, uint64_t, replica_answer>>;
 
 } // namespace stitch

@@ -390,6 +390,10 @@ std::string rejection_json(const rejection& r) {
   return out.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
 }
 
+bool is_versioned_route(std::string_view path) noexcept {
+  return path == "/generate" || path == "/v1/completions" || path == "/v1/chat/completions";
+}
+
 std::string error_json(std::string_view type, std::string_view message, bool retryable) {
   ordered_json body = ordered_json::object();
   body["type"] = type;

@@ -28,6 +28,10 @@ struct constraint {
   friend bool operator==(const constraint&, const constraint&) = default;
 };
 
+/// The routes that generate and so take a constraint and get stamps:
+/// `/generate`, `/v1/completions`, `/v1/chat/completions`.
+bool is_versioned_route(std::string_view path) noexcept;
+
 /// Header names of the constraint's alternative spelling.
 inline constexpr std::string_view min_version_header = "X-Stitch-Min-Version";
 inline constexpr std::string_view exact_version_header = "X-Stitch-Exact-Version";

@@ -101,7 +101,8 @@ status read_sampling(const json& obj, const std::string& path, const char* max_t
   req.sampling.max_tokens = limits.default_max_tokens;
   if (*max_tokens) {
     if (**max_tokens < 0 || **max_tokens > limits.max_tokens)
-      return bad(path + max_tokens_key, "must be in [0, " + std::to_string(limits.max_tokens) + "]");
+      return bad(path + max_tokens_key,
+                 "must be in [0, " + std::to_string(limits.max_tokens) + "]");
     req.sampling.max_tokens = static_cast<uint32_t>(**max_tokens);
   }
   if (const json* stop = member(obj, "stop")) {
@@ -219,8 +220,7 @@ ordered_json usage_of(const api_output& out) {
   return u;
 }
 
-ordered_json native_meta(std::string_view id, const api_output& out, bool finished,
-                         bool logprobs) {
+ordered_json native_meta(std::string_view id, const api_output& out, bool finished, bool logprobs) {
   ordered_json meta;
   meta["id"] = id;
   if (finished) {
@@ -371,7 +371,8 @@ result<api_request> parse_api_request(api_kind kind, std::string_view body,
         return bad("messages", "is required");
       STITCH_TRY(prompt, chat_prompt(*messages, limits));
       req.prompt = std::move(*prompt);
-      const char* key = member(doc, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+      const char* key =
+        member(doc, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
       if (auto ok = read_sampling(doc, "", key, limits, req); !ok)
         return std::move(ok).error();
       STITCH_TRY(lp, flag(doc, "logprobs", ""));
@@ -429,7 +430,8 @@ std::string render_stream_event(const api_request& req, std::string_view id, int
     return dump(j);
   }
   bool chat = req.kind == api_kind::chat;
-  ordered_json j = openai_head(req, id, created, chat ? "chat.completion.chunk" : "text_completion");
+  ordered_json j =
+    openai_head(req, id, created, chat ? "chat.completion.chunk" : "text_completion");
   ordered_json choice;
   choice["index"] = 0;
   if (chat) {
@@ -447,8 +449,8 @@ std::string render_stream_event(const api_request& req, std::string_view id, int
   return dump(j);
 }
 
-std::string render_stream_final(const api_request& req, const api_output& out,
-                                std::string_view id, int64_t created, std::string_view delta) {
+std::string render_stream_final(const api_request& req, const api_output& out, std::string_view id,
+                                int64_t created, std::string_view delta) {
   if (req.kind == api_kind::native) {
     ordered_json j;
     j["text"] = out.text;
@@ -457,7 +459,8 @@ std::string render_stream_final(const api_request& req, const api_output& out,
     return dump(j);
   }
   bool chat = req.kind == api_kind::chat;
-  ordered_json j = openai_head(req, id, created, chat ? "chat.completion.chunk" : "text_completion");
+  ordered_json j =
+    openai_head(req, id, created, chat ? "chat.completion.chunk" : "text_completion");
   ordered_json choice;
   choice["index"] = 0;
   if (chat) {

@@ -73,7 +73,7 @@ std::string render_stream_event(const api_request& req, std::string_view id, int
                                 std::string_view text_so_far, std::string_view delta);
 /// The last streamed event (finish reason, usage; the host adds the stamps).
 /// `delta` is the text not released by earlier events.
-std::string render_stream_final(const api_request& req, const api_output& out,
-                                std::string_view id, int64_t created, std::string_view delta);
+std::string render_stream_final(const api_request& req, const api_output& out, std::string_view id,
+                                int64_t created, std::string_view delta);
 
 } // namespace stitch::engine

@@ -10,6 +10,8 @@
 
 #include <deque>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
 #include "runtime/engine/builtin_engine.hpp"
@@ -105,7 +107,10 @@ public:
     return inner_.stamp_response(route, body, s, run_id);
   }
   engine_health health() override { return inner_.health(); }
-  std::vector<std::string> blocked_routes() const override { return inner_.blocked_routes(); }
+  std::vector<std::string> blocked_routes() const override {
+    // What an external engine would name: its weight-update control route.
+    return {"/update_weights_from_disk"};
+  }
 
   std::atomic<int> stages{0}, commits{0}, flushes{0}, resets{0};
 
@@ -218,35 +223,81 @@ protected:
     return out;
   }
 
-  static generate_call call(uint64_t key, int64_t min = -1, int64_t exact = -1) {
-    generate_call c;
+  static replica_call call(uint64_t key, int64_t min = -1, int64_t exact = -1,
+                           std::string sampling = R"("temperature":0,"max_new_tokens":8)") {
+    replica_call c;
     c.key = key;
     c.min_version = min;
     c.exact_version = exact;
-    c.prompt = "policy says";
-    c.temperature = 0;
-    c.max_new_tokens = 8;
-    c.return_logprob = true;
+    c.route = "/generate";
+    c.body =
+      R"({"text":"policy says","sampling_params":{)" + sampling + R"(},"return_logprob":true})";
     return c;
   }
 
-  void send(const generate_call& c) {
+  void send(const replica_call& c) {
     self->send(replica, atom::generate_v, c);
     sched.run();
   }
 
+  /// A replica answer with its JSON body read back.
+  struct reply_view {
+    uint16_t status = 0;
+    std::string error_type, message, run_id;
+    bool retryable = false;
+    uint64_t target_version = 0;
+    int64_t applied = -1;
+    uint64_t weight_version_start = 0, weight_version_end = 0;
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+  };
+
   /// The next reply, which must be there.
-  generate_reply reply() {
-    generate_reply out;
-    out.status = 0;
-    self->receive([&](const generate_reply& r) { out = r; },
+  reply_view reply() {
+    replica_answer a;
+    a.status = 0;
+    self->receive([&](const replica_answer& r) { a = r; },
                   caf::after(0s) >> [&] { ADD_FAILURE() << "no reply arrived"; });
-    return out;
+    reply_view v;
+    v.status = a.status;
+    v.error_type = a.error_type;
+    v.retryable = a.retryable;
+    v.applied = a.applied;
+    v.run_id = a.run_id;
+    EXPECT_EQ(a.replica_id, "replica-0");
+    auto body = nlohmann::json::parse(a.body, nullptr, false);
+    if (a.status == 0 || body.is_discarded()) {
+      ADD_FAILURE() << "unreadable body: " << a.body;
+      return v;
+    }
+    if (a.status != 200) {
+      v.message = body.value("message", "");
+      EXPECT_EQ(body["type"], a.error_type);
+      EXPECT_EQ(body["error"]["type"], a.error_type);
+      if (a.status == 409)
+        v.target_version = body["target_version"].get<uint64_t>();
+      if (a.retryable) {
+        EXPECT_EQ(a.retry_after, 1u);
+      }
+      return v;
+    }
+    EXPECT_TRUE(a.stamped);
+    v.weight_version_start = a.weight_version_start;
+    v.weight_version_end = a.weight_version_end;
+    const auto& meta = body["meta_info"];
+    EXPECT_EQ(meta["weight_version_start"], a.weight_version_start);
+    EXPECT_EQ(meta["weight_version_end"], a.weight_version_end);
+    EXPECT_EQ(meta["weight_version"], std::to_string(a.weight_version_start));
+    EXPECT_EQ(meta["run_id"], a.run_id);
+    v.tokens = body["output_ids"].get<std::vector<int32_t>>();
+    for (const auto& lp : meta["output_token_logprobs"])
+      v.logprobs.push_back(lp[0].get<float>());
+    return v;
   }
 
   bool no_reply() {
     bool none = true;
-    self->receive([&](const generate_reply&) { none = false; }, caf::after(0s) >> [] {});
+    self->receive([&](const replica_answer&) { none = false; }, caf::after(0s) >> [] {});
     return none;
   }
 
@@ -652,12 +703,69 @@ TEST_F(replica_actor_test, malformed_calls_are_refused_with_400) {
   EXPECT_NE(r.message.find("exact_version"), std::string::npos);
   send(call(2, -7));
   EXPECT_EQ(reply().status, 400);
-  auto c = call(3);
-  c.temperature = -1;
-  send(c);
+  send(call(3, -1, -1, R"("temperature":-1)"));
   requests->run_all();
   sched.run();
   EXPECT_EQ(reply().status, 400);
+}
+
+TEST_F(replica_actor_test, other_routes_pass_through_and_control_routes_are_blocked) {
+  publish("r", 0);
+  start();
+  settle();
+  replica_call models;
+  models.key = 1;
+  models.method = "GET";
+  models.route = "/v1/models";
+  send(models);
+  requests->run_all();
+  sched.run();
+  replica_answer a;
+  self->receive([&](const replica_answer& r) { a = r; }, caf::after(0s) >> [] {});
+  EXPECT_EQ(a.status, 200);
+  EXPECT_FALSE(a.stamped);
+  EXPECT_EQ(nlohmann::json::parse(a.body)["object"], "list");
+
+  replica_call control;
+  control.key = 2;
+  control.route = "/update_weights_from_disk";
+  control.body = "{}";
+  send(control);
+  EXPECT_EQ(requests->pending(), 0u) << "a blocked route never reaches the engine";
+  auto r = reply();
+  EXPECT_EQ(r.status, 403);
+  EXPECT_EQ(r.error_type, "RouteBlocked");
+}
+
+TEST_F(replica_actor_test, streamed_events_reach_the_caller_before_the_stamped_last_event) {
+  publish("r", 0);
+  start();
+  settle();
+  auto c = call(1, 0);
+  c.route = "/v1/completions";
+  c.body = R"({"prompt":"policy says","temperature":0,"max_tokens":6,"stream":true})";
+  send(c);
+  requests->run_all();
+  sched.run();
+  std::vector<std::string> events;
+  replica_answer last;
+  last.status = 0;
+  for (int i = 0; i < 64 && last.status != 200; ++i)
+    self->receive(
+      [&](atom::event, uint64_t key, const std::string& ev) {
+        EXPECT_EQ(key, 1u);
+        EXPECT_NE(last.status, 200) << "no event after the answer";
+        events.push_back(ev);
+      },
+      [&](const replica_answer& r) { last = r; }, caf::after(0s) >> [] {});
+  ASSERT_EQ(last.status, 200);
+  EXPECT_TRUE(last.stream) << last.body;
+  EXPECT_FALSE(events.empty()) << last.body;
+  auto final_event = nlohmann::json::parse(last.body);
+  EXPECT_EQ(final_event["weight_version_start"], 0);
+  EXPECT_EQ(final_event["weight_version_end"], 0);
+  EXPECT_EQ(final_event["run_id"], "r");
+  EXPECT_FALSE(nlohmann::json::parse(events.front()).contains("weight_version_start"));
 }
 
 } // namespace

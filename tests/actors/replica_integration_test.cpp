@@ -11,6 +11,8 @@
 
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
 #include "actors/store_client.hpp"
@@ -116,14 +118,28 @@ protected:
            << i.reason;
   }
 
-  generate_call call(uint64_t key, std::string prompt) {
-    generate_call c;
+  static replica_call call(uint64_t key, const std::string& prompt,
+                           const std::string& sampling = R"("temperature":0,"max_new_tokens":16)") {
+    replica_call c;
     c.key = key;
-    c.prompt = std::move(prompt);
-    c.temperature = 0;
-    c.max_new_tokens = 16;
-    c.return_logprob = true;
+    c.route = "/generate";
+    nlohmann::json body;
+    body["text"] = prompt;
+    body["sampling_params"] = nlohmann::json::parse("{" + sampling + "}");
+    body["return_logprob"] = true;
+    c.body = body.dump();
     return c;
+  }
+
+  static std::vector<int32_t> tokens_of(const replica_answer& a) {
+    return nlohmann::json::parse(a.body)["output_ids"].get<std::vector<int32_t>>();
+  }
+
+  static std::vector<float> logprobs_of(const replica_answer& a) {
+    std::vector<float> out;
+    for (const auto& lp : nlohmann::json::parse(a.body)["meta_info"]["output_token_logprobs"])
+      out.push_back(lp[0].get<float>());
+    return out;
   }
 
   engine::generation_output exported_reference(const version_ref& ref, const std::string& prompt) {
@@ -146,16 +162,16 @@ protected:
     SCOPED_TRACE(to_string(ref));
     const std::string prompt = "reward is " + std::to_string(ref.version);
     auto want = exported_reference(ref, prompt);
-    generate_reply alone;
+    replica_answer alone;
     self->request(replica, caf::infinite, atom::generate_v, call(++key, prompt))
-      .receive([&](const generate_reply& r) { alone = r; },
+      .receive([&](const replica_answer& r) { alone = r; },
                [&](const caf::error& e) { ADD_FAILURE() << sys.render(e); });
-    ASSERT_EQ(alone.status, 200) << alone.message;
+    ASSERT_EQ(alone.status, 200) << alone.body;
     EXPECT_EQ(alone.run_id, ref.run_id);
     EXPECT_EQ(alone.weight_version_start, ref.version);
     EXPECT_EQ(alone.weight_version_end, ref.version);
-    EXPECT_EQ(alone.tokens, want.tokens);
-    EXPECT_EQ(alone.logprobs, want.logprobs);
+    EXPECT_EQ(tokens_of(alone), want.tokens);
+    EXPECT_EQ(logprobs_of(alone), want.logprobs);
 
     // Hold the decode loop so that all five provably share steps.
     std::shared_ptr<engine::builtin_engine> e;
@@ -164,21 +180,18 @@ protected:
       e = engines.back();
     }
     ASSERT_TRUE(e->pause());
-    std::vector<generate_call> calls{call(++key, prompt)};
-    for (int i = 0; i < 4; ++i) {
-      auto other = call(++key, "noise " + std::to_string(i) + std::string(size_t(i) * 7, 'x'));
-      other.temperature = 0.9;
-      other.seed = 5 + i;
-      other.max_new_tokens = 24;
-      calls.push_back(other);
-    }
-    std::vector<generate_reply> got(calls.size());
+    std::vector<replica_call> calls{call(++key, prompt)};
+    for (int i = 0; i < 4; ++i)
+      calls.push_back(
+        call(++key, "noise " + std::to_string(i) + std::string(size_t(i) * 7, 'x'),
+             R"("temperature":0.9,"max_new_tokens":24,"sampling_seed":)" + std::to_string(5 + i)));
+    std::vector<replica_answer> got(calls.size());
     std::vector<std::thread> clients;
     for (size_t i = 0; i < calls.size(); ++i)
       clients.emplace_back([&, i] {
         caf::scoped_actor client{sys};
         client->request(replica, caf::infinite, atom::generate_v, calls[i])
-          .receive([&](const generate_reply& r) { got[i] = r; },
+          .receive([&](const replica_answer& r) { got[i] = r; },
                    [&](const caf::error& err) { ADD_FAILURE() << sys.render(err); });
       });
     auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -189,9 +202,9 @@ protected:
     for (auto& t : clients)
       t.join();
     EXPECT_GE(std::max(before, e->stats().largest_batch), calls.size());
-    ASSERT_EQ(got[0].status, 200) << got[0].message;
-    EXPECT_EQ(got[0].tokens, want.tokens);
-    EXPECT_EQ(got[0].logprobs, want.logprobs);
+    ASSERT_EQ(got[0].status, 200) << got[0].body;
+    EXPECT_EQ(tokens_of(got[0]), want.tokens);
+    EXPECT_EQ(logprobs_of(got[0]), want.logprobs);
     for (const auto& r : got) {
       EXPECT_EQ(r.status, 200);
       EXPECT_EQ(r.weight_version_start, ref.version);

@@ -85,9 +85,8 @@ TEST(api_shapes, errors_name_the_field) {
 }
 
 TEST(api_shapes, chat_messages_render_with_the_builtin_template) {
-  auto r = parse_api_request(
-    api_kind::chat,
-    R"({"messages":[{"role":"system","content":"be brief"},
+  auto r = parse_api_request(api_kind::chat,
+                             R"({"messages":[{"role":"system","content":"be brief"},
                     {"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]}],
         "max_completion_tokens":3,"logprobs":true})");
   ASSERT_TRUE(r) << r.error().message;
@@ -150,8 +149,8 @@ TEST(api_shapes, openai_responses_have_choices_usage_and_logprobs) {
   EXPECT_EQ(ch["choices"][0]["logprobs"]["content"][0]["token"], "h");
   EXPECT_EQ(ch["choices"][0]["logprobs"]["content"][0]["bytes"], json::array({104}));
   req.return_logprob = false;
-  EXPECT_TRUE(json::parse(render_response(req, sample_output(), "7", 1))["choices"][0]["logprobs"]
-                .is_null());
+  EXPECT_TRUE(
+    json::parse(render_response(req, sample_output(), "7", 1))["choices"][0]["logprobs"].is_null());
 }
 
 TEST(api_shapes, stream_events) {
