@@ -137,7 +137,8 @@ protected:
 
   static std::vector<float> logprobs_of(const replica_answer& a) {
     std::vector<float> out;
-    for (const auto& lp : nlohmann::json::parse(a.body)["meta_info"]["output_token_logprobs"])
+    auto doc = nlohmann::json::parse(a.body);
+    for (const auto& lp : doc["meta_info"]["output_token_logprobs"])
       out.push_back(lp[0].get<float>());
     return out;
   }
