@@ -1,0 +1,246 @@
+// The HTTP server over real loopback sockets. Waits are bounded (a hang
+// fails the test) but nothing asserts how fast anything is.
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "transport/http_server.hpp"
+
+namespace stitch::transport {
+namespace {
+
+using namespace std::chrono_literals;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+/// A raw client socket, for what an HTTP client library would not send.
+class raw_client {
+public:
+  explicit raw_client(uint16_t port) : socket_(io_) {
+    socket_.connect({net::ip::make_address("127.0.0.1"), port});
+  }
+  void write(std::string_view data) { net::write(socket_, net::buffer(data)); }
+  /// Everything until the server closes (each wait bounded at 10 s).
+  std::string read_to_close() { return read_until({}); }
+  /// Reads until `marker` appears (or the server closes).
+  std::string read_until(std::string_view marker) {
+    std::string out;
+    char buf[4096];
+    while (marker.empty() || out.find(marker) == std::string::npos) {
+      pollfd p{socket_.native_handle(), POLLIN, 0};
+      if (::poll(&p, 1, 10'000) <= 0)
+        break;
+      ssize_t n = ::recv(socket_.native_handle(), buf, sizeof buf, 0);
+      if (n <= 0)
+        break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+  void close() { socket_.close(); }
+
+private:
+  net::io_context io_;
+  tcp::socket socket_;
+};
+
+server_response text(std::string body) {
+  server_response r;
+  r.content_type = "text/plain";
+  r.body = std::move(body);
+  return r;
+}
+
+class http_server_test : public ::testing::Test {
+protected:
+  void start(http_server_options o, http_handler h) {
+    server = std::make_unique<http_server>(o, std::move(h));
+    auto p = server->listen("127.0.0.1", 0);
+    ASSERT_TRUE(p) << to_string(p.error());
+    port = *p;
+  }
+  http_client client() { return http_client{http_endpoint{"http", "127.0.0.1", port}}; }
+
+  std::unique_ptr<http_server> server;
+  uint16_t port = 0;
+};
+
+TEST_F(http_server_test, keep_alive_serves_many_requests_on_one_connection) {
+  std::atomic<int> seen{0};
+  start({}, [&](server_request req, std::shared_ptr<http_responder> r) {
+    ++seen;
+    r->send(text(req.method + " " + req.path + " " + req.body));
+  });
+  auto c = client();
+  for (int i = 0; i < 3; ++i) {
+    http_request req;
+    req.method = "POST";
+    req.target = "/echo?x=1";
+    req.body = "hello";
+    auto got = c.send(req);
+    ASSERT_TRUE(got) << to_string(got.error());
+    EXPECT_EQ(got->status, 200u);
+    EXPECT_EQ(got->body, "POST /echo hello");
+  }
+  EXPECT_EQ(seen.load(), 3);
+  EXPECT_EQ(server->open_connections(), 1u);
+}
+
+TEST_F(http_server_test, answers_from_another_thread_and_pipelined_answers_keep_their_order) {
+  std::mutex m;
+  std::vector<std::pair<std::string, std::shared_ptr<http_responder>>> held;
+  start({}, [&](server_request req, std::shared_ptr<http_responder> r) {
+    std::lock_guard g{m};
+    held.emplace_back(req.path, std::move(r));
+  });
+  raw_client raw{port};
+  raw.write("GET /first HTTP/1.1\r\nHost: x\r\n\r\nGET /second HTTP/1.1\r\nHost: x\r\n"
+            "Connection: close\r\n\r\n");
+  for (int i = 0; i < 1000; ++i) {
+    {
+      std::lock_guard g{m};
+      if (held.size() == 2)
+        break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  std::thread answer{[&] {
+    std::lock_guard g{m};
+    ASSERT_EQ(held.size(), 2u);
+    held[1].second->send(text("two")); // the second is ready first
+    held[0].second->send(text("one"));
+  }};
+  answer.join();
+  auto all = raw.read_to_close();
+  auto one = all.find("one");
+  auto two = all.find("two");
+  ASSERT_NE(one, std::string::npos) << "[" << all << "]";
+  ASSERT_NE(two, std::string::npos) << all;
+  EXPECT_LT(one, two);
+}
+
+TEST_F(http_server_test, bodies_over_the_limit_get_413_and_malformed_requests_400) {
+  http_server_options o;
+  o.body_limit = 64;
+  start(o, [&](server_request, std::shared_ptr<http_responder> r) { r->send(text("ok")); });
+  raw_client big{port};
+  big.write("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n");
+  auto answer = big.read_to_close();
+  EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer;
+  EXPECT_NE(answer.find("PayloadTooLarge"), std::string::npos);
+
+  raw_client junk{port};
+  junk.write("this is not http\r\n\r\n");
+  auto bad = junk.read_to_close();
+  EXPECT_EQ(bad.rfind("HTTP/1.1 400", 0), 0u) << bad;
+  auto body = bad.substr(bad.find("\r\n\r\n") + 4);
+  auto j = nlohmann::json::parse(body);
+  EXPECT_EQ(j["type"], "BadRequest");
+  EXPECT_NE(j["message"].get<std::string>().find("malformed HTTP"), std::string::npos);
+
+  raw_client header{port};
+  header.write("GET / HTTP/1.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n");
+  EXPECT_EQ(header.read_to_close().rfind("HTTP/1.1 431", 0), 0u);
+}
+
+TEST_F(http_server_test, a_slow_or_idle_connection_is_closed_by_the_timeout) {
+  http_server_options o;
+  o.idle_timeout = 300ms;
+  start(o, [&](server_request, std::shared_ptr<http_responder> r) { r->send(text("ok")); });
+  raw_client slow{port};
+  slow.write("GET / HTTP/1.1\r\nHost:"); // and never more
+  auto got = slow.read_to_close();
+  EXPECT_EQ(got, "") << "closed without an answer";
+  for (int i = 0; i < 200 && server->open_connections() != 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server->open_connections(), 0u);
+}
+
+TEST_F(http_server_test, events_stream_as_chunks) {
+  start({}, [&](server_request, std::shared_ptr<http_responder> r) {
+    std::thread{[r] {
+      r->start_events({{"X-Stitch-Replica", "r0"}});
+      r->event(R"({"n":1})");
+      r->event(R"({"n":2})");
+      r->end_events(true);
+    }}.detach();
+  });
+  raw_client raw{port};
+  raw.write("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+  auto got = raw.read_until("0\r\n\r\n");
+  EXPECT_NE(got.find("Content-Type: text/event-stream"), std::string::npos) << got;
+  EXPECT_NE(got.find("Transfer-Encoding: chunked"), std::string::npos) << got;
+  EXPECT_NE(got.find("X-Stitch-Replica: r0"), std::string::npos);
+  auto first = got.find("data: {\"n\":1}\n\n");
+  auto second = got.find("data: {\"n\":2}\n\n");
+  auto done = got.find("data: [DONE]\n\n");
+  ASSERT_NE(first, std::string::npos) << got;
+  EXPECT_LT(first, second);
+  EXPECT_LT(second, done);
+}
+
+TEST_F(http_server_test, a_client_that_goes_away_is_reported_once) {
+  std::promise<void> gone;
+  std::atomic<int> calls{0};
+  std::shared_ptr<http_responder> held;
+  std::promise<void> arrived;
+  start({}, [&](server_request, std::shared_ptr<http_responder> r) {
+    held = r;
+    r->on_disconnect([&] {
+      if (++calls == 1)
+        gone.set_value();
+    });
+    arrived.set_value();
+  });
+  {
+    raw_client raw{port};
+    raw.write("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+    ASSERT_EQ(arrived.get_future().wait_for(10s), std::future_status::ready);
+    raw.close();
+  }
+  ASSERT_EQ(gone.get_future().wait_for(10s), std::future_status::ready);
+  held->send(text("too late")); // harmless
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST_F(http_server_test, stop_lets_answers_in_flight_finish) {
+  std::promise<std::shared_ptr<http_responder>> pending;
+  start({}, [&](server_request, std::shared_ptr<http_responder> r) { pending.set_value(r); });
+  std::promise<result<http_response>> reply;
+  std::thread requester{[&] {
+    auto c = client();
+    http_request req;
+    req.target = "/slow";
+    reply.set_value(c.send(req));
+  }};
+  auto r = pending.get_future().get();
+  std::thread stopper{[&] { server->stop(); }};
+  std::this_thread::sleep_for(50ms);
+  r->send(text("finished"));
+  stopper.join();
+  requester.join();
+  auto got = reply.get_future().get();
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_EQ(got->body, "finished");
+  // No new connection is accepted after the drain.
+  EXPECT_THROW(raw_client{port}, std::exception);
+}
+
+} // namespace
+} // namespace stitch::transport

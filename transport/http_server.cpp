@@ -1,0 +1,579 @@
+#include "transport/http_server.hpp"
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "runtime/core/constraint.hpp"
+
+namespace stitch::transport {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = net::ip::tcp;
+
+server_response error_response(unsigned status, std::string_view type, std::string_view message,
+                               bool retryable) {
+  server_response r;
+  r.status = status;
+  r.body = error_json(type, message, retryable);
+  return r;
+}
+
+namespace {
+
+class session;
+
+/// One request's place in its connection's pipeline; the responder of it.
+class slot final : public http_responder, public std::enable_shared_from_this<slot> {
+public:
+  slot(std::weak_ptr<session> owner, net::strand<net::io_context::executor_type> strand,
+       bool keep_alive, unsigned version)
+      : owner_(std::move(owner)), strand_(std::move(strand)), keep_alive(keep_alive),
+        version(version) {}
+
+private:
+  std::weak_ptr<session> owner_;
+  net::strand<net::io_context::executor_type> strand_;
+
+public:
+
+  void send(server_response response) override;
+  void start_events(http_headers headers) override;
+  void event(std::string data) override;
+  void end_events(bool done_marker) override;
+  void on_disconnect(std::function<void()> f) override;
+
+  // Strand-only state.
+  bool keep_alive;
+  unsigned version;
+  bool answered = false;
+  std::optional<server_response> whole;
+  bool events = false;
+  http_headers event_headers;
+  std::deque<std::string> chunks;
+  bool ended = false;
+  bool header_written = false;
+  bool closed = false;
+  std::function<void()> disconnect;
+  std::optional<bhttp::response<bhttp::empty_body>> event_head;
+  std::optional<bhttp::response_serializer<bhttp::empty_body>> event_serializer;
+
+  /// The client went away: tell whoever waits for it, once.
+  void gone() {
+    if (closed)
+      return;
+    closed = true;
+    if (disconnect && !(answered && (!events || ended)))
+      std::exchange(disconnect, {})();
+  }
+
+private:
+  template <class F>
+  void on_strand(F f);
+};
+
+} // namespace
+
+struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
+  impl(http_server_options o, http_handler h)
+      : opts(o), handler(std::move(h)), work(net::make_work_guard(ioc)), acceptor(ioc) {}
+
+  void accept();
+  void session_closed() {
+    std::lock_guard guard{mutex};
+    --connections;
+    drained.notify_all();
+  }
+
+  http_server_options opts;
+  http_handler handler;
+  net::io_context ioc;
+  net::executor_work_guard<net::io_context::executor_type> work;
+  tcp::acceptor acceptor;
+  std::vector<std::thread> threads;
+  std::atomic<bool> stopping{false};
+  std::atomic<uint16_t> port{0};
+  std::mutex mutex;
+  std::condition_variable drained;
+  size_t connections = 0;
+  std::vector<std::weak_ptr<session>> sessions;
+  bool stopped = false;
+};
+
+namespace {
+
+class session final : public std::enable_shared_from_this<session> {
+public:
+  session(tcp::socket socket, std::shared_ptr<http_server::impl> server)
+      : strand_(net::make_strand(server->ioc)), socket_(std::move(socket)), server_(server),
+        read_timer_(strand_), write_timer_(strand_) {
+    boost::system::error_code ec;
+    auto ep = socket_.remote_endpoint(ec);
+    if (!ec)
+      remote_ = ep.address().to_string() + ":" + std::to_string(ep.port());
+  }
+
+  ~session() { server_->session_closed(); }
+
+  net::strand<net::io_context::executor_type>& strand() { return strand_; }
+
+  void start() {
+    net::dispatch(strand_, [self = shared_from_this()] { self->read_next(); });
+  }
+
+  /// Graceful drain: no more requests; close once the answers are written.
+  void drain() {
+    net::dispatch(strand_, [self = shared_from_this()] {
+      self->draining_ = true;
+      if (self->slots_.empty())
+        self->close();
+    });
+  }
+
+  void force_close() {
+    net::dispatch(strand_, [self = shared_from_this()] { self->close(); });
+  }
+
+  /// Writes whatever the head of the pipeline has ready.
+  void pump() {
+    if (writing_ || closed_ || slots_.empty())
+      return;
+    auto head = slots_.front();
+    if (!head->answered)
+      return;
+    if (head->whole) {
+      write_whole(head);
+    } else if (head->events) {
+      write_events(head);
+    }
+  }
+
+private:
+  void arm(net::steady_timer& timer, std::chrono::milliseconds after) {
+    timer.expires_after(after);
+    timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (!ec)
+        self->close();
+    });
+  }
+
+  void read_next() {
+    if (reading_ || closed_ || stop_reading_ || draining_
+        || slots_.size() >= server_->opts.max_pipeline)
+      return;
+    reading_ = true;
+    parser_.emplace();
+    parser_->body_limit(server_->opts.body_limit);
+    parser_->header_limit(server_->opts.header_limit);
+    // Waiting for a next request while none is pending is idle time; while
+    // answers are pending the client may legitimately stay silent.
+    if (slots_.empty())
+      arm(read_timer_, server_->opts.idle_timeout);
+    bhttp::async_read_header(socket_, buffer_, *parser_,
+                             net::bind_executor(strand_, [self = shared_from_this()](
+                                                           boost::system::error_code ec, size_t) {
+                               self->on_header(ec);
+                             }));
+  }
+
+  void on_header(boost::system::error_code ec) {
+    if (ec)
+      return on_read_error(ec);
+    arm(read_timer_, server_->opts.read_timeout);
+    auto& req = parser_->get();
+    auto expect = req[bhttp::field::expect];
+    if (beast::iequals(expect, "100-continue") && !parser_->is_done()) {
+      static const std::string cont = "HTTP/1.1 100 Continue\r\n\r\n";
+      net::async_write(socket_, net::buffer(cont),
+                       net::bind_executor(strand_, [self = shared_from_this()](
+                                                     boost::system::error_code wec, size_t) {
+                         if (wec)
+                           return self->on_read_error(wec);
+                         self->read_body();
+                       }));
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    bhttp::async_read(socket_, buffer_, *parser_,
+                      net::bind_executor(strand_, [self = shared_from_this()](
+                                                    boost::system::error_code ec, size_t) {
+                        self->on_request(ec);
+                      }));
+  }
+
+  void on_read_error(boost::system::error_code ec) {
+    reading_ = false;
+    read_timer_.cancel();
+    if (closed_)
+      return;
+    unsigned status = 0;
+    std::string message;
+    if (ec == bhttp::error::body_limit) {
+      status = 413;
+      message = "the request body exceeds the limit of " +
+                std::to_string(server_->opts.body_limit) + " bytes";
+    } else if (ec == bhttp::error::header_limit) {
+      status = 431;
+      message = "the request header exceeds the limit of " +
+                std::to_string(server_->opts.header_limit) + " bytes";
+    } else if (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category()
+               && ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
+      status = 400;
+      message = "malformed HTTP request: " + ec.message();
+    }
+    if (status == 0) {
+      // The client went away (or timed out): nobody waits for the answers.
+      close();
+      return;
+    }
+    stop_reading_ = true;
+    auto s = std::make_shared<slot>(weak_from_this(), strand_, false, 11);
+    s->answered = true;
+    s->whole = error_response(status, status == 413 ? "PayloadTooLarge" : "BadRequest", message);
+    slots_.push_back(std::move(s));
+    pump();
+  }
+
+  void on_request(boost::system::error_code ec) {
+    if (ec)
+      return on_read_error(ec);
+    reading_ = false;
+    read_timer_.cancel();
+    auto msg = parser_->release();
+    server_request req;
+    req.method = std::string{msg.method_string()};
+    req.target = std::string{msg.target()};
+    req.path = req.target.substr(0, req.target.find('?'));
+    for (const auto& field : msg)
+      req.headers.push_back({std::string{field.name_string()}, std::string{field.value()}});
+    req.body = std::move(msg.body());
+    req.remote = remote_;
+    bool keep = msg.keep_alive();
+    auto s = std::make_shared<slot>(weak_from_this(), strand_, keep, msg.version());
+    slots_.push_back(s);
+    // Unanswered requests keep the connection alive even with no I/O pending.
+    hold_ = shared_from_this();
+    if (!keep)
+      stop_reading_ = true;
+    try {
+      server_->handler(std::move(req), s);
+    } catch (const std::exception& e) {
+      s->send(error_response(500, "InternalError", e.what(), true));
+    }
+    read_next();
+  }
+
+  void finish_head(bool keep) {
+    write_timer_.cancel();
+    writing_ = false;
+    slots_.pop_front();
+    // Released when this returns (it may be the last reference).
+    auto last = slots_.empty() ? std::move(hold_) : nullptr;
+    if (!keep || (draining_ && slots_.empty())) {
+      close();
+      return;
+    }
+    read_next();
+    pump();
+  }
+
+  void write_whole(const std::shared_ptr<slot>& head) {
+    auto res = std::make_shared<bhttp::response<bhttp::string_body>>();
+    res->version(head->version);
+    res->result(head->whole->status);
+    res->set(bhttp::field::server, "stitch");
+    res->set(bhttp::field::content_type, head->whole->content_type);
+    for (const auto& h : head->whole->headers)
+      res->set(h.name, h.value);
+    res->body() = std::move(head->whole->body);
+    bool keep = head->keep_alive && !draining_ && head->whole->status < 500;
+    if (head->whole->status >= 400 && stop_reading_ && !reading_ && slots_.size() == 1)
+      keep = false;
+    res->keep_alive(keep);
+    res->prepare_payload();
+    writing_ = true;
+    arm(write_timer_, server_->opts.write_timeout);
+    bhttp::async_write(socket_, *res,
+                       net::bind_executor(strand_, [self = shared_from_this(), res, keep](
+                                                     boost::system::error_code ec, size_t) {
+                         if (ec) {
+                           self->close();
+                           return;
+                         }
+                         self->finish_head(keep);
+                       }));
+  }
+
+  void write_events(const std::shared_ptr<slot>& head) {
+    auto done = [self = shared_from_this()](boost::system::error_code ec, size_t) {
+      self->write_timer_.cancel();
+      self->writing_ = false;
+      if (ec) {
+        self->close();
+        return;
+      }
+      self->pump();
+    };
+    if (!head->header_written) {
+      head->event_head.emplace(bhttp::status::ok, head->version);
+      auto& h = *head->event_head;
+      h.set(bhttp::field::server, "stitch");
+      h.set(bhttp::field::content_type, "text/event-stream");
+      h.set(bhttp::field::cache_control, "no-cache");
+      for (const auto& x : head->event_headers)
+        h.set(x.name, x.value);
+      h.chunked(true);
+      h.keep_alive(head->keep_alive && !draining_);
+      head->event_serializer.emplace(h);
+      head->header_written = true;
+      writing_ = true;
+      arm(write_timer_, server_->opts.write_timeout);
+      bhttp::async_write_header(socket_, *head->event_serializer,
+                                net::bind_executor(strand_, done));
+      return;
+    }
+    if (!head->chunks.empty()) {
+      auto data = std::make_shared<std::string>(std::move(head->chunks.front()));
+      head->chunks.pop_front();
+      writing_ = true;
+      arm(write_timer_, server_->opts.write_timeout);
+      net::async_write(socket_, bhttp::make_chunk(net::buffer(*data)),
+                       net::bind_executor(strand_, [data, done](boost::system::error_code ec,
+                                                                size_t n) { done(ec, n); }));
+      return;
+    }
+    if (head->ended) {
+      writing_ = true;
+      bool keep = head->event_head->keep_alive();
+      arm(write_timer_, server_->opts.write_timeout);
+      net::async_write(socket_, bhttp::make_chunk_last(),
+                       net::bind_executor(strand_, [self = shared_from_this(), keep](
+                                                     boost::system::error_code ec, size_t) {
+                         if (ec) {
+                           self->close();
+                           return;
+                         }
+                         self->finish_head(keep);
+                       }));
+    }
+  }
+
+  void close() {
+    if (closed_)
+      return;
+    closed_ = true;
+    read_timer_.cancel();
+    write_timer_.cancel();
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    auto pending = std::move(slots_);
+    slots_.clear();
+    auto last = std::move(hold_);
+    for (auto& s : pending)
+      s->gone();
+  }
+
+  net::strand<net::io_context::executor_type> strand_;
+  tcp::socket socket_;
+  std::shared_ptr<http_server::impl> server_;
+  net::steady_timer read_timer_;
+  net::steady_timer write_timer_;
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::deque<std::shared_ptr<slot>> slots_;
+  std::shared_ptr<session> hold_;
+  std::string remote_;
+  bool reading_ = false;
+  bool writing_ = false;
+  bool stop_reading_ = false;
+  bool draining_ = false;
+  bool closed_ = false;
+
+  friend class slot;
+};
+
+template <class F>
+void slot::on_strand(F f) {
+  net::dispatch(strand_, [self = shared_from_this(), f = std::move(f)]() mutable {
+    auto owner = self->owner_.lock();
+    if (!owner || self->closed)
+      return;
+    f(*self, *owner);
+  });
+}
+
+void slot::send(server_response response) {
+  on_strand([response = std::move(response)](slot& s, session& owner) mutable {
+    if (s.answered)
+      return;
+    s.answered = true;
+    s.whole = std::move(response);
+    owner.pump();
+  });
+}
+
+void slot::start_events(http_headers headers) {
+  on_strand([headers = std::move(headers)](slot& s, session& owner) mutable {
+    if (s.answered)
+      return;
+    s.answered = true;
+    s.events = true;
+    s.event_headers = std::move(headers);
+    owner.pump();
+  });
+}
+
+void slot::event(std::string data) {
+  on_strand([data = std::move(data)](slot& s, session& owner) mutable {
+    if (!s.events || s.ended)
+      return;
+    s.chunks.push_back("data: " + data + "\n\n");
+    owner.pump();
+  });
+}
+
+void slot::end_events(bool done_marker) {
+  on_strand([done_marker](slot& s, session& owner) {
+    if (!s.events || s.ended)
+      return;
+    if (done_marker)
+      s.chunks.push_back("data: [DONE]\n\n");
+    s.ended = true;
+    owner.pump();
+  });
+}
+
+void slot::on_disconnect(std::function<void()> f) {
+  net::dispatch(strand_, [self = shared_from_this(), f = std::move(f)]() mutable {
+    if (self->closed || self->owner_.expired()) {
+      f();
+      return;
+    }
+    self->disconnect = std::move(f);
+  });
+}
+
+} // namespace
+
+void http_server::impl::accept() {
+  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](
+                                                 boost::system::error_code ec, tcp::socket socket) {
+    if (self->stopping)
+      return;
+    if (!ec) {
+      boost::system::error_code nd;
+      socket.set_option(tcp::no_delay(true), nd);
+      std::shared_ptr<session> s;
+      {
+        std::lock_guard guard{self->mutex};
+        ++self->connections;
+        s = std::make_shared<session>(std::move(socket), self);
+        std::erase_if(self->sessions, [](const auto& w) { return w.expired(); });
+        self->sessions.push_back(s);
+      }
+      s->start();
+    }
+    self->accept();
+  });
+}
+
+http_server::http_server(http_server_options options, http_handler handler)
+    : impl_(std::make_shared<impl>(options, std::move(handler))) {}
+
+http_server::~http_server() {
+  stop();
+}
+
+result<uint16_t> http_server::listen(const std::string& host, uint16_t port) {
+  boost::system::error_code ec;
+  auto address = net::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  if (ec)
+    return make_error(errc::invalid_argument, "cannot listen on " + quote_untrusted(host) +
+                                                ": not an IP address");
+  tcp::endpoint ep{address, port};
+  auto& a = impl_->acceptor;
+  a.open(ep.protocol(), ec);
+  if (!ec)
+    a.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec)
+    a.bind(ep, ec);
+  if (!ec)
+    a.listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    return make_error(errc::backend_failure,
+                      "cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
+  impl_->port = a.local_endpoint().port();
+  impl_->accept();
+  for (size_t i = 0; i < std::max<size_t>(1, impl_->opts.threads); ++i)
+    impl_->threads.emplace_back([s = impl_] { s->ioc.run(); });
+  return impl_->port.load();
+}
+
+void http_server::stop() {
+  auto& s = *impl_;
+  std::vector<std::shared_ptr<session>> live;
+  {
+    std::lock_guard guard{s.mutex};
+    if (s.stopped)
+      return;
+    s.stopped = true;
+    s.stopping = true;
+    for (auto& w : s.sessions)
+      if (auto p = w.lock())
+        live.push_back(std::move(p));
+  }
+  net::post(s.ioc, [&s] {
+    boost::system::error_code ec;
+    s.acceptor.close(ec);
+  });
+  for (auto& p : live)
+    p->drain();
+  {
+    std::unique_lock lock{s.mutex};
+    live.clear();
+    s.drained.wait_for(lock, s.opts.drain_timeout, [&] { return s.connections == 0; });
+    for (auto& w : s.sessions)
+      if (auto p = w.lock())
+        live.push_back(std::move(p));
+  }
+  for (auto& p : live)
+    p->force_close();
+  live.clear();
+  s.work.reset();
+  if (s.threads.empty()) {
+    s.ioc.stop();
+  }
+  for (auto& t : s.threads)
+    t.join();
+  s.threads.clear();
+}
+
+uint16_t http_server::port() const noexcept {
+  return impl_->port.load();
+}
+
+size_t http_server::open_connections() const noexcept {
+  std::lock_guard guard{impl_->mutex};
+  return impl_->connections;
+}
+
+} // namespace stitch::transport

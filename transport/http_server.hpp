@@ -1,0 +1,111 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+#include "transport/http_client.hpp"
+
+namespace stitch::transport {
+
+/// A request as the server read it.
+struct server_request {
+  std::string method;
+  /// The target as sent: path and query.
+  std::string target;
+  /// The target without its query.
+  std::string path;
+  http_headers headers;
+  std::string body;
+  /// The peer's address, for logs.
+  std::string remote;
+
+  /// The first header named `name` (case-insensitive), or nullptr.
+  const std::string* header(std::string_view name) const { return find_header(headers, name); }
+};
+
+struct server_response {
+  unsigned status = 200;
+  std::string content_type = "application/json";
+  http_headers headers;
+  std::string body;
+};
+
+/// The answer to one request. Thread-safe: an actor answers from its own
+/// thread and the write happens on the connection's strand. Only the first
+/// answer counts.
+class http_responder {
+public:
+  virtual ~http_responder() = default;
+  /// Answers with a whole response.
+  virtual void send(server_response response) = 0;
+  /// Starts a server-sent-events answer (200, `text/event-stream`, chunked).
+  virtual void start_events(http_headers headers) = 0;
+  /// One event: `data: <data>\n\n`.
+  virtual void event(std::string data) = 0;
+  /// Ends the events (after a last `data: [DONE]` when `done_marker`).
+  virtual void end_events(bool done_marker) = 0;
+  /// `f` runs once if the client goes away before the answer is complete
+  /// (on the server's thread; keep it short).
+  virtual void on_disconnect(std::function<void()> f) = 0;
+};
+
+/// Called on a server thread for every request; must not block: hand the
+/// request on and answer through the responder later.
+using http_handler = std::function<void(server_request, std::shared_ptr<http_responder>)>;
+
+struct http_server_options {
+  /// Larger request bodies are answered 413.
+  size_t body_limit = size_t{16} << 20;
+  /// Larger request headers are answered 431.
+  uint32_t header_limit = 16 * 1024;
+  /// A connection waiting for (the header of) its next request this long is closed.
+  std::chrono::milliseconds idle_timeout{60'000};
+  /// Receiving a request body may take this long.
+  std::chrono::milliseconds read_timeout{30'000};
+  /// Each write of an answer may take this long.
+  std::chrono::milliseconds write_timeout{30'000};
+  /// Requests read ahead on one connection while earlier ones are unanswered.
+  size_t max_pipeline = 16;
+  /// Threads running the connections.
+  size_t threads = 1;
+  /// `stop` waits this long for answers in flight.
+  std::chrono::milliseconds drain_timeout{30'000};
+};
+
+/// An HTTP/1.1 server (Boost.Beast): keep-alive, a bounded pipeline per
+/// connection answered in order, body and header limits, timeouts, and a
+/// graceful drain. Malformed requests get a JSON 4xx naming the problem, then
+/// the connection closes.
+class http_server {
+public:
+  http_server(http_server_options options, http_handler handler);
+  ~http_server();
+  http_server(const http_server&) = delete;
+  http_server& operator=(const http_server&) = delete;
+
+  /// Binds and starts serving; port 0 picks a free port. Returns the port.
+  result<uint16_t> listen(const std::string& host, uint16_t port);
+  /// Stops accepting, lets answers in flight finish (up to `drain_timeout`),
+  /// then closes every connection. Idempotent.
+  void stop();
+  uint16_t port() const noexcept;
+  size_t open_connections() const noexcept;
+
+  struct impl;
+
+private:
+  std::shared_ptr<impl> impl_;
+};
+
+/// The body of a 4xx/5xx the HTTP layer itself answers, in the error shape
+/// of DESIGN §5.
+server_response error_response(unsigned status, std::string_view type, std::string_view message,
+                               bool retryable = false);
+
+} // namespace stitch::transport
