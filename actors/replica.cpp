@@ -317,9 +317,26 @@ void carry_out(self_ptr self, rfx::enter_rotation e) {
     gate.serve(e.version.version);
 }
 
+/// Tells subscribers when what routing depends on changed.
+void publish_state(self_ptr self) {
+  auto& st = self->state;
+  if (st.subscribers.empty())
+    return;
+  auto info = describe(st);
+  std::string key = std::to_string(info.ready) + "|" + info.applied + "|" +
+                    std::to_string(info.applied_version) + "|" + info.sync_state + "|" +
+                    info.reason + "|" + info.terminal_error;
+  if (key == st.last_published)
+    return;
+  st.last_published = std::move(key);
+  for (const auto& s : st.subscribers)
+    caf::send_as(caf::actor_cast<caf::actor>(self), s, atom::replica_state_v, info);
+}
+
 void apply(self_ptr self, std::vector<reconcile_effect> effects) {
   for (auto& e : effects)
     std::visit([self](auto& x) { carry_out(self, std::move(x)); }, e);
+  publish_state(self);
 }
 
 void apply_gate(self_ptr self, std::vector<gate_effect> effects) {
@@ -343,6 +360,7 @@ void apply_gate(self_ptr self, std::vector<gate_effect> effects) {
       run_commit(self);
     }
   }
+  publish_state(self);
 }
 
 /// The engine's weights are uncertain: nothing may finish on them.
@@ -422,6 +440,10 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
     return behavior(self);
   }
   init.engine = std::move(*made);
+  self->set_down_handler([self](const caf::down_msg& down) {
+    std::erase_if(self->state.subscribers,
+                  [&](const caf::actor& a) { return a.address() == down.source; });
+  });
   self->attach_functor([self] {
     // Generations still running stop at their next step.
     for (auto& [id, r] : self->state.requests)
@@ -505,6 +527,12 @@ replica_actor::behavior_type behavior(self_ptr self) {
     },
     [self](atom::wake) { reconcile_now(self, trigger::wake); },
     [self](atom::server_info) -> replica_info { return describe(self->state); },
+    [self](atom::subscribe, caf::actor& who) {
+      auto& st = self->state;
+      self->monitor(who);
+      st.subscribers.push_back(who);
+      caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, describe(st));
+    },
     [self](atom::pointer_moved, const std::string& pool, const pointer_record&) {
       if (pool == self->state.opts.pool)
         reconcile_now(self, trigger::wake);

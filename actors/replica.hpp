@@ -103,6 +103,9 @@ struct replica_state {
   std::shared_ptr<std::shared_ptr<engine_port>> rebuilt_engine;
   bool drain_timer_armed = false;
   replica_metrics counters;
+  std::vector<caf::actor> subscribers;
+  /// What subscribers last heard (ready, applied, sync state, reason).
+  std::string last_published;
 };
 
 /// A replica over `deps`. Spawn it on the cooperative scheduler: everything

@@ -22,6 +22,10 @@ using replica_actor = caf::typed_actor<
   caf::reacts_to<atom::wake>,
   // DESIGN §5 `server_info`.
   caf::replies_to<atom::server_info>::with<replica_info>,
+  // Sends `(replica_state, replica_info)` to the subscriber now and whenever
+  // readiness, the applied version or the sync state change (the gateway and
+  // status route and report from these, never polling per request).
+  caf::reacts_to<atom::subscribe, caf::actor>,
   // The store's pointer subscription.
   caf::reacts_to<atom::pointer_moved, std::string, pointer_record>,
   // Internal: the backstop timer and the drain deadline.

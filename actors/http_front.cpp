@@ -1,0 +1,324 @@
+#include "actors/http_front.hpp"
+
+#include <caf/all.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+
+namespace stitch {
+
+using transport::http_responder;
+using transport::server_response;
+
+std::string server_info_json(const replica_info& i) {
+  nlohmann::ordered_json j;
+  j["replica_id"] = i.replica_id;
+  j["pool"] = i.pool;
+  j["ready"] = i.ready;
+  j["applied"] = i.applied.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.applied);
+  j["applied_version"] =
+    i.applied_version < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.applied_version);
+  j["run_id"] = i.run_id.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.run_id);
+  j["pointer"] = i.pointer.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.pointer);
+  j["sync_state"] = i.sync_state;
+  j["reason"] = i.reason;
+  j["terminal_error"] =
+    i.terminal_error.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.terminal_error);
+  j["commit_mode"] = i.commit_mode;
+  j["active_requests"] = i.active_requests;
+  j["queued_requests"] = i.queued_requests;
+  const auto& m = i.metrics;
+  nlohmann::ordered_json mj;
+  mj["stage_s"] = m.last_stage_s;
+  mj["drain_ms"] = m.last_drain_ms;
+  mj["pause_us"] = m.last_pause_us;
+  mj["max_pause_us"] = m.max_pause_us;
+  mj["folded_versions"] = m.last_folded;
+  mj["folded_versions_total"] = m.folded_versions_total;
+  mj["activations_total"] = m.activations_total;
+  mj["skipped_activations_total"] = m.skipped_activations_total;
+  mj["stages_total"] = m.stages_total;
+  mj["stage_failures_total"] = m.stage_failures_total;
+  mj["activation_failures_total"] = m.activation_failures_total;
+  mj["checksum_failures_total"] = m.checksum_failures_total;
+  mj["rebuilds_total"] = m.rebuilds_total;
+  mj["bytes_fetched_total"] = m.bytes_fetched_total;
+  mj["requests_admitted_total"] = m.requests_admitted_total;
+  mj["requests_rejected_total"] = m.requests_rejected_total;
+  mj["requests_completed_total"] = m.requests_completed_total;
+  mj["drain_timeouts_total"] = m.drain_timeouts_total;
+  j["metrics"] = std::move(mj);
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+void deliver(const replica_answer& a, http_responder& out, bool streaming) {
+  transport::http_headers headers;
+  if (!a.replica_id.empty())
+    headers.push_back({"X-Stitch-Replica", a.replica_id});
+  if (a.stream && a.status == 200) {
+    if (!streaming)
+      out.start_events(headers);
+    out.event(a.body);
+    out.end_events(true);
+    return;
+  }
+  if (streaming) {
+    // The stream already began: the error becomes its last event.
+    out.event(a.body);
+    out.end_events(false);
+    return;
+  }
+  server_response r;
+  r.status = a.status;
+  r.content_type = a.content_type.empty() ? "application/json" : a.content_type;
+  r.body = a.body;
+  r.headers = std::move(headers);
+  if (a.retry_after > 0)
+    r.headers.push_back({"Retry-After", std::to_string(a.retry_after)});
+  out.send(std::move(r));
+}
+
+void relay_call(caf::actor_system& sys, const caf::actor& target, caf::message msg, uint64_t key,
+                std::shared_ptr<http_responder> out) {
+  sys.spawn([target, msg = std::move(msg), key,
+             out = std::move(out)](caf::event_based_actor* self) mutable -> caf::behavior {
+    auto streaming = std::make_shared<bool>(false);
+    out->on_disconnect([target, key] { caf::anon_send(target, atom::cancel_v, key); });
+    self->request(target, caf::infinite, std::move(msg))
+      .then(
+        [self, out, streaming](replica_answer& a) {
+          deliver(a, *out, *streaming);
+          self->quit();
+        },
+        [self, out, streaming](caf::error& err) {
+          replica_answer a;
+          a.status = 503;
+          a.body = error_json("EngineUnavailable", "the replica did not answer: " +
+                                                     self->system().render(err),
+                              true);
+          a.retry_after = 1;
+          deliver(a, *out, *streaming);
+          self->quit();
+        });
+    return {[out, streaming](atom::event, uint64_t, std::string& ev) {
+      if (!*streaming) {
+        out->start_events({});
+        *streaming = true;
+      }
+      out->event(std::move(ev));
+    }};
+  });
+}
+
+replica_http::replica_http(caf::actor_system& sys, caf::actor replica, replica_http_options options)
+    : sys_(sys), replica_(std::make_shared<caf::actor>(std::move(replica))),
+      options_(std::move(options)) {}
+
+replica_http::~replica_http() {
+  stop();
+}
+
+result<uint16_t> replica_http::listen(const std::string& host, uint16_t port) {
+  server_ = std::make_unique<transport::http_server>(
+    options_.server, [this](transport::server_request req, std::shared_ptr<http_responder> out) {
+      handle(std::move(req), std::move(out));
+    });
+  return server_->listen(host, port);
+}
+
+void replica_http::stop() {
+  if (server_)
+    server_->stop();
+}
+
+void replica_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
+  auto decision = transport::route_request(transport::surface::replica, req, options_.router);
+  auto target = *replica_;
+  std::visit(
+    [&](auto& d) {
+      using T = std::decay_t<decltype(d)>;
+      if constexpr (std::is_same_v<T, transport::routed::refuse>) {
+        out->send(std::move(d.response));
+      } else if constexpr (std::is_same_v<T, transport::routed::versioned>) {
+        replica_call call;
+        call.key = next_key_++;
+        call.route = d.route;
+        call.body = std::move(d.body);
+        call.min_version = d.c.min_version ? static_cast<int64_t>(*d.c.min_version) : -1;
+        call.exact_version = d.c.exact_version ? static_cast<int64_t>(*d.c.exact_version) : -1;
+        auto key = call.key;
+        relay_call(sys_, target, caf::make_message(atom::generate_v, std::move(call)), key,
+                   std::move(out));
+      } else if constexpr (std::is_same_v<T, transport::routed::passthrough>) {
+        replica_call call;
+        call.key = next_key_++;
+        call.method = d.method;
+        call.route = d.route;
+        call.body = std::move(d.body);
+        auto key = call.key;
+        relay_call(sys_, target, caf::make_message(atom::generate_v, std::move(call)), key,
+                   std::move(out));
+      } else if constexpr (std::is_same_v<T, transport::routed::wake>) {
+        caf::anon_send(target, atom::wake_v);
+        server_response r;
+        r.body = R"({"ok":true})";
+        out->send(std::move(r));
+      } else if constexpr (std::is_same_v<T, transport::routed::health> ||
+                           std::is_same_v<T, transport::routed::server_info>) {
+        constexpr bool health = std::is_same_v<T, transport::routed::health>;
+        sys_.spawn([target, out](caf::event_based_actor* self) {
+          self->request(target, std::chrono::seconds{10}, atom::server_info_v)
+            .then(
+              [self, out](const replica_info& info) {
+                server_response r;
+                if constexpr (health) {
+                  nlohmann::ordered_json j;
+                  j["ready"] = info.ready;
+                  j["reason"] = info.reason;
+                  j["applied"] = info.applied;
+                  r.status = info.ready ? 200 : 503;
+                  if (!info.ready)
+                    r.headers.push_back({"Retry-After", "1"});
+                  r.body = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+                } else {
+                  r.body = server_info_json(info);
+                }
+                out->send(std::move(r));
+                self->quit();
+              },
+              [self, out](caf::error& err) {
+                out->send(transport::error_response(
+                  503, "EngineUnavailable", "the replica did not answer: " + self->system().render(err),
+                  true));
+                self->quit();
+              });
+        });
+      } else {
+        out->send(transport::error_response(404, "NotFound", "no such route on a replica"));
+      }
+    },
+    decision);
+}
+
+std::string pool_json(const std::string& pool, const std::vector<replica_info>& replicas) {
+  nlohmann::ordered_json j;
+  j["pool"] = pool;
+  auto list = nlohmann::ordered_json::array();
+  std::map<std::string, uint64_t> per_version;
+  uint64_t ready = 0;
+  for (const auto& r : replicas) {
+    list.push_back(nlohmann::ordered_json::parse(server_info_json(r)));
+    if (r.ready) {
+      ++ready;
+      ++per_version[r.applied];
+    }
+  }
+  j["replicas"] = std::move(list);
+  nlohmann::ordered_json summary;
+  summary["replicas"] = replicas.size();
+  summary["ready"] = ready;
+  nlohmann::ordered_json versions = nlohmann::ordered_json::object();
+  for (const auto& [v, n] : per_version)
+    versions[v] = n;
+  summary["versions"] = std::move(versions);
+  j["summary"] = std::move(summary);
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+gateway_http::gateway_http(caf::actor_system& sys, caf::actor gateway, replica_http_options options)
+    : sys_(sys), gateway_(std::make_shared<caf::actor>(std::move(gateway))),
+      options_(std::move(options)) {}
+
+gateway_http::~gateway_http() {
+  stop();
+}
+
+result<uint16_t> gateway_http::listen(const std::string& host, uint16_t port) {
+  server_ = std::make_unique<transport::http_server>(
+    options_.server, [this](transport::server_request req, std::shared_ptr<http_responder> out) {
+      handle(std::move(req), std::move(out));
+    });
+  return server_->listen(host, port);
+}
+
+void gateway_http::stop() {
+  if (server_)
+    server_->stop();
+}
+
+void gateway_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
+  auto decision = transport::route_request(transport::surface::gateway, req, options_.router);
+  auto target = *gateway_;
+  auto relay = [&](std::string pool, std::string session, replica_call call) {
+    call.key = next_key_++;
+    auto key = call.key;
+    relay_call(sys_, target,
+               caf::make_message(atom::generate_v, std::move(pool), std::move(session),
+                                 std::move(call)),
+               key, std::move(out));
+  };
+  std::visit(
+    [&](auto& d) {
+      using T = std::decay_t<decltype(d)>;
+      if constexpr (std::is_same_v<T, transport::routed::refuse>) {
+        out->send(std::move(d.response));
+      } else if constexpr (std::is_same_v<T, transport::routed::versioned>) {
+        replica_call call;
+        call.route = d.route;
+        call.body = std::move(d.body);
+        call.min_version = d.c.min_version ? static_cast<int64_t>(*d.c.min_version) : -1;
+        call.exact_version = d.c.exact_version ? static_cast<int64_t>(*d.c.exact_version) : -1;
+        relay(d.pool, d.session, std::move(call));
+      } else if constexpr (std::is_same_v<T, transport::routed::passthrough>) {
+        replica_call call;
+        call.method = d.method;
+        call.route = d.route;
+        call.body = std::move(d.body);
+        relay(d.pool, d.session, std::move(call));
+      } else if constexpr (std::is_same_v<T, transport::routed::wake>) {
+        caf::anon_send(target, atom::wake_v, d.pool);
+        server_response r;
+        r.body = R"({"ok":true})";
+        out->send(std::move(r));
+      } else if constexpr (std::is_same_v<T, transport::routed::health> ||
+                           std::is_same_v<T, transport::routed::pool_view>) {
+        constexpr bool health = std::is_same_v<T, transport::routed::health>;
+        sys_.spawn([target, out, pool = d.pool](caf::event_based_actor* self) {
+          self->request(target, std::chrono::seconds{10}, atom::pool_view_v, pool)
+            .then(
+              [self, out, pool](const std::vector<replica_info>& replicas) {
+                server_response r;
+                if constexpr (health) {
+                  uint64_t ready = 0;
+                  for (const auto& x : replicas)
+                    ready += x.ready ? 1 : 0;
+                  nlohmann::ordered_json j;
+                  j["ready"] = ready > 0;
+                  j["ready_replicas"] = ready;
+                  j["replicas"] = replicas.size();
+                  r.status = ready > 0 ? 200 : 503;
+                  if (ready == 0)
+                    r.headers.push_back({"Retry-After", "1"});
+                  r.body = j.dump();
+                } else {
+                  r.body = pool_json(pool, replicas);
+                }
+                out->send(std::move(r));
+                self->quit();
+              },
+              [self, out](caf::error& err) {
+                out->send(transport::error_response(
+                  503, "EngineUnavailable", "the gateway did not answer: " + self->system().render(err),
+                  true));
+                self->quit();
+              });
+        });
+      } else {
+        out->send(transport::error_response(404, "NotFound", "no such route on the gateway"));
+      }
+    },
+    decision);
+}
+
+} // namespace stitch

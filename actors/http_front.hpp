@@ -1,0 +1,76 @@
+#pragma once
+
+#include <caf/fwd.hpp>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "actors/messages.hpp"
+#include "transport/http_router.hpp"
+#include "transport/http_server.hpp"
+
+namespace stitch {
+
+/// DESIGN §5 `server_info` as JSON.
+std::string server_info_json(const replica_info& info);
+
+/// Writes a replica's answer to the client: a whole response (with
+/// `Retry-After` and `X-Stitch-Replica`), or the last event of a stream and
+/// its end. `streaming` says whether earlier events already started it.
+void deliver(const replica_answer& answer, transport::http_responder& out, bool streaming);
+
+/// Hands one HTTP request to `target` (a replica, or the gateway) as
+/// `msg` — whose answer is a `replica_answer` — from a short-lived actor
+/// that relays streamed `(event, key, json)` messages and answers the
+/// client; a client that goes away makes it send `(cancel, key)`.
+void relay_call(caf::actor_system& sys, const caf::actor& target, caf::message msg, uint64_t key,
+                std::shared_ptr<transport::http_responder> out);
+
+struct replica_http_options {
+  transport::http_server_options server;
+  transport::router_options router;
+};
+
+/// A replica's own HTTP endpoint (DESIGN §5 "Replica"): versioned routes,
+/// pass-through, `/health`, `/server_info`, `/wake`.
+class replica_http {
+public:
+  replica_http(caf::actor_system& sys, caf::actor replica, replica_http_options options);
+  ~replica_http();
+  result<uint16_t> listen(const std::string& host, uint16_t port);
+  void stop();
+
+private:
+  void handle(transport::server_request req, std::shared_ptr<transport::http_responder> out);
+
+  caf::actor_system& sys_;
+  std::shared_ptr<caf::actor> replica_;
+  replica_http_options options_;
+  std::atomic<uint64_t> next_key_{1};
+  std::unique_ptr<transport::http_server> server_;
+};
+
+/// The gateway's HTTP surface (DESIGN §5 "Gateway"): versioned routes and
+/// pass-through routed to a replica of the pool, `/health`, `/pool`, `/wake`.
+class gateway_http {
+public:
+  gateway_http(caf::actor_system& sys, caf::actor gateway, replica_http_options options);
+  ~gateway_http();
+  result<uint16_t> listen(const std::string& host, uint16_t port);
+  void stop();
+
+private:
+  void handle(transport::server_request req, std::shared_ptr<transport::http_responder> out);
+
+  caf::actor_system& sys_;
+  std::shared_ptr<caf::actor> gateway_;
+  replica_http_options options_;
+  std::atomic<uint64_t> next_key_{1};
+  std::unique_ptr<transport::http_server> server_;
+};
+
+/// `GET /pool` of the gateway: every replica's server_info and a summary.
+std::string pool_json(const std::string& pool, const std::vector<replica_info>& replicas);
+
+} // namespace stitch
