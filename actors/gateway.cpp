@@ -103,8 +103,8 @@ void dispatch(self_ptr self, uint64_t key, std::optional<replica_answer> last) {
   self->request(m.handle, caf::infinite, atom::generate_v, std::move(call))
     .then([self, key](replica_answer& answer) { on_answer(self, key, std::move(answer)); },
           [self, key](caf::error& err) {
-            on_answer(self, key, unavailable("the replica did not answer: " +
-                                             self->system().render(err)));
+            on_answer(self, key,
+                      unavailable("the replica did not answer: " + self->system().render(err)));
           });
 }
 
@@ -136,7 +136,8 @@ const caf::actor_addr* choose_replica(const gateway_state& st, const std::string
   };
   if (!session.empty())
     if (auto a = st.affinity.find({pool, session}); a != st.affinity.end())
-      if (auto m = st.replicas.find(a->second); m != st.replicas.end() && eligible(m->first, m->second))
+      if (auto m = st.replicas.find(a->second);
+          m != st.replicas.end() && eligible(m->first, m->second))
         return &m->first;
   const caf::actor_addr* best = nullptr;
   uint64_t least = 0;

@@ -16,15 +16,18 @@ std::string server_info_json(const replica_info& i) {
   j["replica_id"] = i.replica_id;
   j["pool"] = i.pool;
   j["ready"] = i.ready;
-  j["applied"] = i.applied.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.applied);
-  j["applied_version"] =
-    i.applied_version < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.applied_version);
-  j["run_id"] = i.run_id.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.run_id);
-  j["pointer"] = i.pointer.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.pointer);
+  j["applied"] =
+    i.applied.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.applied);
+  j["applied_version"] = i.applied_version < 0 ? nlohmann::ordered_json(nullptr)
+                                               : nlohmann::ordered_json(i.applied_version);
+  j["run_id"] =
+    i.run_id.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.run_id);
+  j["pointer"] =
+    i.pointer.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.pointer);
   j["sync_state"] = i.sync_state;
   j["reason"] = i.reason;
-  j["terminal_error"] =
-    i.terminal_error.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.terminal_error);
+  j["terminal_error"] = i.terminal_error.empty() ? nlohmann::ordered_json(nullptr)
+                                                 : nlohmann::ordered_json(i.terminal_error);
   j["commit_mode"] = i.commit_mode;
   j["active_requests"] = i.active_requests;
   j["queued_requests"] = i.queued_requests;
@@ -84,7 +87,13 @@ void relay_call(caf::actor_system& sys, const caf::actor& target, caf::message m
   sys.spawn([target, msg = std::move(msg), key,
              out = std::move(out)](caf::event_based_actor* self) mutable -> caf::behavior {
     auto streaming = std::make_shared<bool>(false);
-    out->on_disconnect([target, key] { caf::anon_send(target, atom::cancel_v, key); });
+    // The gateway knows requests by (client actor, key): cancel as this actor.
+    out->on_disconnect([target, key, me = self->address()] {
+      if (auto h = caf::actor_cast<caf::actor>(me))
+        caf::send_as(h, target, atom::cancel_v, key);
+      else
+        caf::anon_send(target, atom::cancel_v, key);
+    });
     self->request(target, caf::infinite, std::move(msg))
       .then(
         [self, out, streaming](replica_answer& a) {
@@ -94,9 +103,8 @@ void relay_call(caf::actor_system& sys, const caf::actor& target, caf::message m
         [self, out, streaming](caf::error& err) {
           replica_answer a;
           a.status = 503;
-          a.body = error_json("EngineUnavailable", "the replica did not answer: " +
-                                                     self->system().render(err),
-                              true);
+          a.body = error_json("EngineUnavailable",
+                              "the replica did not answer: " + self->system().render(err), true);
           a.retry_after = 1;
           deliver(a, *out, *streaming);
           self->quit();
@@ -164,8 +172,9 @@ void replica_http::handle(transport::server_request req, std::shared_ptr<http_re
         server_response r;
         r.body = R"({"ok":true})";
         out->send(std::move(r));
-      } else if constexpr (std::is_same_v<T, transport::routed::health> ||
-                           std::is_same_v<T, transport::routed::server_info>) {
+      } else if constexpr (std::is_same_v<
+                             T, transport::routed::
+                                  health> || std::is_same_v<T, transport::routed::server_info>) {
         constexpr bool health = std::is_same_v<T, transport::routed::health>;
         sys_.spawn([target, out](caf::event_based_actor* self) {
           self->request(target, std::chrono::seconds{10}, atom::server_info_v)
@@ -189,8 +198,8 @@ void replica_http::handle(transport::server_request req, std::shared_ptr<http_re
               },
               [self, out](caf::error& err) {
                 out->send(transport::error_response(
-                  503, "EngineUnavailable", "the replica did not answer: " + self->system().render(err),
-                  true));
+                  503, "EngineUnavailable",
+                  "the replica did not answer: " + self->system().render(err), true));
                 self->quit();
               });
         });
@@ -253,10 +262,10 @@ void gateway_http::handle(transport::server_request req, std::shared_ptr<http_re
   auto relay = [&](std::string pool, std::string session, replica_call call) {
     call.key = next_key_++;
     auto key = call.key;
-    relay_call(sys_, target,
-               caf::make_message(atom::generate_v, std::move(pool), std::move(session),
-                                 std::move(call)),
-               key, std::move(out));
+    relay_call(
+      sys_, target,
+      caf::make_message(atom::generate_v, std::move(pool), std::move(session), std::move(call)),
+      key, std::move(out));
   };
   std::visit(
     [&](auto& d) {
@@ -281,8 +290,9 @@ void gateway_http::handle(transport::server_request req, std::shared_ptr<http_re
         server_response r;
         r.body = R"({"ok":true})";
         out->send(std::move(r));
-      } else if constexpr (std::is_same_v<T, transport::routed::health> ||
-                           std::is_same_v<T, transport::routed::pool_view>) {
+      } else if constexpr (std::is_same_v<
+                             T, transport::routed::
+                                  health> || std::is_same_v<T, transport::routed::pool_view>) {
         constexpr bool health = std::is_same_v<T, transport::routed::health>;
         sys_.spawn([target, out, pool = d.pool](caf::event_based_actor* self) {
           self->request(target, std::chrono::seconds{10}, atom::pool_view_v, pool)
@@ -309,8 +319,8 @@ void gateway_http::handle(transport::server_request req, std::shared_ptr<http_re
               },
               [self, out](caf::error& err) {
                 out->send(transport::error_response(
-                  503, "EngineUnavailable", "the gateway did not answer: " + self->system().render(err),
-                  true));
+                  503, "EngineUnavailable",
+                  "the gateway did not answer: " + self->system().render(err), true));
                 self->quit();
               });
         });

@@ -323,9 +323,9 @@ void publish_state(self_ptr self) {
   if (st.subscribers.empty())
     return;
   auto info = describe(st);
-  std::string key = std::to_string(info.ready) + "|" + info.applied + "|" +
-                    std::to_string(info.applied_version) + "|" + info.sync_state + "|" +
-                    info.reason + "|" + info.terminal_error;
+  std::string key = std::to_string(info.ready) + "|" + info.applied + "|"
+                    + std::to_string(info.applied_version) + "|" + info.sync_state + "|"
+                    + info.reason + "|" + info.terminal_error;
   if (key == st.last_published)
     return;
   st.last_published = std::move(key);

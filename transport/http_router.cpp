@@ -11,8 +11,8 @@ routed::refuse refuse(unsigned status, std::string_view type, std::string_view m
 }
 
 routed::refuse wrong_method(std::string_view path, std::string_view allowed) {
-  auto r = error_response(405, "MethodNotAllowed",
-                          std::string{path} + " takes " + std::string{allowed});
+  auto r =
+    error_response(405, "MethodNotAllowed", std::string{path} + " takes " + std::string{allowed});
   r.headers.push_back({"Allow", std::string{allowed}});
   return {std::move(r)};
 }
@@ -111,16 +111,16 @@ route_decision route_request(surface where, const server_request& req,
       return wrong_method(path, "POST");
     if (!json_content_type(req.header("Content-Type")))
       return refuse(415, "UnsupportedMediaType",
-                    "Content-Type must be application/json, not " +
-                      quote_untrusted(*req.header("Content-Type")));
+                    "Content-Type must be application/json, not "
+                      + quote_untrusted(*req.header("Content-Type")));
     auto stripped = strip_constraint(req.body);
     if (!stripped)
       return refuse(400, "BadRequest", stripped.error().message);
     const auto* min = req.header(min_version_header);
     const auto* exact = req.header(exact_version_header);
-    auto from_headers = constraint_from_headers(
-      min ? std::optional<std::string_view>{*min} : std::nullopt,
-      exact ? std::optional<std::string_view>{*exact} : std::nullopt);
+    auto from_headers =
+      constraint_from_headers(min ? std::optional<std::string_view>{*min} : std::nullopt,
+                              exact ? std::optional<std::string_view>{*exact} : std::nullopt);
     if (!from_headers)
       return refuse(400, "BadRequest", from_headers.error().message);
     auto merged = merge(stripped->c, *from_headers);

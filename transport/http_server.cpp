@@ -51,7 +51,6 @@ private:
   net::strand<net::io_context::executor_type> strand_;
 
 public:
-
   void send(server_response response) override;
   void start_events(http_headers headers) override;
   void event(std::string data) override;
@@ -184,11 +183,10 @@ private:
     // answers are pending the client may legitimately stay silent.
     if (slots_.empty())
       arm(read_timer_, server_->opts.idle_timeout);
-    bhttp::async_read_header(socket_, buffer_, *parser_,
-                             net::bind_executor(strand_, [self = shared_from_this()](
-                                                           boost::system::error_code ec, size_t) {
-                               self->on_header(ec);
-                             }));
+    bhttp::async_read_header(
+      socket_, buffer_, *parser_,
+      net::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
+                                                              size_t) { self->on_header(ec); }));
   }
 
   void on_header(boost::system::error_code ec) {
@@ -212,11 +210,10 @@ private:
   }
 
   void read_body() {
-    bhttp::async_read(socket_, buffer_, *parser_,
-                      net::bind_executor(strand_, [self = shared_from_this()](
-                                                    boost::system::error_code ec, size_t) {
-                        self->on_request(ec);
-                      }));
+    bhttp::async_read(
+      socket_, buffer_, *parser_,
+      net::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
+                                                              size_t) { self->on_request(ec); }));
   }
 
   void on_read_error(boost::system::error_code ec) {
@@ -228,12 +225,12 @@ private:
     std::string message;
     if (ec == bhttp::error::body_limit) {
       status = 413;
-      message = "the request body exceeds the limit of " +
-                std::to_string(server_->opts.body_limit) + " bytes";
+      message = "the request body exceeds the limit of " + std::to_string(server_->opts.body_limit)
+                + " bytes";
     } else if (ec == bhttp::error::header_limit) {
       status = 431;
-      message = "the request header exceeds the limit of " +
-                std::to_string(server_->opts.header_limit) + " bytes";
+      message = "the request header exceeds the limit of "
+                + std::to_string(server_->opts.header_limit) + " bytes";
     } else if (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category()
                && ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
       status = 400;
@@ -312,8 +309,8 @@ private:
     writing_ = true;
     arm(write_timer_, server_->opts.write_timeout);
     bhttp::async_write(socket_, *res,
-                       net::bind_executor(strand_, [self = shared_from_this(), res, keep](
-                                                     boost::system::error_code ec, size_t) {
+                       net::bind_executor(strand_, [self = shared_from_this(), res,
+                                                    keep](boost::system::error_code ec, size_t) {
                          if (ec) {
                            self->close();
                            return;
@@ -365,8 +362,8 @@ private:
       bool keep = head->event_head->keep_alive();
       arm(write_timer_, server_->opts.write_timeout);
       net::async_write(socket_, bhttp::make_chunk_last(),
-                       net::bind_executor(strand_, [self = shared_from_this(), keep](
-                                                     boost::system::error_code ec, size_t) {
+                       net::bind_executor(strand_, [self = shared_from_this(),
+                                                    keep](boost::system::error_code ec, size_t) {
                          if (ec) {
                            self->close();
                            return;
@@ -507,8 +504,8 @@ result<uint16_t> http_server::listen(const std::string& host, uint16_t port) {
   boost::system::error_code ec;
   auto address = net::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   if (ec)
-    return make_error(errc::invalid_argument, "cannot listen on " + quote_untrusted(host) +
-                                                ": not an IP address");
+    return make_error(errc::invalid_argument,
+                      "cannot listen on " + quote_untrusted(host) + ": not an IP address");
   tcp::endpoint ep{address, port};
   auto& a = impl_->acceptor;
   a.open(ep.protocol(), ec);
@@ -519,8 +516,8 @@ result<uint16_t> http_server::listen(const std::string& host, uint16_t port) {
   if (!ec)
     a.listen(net::socket_base::max_listen_connections, ec);
   if (ec)
-    return make_error(errc::backend_failure,
-                      "cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
+    return make_error(errc::backend_failure, "cannot listen on " + host + ":" + std::to_string(port)
+                                               + ": " + ec.message());
   impl_->port = a.local_endpoint().port();
   impl_->accept();
   for (size_t i = 0; i < std::max<size_t>(1, impl_->opts.threads); ++i)

@@ -59,26 +59,27 @@ TEST(http_router, wake_needs_the_admin_token_when_one_is_set) {
   router_options secured;
   secured.admin_token = "s3cret";
   EXPECT_EQ(refused(route_request(surface::gateway, make("POST", "/wake"), secured)).first, 401u);
-  EXPECT_EQ(refused(route_request(surface::gateway,
-                                  make("POST", "/wake", "", {{"Authorization", "Bearer s3cre"}}),
-                                  secured))
-              .first,
-            401u);
-  EXPECT_EQ(refused(route_request(surface::gateway,
-                                  make("POST", "/wake", "", {{"Authorization", "s3cret"}}), secured))
-              .first,
-            401u);
+  EXPECT_EQ(
+    refused(route_request(surface::gateway,
+                          make("POST", "/wake", "", {{"Authorization", "Bearer s3cre"}}), secured))
+      .first,
+    401u);
+  EXPECT_EQ(
+    refused(route_request(surface::gateway,
+                          make("POST", "/wake", "", {{"Authorization", "s3cret"}}), secured))
+      .first,
+    401u);
   as<routed::wake>(route_request(
     surface::gateway, make("POST", "/wake", "", {{"authorization", "Bearer s3cret"}}), secured));
 }
 
 TEST(http_router, versioned_routes_take_the_constraint_out_of_the_body) {
-  auto d = route_request(
-    surface::replica,
-    make("POST", "/generate",
-         R"({"text":"hi","weight_version":{"min_version":"3","exact_version":null}})",
-         {{"Content-Type", "application/json; charset=utf-8"}}),
-    opts);
+  auto d =
+    route_request(surface::replica,
+                  make("POST", "/generate",
+                       R"({"text":"hi","weight_version":{"min_version":"3","exact_version":null}})",
+                       {{"Content-Type", "application/json; charset=utf-8"}}),
+                  opts);
   const auto& v = as<routed::versioned>(d);
   EXPECT_EQ(v.route, "/generate");
   EXPECT_EQ(v.c.min_version, 3u);
@@ -103,15 +104,14 @@ TEST(http_router, every_bad_request_is_a_4xx_naming_the_problem) {
   EXPECT_EQ(s2, 400u);
   EXPECT_NE(m2.find("JSON"), std::string::npos) << m2;
   auto [s3, m3] = refused(route_request(
-    surface::replica, make("POST", "/generate", R"({"weight_version":{"min_version":-1}})"),
-    opts));
+    surface::replica, make("POST", "/generate", R"({"weight_version":{"min_version":-1}})"), opts));
   EXPECT_EQ(s3, 400u);
   EXPECT_NE(m3.find("min_version"), std::string::npos) << m3;
-  auto [s4, m4] = refused(route_request(
-    surface::replica,
-    make("POST", "/generate", R"({"weight_version":{"min_version":5}})",
-         {{"X-Stitch-Min-Version", "6"}}),
-    opts));
+  auto [s4, m4] =
+    refused(route_request(surface::replica,
+                          make("POST", "/generate", R"({"weight_version":{"min_version":5}})",
+                               {{"X-Stitch-Min-Version", "6"}}),
+                          opts));
   EXPECT_EQ(s4, 400u);
   EXPECT_NE(m4.find("X-Stitch-Min-Version"), std::string::npos) << m4;
   auto [s5, m5] = refused(route_request(
@@ -132,9 +132,9 @@ TEST(http_router, pools_and_sessions) {
     route_request(surface::gateway, make("POST", "/pools/exp-1/generate", "{}"), opts);
   EXPECT_EQ(as<routed::versioned>(prefixed).pool, "exp-1");
   EXPECT_EQ(as<routed::versioned>(prefixed).route, "/generate");
-  EXPECT_EQ(as<routed::health>(route_request(surface::gateway, make("GET", "/pools/p/health"), opts))
-              .pool,
-            "p");
+  EXPECT_EQ(
+    as<routed::health>(route_request(surface::gateway, make("GET", "/pools/p/health"), opts)).pool,
+    "p");
   auto header = route_request(
     surface::gateway,
     make("POST", "/generate", "{}", {{"X-Stitch-Pool", "blue"}, {"Modal-Session-ID", "s-9"}}),

@@ -1,0 +1,272 @@
+#pragma once
+
+// A cluster in one test process on real threads: a RocksDB store actor, built-in
+// engine replicas, the gateway, and their HTTP fronts on loopback ports.
+
+#include <gtest/gtest.h>
+
+#include <caf/all.hpp>
+
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/gateway.hpp"
+#include "actors/http_front.hpp"
+#include "actors/replica.hpp"
+#include "actors/store.hpp"
+#include "runtime/engine/builtin_engine.hpp"
+#include "runtime/node/system_config.hpp"
+#include "runtime/store/publisher.hpp"
+#include "runtime/store/rocksdb_store.hpp"
+#include "runtime/store/store_tensor_source.hpp"
+#include "store/store_fixtures.hpp"
+#include "transport/http_client.hpp"
+
+namespace stitch::testing {
+
+/// Runs jobs on a worker pool, except while held: then they wait.
+class holdable_executor final : public executor {
+public:
+  explicit holdable_executor(std::string name) : pool_(1, std::move(name)) {}
+  void post(std::function<void()> job) override {
+    std::lock_guard g{m_};
+    if (held_)
+      waiting_.push_back(std::move(job));
+    else
+      pool_.post(std::move(job));
+  }
+  void hold() {
+    std::lock_guard g{m_};
+    held_ = true;
+  }
+  void release() {
+    std::lock_guard g{m_};
+    held_ = false;
+    for (auto& j : waiting_)
+      pool_.post(std::move(j));
+    waiting_.clear();
+  }
+
+private:
+  std::mutex m_;
+  bool held_ = false;
+  std::deque<std::function<void()>> waiting_;
+  worker_pool pool_;
+};
+
+/// The built-in engine, observable: whether the request in flight was cancelled.
+class probed_engine final : public engine_port {
+public:
+  explicit probed_engine(const engine::model_config& c) : inner(c) {}
+  status prefetch(const chain_plan& p) override { return inner.prefetch(p); }
+  status stage(const chain_plan& p, bool o, tensor_source& s) override { return inner.stage(p, o, s); }
+  void discard_shadow() override { inner.discard_shadow(); }
+  status commit() override { return inner.commit(); }
+  status pause() override { return inner.pause(); }
+  status resume() override { return inner.resume(); }
+  status flush_cache() override { return inner.flush_cache(); }
+  status reset_to_boot(const version_ref& r, tensor_source& s) override {
+    return inner.reset_to_boot(r, s);
+  }
+  result<engine_reply> forward(const engine_call& c, const event_sink& sink,
+                               const std::function<bool()>& cancelled) override {
+    {
+      std::lock_guard g{m};
+      last_cancelled = cancelled;
+    }
+    ++forwarded;
+    return inner.forward(c, sink, cancelled);
+  }
+  result<generation_result> generate(const generation_request& r,
+                                     const std::function<bool()>& cancelled) override {
+    return inner.generate(r, cancelled);
+  }
+  std::string stamp_request(std::string_view route, std::string_view body,
+                            const version_ref& served) override {
+    return inner.stamp_request(route, body, served);
+  }
+  std::string stamp_response(std::string_view route, std::string_view body, const stamps& s,
+                             std::string_view run) override {
+    return inner.stamp_response(route, body, s, run);
+  }
+  engine_health health() override { return inner.health(); }
+  std::vector<std::string> blocked_routes() const override { return inner.blocked_routes(); }
+
+  bool cancelled_now() {
+    std::lock_guard g{m};
+    return last_cancelled && last_cancelled();
+  }
+
+  engine::builtin_engine inner;
+  std::atomic<int> forwarded{0};
+  std::mutex m;
+  std::function<bool()> last_cancelled;
+};
+
+struct http_reply {
+  unsigned status = 0;
+  transport::http_headers headers;
+  std::string body;
+  nlohmann::json json() const { return nlohmann::json::parse(body); }
+  std::string header(std::string_view name) const {
+    const auto* h = transport::find_header(headers, name);
+    return h ? *h : std::string{};
+  }
+};
+
+inline caf::actor_system_config& threaded_config(caf::actor_system_config& cfg) {
+  register_stitch_types(cfg);
+  cfg.set("logger.file-verbosity", caf::atom("quiet"));
+  return cfg;
+}
+
+class cluster_test : public ::testing::Test {
+protected:
+  cluster_test() : sys(threaded_config(cfg)), self(sys) {
+    auto opened = store::open_rocksdb_store((dir.path() / "db").string());
+    EXPECT_TRUE(opened);
+    backend = std::shared_ptr<store_backend>{std::move(*opened)};
+    store = sys.spawn<caf::detached>(store_service, backend, dir.path() / "spool");
+    config = *engine::preset("tiny");
+    pub = std::make_unique<store::publisher>(*backend);
+    gateway = sys.spawn(gateway_service, gateway_options{});
+  }
+
+  ~cluster_test() override {
+    if (front)
+      front->stop();
+    for (auto& f : replica_fronts)
+      f->stop();
+    for (auto& r : replicas)
+      self->send_exit(r, caf::exit_reason::user_shutdown);
+    self->send_exit(gateway, caf::exit_reason::user_shutdown);
+    self->send_exit(store, caf::exit_reason::user_shutdown);
+  }
+
+  store::tensor_set weights_of(uint64_t v) {
+    auto w = *engine::random_init(config, 42);
+    for (uint64_t i = 1; i <= v; ++i)
+      for (size_t b = i % 9; b + 4 <= w.at("lm_head.weight").bytes.size(); b += 36)
+        w.at("lm_head.weight").bytes[b + 3] ^= std::byte{1};
+    return w;
+  }
+
+  void publish(uint64_t v) {
+    auto r = pub->publish({"default", "r", v, false, false}, weights_of(v));
+    ASSERT_TRUE(r) << to_string(r.error());
+    caf::anon_send(store, atom::notify_v, std::string{"default"});
+  }
+
+  /// Starts replica `id`, enrolled in the gateway.
+  replica_actor start_replica(const std::string& id) {
+    replica_options o;
+    o.replica_id = id;
+    o.backstop = std::chrono::milliseconds{100};
+    replica_deps d;
+    d.store = store;
+    d.make_engine = [this]() -> result<std::shared_ptr<engine_port>> {
+      auto e = std::make_shared<probed_engine>(config);
+      std::lock_guard g{engines_mutex};
+      engines.push_back(e);
+      return std::shared_ptr<engine_port>{e};
+    };
+    d.bytes = std::make_shared<store::store_tensor_source>(*backend, "default");
+    auto worker = std::make_shared<holdable_executor>("reconcile");
+    workers.push_back(worker);
+    d.reconcile_worker = worker;
+    d.request_workers = std::make_shared<worker_pool>(8, "generate");
+    auto r = sys.spawn(replica_service, o, d);
+    replicas.push_back(r);
+    caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, r);
+    return r;
+  }
+
+  void serve_gateway(replica_http_options o = {}) {
+    front = std::make_unique<gateway_http>(sys, caf::actor_cast<caf::actor>(gateway), o);
+    auto p = front->listen("127.0.0.1", 0);
+    ASSERT_TRUE(p) << to_string(p.error());
+    gateway_port = *p;
+  }
+
+  uint16_t serve_replica(size_t i) {
+    replica_fronts.push_back(
+      std::make_unique<replica_http>(sys, caf::actor_cast<caf::actor>(replicas.at(i)),
+                                     replica_http_options{}));
+    auto p = replica_fronts.back()->listen("127.0.0.1", 0);
+    EXPECT_TRUE(p);
+    return p ? *p : 0;
+  }
+
+  std::vector<replica_info> pool() {
+    std::vector<replica_info> out;
+    self->request(gateway, caf::infinite, atom::pool_view_v, std::string{"default"})
+      .receive([&](const std::vector<replica_info>& v) { out = v; },
+               [&](const caf::error& e) { ADD_FAILURE() << sys.render(e); });
+    return out;
+  }
+
+  /// Waits (bounded) until the gateway sees `want` replica ids ready at `version`.
+  void await_ready(const std::vector<std::string>& want, int64_t version) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{60};
+    while (std::chrono::steady_clock::now() < deadline) {
+      size_t ok = 0;
+      for (const auto& i : pool())
+        if (i.ready && i.applied_version == version
+            && std::find(want.begin(), want.end(), i.replica_id) != want.end())
+          ++ok;
+      if (ok == want.size())
+        return;
+      std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    }
+    FAIL() << "replicas never became ready at version " << version;
+  }
+
+  http_reply http(uint16_t port, const std::string& method, const std::string& target,
+                  const std::string& body = {}, transport::http_headers headers = {}) {
+    transport::http_client c{transport::http_endpoint{"http", "127.0.0.1", port}};
+    transport::http_request req;
+    req.method = method;
+    req.target = target;
+    req.body = body;
+    if (!body.empty())
+      headers.push_back({"Content-Type", "application/json"});
+    req.headers = std::move(headers);
+    auto got = c.send(req);
+    EXPECT_TRUE(got) << (got ? "" : to_string(got.error()));
+    http_reply out;
+    if (got) {
+      out.status = got->status;
+      out.headers = got->headers;
+      out.body = got->body;
+    }
+    return out;
+  }
+
+  static std::string generate_body(const std::string& constraint_json = "null",
+                                   int max_tokens = 8) {
+    return R"({"text":"policy says","sampling_params":{"temperature":0,"max_new_tokens":)"
+           + std::to_string(max_tokens) + R"(},"weight_version":)" + constraint_json + "}";
+  }
+
+  temp_dir dir;
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  caf::scoped_actor self;
+  std::shared_ptr<store_backend> backend;
+  store_actor store;
+  engine::model_config config;
+  std::unique_ptr<store::publisher> pub;
+  gateway_actor gateway;
+  std::unique_ptr<gateway_http> front;
+  uint16_t gateway_port = 0;
+  std::vector<std::unique_ptr<replica_http>> replica_fronts;
+  std::vector<replica_actor> replicas;
+  std::vector<std::shared_ptr<holdable_executor>> workers;
+  std::mutex engines_mutex;
+  std::vector<std::shared_ptr<probed_engine>> engines;
+};
+
+} // namespace stitch::testing
