@@ -2,7 +2,10 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
+
 #include "runtime/core/constraint.hpp"
+#include "runtime/core/version_ref.hpp"
 
 namespace stitch {
 
@@ -29,11 +32,42 @@ replica_answer unavailable(const std::string& message) {
   return a;
 }
 
+/// The newest pointer version of `run` the replicas of `pool` reported.
+std::optional<uint64_t> pointer_of(const gateway_state& st, const std::string& pool,
+                                   const std::string& run) {
+  std::optional<uint64_t> best;
+  for (const auto& [addr, m] : st.replicas) {
+    if (m.pool != pool || m.info.pointer.empty())
+      continue;
+    auto ref = parse_required_version_ref(m.info.pointer);
+    if (ref && ref->run_id == run)
+      best = std::max(best.value_or(0), ref->version);
+  }
+  return best;
+}
+
+void record(gateway_state& st, const gateway_state::flight& f, const replica_answer& a) {
+  auto& s = st.stats;
+  std::chrono::duration<double> took = std::chrono::steady_clock::now() - f.started;
+  s.latency_seconds.observe(took.count());
+  auto code = std::find(s.codes.begin(), s.codes.end(), a.status);
+  if (code == s.codes.end()) {
+    s.codes.push_back(a.status);
+    s.code_counts.push_back(1);
+  } else {
+    ++s.code_counts[static_cast<size_t>(code - s.codes.begin())];
+  }
+  if (a.stamped)
+    if (auto latest = pointer_of(st, f.pool, a.run_id); latest && *latest >= a.weight_version_start)
+      s.staleness_versions.observe(static_cast<double>(*latest - a.weight_version_start));
+}
+
 void finish(self_ptr self, uint64_t key, replica_answer a) {
   auto& st = self->state;
   auto it = st.flights.find(key);
   if (it == st.flights.end())
     return;
+  record(st, it->second, a);
   it->second.promise.deliver(std::move(a));
   st.by_client.erase({it->second.client.address(), it->second.client_key});
   st.flights.erase(it);
@@ -121,6 +155,7 @@ void on_answer(self_ptr self, uint64_t key, replica_answer a) {
     finish(self, key, std::move(a));
     return;
   }
+  ++st.stats.retries_total;
   dispatch(self, key, std::move(a));
 }
 
@@ -152,6 +187,9 @@ const caf::actor_addr* choose_replica(const gateway_state& st, const std::string
 gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gateway_state> self,
                                              gateway_options opts) {
   self->state.opts = opts;
+  self->state.stats.latency_seconds = histogram::with_bounds(
+    {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  self->state.stats.staleness_versions = histogram::with_bounds({0, 1, 2, 3, 4, 5, 8, 16, 32, 64});
   self->set_down_handler([self](const caf::down_msg& down) {
     auto& st = self->state;
     st.replicas.erase(down.source);
@@ -183,6 +221,7 @@ gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gat
       f.pool = std::move(pool);
       f.session = std::move(session);
       f.call = std::move(call);
+      f.started = std::chrono::steady_clock::now();
       if (client)
         st.by_client[{client.address(), f.client_key}] = key;
       st.flights.emplace(key, std::move(f));
@@ -207,6 +246,7 @@ gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gat
         if (pool.empty() || m.pool == pool)
           self->send(m.handle, atom::wake_v);
     },
+    [self](atom::stats) { return self->state.stats; },
     [self](atom::pool_view, const std::string& pool) {
       std::vector<replica_info> out;
       for (const auto& [addr, m] : self->state.replicas)

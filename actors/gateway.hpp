@@ -4,6 +4,7 @@
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
+#include <chrono>
 #include <map>
 #include <set>
 #include <string>
@@ -43,6 +44,7 @@ struct gateway_state {
     bool streamed = false;
     /// The client went away: no retry.
     bool cancelled = false;
+    std::chrono::steady_clock::time_point started;
   };
 
   gateway_options opts;
@@ -54,6 +56,7 @@ struct gateway_state {
   /// (client actor, client key) -> attempt key.
   std::map<std::pair<caf::actor_addr, uint64_t>, uint64_t> by_client;
   uint64_t next_key = 1;
+  gateway_stats stats;
 };
 
 gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gateway_state> self,

@@ -23,6 +23,8 @@ using gateway_actor = caf::typed_actor<
   caf::reacts_to<atom::wake, std::string>,
   // Every replica's last known state in `pool` (empty = every pool).
   caf::replies_to<atom::pool_view, std::string>::with<std::vector<replica_info>>,
+  // Latency, staleness and answers by status code so far.
+  caf::replies_to<atom::stats>::with<gateway_stats>,
   // From replicas: their state, streamed events of requests in flight.
   caf::reacts_to<atom::replica_state, replica_info>,
   caf::reacts_to<atom::event, uint64_t, std::string>>;

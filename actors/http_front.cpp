@@ -2,6 +2,8 @@
 
 #include <caf/all.hpp>
 
+#include "actors/status.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <map>
@@ -329,6 +331,74 @@ void gateway_http::handle(transport::server_request req, std::shared_ptr<http_re
       }
     },
     decision);
+}
+
+status_http::status_http(caf::actor_system& sys, caf::actor status,
+                         transport::http_server_options options)
+    : sys_(sys), status_(std::make_shared<caf::actor>(std::move(status))), options_(options) {}
+
+status_http::~status_http() {
+  stop();
+}
+
+result<uint16_t> status_http::listen(const std::string& host, uint16_t port) {
+  server_ = std::make_unique<transport::http_server>(
+    options_, [this](transport::server_request req, std::shared_ptr<http_responder> out) {
+      handle(std::move(req), std::move(out));
+    });
+  return server_->listen(host, port);
+}
+
+void status_http::stop() {
+  if (server_)
+    server_->stop();
+}
+
+void status_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
+  if (req.path != "/" && req.path != "/status" && req.path != "/metrics" && req.path != "/health") {
+    out->send(
+      transport::error_response(404, "NotFound", "the status surface serves /, /status, /metrics"));
+    return;
+  }
+  if (req.method != "GET" && req.method != "HEAD") {
+    auto r = transport::error_response(405, "MethodNotAllowed", req.path + " takes GET");
+    r.headers.push_back({"Allow", "GET"});
+    out->send(std::move(r));
+    return;
+  }
+  if (req.path == "/" || req.path == "/health") {
+    server_response r;
+    if (req.path == "/") {
+      r.content_type = "text/html; charset=utf-8";
+      r.body = dashboard_html();
+    } else {
+      r.body = R"({"ok":true})";
+    }
+    out->send(std::move(r));
+    return;
+  }
+  bool metrics = req.path == "/metrics";
+  auto target = *status_;
+  sys_.spawn([target, out, metrics](caf::event_based_actor* self) {
+    auto answer = [self, out, metrics](std::string& body) {
+      server_response r;
+      if (metrics)
+        r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = std::move(body);
+      out->send(std::move(r));
+      self->quit();
+    };
+    auto failed = [self, out](caf::error& err) {
+      out->send(transport::error_response(
+        503, "Unavailable", "the status actor did not answer: " + self->system().render(err),
+        true));
+      self->quit();
+    };
+    if (metrics)
+      self->request(target, std::chrono::seconds{10}, atom::metrics_v).then(answer, failed);
+    else
+      self->request(target, std::chrono::seconds{10}, atom::status_view_v).then(answer, failed);
+  });
 }
 
 } // namespace stitch

@@ -70,6 +70,24 @@ private:
   std::unique_ptr<transport::http_server> server_;
 };
 
+/// The status HTTP surface (DESIGN §5 "Status actor"): `GET /status`,
+/// `GET /metrics`, `GET /` (the dashboard).
+class status_http {
+public:
+  status_http(caf::actor_system& sys, caf::actor status, transport::http_server_options options);
+  ~status_http();
+  result<uint16_t> listen(const std::string& host, uint16_t port);
+  void stop();
+
+private:
+  void handle(transport::server_request req, std::shared_ptr<transport::http_responder> out);
+
+  caf::actor_system& sys_;
+  std::shared_ptr<caf::actor> status_;
+  transport::http_server_options options_;
+  std::unique_ptr<transport::http_server> server_;
+};
+
 /// `GET /pool` of the gateway: every replica's server_info and a summary.
 std::string pool_json(const std::string& pool, const std::vector<replica_info>& replicas);
 

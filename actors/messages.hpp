@@ -132,6 +132,43 @@ struct replica_info {
   replica_metrics metrics;
 };
 
+/// A cumulative histogram in the Prometheus sense: `counts[i]` observations
+/// were at most `bounds[i]` (and above the previous bound); the last count is
+/// everything above the last bound.
+struct histogram {
+  std::vector<double> bounds;
+  std::vector<uint64_t> counts;
+  double sum = 0;
+  uint64_t count = 0;
+
+  static histogram with_bounds(std::vector<double> b) {
+    histogram h;
+    h.counts.assign(b.size() + 1, 0);
+    h.bounds = std::move(b);
+    return h;
+  }
+  void observe(double v) {
+    size_t i = 0;
+    while (i < bounds.size() && v > bounds[i])
+      ++i;
+    if (counts.size() != bounds.size() + 1)
+      counts.assign(bounds.size() + 1, 0);
+    ++counts[i];
+    sum += v;
+    ++count;
+  }
+};
+
+/// What the gateway measured: request latency, staleness of served samples
+/// (pointer version minus the start stamp) and answers by status code.
+struct gateway_stats {
+  histogram latency_seconds;
+  histogram staleness_versions;
+  std::vector<uint16_t> codes;
+  std::vector<uint64_t> code_counts;
+  uint64_t retries_total = 0;
+};
+
 /// A replica worker's report on a slow step (stage, activation, rebuild):
 /// `code` 0 = success, otherwise an `errc` with its message.
 struct work_report {
@@ -170,6 +207,17 @@ typename Inspector::result_type inspect(Inspector& f, replica_info& x) {
   return f(caf::meta::type_name("stitch.replica_info"), x.replica_id, x.pool, x.ready, x.applied,
            x.applied_version, x.run_id, x.pointer, x.sync_state, x.reason, x.terminal_error,
            x.commit_mode, x.active_requests, x.queued_requests, x.metrics);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, histogram& x) {
+  return f(caf::meta::type_name("stitch.histogram"), x.bounds, x.counts, x.sum, x.count);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, gateway_stats& x) {
+  return f(caf::meta::type_name("stitch.gateway_stats"), x.latency_seconds, x.staleness_versions,
+           x.codes, x.code_counts, x.retries_total);
 }
 
 template <class Inspector>
@@ -231,6 +279,8 @@ CAF_ADD_TYPE_ID(stitch, (stitch::replica_metrics))
 CAF_ADD_TYPE_ID(stitch, (stitch::replica_info))
 CAF_ADD_TYPE_ID(stitch, (stitch::work_report))
 CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::replica_info>) )
+CAF_ADD_TYPE_ID(stitch, (stitch::histogram))
+CAF_ADD_TYPE_ID(stitch, (stitch::gateway_stats))
 CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::version_ref>) )
 CAF_ADD_TYPE_ID(stitch, (std::vector<uint64_t>) )
 CAF_ADD_TYPE_ID(stitch, (std::vector<char>) )
@@ -267,4 +317,7 @@ CAF_ADD_ATOM(stitch, stitch::atom, generated, "generated")
 CAF_ADD_ATOM(stitch, stitch::atom, event, "event")
 CAF_ADD_ATOM(stitch, stitch::atom, replica_state, "replstate")
 CAF_ADD_ATOM(stitch, stitch::atom, pool_view, "poolview")
+CAF_ADD_ATOM(stitch, stitch::atom, stats, "stats")
+CAF_ADD_ATOM(stitch, stitch::atom, status_view, "statusview")
+CAF_ADD_ATOM(stitch, stitch::atom, metrics, "metrics")
 CAF_END_TYPE_ID_BLOCK(stitch)

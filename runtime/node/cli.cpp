@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <optional>
 
 namespace stitch::node {
 
@@ -64,26 +65,85 @@ result<node_settings> resolve_settings(const node_options& opts) {
   node_settings s;
   s.data_dir = opts.data_dir;
   std::string problems;
+  auto listen = [&](host_port& into, const std::string& key, const std::string& value,
+                    const std::string& origin) {
+    auto hp = parse_host_port(value);
+    if (!hp)
+      problems += origin + " " + key + ": " + hp.error().message + "\n";
+    else
+      into = *hp;
+  };
+  auto number = [&](const std::string& key, const std::string& value, const std::string& origin,
+                    double min, double max) -> std::optional<double> {
+    double v = 0;
+    auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (ec != std::errc{} || ptr != value.data() + value.size() || !(v >= min && v <= max)) {
+      problems += origin + " " + key + ": '" + value + "' is not a number in ["
+                  + std::to_string(min) + ", " + std::to_string(max) + "]\n";
+      return std::nullopt;
+    }
+    return v;
+  };
   auto apply = [&](const std::string& key, const std::string& value, const std::string& origin) {
     if (key == "coordinator.listen") {
-      auto hp = parse_host_port(value);
-      if (!hp)
-        problems += origin + " coordinator.listen: " + hp.error().message + "\n";
-      else
-        s.coordinator = *hp;
+      listen(s.coordinator, key, value, origin);
+    } else if (key == "gateway.listen") {
+      listen(s.gateway, key, value, origin);
+    } else if (key == "status.listen") {
+      listen(s.status, key, value, origin);
+    } else if (key == "replica.listen") {
+      listen(s.replica_listen, key, value, origin);
     } else if (key == "store.uri") {
       if (!value.starts_with("rocksdb:") && !value.starts_with("s3://"))
         problems +=
           origin + " store.uri: '" + value + "' is neither rocksdb:PATH nor s3://bucket/prefix\n";
       else
         s.store_uri = value;
+    } else if (key == "replicas") {
+      if (auto v = number(key, value, origin, 0, 64); v && *v == static_cast<uint32_t>(*v))
+        s.replicas = static_cast<uint32_t>(*v);
+      else if (v)
+        problems += origin + " replicas: '" + value + "' is not a whole number\n";
+    } else if (key == "model.preset") {
+      if (value != "tiny" && value != "small" && value != "medium")
+        problems += origin + " model.preset: '" + value + "' is not tiny, small or medium\n";
+      else
+        s.model_preset = value;
+    } else if (key == "replica.commit_mode") {
+      if (value != "in_place" && value != "quiesce")
+        problems += origin + " replica.commit_mode: '" + value + "' is not in_place or quiesce\n";
+      else
+        s.commit_mode = value;
+    } else if (key == "replica.drain_timeout") {
+      if (auto v = number(key, value, origin, 0, 86400))
+        s.drain_timeout = *v;
+    } else if (key == "replica.backstop") {
+      if (auto v = number(key, value, origin, 0, 86400))
+        s.backstop = *v;
+    } else if (key == "http.body_limit") {
+      if (auto v = number(key, value, origin, 1024, 1 << 30))
+        s.body_limit = static_cast<uint64_t>(*v);
+    } else if (key == "admin.token") {
+      s.admin_token = value;
     } else {
-      problems += origin + " " + key + ": unknown key (this build knows coordinator.listen and "
-                  + "store.uri)\n";
+      problems += origin + " " + key + ": unknown key (this build knows coordinator.listen, "
+                  + "store.uri, replicas, model.preset, gateway.listen, status.listen, "
+                  + "replica.listen, replica.commit_mode, replica.drain_timeout, "
+                  + "replica.backstop, http.body_limit, admin.token)\n";
     }
   };
-  for (const auto& [env, key] : {std::pair{"STITCH_COORDINATOR__LISTEN", "coordinator.listen"},
-                                 std::pair{"STITCH_STORE__URI", "store.uri"}})
+  for (const auto& [env, key] :
+       {std::pair{"STITCH_COORDINATOR__LISTEN", "coordinator.listen"},
+        std::pair{"STITCH_STORE__URI", "store.uri"},
+        std::pair{"STITCH_GATEWAY__LISTEN", "gateway.listen"},
+        std::pair{"STITCH_STATUS__LISTEN", "status.listen"},
+        std::pair{"STITCH_REPLICA__LISTEN", "replica.listen"},
+        std::pair{"STITCH_REPLICA__COMMIT_MODE", "replica.commit_mode"},
+        std::pair{"STITCH_REPLICA__DRAIN_TIMEOUT", "replica.drain_timeout"},
+        std::pair{"STITCH_REPLICA__BACKSTOP", "replica.backstop"},
+        std::pair{"STITCH_MODEL__PRESET", "model.preset"},
+        std::pair{"STITCH_HTTP__BODY_LIMIT", "http.body_limit"},
+        std::pair{"STITCH_ADMIN__TOKEN", "admin.token"}, std::pair{"STITCH_TOKEN", "admin.token"}})
     if (const char* v = std::getenv(env))
       apply(key, v, std::string{"environment "} + env + ":");
   for (const auto& assignment : opts.overrides) {
@@ -105,10 +165,20 @@ result<node_settings> resolve_settings(const node_options& opts) {
 
 std::string to_toml(const node_settings& s) {
   std::string out;
-  out += "data_dir = \"" + s.data_dir.string() + "\"\n\n";
+  out += "data_dir = \"" + s.data_dir.string() + "\"\n";
+  out += "replicas = " + std::to_string(s.replicas) + "\n\n";
   out += "[coordinator]\nlisten = \"" + s.coordinator.host + ":"
          + std::to_string(s.coordinator.port) + "\"\n\n";
-  out += "[store]\nuri = \"" + s.effective_store_uri() + "\"\n";
+  out += "[store]\nuri = \"" + s.effective_store_uri() + "\"\n\n";
+  auto hp = [](const host_port& h) { return h.host + ":" + std::to_string(h.port); };
+  out += "[model]\npreset = \"" + s.model_preset + "\"\n\n";
+  out += "[gateway]\nlisten = \"" + hp(s.gateway) + "\"\n\n";
+  out += "[status]\nlisten = \"" + hp(s.status) + "\"\n\n";
+  out += "[replica]\nlisten = \"" + hp(s.replica_listen) + "\"\ncommit_mode = \"" + s.commit_mode
+         + "\"\ndrain_timeout = " + std::to_string(s.drain_timeout)
+         + "\nbackstop = " + std::to_string(s.backstop) + "\n\n";
+  out += "[http]\nbody_limit = " + std::to_string(s.body_limit) + "\n\n";
+  out += "[admin]\ntoken = \"" + std::string{s.admin_token.empty() ? "" : "(set)"} + "\"\n";
   return out;
 }
 

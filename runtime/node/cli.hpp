@@ -43,6 +43,22 @@ struct node_settings {
   host_port coordinator{"127.0.0.1", 4242};
   /// Empty: `rocksdb:<data_dir>/store`.
   std::string store_uri;
+  /// Built-in engine replicas of pool `default` (`replicas`).
+  uint32_t replicas = 2;
+  /// `model.preset`: the built-in model the replicas run.
+  std::string model_preset = "tiny";
+  host_port gateway{"127.0.0.1", 8080};
+  host_port status{"127.0.0.1", 8081};
+  /// Replica i serves on this port + i (port 0: each picks a free one).
+  host_port replica_listen{"127.0.0.1", 8100};
+  std::string commit_mode = "in_place";
+  /// Seconds.
+  double drain_timeout = 300;
+  double backstop = 5;
+  /// `http.body_limit` in bytes.
+  uint64_t body_limit = uint64_t{16} << 20;
+  /// `admin.token` (also `STITCH_TOKEN`).
+  std::string admin_token;
 
   std::string effective_store_uri() const;
 };

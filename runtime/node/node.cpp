@@ -4,11 +4,39 @@
 #include <caf/io/middleman.hpp>
 
 #include "actors/coordinator.hpp"
+#include "actors/gateway.hpp"
+#include "actors/http_front.hpp"
 #include "actors/publisher.hpp"
+#include "actors/replica.hpp"
+#include "actors/status.hpp"
 #include "actors/store.hpp"
+#include "runtime/engine/builtin_engine.hpp"
+#include "runtime/engine/model_config.hpp"
+#include "runtime/store/store_tensor_source.hpp"
 #include "runtime/store/store_uri.hpp"
 
 namespace stitch::node {
+
+namespace {
+
+/// Tensor bytes from the node's own store backend, which it keeps alive for
+/// as long as a replica's workers may read.
+class backend_source final : public tensor_source {
+public:
+  backend_source(std::shared_ptr<store_backend> backend, std::string pool)
+      : backend_(std::move(backend)), inner_(*backend_, std::move(pool)) {}
+  result<manifest> manifest_of(const version_ref& ref) override { return inner_.manifest_of(ref); }
+  status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
+              std::span<std::byte> out) override {
+    return inner_.read(ref, tensor, offset, out);
+  }
+
+private:
+  std::shared_ptr<store_backend> backend_;
+  store::store_tensor_source inner_;
+};
+
+} // namespace
 
 result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_settings& settings) {
   std::error_code ec;
@@ -38,14 +66,96 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
                                                + sys.render(port.error()));
   }
   n->port_ = *port;
+  if (auto ok = n->start_serving(backend, settings); !ok) {
+    n->stop();
+    return std::move(ok).error();
+  }
   return n;
 }
+
+status node::start_serving(std::shared_ptr<store_backend> backend, const node_settings& settings) {
+  auto model = engine::preset(settings.model_preset);
+  if (!model)
+    return std::move(model).error();
+  auto mode = parse_commit_mode(settings.commit_mode);
+  if (!mode)
+    return std::move(mode).error();
+  auto seconds = [](double s) { return std::chrono::milliseconds{static_cast<int64_t>(s * 1000)}; };
+  transport::http_server_options server;
+  server.body_limit = settings.body_limit;
+  replica_http_options front;
+  front.server = server;
+  front.router.admin_token = settings.admin_token;
+
+  gateway_ = sys_.spawn(gateway_service, gateway_options{});
+  status_options so;
+  so.roles = {"coordinator", "store", "publisher", "replica", "gateway", "status"};
+  status_ = sys_.spawn(status_service, so, store_);
+  caf::anon_send(status_, atom::enroll_v, gateway_);
+  for (uint32_t i = 0; i < settings.replicas; ++i) {
+    replica_options o;
+    o.replica_id = "replica-" + std::to_string(i);
+    o.mode = *mode;
+    o.drain_timeout = seconds(settings.drain_timeout);
+    o.backstop = seconds(settings.backstop);
+    replica_deps d;
+    d.store = store_;
+    d.make_engine = [config = *model]() -> result<std::shared_ptr<engine_port>> {
+      return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
+    };
+    d.bytes = std::make_shared<backend_source>(backend, "default");
+    d.reconcile_worker = std::make_shared<worker_pool>(1, "stage-" + std::to_string(i));
+    d.request_workers = std::make_shared<worker_pool>(64, "gen-" + std::to_string(i));
+    auto replica = sys_.spawn(replica_service, o, d);
+    replicas_.push_back(replica);
+    caf::anon_send(gateway_, atom::enroll_v, std::string{"default"}, replica);
+    caf::anon_send(status_, atom::enroll_v, std::string{"default"}, replica);
+    auto http = std::make_unique<replica_http>(sys_, caf::actor_cast<caf::actor>(replica), front);
+    uint16_t want = settings.replica_listen.port == 0
+                      ? 0
+                      : static_cast<uint16_t>(settings.replica_listen.port + i);
+    auto port = http->listen(settings.replica_listen.host, want);
+    if (!port)
+      return std::move(port).error();
+    http_.replicas.push_back(*port);
+    replica_fronts_.push_back(std::move(http));
+  }
+  gateway_front_ =
+    std::make_unique<gateway_http>(sys_, caf::actor_cast<caf::actor>(gateway_), front);
+  auto gw = gateway_front_->listen(settings.gateway.host, settings.gateway.port);
+  if (!gw)
+    return std::move(gw).error();
+  http_.gateway = *gw;
+  status_front_ = std::make_unique<status_http>(sys_, caf::actor_cast<caf::actor>(status_), server);
+  auto st = status_front_->listen(settings.status.host, settings.status.port);
+  if (!st)
+    return std::move(st).error();
+  http_.status = *st;
+  return {};
+}
+
+node::node(caf::actor_system& sys) : sys_(sys) {}
 
 node::~node() {
   stop();
 }
 
 void node::stop() {
+  // HTTP first: answers in flight drain while the actors still run.
+  if (gateway_front_)
+    gateway_front_->stop();
+  for (auto& f : replica_fronts_)
+    f->stop();
+  if (status_front_)
+    status_front_->stop();
+  for (auto& r : replicas_)
+    caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  replicas_.clear();
+  for (auto handle : {caf::actor_cast<caf::actor>(gateway_), caf::actor_cast<caf::actor>(status_)})
+    if (handle)
+      caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
+  gateway_ = nullptr;
+  status_ = nullptr;
   if (coordinator_ && port_ != 0)
     (void) sys_.middleman().unpublish(coordinator_, port_);
   for (auto handle : {caf::actor_cast<caf::actor>(coordinator_),

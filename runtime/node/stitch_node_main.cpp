@@ -15,8 +15,8 @@
 int main(int argc, char** argv) {
   using namespace stitch::node;
   CLI::App app{"stitch-node: runs the Stitch roles of this machine on one actor system.\n"
-               "With no --config it runs the coordinator, store and publisher in one process on "
-               "an embedded RocksDB store under ./stitch-data.",
+               "With no --config it runs every role in one process on an embedded RocksDB store "
+               "under ./stitch-data, with built-in engine replicas.",
                "stitch-node"};
   node_options opts;
   app.add_option("--config", opts.config_path, "TOML role config of this node")
@@ -61,6 +61,15 @@ int main(int argc, char** argv) {
   std::printf("stitch-node: coordinator listening on %s:%u, store %s\n",
               settings->coordinator.host.c_str(), static_cast<unsigned>((*n)->port()),
               settings->effective_store_uri().c_str());
+  const auto& http = (*n)->http();
+  std::printf("stitch-node: gateway http://%s:%u\n", settings->gateway.host.c_str(),
+              static_cast<unsigned>(http.gateway));
+  std::printf("stitch-node: status http://%s:%u (dashboard at /)\n", settings->status.host.c_str(),
+              static_cast<unsigned>(http.status));
+  for (size_t i = 0; i < http.replicas.size(); ++i)
+    std::printf("stitch-node: replica-%zu http://%s:%u (model %s)\n", i,
+                settings->replica_listen.host.c_str(), static_cast<unsigned>(http.replicas[i]),
+                settings->model_preset.c_str());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop_signals, &sig);

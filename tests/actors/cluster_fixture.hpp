@@ -62,7 +62,9 @@ class probed_engine final : public engine_port {
 public:
   explicit probed_engine(const engine::model_config& c) : inner(c) {}
   status prefetch(const chain_plan& p) override { return inner.prefetch(p); }
-  status stage(const chain_plan& p, bool o, tensor_source& s) override { return inner.stage(p, o, s); }
+  status stage(const chain_plan& p, bool o, tensor_source& s) override {
+    return inner.stage(p, o, s);
+  }
   void discard_shadow() override { inner.discard_shadow(); }
   status commit() override { return inner.commit(); }
   status pause() override { return inner.pause(); }
@@ -192,9 +194,8 @@ protected:
   }
 
   uint16_t serve_replica(size_t i) {
-    replica_fronts.push_back(
-      std::make_unique<replica_http>(sys, caf::actor_cast<caf::actor>(replicas.at(i)),
-                                     replica_http_options{}));
+    replica_fronts.push_back(std::make_unique<replica_http>(
+      sys, caf::actor_cast<caf::actor>(replicas.at(i)), replica_http_options{}));
     auto p = replica_fronts.back()->listen("127.0.0.1", 0);
     EXPECT_TRUE(p);
     return p ? *p : 0;

@@ -17,8 +17,7 @@ using namespace std::chrono_literals;
 /// A replica that claims to serve `claims` but refuses every request with a
 /// retryable 409: the gateway must retry elsewhere, never duplicate work.
 replica_actor::behavior_type fake_replica(replica_actor::pointer self,
-                                          std::shared_ptr<std::atomic<int>> calls,
-                                          int64_t claims) {
+                                          std::shared_ptr<std::atomic<int>> calls, int64_t claims) {
   auto info = [claims] {
     replica_info i;
     i.replica_id = "fake";
@@ -80,8 +79,8 @@ TEST_F(gateway_test, routes_by_constraint_and_answers_409_itself_when_none_satis
   EXPECT_EQ(pinned.header("X-Stitch-Replica"), "b");
   EXPECT_EQ(pinned.json()["meta_info"]["weight_version_start"], 0);
 
-  auto header = http(gateway_port, "POST", "/generate", generate_body(),
-                     {{"X-Stitch-Exact-Version", "1"}});
+  auto header =
+    http(gateway_port, "POST", "/generate", generate_body(), {{"X-Stitch-Exact-Version", "1"}});
   ASSERT_EQ(header.status, 200u);
   EXPECT_EQ(header.header("X-Stitch-Replica"), "a");
 
@@ -125,7 +124,8 @@ TEST_F(gateway_test, a_session_sticks_to_its_replica_and_moves_once_when_it_goes
                 .header("X-Stitch-Replica"),
               home);
   // The reference clients' header works the same way.
-  auto modal = http(gateway_port, "POST", "/generate", generate_body(), {{"Modal-Session-ID", "m"}});
+  auto modal =
+    http(gateway_port, "POST", "/generate", generate_body(), {{"Modal-Session-ID", "m"}});
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(http(gateway_port, "POST", "/generate", generate_body(), {{"Modal-Session-ID", "m"}})
                 .header("X-Stitch-Replica"),
@@ -177,7 +177,7 @@ TEST_F(gateway_test, a_client_that_disconnects_aborts_its_generation) {
   auto e = engines.at(0);
   ASSERT_TRUE(e->pause());
   // Whatever fails below, the engine does not stay paused.
-  std::shared_ptr<void> resume_at_exit{nullptr, [e](void*) { (void)e->resume(); }};
+  std::shared_ptr<void> resume_at_exit{nullptr, [e](void*) { (void) e->resume(); }};
   {
     namespace net = boost::asio;
     net::io_context io;
@@ -249,11 +249,12 @@ TEST_F(gateway_test, oversized_bodies_and_bad_requests_are_4xx_with_a_json_error
   o.server.body_limit = 1024;
   serve_gateway(o);
   await_ready({"a"}, 0);
-  auto big = http(gateway_port, "POST", "/generate",
-                  R"({"text":")" + std::string(4096, 'x') + R"("})");
+  auto big =
+    http(gateway_port, "POST", "/generate", R"({"text":")" + std::string(4096, 'x') + R"("})");
   EXPECT_EQ(big.status, 413u);
   EXPECT_EQ(big.json()["type"], "PayloadTooLarge");
-  auto bad = http(gateway_port, "POST", "/generate", R"({"text":"x","sampling_params":{"top_p":7}})");
+  auto bad =
+    http(gateway_port, "POST", "/generate", R"({"text":"x","sampling_params":{"top_p":7}})");
   EXPECT_EQ(bad.status, 400u);
   EXPECT_EQ(bad.json()["message"], "sampling_params.top_p must be in (0, 1]");
   auto neg = http(gateway_port, "POST", "/generate", generate_body(R"({"min_version":-3})"));
@@ -278,9 +279,9 @@ TEST_F(gateway_test, the_reference_systems_shapes_keep_every_field_name) {
     auto n = native.json();
     for (const char* k : {"text", "output_ids", "meta_info"})
       EXPECT_TRUE(n.contains(k)) << k;
-    for (const char* k : {"id", "finish_reason", "prompt_tokens", "completion_tokens",
-                          "output_token_logprobs", "weight_version", "weight_version_start",
-                          "weight_version_end", "run_id"})
+    for (const char* k :
+         {"id", "finish_reason", "prompt_tokens", "completion_tokens", "output_token_logprobs",
+          "weight_version", "weight_version_start", "weight_version_end", "run_id"})
       EXPECT_TRUE(n["meta_info"].contains(k)) << k;
     EXPECT_EQ(n["meta_info"]["weight_version"], "0");
     EXPECT_TRUE(n["meta_info"]["weight_version_start"].is_number_integer());
@@ -329,9 +330,9 @@ TEST_F(gateway_test, the_reference_systems_shapes_keep_every_field_name) {
   EXPECT_EQ(info["applied"], "r/weight_v000000");
   EXPECT_EQ(info["applied_version"], 0);
   EXPECT_EQ(info["sync_state"], "IDLE");
-  for (const char* k : {"stage_s", "drain_ms", "pause_us", "folded_versions",
-                        "skipped_activations_total", "bytes_fetched_total",
-                        "checksum_failures_total"})
+  for (const char* k :
+       {"stage_s", "drain_ms", "pause_us", "folded_versions", "skipped_activations_total",
+        "bytes_fetched_total", "checksum_failures_total"})
     EXPECT_TRUE(info["metrics"].contains(k)) << k;
   EXPECT_EQ(http(direct, "GET", "/generate").status, 405u);
   EXPECT_EQ(http(direct, "POST", "/generate", R"({"text":1})").status, 400u);

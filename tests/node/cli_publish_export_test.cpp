@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "node/node_process.hpp"
 #include "runtime/store/hf_directory.hpp"
 #include "store/store_fixtures.hpp"
 
@@ -23,25 +24,6 @@ namespace stitch {
 namespace {
 
 using namespace stitch::testing;
-
-struct run_result {
-  int code = -1;
-  std::string output;
-};
-
-/// Runs a command line, capturing stdout and stderr.
-run_result run(const std::string& command) {
-  run_result r;
-  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe)
-    return r;
-  std::array<char, 4096> buf;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe))
-    r.output.append(buf.data(), n);
-  int status = ::pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 store::tensor_set model(uint32_t seed) {
   store::tensor_set w;
@@ -60,40 +42,14 @@ store::tensor_set model(uint32_t seed) {
 class cli_test : public ::testing::Test {
 protected:
   void SetUp() override {
-    auto log = dir.path() / "node.log";
-    node = fork();
-    ASSERT_GE(node, 0);
-    if (node == 0) {
-      std::freopen(log.c_str(), "w", stdout);
-      std::freopen(log.c_str(), "a", stderr);
-      std::string data = "--data-dir=" + (dir.path() / "data").string();
-      execl(STITCH_NODE_BIN, STITCH_NODE_BIN, data.c_str(), "--set",
-            "coordinator.listen=127.0.0.1:0", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    // The node prints the port it chose.
-    std::regex listening{"listening on 127\\.0\\.0\\.1:([0-9]+)"};
-    for (int i = 0; i < 300 && port.empty(); ++i) {
-      std::ifstream in{log};
-      std::stringstream text;
-      text << in.rdbuf();
-      std::smatch m;
-      auto s = text.str();
-      if (std::regex_search(s, m, listening))
-        port = m[1];
-      else
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ASSERT_FALSE(port.empty()) << "the node did not start";
+    // No replicas: these tests publish models of no engine's shape.
+    node = std::make_unique<node_process>(dir.path(), std::vector<std::string>{"replicas=0"});
+    ASSERT_TRUE(node->started()) << "the node did not start: " << node->log();
+    port = node->coordinator_port;
   }
 
   void TearDown() override {
-    if (node > 0) {
-      kill(node, SIGTERM);
-      int status = 0;
-      waitpid(node, &status, 0);
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the node did not stop cleanly";
-    }
+    EXPECT_TRUE(node->stop()) << "the node did not stop cleanly: " << node->log();
   }
 
   std::string stitch(const std::string& args) {
@@ -109,7 +65,7 @@ protected:
   }
 
   temp_dir dir;
-  pid_t node = -1;
+  std::unique_ptr<node_process> node;
   std::string port;
 };
 

@@ -1,0 +1,346 @@
+#include "actors/status.hpp"
+
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+namespace stitch {
+
+namespace {
+
+using self_ptr = status_actor::stateful_pointer<status_state>;
+using ojson = nlohmann::ordered_json;
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+           std::chrono::system_clock::now().time_since_epoch())
+    .count();
+}
+
+ojson nullable(const std::string& s) {
+  return s.empty() ? ojson(nullptr) : ojson(s);
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+std::string label(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"')
+      out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+void write_histogram(std::string& out, const std::string& name, const std::string& help,
+                     const histogram& h, const std::string& labels = {}) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cumulative = 0;
+  std::string sep = labels.empty() ? "" : ",";
+  for (size_t i = 0; i < h.bounds.size() && i < h.counts.size(); ++i) {
+    cumulative += h.counts[i];
+    out += name + "_bucket{" + labels + sep + "le=\"" + number(h.bounds[i]) + "\"} " +
+           std::to_string(cumulative) + "\n";
+  }
+  out += name + "_bucket{" + labels + sep + "le=\"+Inf\"} " + std::to_string(h.count) + "\n";
+  std::string braces = labels.empty() ? "" : "{" + labels + "}";
+  out += name + "_sum" + braces + " " + number(h.sum) + "\n";
+  out += name + "_count" + braces + " " + std::to_string(h.count) + "\n";
+}
+
+void on_state(self_ptr self, replica_info info) {
+  auto& st = self->state;
+  auto it = st.replicas.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+  if (it == st.replicas.end())
+    return;
+  auto& e = it->second;
+  int64_t now = now_ms();
+  bool moved = !e.known || e.info.applied_version != info.applied_version
+               || e.info.run_id != info.run_id;
+  bool activated = e.known && info.metrics.activations_total > e.info.metrics.activations_total;
+  if (moved && info.applied_version >= 0) {
+    e.history.emplace_back(now, info.applied_version);
+    while (e.history.size() > st.opts.history)
+      e.history.pop_front();
+  }
+  if (activated) {
+    st.stage_seconds.observe(info.metrics.last_stage_s);
+    st.pause_seconds.observe(info.metrics.last_pause_us / 1e6);
+    st.recent.push_back({info.replica_id, info.applied, info.metrics.last_stage_s,
+                         info.metrics.last_pause_us, info.metrics.last_drain_ms,
+                         info.metrics.last_folded, now});
+    while (st.recent.size() > 50)
+      st.recent.pop_front();
+  }
+  e.info = std::move(info);
+  e.known = true;
+  e.updated_ms = now;
+}
+
+} // namespace
+
+std::string status_json(const status_state& st) {
+  ojson j;
+  j["generated_at_ms"] = now_ms();
+  ojson node;
+  node["name"] = st.opts.node;
+  node["roles"] = st.opts.roles;
+  ojson listening = ojson::object();
+  for (const auto& [role, addr] : st.opts.listening)
+    listening[role] = addr;
+  node["listening"] = std::move(listening);
+  node["up_since_ms"] = st.started_ms;
+  j["nodes"] = ojson::array({std::move(node)});
+  ojson pools = ojson::array();
+  ojson runs = ojson::array();
+  for (const auto& [pool, p] : st.pointers) {
+    ojson e;
+    e["pool"] = pool;
+    e["pointer"] = to_string(p.latest);
+    e["run_id"] = p.latest.run_id;
+    e["version"] = p.latest.version;
+    e["boot_version"] = p.boot_version;
+    pools.push_back(e);
+    ojson r;
+    r["run_id"] = p.latest.run_id;
+    r["pool"] = pool;
+    r["latest_version"] = p.latest.version;
+    r["boot_version"] = p.boot_version;
+    runs.push_back(std::move(r));
+  }
+  j["pools"] = std::move(pools);
+  j["runs"] = std::move(runs);
+  ojson replicas = ojson::array();
+  ojson transfers = ojson::array();
+  for (const auto& [addr, e] : st.replicas) {
+    if (!e.known)
+      continue;
+    const auto& i = e.info;
+    ojson r;
+    r["replica_id"] = i.replica_id;
+    r["pool"] = e.pool;
+    r["ready"] = i.ready;
+    r["applied"] = nullable(i.applied);
+    r["applied_version"] = i.applied_version < 0 ? ojson(nullptr) : ojson(i.applied_version);
+    r["run_id"] = nullable(i.run_id);
+    r["sync_state"] = i.sync_state;
+    r["reason"] = i.reason;
+    r["terminal_error"] = nullable(i.terminal_error);
+    r["commit_mode"] = i.commit_mode;
+    r["active_requests"] = i.active_requests;
+    ojson last;
+    last["stage_s"] = i.metrics.last_stage_s;
+    last["pause_us"] = i.metrics.last_pause_us;
+    last["drain_ms"] = i.metrics.last_drain_ms;
+    last["folded_versions"] = i.metrics.last_folded;
+    r["last_update"] = std::move(last);
+    r["activations_total"] = i.metrics.activations_total;
+    r["bytes_fetched_total"] = i.metrics.bytes_fetched_total;
+    r["updated_ms"] = e.updated_ms;
+    ojson history = ojson::array();
+    for (const auto& [t, v] : e.history)
+      history.push_back(ojson::array({t, v}));
+    r["history"] = std::move(history);
+    replicas.push_back(std::move(r));
+    if (i.sync_state == "FETCHING" || i.sync_state == "STAGING" || i.sync_state == "COMMITTING") {
+      ojson t;
+      t["replica_id"] = i.replica_id;
+      t["from"] = nullable(i.applied);
+      t["to"] = nullable(i.pointer);
+      t["state"] = i.sync_state;
+      t["source"] = "store";
+      transfers.push_back(std::move(t));
+    }
+  }
+  j["replicas"] = std::move(replicas);
+  j["transfers"] = std::move(transfers);
+  ojson recent = ojson::array();
+  for (auto it = st.recent.rbegin(); it != st.recent.rend(); ++it) {
+    ojson u;
+    u["replica_id"] = it->replica;
+    u["version"] = it->version;
+    u["stage_s"] = it->stage_s;
+    u["pause_us"] = it->pause_us;
+    u["drain_ms"] = it->drain_ms;
+    u["folded_versions"] = it->folded;
+    u["at_ms"] = it->at_ms;
+    recent.push_back(std::move(u));
+  }
+  j["recent_updates"] = std::move(recent);
+  return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+std::string prometheus_text(const status_state& st, const std::vector<gateway_stats>& gateways) {
+  std::string out;
+  auto family = [&](const char* name, const char* type, const char* help) {
+    out += std::string{"# HELP "} + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  family("stitch_pool_pointer_version", "gauge", "The version the pool's pointer names.");
+  for (const auto& [pool, p] : st.pointers)
+    out += "stitch_pool_pointer_version{pool=\"" + label(pool) + "\",run_id=\"" +
+           label(p.latest.run_id) + "\"} " + std::to_string(p.latest.version) + "\n";
+  struct counter {
+    const char* name;
+    const char* help;
+    uint64_t replica_metrics::*field;
+  };
+  static const counter counters[] = {
+    {"stitch_replica_activations_total", "Activations (commits) of new weights.",
+     &replica_metrics::activations_total},
+    {"stitch_replica_folded_versions_total", "Versions folded into activations.",
+     &replica_metrics::folded_versions_total},
+    {"stitch_replica_skipped_activations_total", "Version advances that needed no activation.",
+     &replica_metrics::skipped_activations_total},
+    {"stitch_replica_stage_failures_total", "Staging attempts that failed.",
+     &replica_metrics::stage_failures_total},
+    {"stitch_replica_activation_failures_total", "Activations that failed.",
+     &replica_metrics::activation_failures_total},
+    {"stitch_replica_checksum_failures_total", "Staged tensors whose checksum did not match.",
+     &replica_metrics::checksum_failures_total},
+    {"stitch_replica_rebuilds_total", "Engines rebuilt after a failure.",
+     &replica_metrics::rebuilds_total},
+    {"stitch_replica_bytes_fetched_total", "Tensor bytes fetched for staging.",
+     &replica_metrics::bytes_fetched_total},
+    {"stitch_replica_requests_admitted_total", "Requests admitted.",
+     &replica_metrics::requests_admitted_total},
+    {"stitch_replica_requests_rejected_total", "Requests answered 409.",
+     &replica_metrics::requests_rejected_total},
+    {"stitch_replica_requests_completed_total", "Requests completed with stamps.",
+     &replica_metrics::requests_completed_total},
+    {"stitch_replica_drain_timeouts_total", "Drains that aborted requests.",
+     &replica_metrics::drain_timeouts_total},
+  };
+  auto labels_of = [](const status_state::replica_entry& e) {
+    return "replica=\"" + label(e.info.replica_id) + "\",pool=\"" + label(e.pool) + "\"";
+  };
+  family("stitch_replica_applied_version", "gauge", "The version the replica serves.");
+  for (const auto& [a, e] : st.replicas)
+    if (e.known && e.info.applied_version >= 0)
+      out += "stitch_replica_applied_version{" + labels_of(e) + ",run_id=\"" +
+             label(e.info.run_id) + "\"} " + std::to_string(e.info.applied_version) + "\n";
+  family("stitch_replica_ready", "gauge", "1 when the replica admits requests.");
+  for (const auto& [a, e] : st.replicas)
+    if (e.known)
+      out += "stitch_replica_ready{" + labels_of(e) + "} " + (e.info.ready ? "1" : "0") + "\n";
+  family("stitch_replica_active_requests", "gauge", "Requests in flight at the replica.");
+  for (const auto& [a, e] : st.replicas)
+    if (e.known)
+      out += "stitch_replica_active_requests{" + labels_of(e) + "} " +
+             std::to_string(e.info.active_requests) + "\n";
+  for (const auto& c : counters) {
+    family(c.name, "counter", c.help);
+    for (const auto& [a, e] : st.replicas)
+      if (e.known)
+        out += std::string{c.name} + "{" + labels_of(e) + "} " +
+               std::to_string(e.info.metrics.*(c.field)) + "\n";
+  }
+  write_histogram(out, "stitch_stage_seconds", "Time to stage an update while serving.",
+                  st.stage_seconds);
+  write_histogram(out, "stitch_activation_pause_seconds",
+                  "Time the engine was stopped by an activation.", st.pause_seconds);
+  family("stitch_gateway_responses_total", "counter", "Gateway answers by HTTP status.");
+  for (size_t g = 0; g < gateways.size(); ++g)
+    for (size_t i = 0; i < gateways[g].codes.size() && i < gateways[g].code_counts.size(); ++i)
+      out += "stitch_gateway_responses_total{gateway=\"" + std::to_string(g) + "\",code=\"" +
+             std::to_string(gateways[g].codes[i]) + "\"} " +
+             std::to_string(gateways[g].code_counts[i]) + "\n";
+  family("stitch_gateway_retries_total", "counter", "Requests retried on another replica.");
+  for (size_t g = 0; g < gateways.size(); ++g)
+    out += "stitch_gateway_retries_total{gateway=\"" + std::to_string(g) + "\"} " +
+           std::to_string(gateways[g].retries_total) + "\n";
+  for (size_t g = 0; g < gateways.size(); ++g) {
+    std::string l = "gateway=\"" + std::to_string(g) + "\"";
+    write_histogram(out, "stitch_request_duration_seconds",
+                    "Gateway request latency, routing and retries included.",
+                    gateways[g].latency_seconds, l);
+    write_histogram(out, "stitch_served_staleness_versions",
+                    "Pointer version minus the start stamp of served samples.",
+                    gateways[g].staleness_versions, l);
+  }
+  return out;
+}
+
+status_actor::behavior_type status_service(status_actor::stateful_pointer<status_state> self,
+                                           status_options opts, store_actor store) {
+  auto& st = self->state;
+  st.opts = std::move(opts);
+  st.store = store;
+  st.started_ms = now_ms();
+  st.stage_seconds = histogram::with_bounds({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+                                             120, 300});
+  st.pause_seconds = histogram::with_bounds({1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3,
+                                             0.01, 0.1, 1});
+  self->set_down_handler([self](const caf::down_msg& down) {
+    self->state.replicas.erase(down.source);
+    std::erase_if(self->state.gateways,
+                  [&](const gateway_actor& g) { return g.address() == down.source; });
+  });
+  if (store)
+    for (const auto& pool : st.opts.pools) {
+      self->send(store, atom::subscribe_v, pool, caf::actor_cast<caf::actor>(self));
+      self->request(store, std::chrono::seconds{30}, atom::read_pointer_v, pool)
+        .then([self, pool](const pointer_reply& r) {
+          if (r.present)
+            self->state.pointers[pool] = r.record;
+        },
+              [](caf::error&) {});
+    }
+  return {
+    [self](atom::enroll, const std::string& pool, const replica_actor& r) {
+      auto& replicas = self->state.replicas;
+      if (replicas.contains(r.address()))
+        return;
+      status_state::replica_entry e;
+      e.handle = r;
+      e.pool = pool;
+      replicas.emplace(r.address(), std::move(e));
+      self->monitor(r);
+      self->send(r, atom::subscribe_v, caf::actor_cast<caf::actor>(self));
+    },
+    [self](atom::enroll, const gateway_actor& g) {
+      self->monitor(g);
+      self->state.gateways.push_back(g);
+    },
+    [self](atom::replica_state, replica_info& info) { on_state(self, std::move(info)); },
+    [self](atom::pointer_moved, const std::string& pool, const pointer_record& p) {
+      self->state.pointers[pool] = p;
+    },
+    [self](atom::status_view) { return status_json(self->state); },
+    [self](atom::metrics) -> caf::result<std::string> {
+      auto& now = self->state;
+      if (now.gateways.empty())
+        return prometheus_text(now, {});
+      auto promise = self->make_response_promise<std::string>();
+      auto collected = std::make_shared<std::vector<gateway_stats>>();
+      auto left = std::make_shared<size_t>(now.gateways.size());
+      for (const auto& g : now.gateways)
+        self->request(g, std::chrono::seconds{5}, atom::stats_v)
+          .then(
+            [self, promise, collected, left](gateway_stats& s) mutable {
+              collected->push_back(std::move(s));
+              if (--*left == 0)
+                promise.deliver(prometheus_text(self->state, *collected));
+            },
+            [self, promise, collected, left](caf::error&) mutable {
+              if (--*left == 0)
+                promise.deliver(prometheus_text(self->state, *collected));
+            });
+      return promise;
+    },
+  };
+}
+
+} // namespace stitch

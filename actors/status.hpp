@@ -1,0 +1,71 @@
+#pragma once
+
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "actors/status_actor.hpp"
+#include "actors/store_actor.hpp"
+
+namespace stitch {
+
+struct status_options {
+  std::string node = "local";
+  std::vector<std::string> roles;
+  /// Role -> listen address, for `/status`.
+  std::vector<std::pair<std::string, std::string>> listening;
+  /// Pools whose pointers are watched.
+  std::vector<std::string> pools = {"default"};
+  /// Points of applied-version history kept per replica.
+  size_t history = 600;
+};
+
+struct status_state {
+  static inline const char* name = "status";
+
+  struct replica_entry {
+    replica_actor handle;
+    std::string pool;
+    replica_info info;
+    bool known = false;
+    /// (unix ms, applied version) at every change.
+    std::deque<std::pair<int64_t, int64_t>> history;
+    int64_t updated_ms = 0;
+  };
+  /// One activation as seen from outside.
+  struct update {
+    std::string replica;
+    std::string version;
+    double stage_s = 0;
+    double pause_us = 0;
+    double drain_ms = 0;
+    uint64_t folded = 0;
+    int64_t at_ms = 0;
+  };
+
+  status_options opts;
+  store_actor store;
+  std::map<caf::actor_addr, replica_entry> replicas;
+  std::map<std::string, pointer_record> pointers;
+  std::vector<gateway_actor> gateways;
+  std::deque<update> recent;
+  histogram stage_seconds;
+  histogram pause_seconds;
+  int64_t started_ms = 0;
+};
+
+status_actor::behavior_type status_service(status_actor::stateful_pointer<status_state> self,
+                                           status_options opts, store_actor store);
+
+/// The body of `GET /status` for a state.
+std::string status_json(const status_state& st);
+/// The body of `GET /metrics` for a state and the gateways' measurements.
+std::string prometheus_text(const status_state& st, const std::vector<gateway_stats>& gateways);
+/// The dashboard: one HTML page, no external assets, refreshing itself.
+const std::string& dashboard_html();
+
+} // namespace stitch

@@ -1,0 +1,134 @@
+// The all-in-one stitch-node over HTTP: built-in replicas converge on a
+// published model, the gateway serves stamped samples, and the status surface
+// (JSON, Prometheus, the dashboard in headless Chromium) reports them.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "node/node_process.hpp"
+#include "store/store_fixtures.hpp"
+#include "transport/http_client.hpp"
+
+namespace stitch {
+namespace {
+
+using namespace stitch::testing;
+using namespace std::chrono_literals;
+
+transport::http_response get(const std::string& port, const std::string& method,
+                             const std::string& target, const std::string& body = {}) {
+  transport::http_client c{
+    transport::http_endpoint{"http", "127.0.0.1", static_cast<uint16_t>(std::stoi(port))}};
+  transport::http_request req;
+  req.method = method;
+  req.target = target;
+  req.body = body;
+  if (!body.empty())
+    req.headers.push_back({"Content-Type", "application/json"});
+  auto r = c.send(req);
+  EXPECT_TRUE(r) << (r ? "" : to_string(r.error()));
+  return r ? *r : transport::http_response{};
+}
+
+class node_http_test : public ::testing::Test {
+protected:
+  void SetUp() override {
+    node = std::make_unique<node_process>(
+      dir.path(), std::vector<std::string>{"replicas=2", "model.preset=tiny", "replica.backstop=1"});
+    ASSERT_TRUE(node->started()) << node->log();
+  }
+  void TearDown() override { EXPECT_TRUE(node->stop()) << node->log(); }
+
+  void publish(uint64_t version, uint64_t seed) {
+    auto model = dir.path() / ("model-" + std::to_string(version));
+    auto init = run(std::string{STITCH_BIN} + " init-model --preset tiny --seed " +
+                    std::to_string(seed) + " --out " + model.string());
+    ASSERT_EQ(init.code, 0) << init.output;
+    auto pub = run(std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + node->coordinator_port +
+                   " publish --run demo --version " + std::to_string(version) + " " +
+                   model.string());
+    ASSERT_EQ(pub.code, 0) << pub.output;
+  }
+
+  /// Waits (bounded) until the gateway reports both replicas ready at `version`.
+  void await(uint64_t version) {
+    std::string want = "demo/weight_v" + std::string(6 - std::to_string(version).size(), '0') +
+                       std::to_string(version);
+    for (int i = 0; i < 1200; ++i) {
+      auto pool = get(node->gateway_port, "GET", "/pool");
+      auto j = nlohmann::json::parse(pool.body, nullptr, false);
+      if (!j.is_discarded() && j["summary"]["versions"].contains(want)
+          && j["summary"]["versions"][want] == 2)
+        return;
+      std::this_thread::sleep_for(50ms);
+    }
+    FAIL() << "replicas never reached " << want << "\n" << get(node->gateway_port, "GET", "/pool").body;
+  }
+
+  temp_dir dir;
+  std::unique_ptr<node_process> node;
+};
+
+TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status) {
+  auto before = get(node->gateway_port, "GET", "/health");
+  EXPECT_EQ(before.status, 503u) << "no run claimed yet";
+  publish(0, 1);
+  await(0);
+  publish(1, 2);
+  await(1);
+
+  auto sample = get(node->gateway_port, "POST", "/generate",
+                    R"({"text":"hello","sampling_params":{"max_new_tokens":8,"temperature":0},
+                        "weight_version":{"min_version":1,"exact_version":null}})");
+  ASSERT_EQ(sample.status, 200u) << sample.body;
+  auto s = nlohmann::json::parse(sample.body);
+  EXPECT_EQ(s["meta_info"]["weight_version_start"], 1);
+  EXPECT_EQ(s["meta_info"]["run_id"], "demo");
+  auto ahead = get(node->gateway_port, "POST", "/generate",
+                   R"({"text":"x","weight_version":{"min_version":9}})");
+  EXPECT_EQ(ahead.status, 409u);
+
+  auto status = nlohmann::json::parse(get(node->status_port, "GET", "/status").body);
+  ASSERT_EQ(status["replicas"].size(), 2u);
+  EXPECT_EQ(status["pools"][0]["pointer"], "demo/weight_v000001");
+  for (const auto& r : status["replicas"]) {
+    EXPECT_EQ(r["applied_version"], 1);
+    EXPECT_GE(r["history"].size(), 2u) << "v0 then v1";
+  }
+  auto metrics = get(node->status_port, "GET", "/metrics");
+  EXPECT_NE(metrics.body.find("stitch_replica_applied_version{replica=\"replica-0\""),
+            std::string::npos);
+  EXPECT_NE(metrics.body.find("stitch_activation_pause_seconds_bucket"), std::string::npos);
+  EXPECT_NE(metrics.body.find("stitch_request_duration_seconds_count"), std::string::npos);
+  EXPECT_NE(metrics.body.find("stitch_gateway_responses_total{gateway=\"0\",code=\"409\"} 1"),
+            std::string::npos)
+    << metrics.body;
+
+  // The dashboard, rendered by a real browser: the replica rows and the chart.
+  auto artifacts = std::filesystem::path{STITCH_ARTIFACT_DIR};
+  std::filesystem::create_directories(artifacts);
+  auto profile = dir.path() / "chromium";
+  std::string chromium = "timeout 120 chromium --headless --no-sandbox --disable-gpu "
+                         "--disable-dev-shm-usage --no-first-run --hide-scrollbars "
+                         "--user-data-dir=" + profile.string() +
+                         " --virtual-time-budget=4000 --window-size=1280,900 ";
+  std::string url = "http://127.0.0.1:" + node->status_port + "/";
+  auto dom = run(chromium + "--dump-dom " + url);
+  ASSERT_EQ(dom.code, 0) << dom.output;
+  EXPECT_NE(dom.output.find(R"(class="replica" data-id="replica-0")"), std::string::npos)
+    << dom.output;
+  EXPECT_NE(dom.output.find(R"(class="replica" data-id="replica-1")"), std::string::npos);
+  EXPECT_NE(dom.output.find("<polyline"), std::string::npos) << "the chart was drawn";
+  EXPECT_NE(dom.output.find(R"(data-replica="replica-1")"), std::string::npos);
+  EXPECT_NE(dom.output.find("demo/weight_v000001"), std::string::npos);
+  auto shot = artifacts / "dashboard.png";
+  std::filesystem::remove(shot);
+  auto png = run(chromium + "--screenshot=" + shot.string() + " " + url);
+  ASSERT_EQ(png.code, 0) << png.output;
+  ASSERT_TRUE(std::filesystem::exists(shot)) << png.output;
+  EXPECT_GT(std::filesystem::file_size(shot), 10'000u) << "a real picture, not an empty page";
+}
+
+} // namespace
+} // namespace stitch

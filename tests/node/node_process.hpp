@@ -1,0 +1,109 @@
+#pragma once
+
+// A `stitch-node` child process for end-to-end tests, and a command runner.
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace stitch::testing {
+
+struct run_result {
+  int code = -1;
+  std::string output;
+};
+
+/// Runs a command line, capturing stdout and stderr.
+inline run_result run(const std::string& command) {
+  run_result r;
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe)
+    return r;
+  std::array<char, 4096> buf;
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe))
+    r.output.append(buf.data(), n);
+  int status = ::pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+/// `stitch-node --data-dir DIR/data --set ...` with every listen port 0; the
+/// ports it picked are read from its log.
+class node_process {
+public:
+  node_process(const std::filesystem::path& dir, std::vector<std::string> extra_sets)
+      : log_(dir / "node.log") {
+    std::vector<std::string> args = {STITCH_NODE_BIN, "--data-dir=" + (dir / "data").string()};
+    for (const char* s : {"coordinator.listen=127.0.0.1:0", "gateway.listen=127.0.0.1:0",
+                          "status.listen=127.0.0.1:0", "replica.listen=127.0.0.1:0"})
+      args.insert(args.end(), {"--set", s});
+    for (auto& s : extra_sets)
+      args.insert(args.end(), {"--set", s});
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::freopen(log_.c_str(), "w", stdout);
+      std::freopen(log_.c_str(), "a", stderr);
+      std::vector<char*> argv;
+      for (auto& a : args)
+        argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(STITCH_NODE_BIN, argv.data());
+      _exit(127);
+    }
+    for (int i = 0; i < 600 && status_port.empty(); ++i) {
+      auto s = log();
+      std::smatch m;
+      if (std::regex_search(s, m, std::regex{"listening on 127\\.0\\.0\\.1:([0-9]+)"}))
+        coordinator_port = m[1];
+      if (std::regex_search(s, m, std::regex{"gateway http://127\\.0\\.0\\.1:([0-9]+)"}))
+        gateway_port = m[1];
+      if (std::regex_search(s, m, std::regex{"status http://127\\.0\\.0\\.1:([0-9]+)"}))
+        status_port = m[1];
+      if (status_port.empty())
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  ~node_process() { stop(); }
+
+  std::string log() const {
+    std::ifstream in{log_};
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  bool started() const { return !status_port.empty() && !coordinator_port.empty(); }
+
+  /// SIGTERM; true when it exited 0.
+  bool stop() {
+    if (pid_ <= 0)
+      return true;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+
+  std::string coordinator_port, gateway_port, status_port;
+
+private:
+  std::filesystem::path log_;
+  pid_t pid_ = -1;
+};
+
+} // namespace stitch::testing
