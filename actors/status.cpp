@@ -52,8 +52,8 @@ void write_histogram(std::string& out, const std::string& name, const std::strin
   std::string sep = labels.empty() ? "" : ",";
   for (size_t i = 0; i < h.bounds.size() && i < h.counts.size(); ++i) {
     cumulative += h.counts[i];
-    out += name + "_bucket{" + labels + sep + "le=\"" + number(h.bounds[i]) + "\"} " +
-           std::to_string(cumulative) + "\n";
+    out += name + "_bucket{" + labels + sep + "le=\"" + number(h.bounds[i]) + "\"} "
+           + std::to_string(cumulative) + "\n";
   }
   out += name + "_bucket{" + labels + sep + "le=\"+Inf\"} " + std::to_string(h.count) + "\n";
   std::string braces = labels.empty() ? "" : "{" + labels + "}";
@@ -68,8 +68,8 @@ void on_state(self_ptr self, replica_info info) {
     return;
   auto& e = it->second;
   int64_t now = now_ms();
-  bool moved = !e.known || e.info.applied_version != info.applied_version
-               || e.info.run_id != info.run_id;
+  bool moved =
+    !e.known || e.info.applied_version != info.applied_version || e.info.run_id != info.run_id;
   bool activated = e.known && info.metrics.activations_total > e.info.metrics.activations_total;
   if (moved && info.applied_version >= 0) {
     e.history.emplace_back(now, info.applied_version);
@@ -190,8 +190,8 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
   };
   family("stitch_pool_pointer_version", "gauge", "The version the pool's pointer names.");
   for (const auto& [pool, p] : st.pointers)
-    out += "stitch_pool_pointer_version{pool=\"" + label(pool) + "\",run_id=\"" +
-           label(p.latest.run_id) + "\"} " + std::to_string(p.latest.version) + "\n";
+    out += "stitch_pool_pointer_version{pool=\"" + label(pool) + "\",run_id=\""
+           + label(p.latest.run_id) + "\"} " + std::to_string(p.latest.version) + "\n";
   struct counter {
     const char* name;
     const char* help;
@@ -229,8 +229,8 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
   family("stitch_replica_applied_version", "gauge", "The version the replica serves.");
   for (const auto& [a, e] : st.replicas)
     if (e.known && e.info.applied_version >= 0)
-      out += "stitch_replica_applied_version{" + labels_of(e) + ",run_id=\"" +
-             label(e.info.run_id) + "\"} " + std::to_string(e.info.applied_version) + "\n";
+      out += "stitch_replica_applied_version{" + labels_of(e) + ",run_id=\"" + label(e.info.run_id)
+             + "\"} " + std::to_string(e.info.applied_version) + "\n";
   family("stitch_replica_ready", "gauge", "1 when the replica admits requests.");
   for (const auto& [a, e] : st.replicas)
     if (e.known)
@@ -238,14 +238,14 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
   family("stitch_replica_active_requests", "gauge", "Requests in flight at the replica.");
   for (const auto& [a, e] : st.replicas)
     if (e.known)
-      out += "stitch_replica_active_requests{" + labels_of(e) + "} " +
-             std::to_string(e.info.active_requests) + "\n";
+      out += "stitch_replica_active_requests{" + labels_of(e) + "} "
+             + std::to_string(e.info.active_requests) + "\n";
   for (const auto& c : counters) {
     family(c.name, "counter", c.help);
     for (const auto& [a, e] : st.replicas)
       if (e.known)
-        out += std::string{c.name} + "{" + labels_of(e) + "} " +
-               std::to_string(e.info.metrics.*(c.field)) + "\n";
+        out += std::string{c.name} + "{" + labels_of(e) + "} "
+               + std::to_string(e.info.metrics.*(c.field)) + "\n";
   }
   write_histogram(out, "stitch_stage_seconds", "Time to stage an update while serving.",
                   st.stage_seconds);
@@ -254,13 +254,13 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
   family("stitch_gateway_responses_total", "counter", "Gateway answers by HTTP status.");
   for (size_t g = 0; g < gateways.size(); ++g)
     for (size_t i = 0; i < gateways[g].codes.size() && i < gateways[g].code_counts.size(); ++i)
-      out += "stitch_gateway_responses_total{gateway=\"" + std::to_string(g) + "\",code=\"" +
-             std::to_string(gateways[g].codes[i]) + "\"} " +
-             std::to_string(gateways[g].code_counts[i]) + "\n";
+      out += "stitch_gateway_responses_total{gateway=\"" + std::to_string(g) + "\",code=\""
+             + std::to_string(gateways[g].codes[i]) + "\"} "
+             + std::to_string(gateways[g].code_counts[i]) + "\n";
   family("stitch_gateway_retries_total", "counter", "Requests retried on another replica.");
   for (size_t g = 0; g < gateways.size(); ++g)
-    out += "stitch_gateway_retries_total{gateway=\"" + std::to_string(g) + "\"} " +
-           std::to_string(gateways[g].retries_total) + "\n";
+    out += "stitch_gateway_retries_total{gateway=\"" + std::to_string(g) + "\"} "
+           + std::to_string(gateways[g].retries_total) + "\n";
   for (size_t g = 0; g < gateways.size(); ++g) {
     std::string l = "gateway=\"" + std::to_string(g) + "\"";
     write_histogram(out, "stitch_request_duration_seconds",
@@ -279,10 +279,10 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
   st.opts = std::move(opts);
   st.store = store;
   st.started_ms = now_ms();
-  st.stage_seconds = histogram::with_bounds({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
-                                             120, 300});
-  st.pause_seconds = histogram::with_bounds({1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3,
-                                             0.01, 0.1, 1});
+  st.stage_seconds =
+    histogram::with_bounds({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300});
+  st.pause_seconds =
+    histogram::with_bounds({1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.1, 1});
   self->set_down_handler([self](const caf::down_msg& down) {
     self->state.replicas.erase(down.source);
     std::erase_if(self->state.gateways,
@@ -292,11 +292,12 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
     for (const auto& pool : st.opts.pools) {
       self->send(store, atom::subscribe_v, pool, caf::actor_cast<caf::actor>(self));
       self->request(store, std::chrono::seconds{30}, atom::read_pointer_v, pool)
-        .then([self, pool](const pointer_reply& r) {
-          if (r.present)
-            self->state.pointers[pool] = r.record;
-        },
-              [](caf::error&) {});
+        .then(
+          [self, pool](const pointer_reply& r) {
+            if (r.present)
+              self->state.pointers[pool] = r.record;
+          },
+          [](caf::error&) {});
     }
   return {
     [self](atom::enroll, const std::string& pool, const replica_actor& r) {

@@ -12,14 +12,14 @@ namespace stitch {
 /// STATUS: the read-only view of the cluster (DESIGN §2, §5): nodes, runs and
 /// pointers, replicas with their applied version over time, transfers in
 /// flight, Prometheus metrics. Learns by subscription, never by polling.
-using status_actor = caf::typed_actor<
-  caf::reacts_to<atom::enroll, std::string, replica_actor>,
-  caf::reacts_to<atom::enroll, gateway_actor>,
-  caf::reacts_to<atom::replica_state, replica_info>,
-  caf::reacts_to<atom::pointer_moved, std::string, pointer_record>,
-  // `GET /status` as JSON.
-  caf::replies_to<atom::status_view>::with<std::string>,
-  // `GET /metrics` in the Prometheus text exposition format.
-  caf::replies_to<atom::metrics>::with<std::string>>;
+using status_actor =
+  caf::typed_actor<caf::reacts_to<atom::enroll, std::string, replica_actor>,
+                   caf::reacts_to<atom::enroll, gateway_actor>,
+                   caf::reacts_to<atom::replica_state, replica_info>,
+                   caf::reacts_to<atom::pointer_moved, std::string, pointer_record>,
+                   // `GET /status` as JSON.
+                   caf::replies_to<atom::status_view>::with<std::string>,
+                   // `GET /metrics` in the Prometheus text exposition format.
+                   caf::replies_to<atom::metrics>::with<std::string>>;
 
 } // namespace stitch

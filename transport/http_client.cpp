@@ -242,6 +242,10 @@ struct http_client::impl {
       disconnect();
       return fail("connecting", ec);
     }
+    // Header and body go out in separate writes: without this, Nagle's
+    // algorithm and the peer's delayed ACK stall every request ~40 ms.
+    boost::system::error_code nodelay;
+    lowest().socket().set_option(net::ip::tcp::no_delay(true), nodelay);
     if (secure) {
       lowest().expires_after(opts.connect_timeout);
       ec = run_to_completion(ioc, [&](auto handler) {

@@ -35,26 +35,27 @@ class node_http_test : public ::testing::Test {
 protected:
   void SetUp() override {
     node = std::make_unique<node_process>(
-      dir.path(), std::vector<std::string>{"replicas=2", "model.preset=tiny", "replica.backstop=1"});
+      dir.path(),
+      std::vector<std::string>{"replicas=2", "model.preset=tiny", "replica.backstop=1"});
     ASSERT_TRUE(node->started()) << node->log();
   }
   void TearDown() override { EXPECT_TRUE(node->stop()) << node->log(); }
 
   void publish(uint64_t version, uint64_t seed) {
     auto model = dir.path() / ("model-" + std::to_string(version));
-    auto init = run(std::string{STITCH_BIN} + " init-model --preset tiny --seed " +
-                    std::to_string(seed) + " --out " + model.string());
+    auto init = run(std::string{STITCH_BIN} + " init-model --preset tiny --seed "
+                    + std::to_string(seed) + " --out " + model.string());
     ASSERT_EQ(init.code, 0) << init.output;
-    auto pub = run(std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + node->coordinator_port +
-                   " publish --run demo --version " + std::to_string(version) + " " +
-                   model.string());
+    auto pub =
+      run(std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + node->coordinator_port
+          + " publish --run demo --version " + std::to_string(version) + " " + model.string());
     ASSERT_EQ(pub.code, 0) << pub.output;
   }
 
   /// Waits (bounded) until the gateway reports both replicas ready at `version`.
   void await(uint64_t version) {
-    std::string want = "demo/weight_v" + std::string(6 - std::to_string(version).size(), '0') +
-                       std::to_string(version);
+    std::string want = "demo/weight_v" + std::string(6 - std::to_string(version).size(), '0')
+                       + std::to_string(version);
     for (int i = 0; i < 1200; ++i) {
       auto pool = get(node->gateway_port, "GET", "/pool");
       auto j = nlohmann::json::parse(pool.body, nullptr, false);
@@ -63,7 +64,8 @@ protected:
         return;
       std::this_thread::sleep_for(50ms);
     }
-    FAIL() << "replicas never reached " << want << "\n" << get(node->gateway_port, "GET", "/pool").body;
+    FAIL() << "replicas never reached " << want << "\n"
+           << get(node->gateway_port, "GET", "/pool").body;
   }
 
   temp_dir dir;
@@ -111,8 +113,8 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
   auto profile = dir.path() / "chromium";
   std::string chromium = "timeout 120 chromium --headless --no-sandbox --disable-gpu "
                          "--disable-dev-shm-usage --no-first-run --hide-scrollbars "
-                         "--user-data-dir=" + profile.string() +
-                         " --virtual-time-budget=4000 --window-size=1280,900 ";
+                         "--user-data-dir="
+                         + profile.string() + " --virtual-time-budget=4000 --window-size=1280,900 ";
   std::string url = "http://127.0.0.1:" + node->status_port + "/";
   auto dom = run(chromium + "--dump-dom " + url);
   ASSERT_EQ(dom.code, 0) << dom.output;

@@ -1,0 +1,196 @@
+// gateway_bench: what the gateway adds to a request. One built-in replica
+// (tiny model) serves a trivial generation (one token); the same requests go
+// straight to the replica's own HTTP endpoint and through the gateway, in the
+// same run, first on one keep-alive connection (latency), then on several
+// (throughput). Prints the gateway's added p50/p99 latency and the throughput
+// ratio gateway / direct.
+//
+//   gateway_bench [--requests N] [--connections C] [--json]
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "actors/gateway.hpp"
+#include "actors/http_front.hpp"
+#include "actors/replica.hpp"
+#include "actors/store.hpp"
+#include "runtime/engine/builtin_engine.hpp"
+#include "runtime/node/system_config.hpp"
+#include "runtime/store/publisher.hpp"
+#include "runtime/store/rocksdb_store.hpp"
+#include "runtime/store/store_tensor_source.hpp"
+#include "transport/http_client.hpp"
+
+using namespace stitch;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct run_stats {
+  double p50_ms = 0, p99_ms = 0, rps = 0;
+  size_t failures = 0;
+};
+
+const std::string body =
+  R"({"text":"hi","sampling_params":{"max_new_tokens":1,"temperature":0},)"
+  R"("weight_version":{"min_version":0,"exact_version":null}})";
+
+/// `n` requests on each of `connections` keep-alive connections.
+run_stats load(uint16_t port, size_t n, size_t connections) {
+  std::vector<std::vector<double>> lat(connections);
+  std::atomic<size_t> failures{0};
+  auto t0 = clock_type::now();
+  std::vector<std::thread> threads;
+  for (size_t c = 0; c < connections; ++c)
+    threads.emplace_back([&, c] {
+      transport::http_client client{transport::http_endpoint{"http", "127.0.0.1", port}};
+      transport::http_request req;
+      req.method = "POST";
+      req.target = "/generate";
+      req.body = body;
+      req.headers = {{"Content-Type", "application/json"}};
+      for (size_t i = 0; i < n; ++i) {
+        auto s = clock_type::now();
+        auto r = client.send(req);
+        lat[c].push_back(std::chrono::duration<double, std::milli>(clock_type::now() - s).count());
+        if (!r || r->status != 200)
+          ++failures;
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+  std::vector<double> all;
+  for (auto& l : lat)
+    all.insert(all.end(), l.begin(), l.end());
+  std::sort(all.begin(), all.end());
+  run_stats out;
+  out.p50_ms = all[all.size() / 2];
+  out.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  out.rps = static_cast<double>(all.size()) / secs;
+  out.failures = failures;
+  return out;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  size_t requests = 2000;
+  size_t connections = 4;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--requests" && i + 1 < argc)
+      requests = std::strtoul(argv[++i], nullptr, 10);
+    else if (a == "--connections" && i + 1 < argc)
+      connections = std::strtoul(argv[++i], nullptr, 10);
+    else if (a == "--json")
+      json = true;
+    else {
+      std::fprintf(stderr, "usage: gateway_bench [--requests N] [--connections C] [--json]\n");
+      return 2;
+    }
+  }
+  requests = std::max<size_t>(requests, 20);
+  connections = std::max<size_t>(connections, 1);
+  auto dir = std::filesystem::temp_directory_path() /
+             ("stitch-gateway-bench-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  int rc = 0;
+  {
+    caf::actor_system_config cfg;
+    register_stitch_types(cfg);
+    cfg.set("logger.file-verbosity", caf::atom("quiet"));
+    caf::actor_system sys{cfg};
+    auto opened = store::open_rocksdb_store((dir / "db").string());
+    if (!opened) {
+      std::fprintf(stderr, "gateway_bench: %s\n", to_string(opened.error()).c_str());
+      return 1;
+    }
+    std::shared_ptr<store_backend> backend{std::move(*opened)};
+    auto config = *engine::preset("tiny");
+    store::publisher pub{*backend};
+    if (auto r = pub.publish({"default", "bench", 0, false, false}, *engine::random_init(config, 1));
+        !r) {
+      std::fprintf(stderr, "gateway_bench: %s\n", to_string(r.error()).c_str());
+      return 1;
+    }
+    auto store = sys.spawn<caf::detached>(store_service, backend, dir / "spool");
+    replica_deps d;
+    d.store = store;
+    d.make_engine = [config]() -> result<std::shared_ptr<engine_port>> {
+      return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
+    };
+    d.bytes = std::make_shared<store::store_tensor_source>(*backend, "default");
+    d.reconcile_worker = std::make_shared<worker_pool>(1, "stage");
+    d.request_workers = std::make_shared<worker_pool>(16, "gen");
+    auto replica = sys.spawn(replica_service, replica_options{}, d);
+    auto gateway = sys.spawn(gateway_service, gateway_options{});
+    caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, replica);
+    replica_http direct{sys, caf::actor_cast<caf::actor>(replica), {}};
+    gateway_http front{sys, caf::actor_cast<caf::actor>(gateway), {}};
+    auto dport = direct.listen("127.0.0.1", 0);
+    auto gport = front.listen("127.0.0.1", 0);
+    if (!dport || !gport) {
+      std::fprintf(stderr, "gateway_bench: cannot listen\n");
+      return 1;
+    }
+    // Wait until the gateway routes to a ready replica.
+    for (int i = 0; i < 2000; ++i) {
+      transport::http_client c{transport::http_endpoint{"http", "127.0.0.1", *gport}};
+      transport::http_request h;
+      h.target = "/health";
+      auto r = c.send(h);
+      if (r && r->status == 200)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    }
+    (void) load(*dport, 50, 1); // warm up both paths
+    (void) load(*gport, 50, 1);
+    auto d1 = load(*dport, requests, 1);
+    auto g1 = load(*gport, requests, 1);
+    auto dn = load(*dport, requests / connections, connections);
+    auto gn = load(*gport, requests / connections, connections);
+    size_t failures = d1.failures + g1.failures + dn.failures + gn.failures;
+    double added_p50 = g1.p50_ms - d1.p50_ms;
+    double added_p99 = g1.p99_ms - d1.p99_ms;
+    double ratio = gn.rps / dn.rps;
+    if (json) {
+      std::printf("{\"requests\":%zu,\"connections\":%zu,\"direct_p50_ms\":%.4f,"
+                  "\"gateway_p50_ms\":%.4f,\"gateway_added_p50_ms\":%.4f,"
+                  "\"gateway_added_p99_ms\":%.4f,\"direct_rps\":%.1f,\"gateway_rps\":%.1f,"
+                  "\"throughput_ratio\":%.3f,\"failures\":%zu}\n",
+                  requests, connections, d1.p50_ms, g1.p50_ms, added_p50, added_p99, dn.rps,
+                  gn.rps, ratio, failures);
+    } else {
+      std::printf("gateway_bench: one built-in replica (tiny), one-token generations\n\n");
+      std::printf("| path | p50 ms (1 conn) | p99 ms (1 conn) | req/s (%zu conns) |\n", connections);
+      std::printf("|---|---|---|---|\n");
+      std::printf("| direct to the replica | %.3f | %.3f | %.0f |\n", d1.p50_ms, d1.p99_ms, dn.rps);
+      std::printf("| through the gateway | %.3f | %.3f | %.0f |\n", g1.p50_ms, g1.p99_ms, gn.rps);
+      std::printf("\ngateway added p50: %.3f ms (target <= 0.2), p99: %.3f ms\n", added_p50,
+                  added_p99);
+      std::printf("throughput ratio gateway/direct: %.2f (report-only: load, gateway and "
+                  "replica share the cores)\n",
+                  ratio);
+      if (failures)
+        std::printf("FAILED requests: %zu\n", failures);
+    }
+    rc = failures == 0 ? 0 : 1;
+    front.stop();
+    direct.stop();
+    caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(gateway, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return rc;
+}
