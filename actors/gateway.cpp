@@ -97,8 +97,13 @@ replica_answer own_answer(self_ptr self, const gateway_state::flight& f) {
   if (ready == 0 || !c.any())
     return unavailable("no replica of pool " + quote_untrusted(f.pool) + " is ready");
   rejection r = reject(c, highest);
+  r.message = (c.exact_version ? "exact_version " + std::to_string(*c.exact_version)
+                               : "min_version " + std::to_string(*c.min_version))
+              + " was requested but the ready replicas of pool " + quote_untrusted(f.pool)
+              + " serve at most version " + std::to_string(highest.value_or(0));
   // An exact pin the pool moved past and no replica holds is never served again.
   r.retryable = !(c.exact_version && highest && *c.exact_version < *highest && !held);
+  r.message += r.retryable ? "; retry later" : "; the pool has moved past it for good";
   // Lagging replicas catch up now rather than at their next backstop tick.
   for (const auto& [addr, m] : st.replicas)
     if (m.pool == f.pool && m.info.applied_version >= 0

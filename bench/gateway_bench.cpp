@@ -38,9 +38,8 @@ struct run_stats {
   size_t failures = 0;
 };
 
-const std::string body =
-  R"({"text":"hi","sampling_params":{"max_new_tokens":1,"temperature":0},)"
-  R"("weight_version":{"min_version":0,"exact_version":null}})";
+const std::string body = R"({"text":"hi","sampling_params":{"max_new_tokens":1,"temperature":0},)"
+                         R"("weight_version":{"min_version":0,"exact_version":null}})";
 
 /// `n` requests on each of `connections` keep-alive connections.
 run_stats load(uint16_t port, size_t n, size_t connections) {
@@ -100,8 +99,8 @@ int main(int argc, char** argv) {
   }
   requests = std::max<size_t>(requests, 20);
   connections = std::max<size_t>(connections, 1);
-  auto dir = std::filesystem::temp_directory_path() /
-             ("stitch-gateway-bench-" + std::to_string(::getpid()));
+  auto dir =
+    std::filesystem::temp_directory_path() / ("stitch-gateway-bench-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   int rc = 0;
   {
@@ -117,7 +116,8 @@ int main(int argc, char** argv) {
     std::shared_ptr<store_backend> backend{std::move(*opened)};
     auto config = *engine::preset("tiny");
     store::publisher pub{*backend};
-    if (auto r = pub.publish({"default", "bench", 0, false, false}, *engine::random_init(config, 1));
+    if (auto r =
+          pub.publish({"default", "bench", 0, false, false}, *engine::random_init(config, 1));
         !r) {
       std::fprintf(stderr, "gateway_bench: %s\n", to_string(r.error()).c_str());
       return 1;
@@ -167,11 +167,12 @@ int main(int argc, char** argv) {
                   "\"gateway_p50_ms\":%.4f,\"gateway_added_p50_ms\":%.4f,"
                   "\"gateway_added_p99_ms\":%.4f,\"direct_rps\":%.1f,\"gateway_rps\":%.1f,"
                   "\"throughput_ratio\":%.3f,\"failures\":%zu}\n",
-                  requests, connections, d1.p50_ms, g1.p50_ms, added_p50, added_p99, dn.rps,
-                  gn.rps, ratio, failures);
+                  requests, connections, d1.p50_ms, g1.p50_ms, added_p50, added_p99, dn.rps, gn.rps,
+                  ratio, failures);
     } else {
       std::printf("gateway_bench: one built-in replica (tiny), one-token generations\n\n");
-      std::printf("| path | p50 ms (1 conn) | p99 ms (1 conn) | req/s (%zu conns) |\n", connections);
+      std::printf("| path | p50 ms (1 conn) | p99 ms (1 conn) | req/s (%zu conns) |\n",
+                  connections);
       std::printf("|---|---|---|---|\n");
       std::printf("| direct to the replica | %.3f | %.3f | %.0f |\n", d1.p50_ms, d1.p99_ms, dn.rps);
       std::printf("| through the gateway | %.3f | %.3f | %.0f |\n", g1.p50_ms, g1.p99_ms, gn.rps);

@@ -9,7 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libxxhash-dev libzstd-dev libssl-dev
   libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   clang-14 libclang-rt-14-dev clang-format-14
-  chromium fonts-dejavu-core
+  chromium fonts-dejavu-core curl
 )
 
 missing=()

@@ -489,24 +489,24 @@ std::string builtin_engine::stamp_request(std::string_view route, std::string_vi
                                           const version_ref& served) {
   if (!versioned_route(route))
     return std::string{body};
-  auto doc = nlohmann::json::parse(body, nullptr, false);
+  auto doc = nlohmann::ordered_json::parse(body, nullptr, false);
   if (doc.is_discarded() || !doc.is_object())
     return std::string{body};
   // The engine's cache key namespace: entries of other weights never match.
   doc["extra_key"] = to_string(served);
-  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 std::string builtin_engine::stamp_response(std::string_view route, std::string_view body,
                                            const stamps& s, std::string_view run_id) {
-  auto doc = nlohmann::json::parse(body, nullptr, false);
+  auto doc = nlohmann::ordered_json::parse(body, nullptr, false);
   // Only JSON objects carry stamps; anything else passes through untouched.
   if (doc.is_discarded() || !doc.is_object())
     return std::string{body};
   if (route == "/generate") {
     auto& meta = doc["meta_info"];
     if (!meta.is_object())
-      meta = nlohmann::json::object();
+      meta = nlohmann::ordered_json::object();
     meta["weight_version_start"] = s.start;
     meta["weight_version_end"] = s.end;
     meta["weight_version"] = std::to_string(s.start);
@@ -518,7 +518,7 @@ std::string builtin_engine::stamp_response(std::string_view route, std::string_v
   } else {
     return std::string{body};
   }
-  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 engine_health builtin_engine::health() {

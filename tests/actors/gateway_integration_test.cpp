@@ -107,6 +107,11 @@ TEST_F(gateway_test, routes_by_constraint_and_answers_409_itself_when_none_satis
   EXPECT_EQ(view["summary"]["versions"]["r/weight_v000001"], 2);
   EXPECT_EQ(view["replicas"].size(), 2u);
   EXPECT_EQ(http(gateway_port, "POST", "/wake").status, 200u);
+  // Every replica moved past 0: an exact pin on it can never be served again.
+  auto gone = http(gateway_port, "POST", "/generate", generate_body(R"({"exact_version":0})"));
+  ASSERT_EQ(gone.status, 409u);
+  EXPECT_EQ(gone.json()["retryable"], false);
+  EXPECT_EQ(gone.header("Retry-After"), "");
 }
 
 TEST_F(gateway_test, a_session_sticks_to_its_replica_and_moves_once_when_it_goes_away) {
