@@ -50,6 +50,7 @@ done
 
 step "benchmarks (smoke run)"
 build/bin/codec_bench --mb 8 >/dev/null
+build/bin/gateway_bench --requests 200 --connections 2 >/dev/null
 
 step "unit and integration tests (with a local S3 server for the S3 store)"
 STITCH_S3_ENDPOINT=$(scripts/s3-test-server.sh start)

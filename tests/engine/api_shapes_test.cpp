@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <random>
+
 #include "runtime/engine/api_shapes.hpp"
 
 namespace stitch::engine {
@@ -179,6 +181,48 @@ TEST(api_shapes, hostile_bytes_never_throw) {
   o.text = "\xff\xfe\xc3";
   o.tokens = {255, 254};
   EXPECT_NO_THROW(json::parse(render_response(req, o, "\xff", 1)));
+}
+
+TEST(api_shapes, mutated_bodies_never_throw_and_errors_say_why) {
+  const std::string seeds[] = {
+    R"({"text":"hi","sampling_params":{"temperature":0.5,"stop":["a"],"max_new_tokens":3}})",
+    R"({"prompt":["x"],"max_tokens":2,"logprobs":1,"stream":true,"stream_options":{"include_usage":true}})",
+    R"({"messages":[{"role":"user","content":[{"type":"text","text":"t"}]}],"n":1})"};
+  std::mt19937_64 rng{7};
+  std::string alphabet = "{}[]\":,0123456789.-+eEtruefalsn \\";
+  alphabet += '\0';
+  alphabet += '\xff';
+  size_t parsed = 0;
+  for (int round = 0; round < 20000; ++round) {
+    std::string body = seeds[static_cast<size_t>(round) % 3];
+    for (int edits = 1 + static_cast<int>(rng() % 4); edits > 0; --edits) {
+      size_t at = rng() % (body.size() + 1);
+      switch (rng() % 3) {
+        case 0: body.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+        case 1:
+          if (at < body.size())
+            body.erase(at, 1);
+          break;
+        default:
+          if (at < body.size())
+            body[at] = alphabet[rng() % alphabet.size()];
+      }
+    }
+    for (auto kind : {api_kind::native, api_kind::completions, api_kind::chat}) {
+      result<api_request> r = make_error(errc::invalid_argument, "unset");
+      ASSERT_NO_THROW(r = parse_api_request(kind, body)) << body;
+      if (r) {
+        ++parsed;
+        api_output o;
+        o.text = r->prompt;
+        o.finish_reason = "stop";
+        ASSERT_NO_THROW(json::parse(render_response(*r, o, "id", 1)));
+      } else {
+        EXPECT_FALSE(r.error().message.empty());
+      }
+    }
+  }
+  EXPECT_GT(parsed, 0u);
 }
 
 } // namespace
