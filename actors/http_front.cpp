@@ -121,30 +121,60 @@ void relay_call(caf::actor_system& sys, const caf::actor& target, caf::message m
   });
 }
 
-replica_http::replica_http(caf::actor_system& sys, caf::actor replica, replica_http_options options)
-    : sys_(sys), replica_(std::make_shared<caf::actor>(std::move(replica))),
-      options_(std::move(options)) {}
+namespace {
 
-replica_http::~replica_http() {
-  stop();
+/// Asks `target` one question and answers the client with `render(reply)`,
+/// or 503 when the actor does not answer.
+template <class Reply, class Render, class... Ts>
+void ask(caf::actor_system& sys, const caf::actor& target, std::shared_ptr<http_responder> out,
+         Render render, Ts... xs) {
+  sys.spawn([target, out = std::move(out), render = std::move(render),
+             msg = caf::make_message(std::move(xs)...)](caf::event_based_actor* self) {
+    self->request(target, std::chrono::seconds{10}, msg)
+      .then(
+        [self, out, render](Reply& reply) {
+          out->send(render(reply));
+          self->quit();
+        },
+        [self, out](caf::error& err) {
+          out->send(transport::error_response(
+            503, "Unavailable", "the actor did not answer: " + self->system().render(err), true));
+          self->quit();
+        });
+  });
 }
 
-result<uint16_t> replica_http::listen(const std::string& host, uint16_t port) {
+} // namespace
+
+http_surface::http_surface(caf::actor_system& sys, caf::actor target,
+                           transport::http_server_options server_options)
+    : sys_(sys), target_(std::move(target)), server_options_(server_options) {}
+
+http_surface::~http_surface() = default;
+
+result<uint16_t> http_surface::listen(const std::string& host, uint16_t port) {
   server_ = std::make_unique<transport::http_server>(
-    options_.server, [this](transport::server_request req, std::shared_ptr<http_responder> out) {
+    server_options_, [this](transport::server_request req, std::shared_ptr<http_responder> out) {
       handle(std::move(req), std::move(out));
     });
   return server_->listen(host, port);
 }
 
-void replica_http::stop() {
+void http_surface::stop() {
   if (server_)
     server_->stop();
 }
 
+replica_http::replica_http(caf::actor_system& sys, caf::actor replica, replica_http_options options)
+    : http_surface(sys, std::move(replica), options.server), router_(std::move(options.router)) {}
+
+replica_http::~replica_http() {
+  stop();
+}
+
 void replica_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
-  auto decision = transport::route_request(transport::surface::replica, req, options_.router);
-  auto target = *replica_;
+  auto decision = transport::route_request(transport::surface::replica, req, router_);
+  auto target = target_;
   std::visit(
     [&](auto& d) {
       using T = std::decay_t<decltype(d)>;
@@ -178,33 +208,25 @@ void replica_http::handle(transport::server_request req, std::shared_ptr<http_re
                              T, transport::routed::
                                   health> || std::is_same_v<T, transport::routed::server_info>) {
         constexpr bool health = std::is_same_v<T, transport::routed::health>;
-        sys_.spawn([target, out](caf::event_based_actor* self) {
-          self->request(target, std::chrono::seconds{10}, atom::server_info_v)
-            .then(
-              [self, out](const replica_info& info) {
-                server_response r;
-                if constexpr (health) {
-                  nlohmann::ordered_json j;
-                  j["ready"] = info.ready;
-                  j["reason"] = info.reason;
-                  j["applied"] = info.applied;
-                  r.status = info.ready ? 200 : 503;
-                  if (!info.ready)
-                    r.headers.push_back({"Retry-After", "1"});
-                  r.body = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-                } else {
-                  r.body = server_info_json(info);
-                }
-                out->send(std::move(r));
-                self->quit();
-              },
-              [self, out](caf::error& err) {
-                out->send(transport::error_response(
-                  503, "EngineUnavailable",
-                  "the replica did not answer: " + self->system().render(err), true));
-                self->quit();
-              });
-        });
+        ask<replica_info>(
+          sys_, target, std::move(out),
+          [](const replica_info& info) {
+            server_response r;
+            if constexpr (health) {
+              nlohmann::ordered_json j;
+              j["ready"] = info.ready;
+              j["reason"] = info.reason;
+              j["applied"] = info.applied;
+              r.status = info.ready ? 200 : 503;
+              if (!info.ready)
+                r.headers.push_back({"Retry-After", "1"});
+              r.body = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+            } else {
+              r.body = server_info_json(info);
+            }
+            return r;
+          },
+          atom::server_info_v);
       } else {
         out->send(transport::error_response(404, "NotFound", "no such route on a replica"));
       }
@@ -238,29 +260,15 @@ std::string pool_json(const std::string& pool, const std::vector<replica_info>& 
 }
 
 gateway_http::gateway_http(caf::actor_system& sys, caf::actor gateway, replica_http_options options)
-    : sys_(sys), gateway_(std::make_shared<caf::actor>(std::move(gateway))),
-      options_(std::move(options)) {}
+    : http_surface(sys, std::move(gateway), options.server), router_(std::move(options.router)) {}
 
 gateway_http::~gateway_http() {
   stop();
 }
 
-result<uint16_t> gateway_http::listen(const std::string& host, uint16_t port) {
-  server_ = std::make_unique<transport::http_server>(
-    options_.server, [this](transport::server_request req, std::shared_ptr<http_responder> out) {
-      handle(std::move(req), std::move(out));
-    });
-  return server_->listen(host, port);
-}
-
-void gateway_http::stop() {
-  if (server_)
-    server_->stop();
-}
-
 void gateway_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
-  auto decision = transport::route_request(transport::surface::gateway, req, options_.router);
-  auto target = *gateway_;
+  auto decision = transport::route_request(transport::surface::gateway, req, router_);
+  auto target = target_;
   auto relay = [&](std::string pool, std::string session, replica_call call) {
     call.key = next_key_++;
     auto key = call.key;
@@ -296,36 +304,28 @@ void gateway_http::handle(transport::server_request req, std::shared_ptr<http_re
                              T, transport::routed::
                                   health> || std::is_same_v<T, transport::routed::pool_view>) {
         constexpr bool health = std::is_same_v<T, transport::routed::health>;
-        sys_.spawn([target, out, pool = d.pool](caf::event_based_actor* self) {
-          self->request(target, std::chrono::seconds{10}, atom::pool_view_v, pool)
-            .then(
-              [self, out, pool](const std::vector<replica_info>& replicas) {
-                server_response r;
-                if constexpr (health) {
-                  uint64_t ready = 0;
-                  for (const auto& x : replicas)
-                    ready += x.ready ? 1 : 0;
-                  nlohmann::ordered_json j;
-                  j["ready"] = ready > 0;
-                  j["ready_replicas"] = ready;
-                  j["replicas"] = replicas.size();
-                  r.status = ready > 0 ? 200 : 503;
-                  if (ready == 0)
-                    r.headers.push_back({"Retry-After", "1"});
-                  r.body = j.dump();
-                } else {
-                  r.body = pool_json(pool, replicas);
-                }
-                out->send(std::move(r));
-                self->quit();
-              },
-              [self, out](caf::error& err) {
-                out->send(transport::error_response(
-                  503, "EngineUnavailable",
-                  "the gateway did not answer: " + self->system().render(err), true));
-                self->quit();
-              });
-        });
+        ask<std::vector<replica_info>>(
+          sys_, target, std::move(out),
+          [pool = d.pool](const std::vector<replica_info>& replicas) {
+            server_response r;
+            if constexpr (health) {
+              uint64_t ready = 0;
+              for (const auto& x : replicas)
+                ready += x.ready ? 1 : 0;
+              nlohmann::ordered_json j;
+              j["ready"] = ready > 0;
+              j["ready_replicas"] = ready;
+              j["replicas"] = replicas.size();
+              r.status = ready > 0 ? 200 : 503;
+              if (ready == 0)
+                r.headers.push_back({"Retry-After", "1"});
+              r.body = j.dump();
+            } else {
+              r.body = pool_json(pool, replicas);
+            }
+            return r;
+          },
+          atom::pool_view_v, d.pool);
       } else {
         out->send(transport::error_response(404, "NotFound", "no such route on the gateway"));
       }
@@ -335,23 +335,10 @@ void gateway_http::handle(transport::server_request req, std::shared_ptr<http_re
 
 status_http::status_http(caf::actor_system& sys, caf::actor status,
                          transport::http_server_options options)
-    : sys_(sys), status_(std::make_shared<caf::actor>(std::move(status))), options_(options) {}
+    : http_surface(sys, std::move(status), options) {}
 
 status_http::~status_http() {
   stop();
-}
-
-result<uint16_t> status_http::listen(const std::string& host, uint16_t port) {
-  server_ = std::make_unique<transport::http_server>(
-    options_, [this](transport::server_request req, std::shared_ptr<http_responder> out) {
-      handle(std::move(req), std::move(out));
-    });
-  return server_->listen(host, port);
-}
-
-void status_http::stop() {
-  if (server_)
-    server_->stop();
 }
 
 void status_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
@@ -378,27 +365,18 @@ void status_http::handle(transport::server_request req, std::shared_ptr<http_res
     return;
   }
   bool metrics = req.path == "/metrics";
-  auto target = *status_;
-  sys_.spawn([target, out, metrics](caf::event_based_actor* self) {
-    auto answer = [self, out, metrics](std::string& body) {
-      server_response r;
-      if (metrics)
-        r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-      r.body = std::move(body);
-      out->send(std::move(r));
-      self->quit();
-    };
-    auto failed = [self, out](caf::error& err) {
-      out->send(transport::error_response(
-        503, "Unavailable", "the status actor did not answer: " + self->system().render(err),
-        true));
-      self->quit();
-    };
+  auto target = target_;
+  auto render = [metrics](std::string& body) {
+    server_response r;
     if (metrics)
-      self->request(target, std::chrono::seconds{10}, atom::metrics_v).then(answer, failed);
-    else
-      self->request(target, std::chrono::seconds{10}, atom::status_view_v).then(answer, failed);
-  });
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = std::move(body);
+    return r;
+  };
+  if (metrics)
+    ask<std::string>(sys_, target, std::move(out), render, atom::metrics_v);
+  else
+    ask<std::string>(sys_, target, std::move(out), render, atom::status_view_v);
 }
 
 } // namespace stitch

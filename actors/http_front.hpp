@@ -32,60 +32,70 @@ struct replica_http_options {
   transport::router_options router;
 };
 
-/// A replica's own HTTP endpoint (DESIGN §5 "Replica"): versioned routes,
-/// pass-through, `/health`, `/server_info`, `/wake`.
-class replica_http {
+/// An HTTP surface in front of one actor: owns the server, hands every
+/// request to `handle` on a server thread.
+class http_surface {
 public:
-  replica_http(caf::actor_system& sys, caf::actor replica, replica_http_options options);
-  ~replica_http();
+  http_surface(caf::actor_system& sys, caf::actor target,
+               transport::http_server_options server_options);
+  virtual ~http_surface();
+  http_surface(const http_surface&) = delete;
+  http_surface& operator=(const http_surface&) = delete;
+
+  /// Port 0 picks a free port; returns the port.
   result<uint16_t> listen(const std::string& host, uint16_t port);
+  /// Drains answers in flight, then closes. Derived destructors call it.
   void stop();
 
-private:
-  void handle(transport::server_request req, std::shared_ptr<transport::http_responder> out);
+protected:
+  virtual void handle(transport::server_request req,
+                      std::shared_ptr<transport::http_responder> out) = 0;
 
   caf::actor_system& sys_;
-  std::shared_ptr<caf::actor> replica_;
-  replica_http_options options_;
+  caf::actor target_;
   std::atomic<uint64_t> next_key_{1};
+
+private:
+  transport::http_server_options server_options_;
   std::unique_ptr<transport::http_server> server_;
+};
+
+/// A replica's own HTTP endpoint (DESIGN §5 "Replica"): versioned routes,
+/// pass-through, `/health`, `/server_info`, `/wake`.
+class replica_http final : public http_surface {
+public:
+  replica_http(caf::actor_system& sys, caf::actor replica, replica_http_options options);
+  ~replica_http() override;
+
+private:
+  void handle(transport::server_request req,
+              std::shared_ptr<transport::http_responder> out) override;
+  transport::router_options router_;
 };
 
 /// The gateway's HTTP surface (DESIGN §5 "Gateway"): versioned routes and
 /// pass-through routed to a replica of the pool, `/health`, `/pool`, `/wake`.
-class gateway_http {
+class gateway_http final : public http_surface {
 public:
   gateway_http(caf::actor_system& sys, caf::actor gateway, replica_http_options options);
-  ~gateway_http();
-  result<uint16_t> listen(const std::string& host, uint16_t port);
-  void stop();
+  ~gateway_http() override;
 
 private:
-  void handle(transport::server_request req, std::shared_ptr<transport::http_responder> out);
-
-  caf::actor_system& sys_;
-  std::shared_ptr<caf::actor> gateway_;
-  replica_http_options options_;
-  std::atomic<uint64_t> next_key_{1};
-  std::unique_ptr<transport::http_server> server_;
+  void handle(transport::server_request req,
+              std::shared_ptr<transport::http_responder> out) override;
+  transport::router_options router_;
 };
 
 /// The status HTTP surface (DESIGN §5 "Status actor"): `GET /status`,
 /// `GET /metrics`, `GET /` (the dashboard).
-class status_http {
+class status_http final : public http_surface {
 public:
   status_http(caf::actor_system& sys, caf::actor status, transport::http_server_options options);
-  ~status_http();
-  result<uint16_t> listen(const std::string& host, uint16_t port);
-  void stop();
+  ~status_http() override;
 
 private:
-  void handle(transport::server_request req, std::shared_ptr<transport::http_responder> out);
-
-  caf::actor_system& sys_;
-  std::shared_ptr<caf::actor> status_;
-  transport::http_server_options options_;
-  std::unique_ptr<transport::http_server> server_;
+  void handle(transport::server_request req,
+              std::shared_ptr<transport::http_responder> out) override;
 };
 
 /// `GET /pool` of the gateway: every replica's server_info and a summary.

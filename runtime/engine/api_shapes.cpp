@@ -389,33 +389,54 @@ std::string render_chat_prompt(std::string_view messages_json) {
   return p ? *p : std::string{};
 }
 
-std::string render_response(const api_request& req, const api_output& out, std::string_view id,
-                            int64_t created) {
-  if (req.kind == api_kind::native) {
-    ordered_json j;
-    j["text"] = out.text;
-    j["output_ids"] = out.tokens;
-    j["meta_info"] = native_meta(id, out, true, req.return_logprob);
-    return dump(j);
-  }
+namespace {
+
+ordered_json native_body(const api_request& req, const api_output& out, std::string_view id) {
+  ordered_json j;
+  j["text"] = out.text;
+  j["output_ids"] = out.tokens;
+  j["meta_info"] = native_meta(id, out, true, req.return_logprob);
+  return j;
+}
+
+/// An OpenAI completion or chunk with one choice. `out` is null for a chunk
+/// before the last (no logprobs, no finish reason yet).
+ordered_json openai_body(const api_request& req, const api_output* out, std::string_view id,
+                         int64_t created, bool chunk, std::string_view text, bool with_role,
+                         bool usage) {
   bool chat = req.kind == api_kind::chat;
-  ordered_json j = openai_head(req, id, created, chat ? "chat.completion" : "text_completion");
+  const char* object =
+    chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  ordered_json j = openai_head(req, id, created, object);
   ordered_json choice;
   choice["index"] = 0;
   if (chat) {
-    ordered_json message;
-    message["role"] = "assistant";
-    message["content"] = out.text;
-    choice["message"] = std::move(message);
-    choice["logprobs"] = req.return_logprob ? chat_logprobs(out) : ordered_json(nullptr);
+    ordered_json m;
+    if (!chunk || with_role)
+      m["role"] = "assistant";
+    m["content"] = text;
+    choice[chunk ? "delta" : "message"] = std::move(m);
   } else {
-    choice["text"] = out.text;
-    choice["logprobs"] = req.return_logprob ? completion_logprobs(out) : ordered_json(nullptr);
+    choice["text"] = text;
   }
-  choice["finish_reason"] = out.finish_reason;
+  bool logprobs = out && req.return_logprob;
+  choice["logprobs"] = !logprobs ? ordered_json(nullptr)
+                       : chat    ? chat_logprobs(*out)
+                                 : completion_logprobs(*out);
+  choice["finish_reason"] = out ? ordered_json(out->finish_reason) : ordered_json(nullptr);
   j["choices"] = ordered_json::array({std::move(choice)});
-  j["usage"] = usage_of(out);
-  return dump(j);
+  if (usage && out)
+    j["usage"] = usage_of(*out);
+  return j;
+}
+
+} // namespace
+
+std::string render_response(const api_request& req, const api_output& out, std::string_view id,
+                            int64_t created) {
+  if (req.kind == api_kind::native)
+    return dump(native_body(req, out, id));
+  return dump(openai_body(req, &out, id, created, false, out.text, true, true));
 }
 
 std::string render_stream_event(const api_request& req, std::string_view id, int64_t created,
@@ -429,54 +450,15 @@ std::string render_stream_event(const api_request& req, std::string_view id, int
     j["meta_info"] = std::move(meta);
     return dump(j);
   }
-  bool chat = req.kind == api_kind::chat;
-  ordered_json j =
-    openai_head(req, id, created, chat ? "chat.completion.chunk" : "text_completion");
-  ordered_json choice;
-  choice["index"] = 0;
-  if (chat) {
-    ordered_json d;
-    if (text_so_far.size() == delta.size())
-      d["role"] = "assistant";
-    d["content"] = delta;
-    choice["delta"] = std::move(d);
-  } else {
-    choice["text"] = delta;
-  }
-  choice["logprobs"] = nullptr;
-  choice["finish_reason"] = nullptr;
-  j["choices"] = ordered_json::array({std::move(choice)});
-  return dump(j);
+  return dump(
+    openai_body(req, nullptr, id, created, true, delta, text_so_far.size() == delta.size(), false));
 }
 
 std::string render_stream_final(const api_request& req, const api_output& out, std::string_view id,
                                 int64_t created, std::string_view delta) {
-  if (req.kind == api_kind::native) {
-    ordered_json j;
-    j["text"] = out.text;
-    j["output_ids"] = out.tokens;
-    j["meta_info"] = native_meta(id, out, true, req.return_logprob);
-    return dump(j);
-  }
-  bool chat = req.kind == api_kind::chat;
-  ordered_json j =
-    openai_head(req, id, created, chat ? "chat.completion.chunk" : "text_completion");
-  ordered_json choice;
-  choice["index"] = 0;
-  if (chat) {
-    ordered_json d;
-    d["content"] = delta;
-    choice["delta"] = std::move(d);
-    choice["logprobs"] = req.return_logprob ? chat_logprobs(out) : ordered_json(nullptr);
-  } else {
-    choice["text"] = delta;
-    choice["logprobs"] = req.return_logprob ? completion_logprobs(out) : ordered_json(nullptr);
-  }
-  choice["finish_reason"] = out.finish_reason;
-  j["choices"] = ordered_json::array({std::move(choice)});
-  if (req.stream_usage)
-    j["usage"] = usage_of(out);
-  return dump(j);
+  if (req.kind == api_kind::native)
+    return dump(native_body(req, out, id));
+  return dump(openai_body(req, &out, id, created, true, delta, false, req.stream_usage));
 }
 
 } // namespace stitch::engine

@@ -17,6 +17,7 @@
 #include "actors/http_front.hpp"
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
+#include "actors/store_client.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/publisher.hpp"
@@ -148,22 +149,35 @@ protected:
     self->send_exit(store, caf::exit_reason::user_shutdown);
   }
 
-  store::tensor_set weights_of(uint64_t v) {
-    auto w = *engine::random_init(config, 42);
-    for (uint64_t i = 1; i <= v; ++i)
-      for (size_t b = i % 9; b + 4 <= w.at("lm_head.weight").bytes.size(); b += 36)
-        w.at("lm_head.weight").bytes[b + 3] ^= std::byte{1};
+  /// The weights of `run` at version `v`: seeded per run, and every version
+  /// changes the output head and one attention projection.
+  store::tensor_set weights_of(uint64_t v, const std::string& run = "r") {
+    auto w = *engine::random_init(config, run == "r" ? 42 : 99);
+    for (uint64_t i = 1; i <= v; ++i) {
+      for (const auto& name :
+           {std::string{"lm_head.weight"},
+            "model.layers." + std::to_string(i % 2) + ".self_attn.q_proj.weight"}) {
+        auto& bytes = w.at(name).bytes;
+        for (size_t b = i % 9; b + 4 <= bytes.size(); b += 36)
+          bytes[b + 2] ^= static_cast<std::byte>(1 + i % 11);
+      }
+    }
     return w;
   }
 
-  void publish(uint64_t v) {
-    auto r = pub->publish({"default", "r", v, false, false}, weights_of(v));
+  /// Publishes straight into the store's backend; `notify` wakes the
+  /// subscribers (otherwise only the backstop timer finds it).
+  void publish(uint64_t v, const std::string& run = "r", bool notify = true) {
+    auto r = pub->publish({"default", run, v, false, false}, weights_of(v, run));
     ASSERT_TRUE(r) << to_string(r.error());
-    caf::anon_send(store, atom::notify_v, std::string{"default"});
+    if (notify)
+      caf::anon_send(store, atom::notify_v, std::string{"default"});
   }
 
-  /// Starts replica `id`, enrolled in the gateway.
-  replica_actor start_replica(const std::string& id) {
+  /// Starts replica `id`, enrolled in the gateway. With `bytes_via_actor`
+  /// tensor bytes come through the store actor (`remote_store`), as for a
+  /// replica on another node.
+  replica_actor start_replica(const std::string& id, bool bytes_via_actor = false) {
     replica_options o;
     o.replica_id = id;
     o.backstop = std::chrono::milliseconds{100};
@@ -175,7 +189,12 @@ protected:
       engines.push_back(e);
       return std::shared_ptr<engine_port>{e};
     };
-    d.bytes = std::make_shared<store::store_tensor_source>(*backend, "default");
+    if (bytes_via_actor) {
+      remote = std::make_shared<remote_store>(sys, store);
+      d.bytes = std::make_shared<store::store_tensor_source>(*remote, "default");
+    } else {
+      d.bytes = std::make_shared<store::store_tensor_source>(*backend, "default");
+    }
     auto worker = std::make_shared<holdable_executor>("reconcile");
     workers.push_back(worker);
     d.reconcile_worker = worker;
@@ -209,20 +228,22 @@ protected:
     return out;
   }
 
-  /// Waits (bounded) until the gateway sees `want` replica ids ready at `version`.
-  void await_ready(const std::vector<std::string>& want, int64_t version) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{60};
+  /// Waits (bounded) until the gateway sees `want` replica ids ready at
+  /// `version` of `run`.
+  void await_ready(const std::vector<std::string>& want, int64_t version,
+                   const std::string& run = "r") {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{120};
     while (std::chrono::steady_clock::now() < deadline) {
       size_t ok = 0;
       for (const auto& i : pool())
-        if (i.ready && i.applied_version == version
+        if (i.ready && i.applied_version == version && i.run_id == run
             && std::find(want.begin(), want.end(), i.replica_id) != want.end())
           ++ok;
       if (ok == want.size())
         return;
       std::this_thread::sleep_for(std::chrono::milliseconds{5});
     }
-    FAIL() << "replicas never became ready at version " << version;
+    FAIL() << "replicas never became ready at " << run << "/" << version;
   }
 
   http_reply http(uint16_t port, const std::string& method, const std::string& target,
@@ -258,6 +279,7 @@ protected:
   caf::scoped_actor self;
   std::shared_ptr<store_backend> backend;
   store_actor store;
+  std::shared_ptr<remote_store> remote;
   engine::model_config config;
   std::unique_ptr<store::publisher> pub;
   gateway_actor gateway;
