@@ -58,8 +58,11 @@ void record(gateway_state& st, const gateway_state::flight& f, const replica_ans
     ++s.code_counts[static_cast<size_t>(code - s.codes.begin())];
   }
   if (a.stamped)
-    if (auto latest = pointer_of(st, f.pool, a.run_id); latest && *latest >= a.weight_version_start)
-      s.staleness_versions.observe(static_cast<double>(*latest - a.weight_version_start));
+    if (auto latest = pointer_of(st, f.pool, a.run_id);
+        latest && *latest >= a.weight_version_start) {
+      s.last_staleness = static_cast<double>(*latest - a.weight_version_start);
+      s.staleness_versions.observe(s.last_staleness);
+    }
 }
 
 void finish(self_ptr self, uint64_t key, replica_answer a) {

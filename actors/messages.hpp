@@ -167,6 +167,8 @@ struct gateway_stats {
   std::vector<uint16_t> codes;
   std::vector<uint64_t> code_counts;
   uint64_t retries_total = 0;
+  /// Staleness of the last stamped answer (-1 before the first).
+  double last_staleness = -1;
 };
 
 /// A replica worker's report on a slow step (stage, activation, rebuild):
@@ -217,7 +219,7 @@ typename Inspector::result_type inspect(Inspector& f, histogram& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, gateway_stats& x) {
   return f(caf::meta::type_name("stitch.gateway_stats"), x.latency_seconds, x.staleness_versions,
-           x.codes, x.code_counts, x.retries_total);
+           x.codes, x.code_counts, x.retries_total, x.last_staleness);
 }
 
 template <class Inspector>

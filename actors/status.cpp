@@ -261,6 +261,12 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
   for (size_t g = 0; g < gateways.size(); ++g)
     out += "stitch_gateway_retries_total{gateway=\"" + std::to_string(g) + "\"} "
            + std::to_string(gateways[g].retries_total) + "\n";
+  family("stitch_served_staleness_last_versions", "gauge",
+         "Pointer version minus the start stamp of the last served sample.");
+  for (size_t g = 0; g < gateways.size(); ++g)
+    if (gateways[g].last_staleness >= 0)
+      out += "stitch_served_staleness_last_versions{gateway=\"" + std::to_string(g) + "\"} "
+             + number(gateways[g].last_staleness) + "\n";
   for (size_t g = 0; g < gateways.size(); ++g) {
     std::string l = "gateway=\"" + std::to_string(g) + "\"";
     write_histogram(out, "stitch_request_duration_seconds",

@@ -1,5 +1,7 @@
 #include "runtime/node/cli.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <optional>
@@ -123,13 +125,37 @@ result<node_settings> resolve_settings(const node_options& opts) {
     } else if (key == "http.body_limit") {
       if (auto v = number(key, value, origin, 1024, 1 << 30))
         s.body_limit = static_cast<uint64_t>(*v);
+    } else if (key == "gateway.affinity_headers") {
+      std::vector<std::string> names;
+      std::string_view rest{value};
+      while (!rest.empty()) {
+        auto comma = rest.find(',');
+        auto name = rest.substr(0, comma);
+        while (!name.empty() && name.front() == ' ')
+          name.remove_prefix(1);
+        while (!name.empty() && name.back() == ' ')
+          name.remove_suffix(1);
+        if (!name.empty())
+          names.emplace_back(name);
+        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+      }
+      bool valid = std::all_of(names.begin(), names.end(), [](const std::string& n) {
+        return std::all_of(n.begin(), n.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+        });
+      });
+      if (!valid)
+        problems += origin + " gateway.affinity_headers: '" + value
+                    + "' is not a comma-separated list of header names\n";
+      else
+        s.affinity_headers = std::move(names);
     } else if (key == "admin.token") {
       s.admin_token = value;
     } else {
       problems += origin + " " + key + ": unknown key (this build knows coordinator.listen, "
                   + "store.uri, replicas, model.preset, gateway.listen, status.listen, "
                   + "replica.listen, replica.commit_mode, replica.drain_timeout, "
-                  + "replica.backstop, http.body_limit, admin.token)\n";
+                  + "replica.backstop, http.body_limit, gateway.affinity_headers, admin.token)\n";
     }
   };
   for (const auto& [env, key] :
@@ -172,7 +198,10 @@ std::string to_toml(const node_settings& s) {
   out += "[store]\nuri = \"" + s.effective_store_uri() + "\"\n\n";
   auto hp = [](const host_port& h) { return h.host + ":" + std::to_string(h.port); };
   out += "[model]\npreset = \"" + s.model_preset + "\"\n\n";
-  out += "[gateway]\nlisten = \"" + hp(s.gateway) + "\"\n\n";
+  std::string headers;
+  for (const auto& h : s.affinity_headers)
+    headers += (headers.empty() ? "\"" : ", \"") + h + "\"";
+  out += "[gateway]\nlisten = \"" + hp(s.gateway) + "\"\naffinity_headers = [" + headers + "]\n\n";
   out += "[status]\nlisten = \"" + hp(s.status) + "\"\n\n";
   out += "[replica]\nlisten = \"" + hp(s.replica_listen) + "\"\ncommit_mode = \"" + s.commit_mode
          + "\"\ndrain_timeout = " + std::to_string(s.drain_timeout)

@@ -57,6 +57,8 @@ struct node_settings {
   double backstop = 5;
   /// `http.body_limit` in bytes.
   uint64_t body_limit = uint64_t{16} << 20;
+  /// `gateway.affinity_headers`: session headers, first present wins.
+  std::vector<std::string> affinity_headers = {"X-Session-Id", "Modal-Session-ID"};
   /// `admin.token` (also `STITCH_TOKEN`).
   std::string admin_token;
 

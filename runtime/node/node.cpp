@@ -86,6 +86,7 @@ status node::start_serving(std::shared_ptr<store_backend> backend, const node_se
   replica_http_options front;
   front.server = server;
   front.router.admin_token = settings.admin_token;
+  front.router.affinity_headers = settings.affinity_headers;
 
   gateway_ = sys_.spawn(gateway_service, gateway_options{});
   status_options so;

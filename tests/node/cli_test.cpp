@@ -12,3 +12,60 @@ TEST(cli_test, overrides_must_be_key_value) {
 }
 
 } // namespace
+
+namespace stitch::node {
+namespace {
+
+TEST(cli_settings, the_serving_roles_take_their_keys_from_set_and_the_environment) {
+  node_options o;
+  o.overrides = {"replicas=3",
+                 "model.preset=small",
+                 "gateway.listen=127.0.0.1:0",
+                 "status.listen=[::1]:9000",
+                 "replica.listen=0.0.0.0:8200",
+                 "replica.commit_mode=quiesce",
+                 "replica.drain_timeout=2.5",
+                 "replica.backstop=0",
+                 "http.body_limit=4096",
+                 "gateway.affinity_headers=X-A, X-B"};
+  ::setenv("STITCH_TOKEN", "s3cr3t-value", 1);
+  auto s = resolve_settings(o);
+  ::unsetenv("STITCH_TOKEN");
+  ASSERT_TRUE(s) << s.error().message;
+  EXPECT_EQ(s->replicas, 3u);
+  EXPECT_EQ(s->model_preset, "small");
+  EXPECT_EQ(s->gateway.port, 0);
+  EXPECT_EQ(s->status.host, "::1");
+  EXPECT_EQ(s->replica_listen.port, 8200);
+  EXPECT_EQ(s->commit_mode, "quiesce");
+  EXPECT_DOUBLE_EQ(s->drain_timeout, 2.5);
+  EXPECT_DOUBLE_EQ(s->backstop, 0);
+  EXPECT_EQ(s->body_limit, 4096u);
+  EXPECT_EQ(s->affinity_headers, (std::vector<std::string>{"X-A", "X-B"}));
+  EXPECT_EQ(s->admin_token, "s3cr3t-value");
+  auto toml = to_toml(*s);
+  EXPECT_NE(toml.find("replicas = 3"), std::string::npos) << toml;
+  EXPECT_LT(toml.find("replicas = 3"), toml.find("[coordinator]")) << "a top-level key";
+  EXPECT_NE(toml.find("affinity_headers = [\"X-A\", \"X-B\"]"), std::string::npos) << toml;
+  EXPECT_EQ(toml.find("s3cr3t"), std::string::npos) << "the token is never printed";
+}
+
+TEST(cli_settings, every_bad_value_is_reported_with_its_key) {
+  node_options o;
+  o.overrides = {"replicas=two",
+                 "model.preset=huge",
+                 "replica.commit_mode=sometimes",
+                 "replica.drain_timeout=-1",
+                 "http.body_limit=1",
+                 "gateway.listen=nowhere",
+                 "gateway.affinity_headers=bad header!"};
+  auto s = resolve_settings(o);
+  ASSERT_FALSE(s);
+  for (const char* key :
+       {"replicas", "model.preset", "replica.commit_mode", "replica.drain_timeout",
+        "http.body_limit", "gateway.listen", "gateway.affinity_headers"})
+    EXPECT_NE(s.error().message.find(key), std::string::npos) << key << "\n" << s.error().message;
+}
+
+} // namespace
+} // namespace stitch::node
