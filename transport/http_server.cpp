@@ -288,6 +288,10 @@ private:
       close();
       return;
     }
+    // Everything is answered: the read already waiting for the next request
+    // is idle time from now on.
+    if (slots_.empty() && reading_)
+      arm(read_timer_, server_->opts.idle_timeout);
     read_next();
     pump();
   }

@@ -46,15 +46,20 @@ public:
       if (::poll(&p, 1, 10'000) <= 0)
         break;
       ssize_t n = ::recv(socket_.native_handle(), buf, sizeof buf, 0);
-      if (n <= 0)
+      if (n <= 0) {
+        closed_by_peer_ = n == 0;
         break;
+      }
       out.append(buf, static_cast<size_t>(n));
     }
     return out;
   }
   void close() { socket_.close(); }
+  /// The server closed the connection (rather than the wait timing out).
+  bool closed_by_peer() const { return closed_by_peer_; }
 
 private:
+  bool closed_by_peer_ = false;
   net::io_context io_;
   tcp::socket socket_;
 };
@@ -166,6 +171,13 @@ TEST_F(http_server_test, a_slow_or_idle_connection_is_closed_by_the_timeout) {
   slow.write("GET / HTTP/1.1\r\nHost:"); // and never more
   auto got = slow.read_to_close();
   EXPECT_EQ(got, "") << "closed without an answer";
+  EXPECT_TRUE(slow.closed_by_peer());
+  // A keep-alive connection left idle after an answer is closed too.
+  raw_client idle{port};
+  idle.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto answered = idle.read_to_close();
+  EXPECT_EQ(answered.rfind("HTTP/1.1 200", 0), 0u) << answered;
+  EXPECT_TRUE(idle.closed_by_peer()) << "the idle keep-alive connection was closed";
   for (int i = 0; i < 200 && server->open_connections() != 0; ++i)
     std::this_thread::sleep_for(10ms);
   EXPECT_EQ(server->open_connections(), 0u);
