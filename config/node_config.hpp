@@ -1,0 +1,90 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+
+namespace stitch::config {
+
+/// `HOST:PORT`; port 0 picks a free one.
+struct listen_address {
+  std::string host;
+  uint16_t port = 0;
+  friend bool operator==(const listen_address&, const listen_address&) = default;
+};
+
+/// The roles a node can host (DESIGN §2).
+inline constexpr std::string_view known_roles[] = {
+  "coordinator", "store", "publisher", "replica", "gateway", "status", "trainer", "rollout_driver"};
+
+/// A node's role config (DESIGN §2, §7): the TOML file, then
+/// `STITCH_<SECTION>__<KEY>` environment variables, then `--set key=value`.
+/// With no file the defaults are the single-machine all-in-one node.
+struct node_config {
+  std::string name = "local";
+  std::filesystem::path data_dir = "./stitch-data";
+  std::vector<std::string> roles = {"coordinator", "store", "publisher",
+                                    "replica",     "gateway", "status"};
+  /// GPU slots this node offers for replicas (`gpus = [0, 1]`).
+  std::vector<uint32_t> gpus;
+
+  listen_address coordinator_listen{"127.0.0.1", 4242};
+  /// The coordinator to join; empty: this node's own.
+  std::string coordinator_address;
+  /// Empty: `rocksdb:<data_dir>/store`.
+  std::string store_uri;
+
+  uint32_t replicas = 2;
+  std::string model_preset = "tiny";
+  std::string pool = "default";
+  listen_address replica_listen{"127.0.0.1", 8100};
+  std::string commit_mode = "in_place";
+  /// Seconds.
+  double drain_timeout = 300;
+  double backstop = 5;
+
+  listen_address gateway_listen{"127.0.0.1", 8080};
+  std::vector<std::string> affinity_headers = {"X-Session-Id", "Modal-Session-ID"};
+  listen_address status_listen{"127.0.0.1", 8081};
+  uint64_t body_limit = uint64_t{16} << 20;
+
+  std::string admin_token;
+  std::filesystem::path tls_cert;
+  std::filesystem::path tls_key;
+  std::filesystem::path tls_ca;
+
+  bool has_role(std::string_view role) const;
+  std::string effective_store_uri() const;
+};
+
+/// Parses a role file. Every problem — syntax, unknown key, wrong type, bad
+/// value, missing companion setting, two roles on one port — is reported in
+/// one `invalid_argument` error, one line each, naming the key path and the
+/// `origin` (file name).
+result<node_config> parse_node_config(std::string_view toml_text, std::string_view origin);
+
+/// Applies one `key=value` (dotted key, the value as text) on top of `into`,
+/// typed by the schema; a problem is appended to `problems` as one line.
+void apply_setting(node_config& into, std::string_view key, std::string_view value,
+                   std::string_view origin, std::string& problems);
+
+/// Checks what no single key can: known roles, TLS files given together, no
+/// two listeners on one port. Appends one line per problem.
+void validate(const node_config& c, std::string& problems);
+
+/// The effective config as TOML (`--print-config`); the admin token is
+/// never printed.
+std::string to_toml(const node_config& c);
+
+/// Every settable key path (`replica.commit_mode`, ...).
+std::vector<std::string> setting_keys();
+
+/// The environment variable of a key: `replica.commit_mode` ->
+/// `STITCH_REPLICA__COMMIT_MODE`.
+std::string env_name(std::string_view key);
+
+} // namespace stitch::config

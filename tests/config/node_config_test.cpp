@@ -1,0 +1,163 @@
+#include <gtest/gtest.h>
+
+#include "config/node_config.hpp"
+
+namespace stitch::config {
+namespace {
+
+TEST(node_config, defaults_are_the_all_in_one_node) {
+  auto c = parse_node_config("", "empty.toml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_TRUE(c->has_role("replica"));
+  EXPECT_TRUE(c->has_role("gateway"));
+  EXPECT_EQ(c->gateway_listen, (listen_address{"127.0.0.1", 8080}));
+  EXPECT_EQ(c->status_listen.port, 8081);
+  EXPECT_EQ(c->replica_listen.port, 8100);
+  EXPECT_EQ(c->replicas, 2u);
+  EXPECT_EQ(c->effective_store_uri(), "rocksdb:./stitch-data/store");
+}
+
+TEST(node_config, a_role_file_sets_typed_fields) {
+  auto c = parse_node_config(R"(
+name = "replica-node-1"
+roles = ["replica"]
+gpus = [0, 1]
+replicas = 2
+
+[coordinator]
+address = "10.0.0.1:4242"
+
+[replica]
+listen = "0.0.0.0:9100"
+commit_mode = "quiesce"
+drain_timeout = 12.5
+backstop = 0
+
+[model]
+preset = "small"
+
+[gateway]
+affinity_headers = ["X-Session-Id"]
+
+[tls]
+cert = "node.pem"
+key = "node.key"
+ca = "ca.pem"
+)",
+                             "replica.toml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->name, "replica-node-1");
+  EXPECT_EQ(c->roles, (std::vector<std::string>{"replica"}));
+  EXPECT_EQ(c->gpus, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(c->coordinator_address, "10.0.0.1:4242");
+  EXPECT_EQ(c->replica_listen, (listen_address{"0.0.0.0", 9100}));
+  EXPECT_EQ(c->commit_mode, "quiesce");
+  EXPECT_DOUBLE_EQ(c->drain_timeout, 12.5);
+  EXPECT_DOUBLE_EQ(c->backstop, 0);
+  EXPECT_EQ(c->model_preset, "small");
+  EXPECT_EQ(c->affinity_headers, (std::vector<std::string>{"X-Session-Id"}));
+  EXPECT_EQ(c->tls_ca, "ca.pem");
+}
+
+TEST(node_config, every_problem_is_listed_with_its_key_path) {
+  auto c = parse_node_config(R"(
+roles = ["replica", "gateway", "chef"]
+replicas = "two"
+colour = "blue"
+
+[replica]
+commit_mode = "sometimes"
+drain_timeout = -3
+listen = "nowhere"
+
+[gateway]
+listen = "127.0.0.1:8100"
+
+[tls]
+cert = "only.pem"
+
+[model]
+preset = 7
+)",
+                             "bad.toml");
+  ASSERT_FALSE(c);
+  const auto& m = c.error().message;
+  for (const char* want :
+       {"bad.toml:2 roles: 'chef' is not a known role", "bad.toml:3 replicas: must be an integer",
+        "bad.toml:4 colour: unknown key", "replica.commit_mode: 'sometimes' is not one of",
+        "replica.drain_timeout: -3 is outside", "replica.listen: 'nowhere' is not of the form",
+        "tls: cert, key and ca must be given together", "model.preset: must be a string"})
+    EXPECT_NE(m.find(want), std::string::npos) << want << "\n" << m;
+}
+
+TEST(node_config, two_roles_on_one_port_clash) {
+  auto c = parse_node_config(R"(
+[gateway]
+listen = "127.0.0.1:8101"
+)",
+                             "clash.toml");
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("gateway.listen and replica.listen (replica 1): both on port 8101"),
+            std::string::npos)
+    << c.error().message;
+  auto free_ports = parse_node_config(R"(
+[gateway]
+listen = "127.0.0.1:0"
+[status]
+listen = "127.0.0.1:0"
+)",
+                                      "zero.toml");
+  EXPECT_TRUE(free_ports) << "port 0 never clashes";
+}
+
+TEST(node_config, syntax_errors_name_the_line) {
+  auto c = parse_node_config("name = \"x\"\n[replica\n", "broken.toml");
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("broken.toml:2"), std::string::npos) << c.error().message;
+}
+
+TEST(node_config, settings_from_text_are_typed_by_the_schema) {
+  node_config c;
+  std::string problems;
+  apply_setting(c, "replicas", "3", "--set", problems);
+  apply_setting(c, "gpus", "0, 2", "--set", problems);
+  apply_setting(c, "gateway.listen", "[::1]:0", "--set", problems);
+  apply_setting(c, "roles", "replica,status", "--set", problems);
+  EXPECT_EQ(problems, "");
+  EXPECT_EQ(c.replicas, 3u);
+  EXPECT_EQ(c.gpus, (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ(c.gateway_listen.host, "::1");
+  EXPECT_EQ(c.roles, (std::vector<std::string>{"replica", "status"}));
+  apply_setting(c, "replicas", "2.5", "--set", problems);
+  apply_setting(c, "nope.key", "1", "--set", problems);
+  apply_setting(c, "http.body_limit", "12", "env STITCH_HTTP__BODY_LIMIT", problems);
+  EXPECT_NE(problems.find("--set replicas: '2.5' is not a whole number"), std::string::npos)
+    << problems;
+  EXPECT_NE(problems.find("--set nope.key: unknown key"), std::string::npos);
+  EXPECT_NE(problems.find("env STITCH_HTTP__BODY_LIMIT http.body_limit: 12 is outside"),
+            std::string::npos)
+    << problems;
+  EXPECT_EQ(c.replicas, 3u) << "a bad value changes nothing";
+}
+
+TEST(node_config, printing_round_trips_and_hides_the_token) {
+  node_config c;
+  c.admin_token = "s3cr3t";
+  c.replicas = 5;
+  c.gpus = {3};
+  c.name = "n \"quoted\"";
+  auto text = to_toml(c);
+  EXPECT_EQ(text.find("s3cr3t"), std::string::npos);
+  auto back = parse_node_config(text, "printed.toml");
+  ASSERT_TRUE(back) << back.error().message << "\n" << text;
+  EXPECT_EQ(back->replicas, 5u);
+  EXPECT_EQ(back->gpus, (std::vector<uint32_t>{3}));
+  EXPECT_EQ(back->name, "n \"quoted\"");
+  EXPECT_EQ(back->gateway_listen, c.gateway_listen);
+  EXPECT_EQ(env_name("replica.commit_mode"), "STITCH_REPLICA__COMMIT_MODE");
+  auto keys = setting_keys();
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "admin.token"), keys.end());
+}
+
+} // namespace
+} // namespace stitch::config
