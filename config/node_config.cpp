@@ -94,21 +94,37 @@ const std::vector<entry>& schema() {
                    [field](const node_config& c) { return toml_string(c.*field); }});
     };
     auto path = [&](std::string key, std::filesystem::path node_config::*field) {
-      e.push_back({key, kind::text, 0, 0, {},
+      e.push_back({key,
+                   kind::text,
+                   0,
+                   0,
+                   {},
                    [field](node_config& c, const value& v) { c.*field = v.text; },
                    [field](const node_config& c) { return toml_string((c.*field).string()); }});
     };
     auto listen = [&](std::string key, listen_address node_config::*field) {
-      e.push_back({key, kind::listen, 0, 0, {},
+      e.push_back({key,
+                   kind::listen,
+                   0,
+                   0,
+                   {},
                    [field](node_config& c, const value& v) { c.*field = v.address; },
                    [field](const node_config& c) { return show_address(c.*field); }});
     };
     auto number = [&](std::string key, double node_config::*field, double min, double max) {
-      e.push_back({key, kind::number, min, max, {},
+      e.push_back({key,
+                   kind::number,
+                   min,
+                   max,
+                   {},
                    [field](node_config& c, const value& v) { c.*field = v.number; },
                    [field](const node_config& c) { return show_number(c.*field); }});
     };
-    e.push_back({"name", kind::text, 0, 0, {},
+    e.push_back({"name",
+                 kind::text,
+                 0,
+                 0,
+                 {},
                  [](node_config& c, const value& v) { c.name = v.text; },
                  [](const node_config& c) { return toml_string(c.name); }});
     path("data_dir", &node_config::data_dir);
@@ -121,7 +137,11 @@ const std::vector<entry>& schema() {
                      out += (i ? ", " : "") + toml_string(c.roles[i]);
                    return out + "]";
                  }});
-    e.push_back({"gpus", kind::integer_list, 0, 1023, {},
+    e.push_back({"gpus",
+                 kind::integer_list,
+                 0,
+                 1023,
+                 {},
                  [](node_config& c, const value& v) {
                    c.gpus.clear();
                    for (double n : v.numbers)
@@ -133,9 +153,14 @@ const std::vector<entry>& schema() {
                      out += (i ? ", " : "") + std::to_string(c.gpus[i]);
                    return out + "]";
                  }});
-    e.push_back({"replicas", kind::integer, 0, 64, {},
-                 [](node_config& c, const value& v) { c.replicas = static_cast<uint32_t>(v.number); },
-                 [](const node_config& c) { return std::to_string(c.replicas); }});
+    e.push_back(
+      {"replicas",
+       kind::integer,
+       0,
+       64,
+       {},
+       [](node_config& c, const value& v) { c.replicas = static_cast<uint32_t>(v.number); },
+       [](const node_config& c) { return std::to_string(c.replicas); }});
     listen("coordinator.listen", &node_config::coordinator_listen);
     text("coordinator.address", &node_config::coordinator_address);
     text("store.uri", &node_config::store_uri);
@@ -146,7 +171,11 @@ const std::vector<entry>& schema() {
     number("replica.drain_timeout", &node_config::drain_timeout, 0, 86400);
     number("replica.backstop", &node_config::backstop, 0, 86400);
     listen("gateway.listen", &node_config::gateway_listen);
-    e.push_back({"gateway.affinity_headers", kind::text_list, 0, 0, {},
+    e.push_back({"gateway.affinity_headers",
+                 kind::text_list,
+                 0,
+                 0,
+                 {},
                  [](node_config& c, const value& v) { c.affinity_headers = v.texts; },
                  [](const node_config& c) {
                    std::string out = "[";
@@ -155,9 +184,14 @@ const std::vector<entry>& schema() {
                    return out + "]";
                  }});
     listen("status.listen", &node_config::status_listen);
-    e.push_back({"http.body_limit", kind::integer, 1024, double(uint64_t{1} << 30), {},
-                 [](node_config& c, const value& v) { c.body_limit = static_cast<uint64_t>(v.number); },
-                 [](const node_config& c) { return std::to_string(c.body_limit); }});
+    e.push_back(
+      {"http.body_limit",
+       kind::integer,
+       1024,
+       double(uint64_t{1} << 30),
+       {},
+       [](node_config& c, const value& v) { c.body_limit = static_cast<uint64_t>(v.number); },
+       [](const node_config& c) { return std::to_string(c.body_limit); }});
     text("admin.token", &node_config::admin_token);
     path("tls.cert", &node_config::tls_cert);
     path("tls.key", &node_config::tls_key);
@@ -179,7 +213,8 @@ std::string check(const entry& e, const value& v) {
   auto in_range = [&](double n) { return n >= e.min && n <= e.max; };
   switch (e.k) {
     case kind::text:
-      if (!e.choices.empty() && std::find(e.choices.begin(), e.choices.end(), v.text) == e.choices.end()) {
+      if (!e.choices.empty()
+          && std::find(e.choices.begin(), e.choices.end(), v.text) == e.choices.end()) {
         std::string all;
         for (const auto& c : e.choices)
           all += (all.empty() ? "" : ", ") + c;
@@ -201,17 +236,19 @@ std::string check(const entry& e, const value& v) {
     case kind::integer:
     case kind::number:
       if (!in_range(v.number))
-        return show_number(v.number) + " is outside [" + show_number(e.min) + ", " +
-               show_number(e.max) + "]";
+        return show_number(v.number) + " is outside [" + show_number(e.min) + ", "
+               + show_number(e.max) + "]";
       return {};
     case kind::integer_list:
       for (double n : v.numbers)
         if (!in_range(n))
-          return show_number(n) + " is outside [" + show_number(e.min) + ", " + show_number(e.max) + "]";
+          return show_number(n) + " is outside [" + show_number(e.min) + ", " + show_number(e.max)
+                 + "]";
       return {};
     case kind::text_list:
       for (const auto& t : v.texts) {
-        if (!e.choices.empty() && std::find(e.choices.begin(), e.choices.end(), t) == e.choices.end())
+        if (!e.choices.empty()
+            && std::find(e.choices.begin(), e.choices.end(), t) == e.choices.end())
           return quote_untrusted(t) + " is not a known role";
         if (e.key == "gateway.affinity_headers"
             && (t.empty() || !std::all_of(t.begin(), t.end(), [](char c) {
@@ -242,8 +279,8 @@ result<value> from_text(const entry& e, std::string_view text) {
     auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
     if (t.empty() || ec != std::errc{} || ptr != t.data() + t.size() || !std::isfinite(n)
         || (integral && n != std::floor(n)))
-      return make_error(errc::invalid_argument, quote_untrusted(t) + " is not " +
-                                                  (integral ? "a whole number" : "a number"));
+      return make_error(errc::invalid_argument, quote_untrusted(t) + " is not "
+                                                  + (integral ? "a whole number" : "a number"));
     return n;
   };
   auto split = [](std::string_view t) {
@@ -294,7 +331,9 @@ result<value> from_text(const entry& e, std::string_view text) {
 /// A TOML node into a value of the entry's kind.
 result<value> from_toml(const entry& e, const toml::node& node) {
   value v;
-  auto wrong = [](const char* what) { return make_error(errc::invalid_argument, std::string{"must be "} + what); };
+  auto wrong = [](const char* what) {
+    return make_error(errc::invalid_argument, std::string{"must be "} + what);
+  };
   switch (e.k) {
     case kind::text:
       if (!node.is_string())
@@ -394,8 +433,8 @@ result<node_config> parse_node_config(std::string_view toml_text, std::string_vi
     auto table = toml::parse(toml_text, std::string{origin});
     walk(table, "", c, origin, problems);
   } catch (const toml::parse_error& err) {
-    problems += std::string{origin} + ":" + std::to_string(err.source().begin.line) + ": " +
-                std::string{err.description()} + "\n";
+    problems += std::string{origin} + ":" + std::to_string(err.source().begin.line) + ": "
+                + std::string{err.description()} + "\n";
   }
   validate(c, problems);
   if (!problems.empty()) {
@@ -439,8 +478,8 @@ void validate(const node_config& c, std::string& problems) {
     for (uint32_t i = 0; i < c.replicas; ++i) {
       auto a = c.replica_listen;
       if (uint32_t{a.port} + i > 65535) {
-        problems += "replica.listen: replica " + std::to_string(i) + " would need port " +
-                    std::to_string(uint32_t{a.port} + i) + "\n";
+        problems += "replica.listen: replica " + std::to_string(i) + " would need port "
+                    + std::to_string(uint32_t{a.port} + i) + "\n";
         break;
       }
       a.port = static_cast<uint16_t>(a.port + i);
@@ -451,8 +490,8 @@ void validate(const node_config& c, std::string& problems) {
       if (listeners[i].second.port != 0 && listeners[i].second.port == listeners[j].second.port
           && (listeners[i].second.host == listeners[j].second.host
               || listeners[i].second.host == "0.0.0.0" || listeners[j].second.host == "0.0.0.0"))
-        problems += listeners[i].first + " and " + listeners[j].first + ": both on port " +
-                    std::to_string(listeners[i].second.port) + "\n";
+        problems += listeners[i].first + " and " + listeners[j].first + ": both on port "
+                    + std::to_string(listeners[i].second.port) + "\n";
 }
 
 std::string to_toml(const node_config& c) {
@@ -466,8 +505,8 @@ std::string to_toml(const node_config& c) {
       out += "\n[" + s + "]\n";
       section = s;
     }
-    std::string shown = e.key == "admin.token" ? toml_string(c.admin_token.empty() ? "" : "(set)")
-                                               : e.show(c);
+    std::string shown =
+      e.key == "admin.token" ? toml_string(c.admin_token.empty() ? "" : "(set)") : e.show(c);
     out += leaf + " = " + shown + "\n";
   }
   return out;
@@ -483,8 +522,9 @@ std::vector<std::string> setting_keys() {
 std::string env_name(std::string_view key) {
   std::string out = "STITCH_";
   for (char ch : key)
-    out += ch == '.' ? std::string{"__"}
-                     : std::string(1, static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
+    out += ch == '.'
+             ? std::string{"__"}
+             : std::string(1, static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
   return out;
 }
 

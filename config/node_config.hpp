@@ -27,7 +27,7 @@ inline constexpr std::string_view known_roles[] = {
 struct node_config {
   std::string name = "local";
   std::filesystem::path data_dir = "./stitch-data";
-  std::vector<std::string> roles = {"coordinator", "store", "publisher",
+  std::vector<std::string> roles = {"coordinator", "store",   "publisher",
                                     "replica",     "gateway", "status"};
   /// GPU slots this node offers for replicas (`gpus = [0, 1]`).
   std::vector<uint32_t> gpus;

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "config/node_config.hpp"
 #include "runtime/core/error.hpp"
 
 namespace stitch::node {
@@ -13,7 +14,8 @@ namespace stitch::node {
 /// The options of `stitch-node` (DESIGN §7), as parsed from the command line.
 struct node_options {
   std::string config_path;
-  std::string data_dir = "./stitch-data";
+  /// Empty: the config's `data_dir` (default `./stitch-data`).
+  std::string data_dir;
   std::vector<std::string> overrides;
   bool print_config = false;
 };
@@ -36,40 +38,14 @@ result<host_port> parse_host_port(std::string_view text);
 /// True for 127.0.0.0/8, ::1 and localhost.
 bool is_loopback(std::string_view host);
 
-/// The effective settings of a node: defaults, then `STITCH_<SECTION>__<KEY>`
-/// environment variables, then `--set` overrides.
-struct node_settings {
-  std::filesystem::path data_dir = "./stitch-data";
-  host_port coordinator{"127.0.0.1", 4242};
-  /// Empty: `rocksdb:<data_dir>/store`.
-  std::string store_uri;
-  /// Built-in engine replicas of pool `default` (`replicas`).
-  uint32_t replicas = 2;
-  /// `model.preset`: the built-in model the replicas run.
-  std::string model_preset = "tiny";
-  host_port gateway{"127.0.0.1", 8080};
-  host_port status{"127.0.0.1", 8081};
-  /// Replica i serves on this port + i (port 0: each picks a free one).
-  host_port replica_listen{"127.0.0.1", 8100};
-  std::string commit_mode = "in_place";
-  /// Seconds.
-  double drain_timeout = 300;
-  double backstop = 5;
-  /// `http.body_limit` in bytes.
-  uint64_t body_limit = uint64_t{16} << 20;
-  /// `gateway.affinity_headers`: session headers, first present wins.
-  std::vector<std::string> affinity_headers = {"X-Session-Id", "Modal-Session-ID"};
-  /// `admin.token` (also `STITCH_TOKEN`).
-  std::string admin_token;
-
-  std::string effective_store_uri() const;
-};
-
-/// Resolves the settings; every unknown key or bad value is reported, one
-/// problem per line, in the error.
+/// The effective config of a node (`config::node_config`): the `--config`
+/// file (or the all-in-one defaults), then `STITCH_<SECTION>__<KEY>`
+/// environment variables (`STITCH_TOKEN` is `admin.token`), then `--set`
+/// overrides, then `--data-dir`. Every problem is reported, one per line.
+using node_settings = config::node_config;
 result<node_settings> resolve_settings(const node_options& opts);
 
-/// The effective settings as TOML (`--print-config`).
-std::string to_toml(const node_settings& s);
+/// `--print-config` is `config::to_toml` of the resolved settings.
+using config::to_toml;
 
 } // namespace stitch::node

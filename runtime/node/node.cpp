@@ -39,6 +39,19 @@ private:
 } // namespace
 
 result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_settings& settings) {
+  // Nothing starts half-configured: roles this build cannot host yet are refused.
+  for (const char* role : {"trainer", "rollout_driver"})
+    if (settings.has_role(role))
+      return make_error(errc::invalid_argument,
+                        std::string{"role '"} + role + "' is not part of this build yet");
+  if (!settings.has_role("coordinator") || !settings.has_role("store")
+      || !settings.coordinator_address.empty())
+    return make_error(errc::invalid_argument,
+                      "this build runs the coordinator and store on every node; joining another "
+                      "node's coordinator (coordinator.address) is not part of this build yet");
+  if (!settings.tls_cert.empty())
+    return make_error(errc::invalid_argument,
+                      "tls: inter-node TLS is not part of this build yet; remove [tls]");
   std::error_code ec;
   std::filesystem::create_directories(settings.data_dir, ec);
   if (ec)
@@ -57,13 +70,14 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
                  caf::actor_cast<caf::actor>(n->store_));
   caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"publisher"},
                  caf::actor_cast<caf::actor>(n->publisher_));
-  auto port = sys.middleman().publish(n->coordinator_, settings.coordinator.port,
-                                      settings.coordinator.host.c_str(), true);
+  auto port = sys.middleman().publish(n->coordinator_, settings.coordinator_listen.port,
+                                      settings.coordinator_listen.host.c_str(), true);
   if (!port) {
     n->stop();
-    return make_error(errc::backend_failure, "cannot listen on " + settings.coordinator.host + ":"
-                                               + std::to_string(settings.coordinator.port) + ": "
-                                               + sys.render(port.error()));
+    return make_error(errc::backend_failure, "cannot listen on " + settings.coordinator_listen.host
+                                               + ":"
+                                               + std::to_string(settings.coordinator_listen.port)
+                                               + ": " + sys.render(port.error()));
   }
   n->port_ = *port;
   if (auto ok = n->start_serving(backend, settings); !ok) {
@@ -88,14 +102,23 @@ status node::start_serving(std::shared_ptr<store_backend> backend, const node_se
   front.router.admin_token = settings.admin_token;
   front.router.affinity_headers = settings.affinity_headers;
 
-  gateway_ = sys_.spawn(gateway_service, gateway_options{});
-  status_options so;
-  so.roles = {"coordinator", "store", "publisher", "replica", "gateway", "status"};
-  status_ = sys_.spawn(status_service, so, store_);
-  caf::anon_send(status_, atom::enroll_v, gateway_);
-  for (uint32_t i = 0; i < settings.replicas; ++i) {
+  if (settings.has_role("gateway"))
+    gateway_ = sys_.spawn(gateway_service, gateway_options{});
+  if (settings.has_role("status")) {
+    status_options so;
+    so.node = settings.name;
+    so.roles = settings.roles;
+    so.pools = {settings.pool};
+    status_ = sys_.spawn(status_service, so, store_);
+    if (gateway_)
+      caf::anon_send(status_, atom::enroll_v, gateway_);
+  }
+  uint32_t replicas = settings.has_role("replica") ? settings.replicas : 0;
+  for (uint32_t i = 0; i < replicas; ++i) {
     replica_options o;
-    o.replica_id = "replica-" + std::to_string(i);
+    o.replica_id = settings.name == "local" ? "replica-" + std::to_string(i)
+                                            : settings.name + "/replica-" + std::to_string(i);
+    o.pool = settings.pool;
     o.mode = *mode;
     o.drain_timeout = seconds(settings.drain_timeout);
     o.backstop = seconds(settings.backstop);
@@ -104,13 +127,15 @@ status node::start_serving(std::shared_ptr<store_backend> backend, const node_se
     d.make_engine = [config = *model]() -> result<std::shared_ptr<engine_port>> {
       return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
     };
-    d.bytes = std::make_shared<backend_source>(backend, "default");
+    d.bytes = std::make_shared<backend_source>(backend, settings.pool);
     d.reconcile_worker = std::make_shared<worker_pool>(1, "stage-" + std::to_string(i));
     d.request_workers = std::make_shared<worker_pool>(64, "gen-" + std::to_string(i));
     auto replica = sys_.spawn(replica_service, o, d);
     replicas_.push_back(replica);
-    caf::anon_send(gateway_, atom::enroll_v, std::string{"default"}, replica);
-    caf::anon_send(status_, atom::enroll_v, std::string{"default"}, replica);
+    if (gateway_)
+      caf::anon_send(gateway_, atom::enroll_v, settings.pool, replica);
+    if (status_)
+      caf::anon_send(status_, atom::enroll_v, settings.pool, replica);
     auto http = std::make_unique<replica_http>(sys_, caf::actor_cast<caf::actor>(replica), front);
     uint16_t want = settings.replica_listen.port == 0
                       ? 0
@@ -121,17 +146,22 @@ status node::start_serving(std::shared_ptr<store_backend> backend, const node_se
     http_.replicas.push_back(*port);
     replica_fronts_.push_back(std::move(http));
   }
-  gateway_front_ =
-    std::make_unique<gateway_http>(sys_, caf::actor_cast<caf::actor>(gateway_), front);
-  auto gw = gateway_front_->listen(settings.gateway.host, settings.gateway.port);
-  if (!gw)
-    return std::move(gw).error();
-  http_.gateway = *gw;
-  status_front_ = std::make_unique<status_http>(sys_, caf::actor_cast<caf::actor>(status_), server);
-  auto st = status_front_->listen(settings.status.host, settings.status.port);
-  if (!st)
-    return std::move(st).error();
-  http_.status = *st;
+  if (gateway_) {
+    gateway_front_ =
+      std::make_unique<gateway_http>(sys_, caf::actor_cast<caf::actor>(gateway_), front);
+    auto gw = gateway_front_->listen(settings.gateway_listen.host, settings.gateway_listen.port);
+    if (!gw)
+      return std::move(gw).error();
+    http_.gateway = *gw;
+  }
+  if (status_) {
+    status_front_ =
+      std::make_unique<status_http>(sys_, caf::actor_cast<caf::actor>(status_), server);
+    auto st = status_front_->listen(settings.status_listen.host, settings.status_listen.port);
+    if (!st)
+      return std::move(st).error();
+    http_.status = *st;
+  }
   return {};
 }
 

@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
   node_options opts;
   app.add_option("--config", opts.config_path, "TOML role config of this node")
     ->check(CLI::ExistingFile);
-  app.add_option("--data-dir", opts.data_dir, "where node state lives")->capture_default_str();
+  app.add_option("--data-dir", opts.data_dir,
+                 "where node state lives (default: the config's data_dir, ./stitch-data)");
   app.add_option("--set", opts.overrides,
                  "override a config key: KEY=VALUE (repeatable), e.g. "
                  "coordinator.listen=127.0.0.1:4242 store.uri=rocksdb:DIR|s3://bucket/prefix");
@@ -59,13 +60,15 @@ int main(int argc, char** argv) {
     return exit_runtime_failure;
   }
   std::printf("stitch-node: coordinator listening on %s:%u, store %s\n",
-              settings->coordinator.host.c_str(), static_cast<unsigned>((*n)->port()),
+              settings->coordinator_listen.host.c_str(), static_cast<unsigned>((*n)->port()),
               settings->effective_store_uri().c_str());
   const auto& http = (*n)->http();
-  std::printf("stitch-node: gateway http://%s:%u\n", settings->gateway.host.c_str(),
-              static_cast<unsigned>(http.gateway));
-  std::printf("stitch-node: status http://%s:%u (dashboard at /)\n", settings->status.host.c_str(),
-              static_cast<unsigned>(http.status));
+  if (settings->has_role("gateway"))
+    std::printf("stitch-node: gateway http://%s:%u\n", settings->gateway_listen.host.c_str(),
+                static_cast<unsigned>(http.gateway));
+  if (settings->has_role("status"))
+    std::printf("stitch-node: status http://%s:%u (dashboard at /)\n",
+                settings->status_listen.host.c_str(), static_cast<unsigned>(http.status));
   for (size_t i = 0; i < http.replicas.size(); ++i)
     std::printf("stitch-node: replica-%zu http://%s:%u (model %s)\n", i,
                 settings->replica_listen.host.c_str(), static_cast<unsigned>(http.replicas[i]),

@@ -97,8 +97,9 @@ listen = "127.0.0.1:8101"
 )",
                              "clash.toml");
   ASSERT_FALSE(c);
-  EXPECT_NE(c.error().message.find("gateway.listen and replica.listen (replica 1): both on port 8101"),
-            std::string::npos)
+  EXPECT_NE(
+    c.error().message.find("gateway.listen and replica.listen (replica 1): both on port 8101"),
+    std::string::npos)
     << c.error().message;
   auto free_ports = parse_node_config(R"(
 [gateway]

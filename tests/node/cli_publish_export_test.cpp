@@ -166,6 +166,27 @@ TEST(stitch_node, print_config_and_bad_overrides) {
                  + "store.uri=s3://bucket/prefix");
   EXPECT_EQ(cfg.code, 0) << cfg.output;
   EXPECT_NE(cfg.output.find("uri = \"s3://bucket/prefix\""), std::string::npos) << cfg.output;
+  temp_dir d;
+  {
+    std::ofstream f{d.path() / "node.toml"};
+    f << "name = \"n1\"\nroles = [\"coordinator\", \"store\", \"publisher\"]\n"
+         "[coordinator]\nlisten = \"127.0.0.1:0\"\n";
+  }
+  auto from_file = run(std::string{STITCH_NODE_BIN} + " --print-config --config "
+                       + (d.path() / "node.toml").string() + " --set replicas=4");
+  EXPECT_EQ(from_file.code, 0) << from_file.output;
+  EXPECT_NE(from_file.output.find("name = \"n1\""), std::string::npos) << from_file.output;
+  EXPECT_NE(from_file.output.find("replicas = 4"), std::string::npos) << from_file.output;
+  {
+    std::ofstream f{d.path() / "bad.toml"};
+    f << "replicas = \"many\"\n[gateway]\nlisten = \"127.0.0.1:8100\"\n";
+  }
+  auto bad_file =
+    run(std::string{STITCH_NODE_BIN} + " --config " + (d.path() / "bad.toml").string());
+  EXPECT_EQ(bad_file.code, 2) << bad_file.output;
+  EXPECT_NE(bad_file.output.find("bad.toml:1 replicas: must be an integer"), std::string::npos)
+    << bad_file.output;
+  EXPECT_NE(bad_file.output.find("both on port 8100"), std::string::npos) << bad_file.output;
   auto bad = run(std::string{STITCH_NODE_BIN} + " --set nope.key=1 --set coordinator.listen=x");
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_NE(bad.output.find("nope.key"), std::string::npos) << bad.output;

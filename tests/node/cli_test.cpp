@@ -34,8 +34,8 @@ TEST(cli_settings, the_serving_roles_take_their_keys_from_set_and_the_environmen
   ASSERT_TRUE(s) << s.error().message;
   EXPECT_EQ(s->replicas, 3u);
   EXPECT_EQ(s->model_preset, "small");
-  EXPECT_EQ(s->gateway.port, 0);
-  EXPECT_EQ(s->status.host, "::1");
+  EXPECT_EQ(s->gateway_listen.port, 0);
+  EXPECT_EQ(s->status_listen.host, "::1");
   EXPECT_EQ(s->replica_listen.port, 8200);
   EXPECT_EQ(s->commit_mode, "quiesce");
   EXPECT_DOUBLE_EQ(s->drain_timeout, 2.5);
@@ -47,6 +47,7 @@ TEST(cli_settings, the_serving_roles_take_their_keys_from_set_and_the_environmen
   EXPECT_NE(toml.find("replicas = 3"), std::string::npos) << toml;
   EXPECT_LT(toml.find("replicas = 3"), toml.find("[coordinator]")) << "a top-level key";
   EXPECT_NE(toml.find("affinity_headers = [\"X-A\", \"X-B\"]"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("[replica]"), std::string::npos) << toml;
   EXPECT_EQ(toml.find("s3cr3t"), std::string::npos) << "the token is never printed";
 }
 
