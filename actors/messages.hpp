@@ -34,6 +34,8 @@ struct publish_args {
   uint64_t version = 0;
   bool force_anchor = false;
   bool dry_run = false;
+  /// The admin token, when the node requires one.
+  std::string token;
 };
 
 /// What a publish did.
@@ -245,7 +247,7 @@ typename Inspector::result_type inspect(Inspector& f, pointer_reply& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, publish_args& x) {
   return f(caf::meta::type_name("stitch.publish_args"), x.pool, x.run_id, x.version, x.force_anchor,
-           x.dry_run);
+           x.dry_run, x.token);
 }
 
 template <class Inspector>

@@ -49,22 +49,44 @@ publish_summary summarize(const store::publish_report& report) {
   return s;
 }
 
+namespace {
+
+/// A node with an admin token refuses publishes without it (constant time).
+status authorized(const publisher_state& st, const publish_args& args) {
+  if (st.admin_token.empty())
+    return {};
+  unsigned char diff = args.token.size() == st.admin_token.size() ? 0 : 1;
+  for (size_t i = 0; i < st.admin_token.size(); ++i)
+    diff |=
+      static_cast<unsigned char>(st.admin_token[i] ^ (i < args.token.size() ? args.token[i] : 0));
+  if (diff != 0)
+    return error{errc::unauthorized, "publishing needs the admin token (--token or STITCH_TOKEN)"};
+  return {};
+}
+
+} // namespace
+
 publisher_actor::behavior_type
 publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   std::shared_ptr<store_backend> backend, store_actor store,
-                  store::publisher_options options) {
+                  store::publisher_options options, std::string admin_token) {
+  self->state.admin_token = std::move(admin_token);
   self->state.backend = std::move(backend);
   self->state.impl = std::make_unique<store::publisher>(*self->state.backend, options);
   self->state.store = std::move(store);
   return {
     [self](atom::publish, const publish_args& args,
            const std::string& path) -> caf::result<publish_summary> {
+      if (auto ok = authorized(self->state, args); !ok)
+        return to_caf_error(ok.error());
       auto weights = store::load_hf_directory(path);
       if (!weights)
         return to_caf_error(weights.error());
       return run_publish(self, args, *weights);
     },
     [self](atom::publish, const publish_args& args) -> caf::result<uint64_t> {
+      if (auto ok = authorized(self->state, args); !ok)
+        return to_caf_error(ok.error());
       const auto now = std::chrono::steady_clock::now();
       std::erase_if(self->state.sessions, [&](const auto& kv) {
         return now - kv.second.last_seen > self->state.session_idle_timeout;

@@ -39,6 +39,8 @@ struct publisher_state {
   /// A session silent this long is dropped when room is needed (its client
   /// went away mid-publish).
   std::chrono::seconds session_idle_timeout{600};
+  /// When set, every publish must carry it.
+  std::string admin_token;
 };
 
 /// Publishes through `backend` (the store's own, or a `remote_store`), then
@@ -46,7 +48,7 @@ struct publisher_state {
 publisher_actor::behavior_type
 publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   std::shared_ptr<store_backend> backend, store_actor store,
-                  store::publisher_options options);
+                  store::publisher_options options, std::string admin_token = {});
 
 /// The wire form of a publish report.
 publish_summary summarize(const store::publish_report& report);

@@ -24,6 +24,7 @@ std::string_view to_string(errc code) noexcept {
     case errc::activation_failed: return "activation_failed";
     case errc::decode_failure: return "decode_failure";
     case errc::limit_exceeded: return "limit_exceeded";
+    case errc::unauthorized: return "unauthorized";
   }
   return "unknown";
 }

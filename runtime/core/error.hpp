@@ -50,6 +50,8 @@ enum class errc : uint8_t {
   decode_failure,
   /// A size or count over a configured limit.
   limit_exceeded,
+  /// A mutating command without the admin token.
+  unauthorized,
 };
 
 /// The short name of an error code, e.g. "version_exists".

@@ -7,8 +7,11 @@
 
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/coordinator_actor.hpp"
 #include "actors/publisher_actor.hpp"
+#include "actors/status_actor.hpp"
 #include "actors/store_client.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
@@ -175,6 +178,39 @@ status run_init_model(const init_model_command& cmd, std::FILE* out) {
   std::fprintf(out, "wrote the %s model (seed %llu, %zu tensors, %s) to %s\n", cmd.preset.c_str(),
                static_cast<unsigned long long>(cmd.seed), weights->size(),
                human_bytes(bytes).c_str(), dir.c_str());
+  return {};
+}
+
+status run_status(caf::actor_system& sys, const status_command& cmd, std::FILE* out) {
+  auto handle = lookup(sys, cmd.coordinator, "status");
+  if (!handle)
+    return std::move(handle).error();
+  auto text = ask<std::string>(sys, caf::actor_cast<status_actor>(*handle), atom::status_view_v);
+  if (!text)
+    return std::move(text).error();
+  if (cmd.json) {
+    std::fprintf(out, "%s\n", text->c_str());
+    return {};
+  }
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  if (j.is_discarded())
+    return make_error(errc::decode_failure, "the status actor answered something that is not JSON");
+  for (const auto& p : j["pools"])
+    std::fprintf(out, "pool %s: pointer %s (boot %s)\n", p.value("pool", "?").c_str(),
+                 p.value("pointer", "?").c_str(), p["boot_version"].dump().c_str());
+  if (j["pools"].empty())
+    std::fprintf(out, "no run claimed\n");
+  std::fprintf(out, "%-24s %-6s %-26s %-11s %10s %10s  %s\n", "replica", "ready", "applied", "sync",
+               "stage s", "pause us", "reason");
+  for (const auto& r : j["replicas"]) {
+    auto applied = r["applied"].is_string() ? r["applied"].get<std::string>() : "-";
+    std::fprintf(out, "%-24s %-6s %-26s %-11s %10.3f %10.1f  %s\n",
+                 r.value("replica_id", "?").c_str(), r.value("ready", false) ? "yes" : "no",
+                 applied.c_str(), r.value("sync_state", "?").c_str(),
+                 r["last_update"].value("stage_s", 0.0), r["last_update"].value("pause_us", 0.0),
+                 r.value("reason", "").c_str());
+  }
+  std::fprintf(out, "transfers in flight: %zu\n", j["transfers"].size());
   return {};
 }
 

@@ -36,6 +36,15 @@ struct export_command {
 /// writes a standard HF directory.
 status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* out);
 
+struct status_command {
+  host_port coordinator;
+  bool json = false;
+};
+
+/// `stitch status [--json]`: the cluster as the status actor sees it — the
+/// pools' pointers and every replica's applied version and sync state.
+status run_status(caf::actor_system& sys, const status_command& cmd, std::FILE* out);
+
 struct init_model_command {
   std::string preset = "tiny";
   uint64_t seed = 0;

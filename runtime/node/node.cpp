@@ -63,8 +63,8 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
   std::shared_ptr<store_backend> backend{std::move(*opened)};
   std::unique_ptr<node> n{new node(sys)};
   n->store_ = sys.spawn<caf::detached>(store_service, backend, settings.data_dir / "spool");
-  n->publisher_ =
-    sys.spawn<caf::detached>(publisher_service, backend, n->store_, store::publisher_options{});
+  n->publisher_ = sys.spawn<caf::detached>(publisher_service, backend, n->store_,
+                                           store::publisher_options{}, settings.admin_token);
   n->coordinator_ = sys.spawn(coordinator);
   caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"store"},
                  caf::actor_cast<caf::actor>(n->store_));
@@ -112,6 +112,9 @@ status node::start_serving(std::shared_ptr<store_backend> backend, const node_se
     status_ = sys_.spawn(status_service, so, store_);
     if (gateway_)
       caf::anon_send(status_, atom::enroll_v, gateway_);
+    // `stitch status` finds it through the coordinator.
+    caf::anon_send(coordinator_, atom::enroll_v, std::string{"status"},
+                   caf::actor_cast<caf::actor>(status_));
   }
   uint32_t replicas = settings.has_role("replica") ? settings.replicas : 0;
   for (uint32_t i = 0; i < replicas; ++i) {

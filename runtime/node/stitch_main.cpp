@@ -42,7 +42,11 @@ int main(int argc, char** argv) {
   init_model->add_option("--seed", init.seed, "random seed")->capture_default_str();
   init_model->add_option("--out", init.out_dir, "output directory")->required();
 
-  for (const char* name : {"demo", "submit", "status", "scale", "stop"})
+  status_command stat;
+  auto* status = app.add_subcommand("status", "the pools' pointers and every replica's state");
+  status->add_flag("--json", stat.json, "print the status actor's JSON");
+
+  for (const char* name : {"demo", "submit", "scale", "stop"})
     app.add_subcommand(name, "not part of this build yet")->allow_extras();
   try {
     app.parse(argc, argv);
@@ -64,15 +68,24 @@ int main(int argc, char** argv) {
     }
     return exit_ok;
   }
-  if (chosen != publish && chosen != exporter) {
+  if (chosen != publish && chosen != exporter && chosen != status) {
     std::fprintf(stderr, "stitch: '%s' is not part of this build yet\n",
                  chosen->get_name().c_str());
     return exit_runtime_failure;
   }
   stitch::system_config cfg;
   caf::actor_system sys{cfg};
+  if (chosen == status) {
+    stat.coordinator = *where;
+    if (auto done = run_status(sys, stat, stdout); !done) {
+      std::fprintf(stderr, "stitch status: %s\n", to_string(done.error()).c_str());
+      return exit_runtime_failure;
+    }
+    return exit_ok;
+  }
   if (chosen == publish) {
     pub.coordinator = *where;
+    pub.args.token = token;
     auto done = run_publish(sys, pub, stdout);
     if (!done) {
       std::fprintf(stderr, "stitch publish: %s\n", to_string(done.error()).c_str());

@@ -107,6 +107,18 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
             std::string::npos)
     << metrics.body;
 
+  // The same view from the CLI, a CAF client of the coordinator.
+  auto cli =
+    run(std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + node->coordinator_port + " status");
+  ASSERT_EQ(cli.code, 0) << cli.output;
+  EXPECT_NE(cli.output.find("pool default: pointer demo/weight_v000001"), std::string::npos)
+    << cli.output;
+  EXPECT_NE(cli.output.find("replica-1"), std::string::npos) << cli.output;
+  auto cli_json = run(std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + node->coordinator_port
+                      + " status --json");
+  ASSERT_EQ(cli_json.code, 0) << cli_json.output;
+  EXPECT_EQ(nlohmann::json::parse(cli_json.output)["replicas"].size(), 2u);
+
   // The dashboard, rendered by a real browser: the replica rows and the chart.
   auto artifacts = std::filesystem::path{STITCH_ARTIFACT_DIR};
   std::filesystem::create_directories(artifacts);
@@ -130,6 +142,39 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
   ASSERT_EQ(png.code, 0) << png.output;
   ASSERT_TRUE(std::filesystem::exists(shot)) << png.output;
   EXPECT_GT(std::filesystem::file_size(shot), 10'000u) << "a real picture, not an empty page";
+}
+
+TEST(node_security, the_admin_token_guards_wake_and_publish) {
+  temp_dir dir;
+  node_process node{dir.path(), {"replicas=0", "admin.token=let-me-in"}};
+  ASSERT_TRUE(node.started()) << node.log();
+  EXPECT_EQ(get(node.gateway_port, "POST", "/wake").status, 401u);
+  {
+    transport::http_client c{transport::http_endpoint{
+      "http", "127.0.0.1", static_cast<uint16_t>(std::stoi(node.gateway_port))}};
+    transport::http_request req;
+    req.method = "POST";
+    req.target = "/wake";
+    req.headers = {{"Authorization", "Bearer let-me-in"}};
+    auto r = c.send(req);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200u);
+  }
+  auto model = dir.path() / "model";
+  ASSERT_EQ(run(std::string{STITCH_BIN} + " init-model --preset tiny --out " + model.string()).code,
+            0);
+  std::string publish = std::string{STITCH_BIN} + " --coordinator 127.0.0.1:"
+                        + node.coordinator_port + " publish --run r --version 0 " + model.string();
+  auto refused = run(publish);
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.output.find("unauthorized"), std::string::npos) << refused.output;
+  auto wrong = run(std::string{STITCH_BIN} + " --token nope --coordinator 127.0.0.1:"
+                   + node.coordinator_port + " publish --run r --version 0 " + model.string());
+  EXPECT_NE(wrong.code, 0) << wrong.output;
+  EXPECT_NE(wrong.output.find("unauthorized"), std::string::npos) << wrong.output;
+  auto allowed = run("STITCH_TOKEN=let-me-in " + publish);
+  EXPECT_EQ(allowed.code, 0) << allowed.output;
+  EXPECT_TRUE(node.stop()) << node.log();
 }
 
 } // namespace
