@@ -125,7 +125,7 @@ void answer(self_ptr self, request_id id, replica_answer reply) {
   if (it == st.requests.end())
     return;
   it->second.promise.deliver(std::move(reply));
-  st.by_key.erase(it->second.call.key);
+  st.by_key.erase({it->second.caller.address(), it->second.call.key});
   st.requests.erase(it);
 }
 
@@ -469,7 +469,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
         promise.deliver(std::move(a));
         return promise;
       };
-      if (st.by_key.contains(call.key))
+      if (st.by_key.contains({caller.address(), call.key}))
         return refuse(failure(400, "BadRequest",
                               "request key " + std::to_string(call.key) + " is already in flight",
                               false));
@@ -486,7 +486,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
                               false));
       }
       request_id id = st.next_id++;
-      st.by_key.emplace(call.key, id);
+      st.by_key.emplace(std::pair{caller.address(), call.key}, id);
       replica_state::request r;
       r.call = std::move(call);
       r.promise = promise;
@@ -511,7 +511,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
     },
     [self](atom::cancel, uint64_t key) {
       auto& st = self->state;
-      auto k = st.by_key.find(key);
+      auto k = st.by_key.find({caf::actor_cast<caf::actor_addr>(self->current_sender()), key});
       if (k == st.by_key.end())
         return;
       auto id = k->second;

@@ -95,7 +95,9 @@ struct replica_state {
   std::shared_ptr<engine_port> engine;
   std::shared_ptr<counting_source> bytes;
   std::map<request_id, request> requests;
-  std::map<uint64_t, request_id> by_key;
+  /// (caller, caller's key) -> request: keys are unique per caller only (the
+  /// gateway and the replica's own HTTP front count independently).
+  std::map<std::pair<caf::actor_addr, uint64_t>, request_id> by_key;
   request_id next_id = 1;
   /// The commit the gate is draining for.
   std::optional<reconcile_effects::commit> pending_commit;

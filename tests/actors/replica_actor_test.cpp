@@ -693,6 +693,31 @@ TEST_F(replica_actor_test, a_cancelled_request_answers_499_and_leaves_the_gate) 
   EXPECT_EQ(info().active_requests, 0u);
 }
 
+TEST_F(replica_actor_test, keys_are_unique_per_caller_not_per_replica) {
+  publish("r", 0);
+  start();
+  settle();
+  // The gateway and the replica's own HTTP front count keys independently.
+  caf::scoped_actor other{sys, true};
+  send(call(1));
+  other->send(replica, atom::generate_v, call(1));
+  sched.run();
+  requests->run_all();
+  sched.run();
+  EXPECT_EQ(reply().status, 200);
+  bool other_ok = false;
+  other->receive([&](const replica_answer& a) { other_ok = a.status == 200; },
+                 caf::after(0s) >> [] {});
+  EXPECT_TRUE(other_ok);
+  // The same caller reusing a key in flight is refused.
+  send(call(2));
+  send(call(2));
+  EXPECT_EQ(reply().status, 400);
+  requests->run_all();
+  sched.run();
+  EXPECT_EQ(reply().status, 200);
+}
+
 TEST_F(replica_actor_test, malformed_calls_are_refused_with_400) {
   publish("r", 0);
   start();
