@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "actors/log.hpp"
 #include "runtime/core/constraint.hpp"
 #include "runtime/core/version_ref.hpp"
 
@@ -200,6 +201,12 @@ gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gat
   self->state.stats.staleness_versions = histogram::with_bounds({0, 1, 2, 3, 4, 5, 8, 16, 32, 64});
   self->set_down_handler([self](const caf::down_msg& down) {
     auto& st = self->state;
+    if (auto it = st.replicas.find(down.source); it != st.replicas.end())
+      log::warn(
+        "gateway",
+        "replica "
+          + (it->second.known ? it->second.info.replica_id : std::string{"(not yet reporting)"})
+          + " is gone (" + self->system().render(down.reason) + "): removed from routing");
     st.replicas.erase(down.source);
     std::erase_if(st.affinity, [&](const auto& kv) { return kv.second == down.source; });
   });

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "actors/log.hpp"
 #include "runtime/core/constraint.hpp"
 #include "runtime/core/manifest.hpp"
 
@@ -294,8 +295,11 @@ void carry_out(self_ptr self, rfx::commit e) {
 void carry_out(self_ptr self, rfx::advance e) {
   auto& st = self->state;
   if (auto ok = st.gate.advance(e.target.version); !ok)
-    caf::aout(self) << "replica " << st.opts.replica_id << ": cannot advance to "
-                    << to_string(e.target) << ": " << to_string(ok.error()) << '\n';
+    log::warn("replica", st.opts.replica_id + " cannot advance to " + to_string(e.target) + ": "
+                           + to_string(ok.error()));
+  else
+    log::info("replica", st.opts.replica_id + " advanced to " + to_string(e.target)
+                           + " (the tail changes no weights: no activation)");
 }
 
 void carry_out(self_ptr self, rfx::discard_shadow) {
@@ -308,10 +312,12 @@ void carry_out(self_ptr self, rfx::rebuild_engine e) {
 }
 
 void carry_out(self_ptr self, rfx::leave_rotation e) {
+  log::warn("replica", self->state.opts.replica_id + " leaves rotation: " + e.reason);
   self->state.gate.stop_serving(e.reason);
 }
 
 void carry_out(self_ptr self, rfx::enter_rotation e) {
+  log::info("replica", self->state.opts.replica_id + " enters rotation at " + to_string(e.version));
   auto& gate = self->state.gate;
   if (gate.open())
     gate.serve(e.version.version);
@@ -434,8 +440,8 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
   init.bytes = std::make_shared<counting_source>(init.deps.bytes);
   auto made = init.deps.make_engine();
   if (!made) {
-    caf::aout(self) << "replica " << init.opts.replica_id
-                    << ": cannot create its engine: " << to_string(made.error()) << '\n';
+    log::error("replica",
+               init.opts.replica_id + " cannot create its engine: " + to_string(made.error()));
     self->quit(to_caf_error(made.error()));
     return behavior(self);
   }
@@ -552,6 +558,11 @@ replica_actor::behavior_type behavior(self_ptr self) {
       auto outcome = status_of(r);
       if (!outcome && outcome.error().code == errc::checksum_mismatch)
         ++st.counters.checksum_failures_total;
+      if (!outcome)
+        log::warn("replica", st.opts.replica_id + " staging " + to_string(r.version)
+                               + " failed (serving weights untouched; retried on the next "
+                                 "trigger): "
+                               + to_string(outcome.error()));
       apply(self, st.rec.on_staged(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
     },
     [self](atom::committed, const work_report& r) {
@@ -568,8 +579,17 @@ replica_actor::behavior_type behavior(self_ptr self) {
         st.counters.max_pause_us = std::max(st.counters.max_pause_us, pause);
         apply_gate(self, st.gate.end_commit(r.version.version, now));
         apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
+        auto m = describe(st).metrics;
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      " activated %s: folded %llu, stage %.3f s, drain %.2f ms, pause %.1f us",
+                      to_string(r.version).c_str(), static_cast<unsigned long long>(m.last_folded),
+                      m.last_stage_s, m.last_drain_ms, pause);
+        log::info("replica", st.opts.replica_id + line);
         return;
       }
+      log::error("replica", st.opts.replica_id + " activating " + to_string(r.version)
+                              + " failed; rebuilding the engine: " + to_string(outcome.error()));
       abort_running(self);
       apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
       apply_gate(self, st.gate.abort_commit(now));
@@ -581,6 +601,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
         st.engine = std::move(*st.rebuilt_engine);
         st.rebuilt_engine.reset();
         ++st.counters.rebuilds_total;
+        log::info("replica", st.opts.replica_id + " rebuilt its engine at " + to_string(r.version));
         apply(self, st.rec.on_rebuilt(r.op, r.version));
         return;
       }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "actors/log.hpp"
 #include "runtime/node/cli.hpp"
 #include "runtime/node/node.hpp"
 #include "runtime/node/system_config.hpp"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  stitch::log::set_node(settings->name);
   stitch::system_config cfg;
   caf::actor_system sys{cfg};
   auto n = node::start(sys, *settings);
