@@ -94,7 +94,8 @@ void apply_rope(float* head, uint32_t head_dim, uint32_t position, double theta)
 }
 
 result<step_logits> step(const weights& w, std::span<sequence* const> batch,
-                         std::span<const int32_t> next_tokens, parallel_for& pool) {
+                         std::span<const int32_t> next_tokens, parallel_for& pool,
+                         step_logits* hidden) {
   const model_config& c = w.config;
   if (batch.size() != next_tokens.size()) {
     return make_error(errc::invalid_argument, "step: " + std::to_string(batch.size())
@@ -238,6 +239,12 @@ result<step_logits> step(const weights& w, std::span<sequence* const> batch,
     auto first = all_logits.begin() + static_cast<ptrdiff_t>(b * c.vocab_size);
     out[b].assign(first, first + c.vocab_size);
     ++batch[b]->position;
+  }
+  if (hidden) {
+    hidden->resize(n);
+    for (size_t b = 0; b < n; ++b)
+      (*hidden)[b].assign(xn.begin() + static_cast<ptrdiff_t>(b * h),
+                          xn.begin() + static_cast<ptrdiff_t>((b + 1) * h));
   }
   return out;
 }

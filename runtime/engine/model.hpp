@@ -38,9 +38,11 @@ using step_logits = std::vector<std::vector<float>>;
 /// over sequence x head for attention) on `pool`, which never changes a
 /// reduction. On error (a size mismatch, a token outside the vocabulary, a
 /// sequence at `max_position_embeddings`, a sequence twice in the batch) no
-/// sequence is touched.
+/// sequence is touched. With `hidden`, it also receives each sequence's final
+/// normalized hidden state (`hidden_size` floats): the input of `lm_head`.
 result<step_logits> step(const weights& w, std::span<sequence* const> batch,
-                         std::span<const int32_t> next_tokens, parallel_for& pool);
+                         std::span<const int32_t> next_tokens, parallel_for& pool,
+                         step_logits* hidden = nullptr);
 
 /// `step` on the process-wide thread pool.
 result<step_logits> step(const weights& w, std::span<sequence* const> batch,

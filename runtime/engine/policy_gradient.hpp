@@ -1,0 +1,51 @@
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+#include "runtime/engine/model_config.hpp"
+#include "runtime/store/host_tensors.hpp"
+
+namespace stitch::engine {
+
+/// One rollout as a trainer consumes it: what was generated, the logprobs the
+/// behaviour policy (the replica's weights) gave its tokens, the reward, and
+/// the version that produced it (its start stamp).
+struct rollout_sample {
+  std::string prompt;
+  std::vector<int32_t> tokens;
+  std::vector<float> behaviour_logprobs;
+  double reward = 0;
+  uint64_t version = 0;
+};
+
+struct pg_options {
+  /// Step size on the output head.
+  double learning_rate = 0.5;
+  /// Truncated importance weight: min(clip, pi/mu) for stale samples.
+  double clip = 2.0;
+  /// The sampling temperature the logprobs were taken at.
+  double temperature = 1.0;
+};
+
+struct pg_stats {
+  double mean_reward = 0;
+  double mean_importance_weight = 0;
+  size_t tokens = 0;
+};
+
+/// One policy-gradient step that trains only the output head (`lm_head`):
+/// REINFORCE with the batch's mean reward as baseline, each token weighted by
+/// the truncated importance ratio min(clip, pi_current / pi_behaviour), so
+/// samples produced by older versions still count but cannot blow up the
+/// update. The gradient is written by hand: d log pi(a | h) / d W[v] =
+/// (1[v = a] - p_v) h / T, with h the final normalized hidden state. fp32
+/// checkpoints only (bf16 is refused by name). `weights` is updated in place.
+result<pg_stats> policy_gradient_step(store::tensor_set& weights, const model_config& config,
+                                      std::span<const rollout_sample> batch,
+                                      const pg_options& options = {});
+
+} // namespace stitch::engine
