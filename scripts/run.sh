@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's main command: installs what is missing, builds, and runs the
-# main job. Until the async RL demo lands (node and coordinator work), the
-# main job walks a real all-in-one node through a policy's life: write a boot
+# main job: `stitch demo --local`, an asynchronous RL run on an all-in-one node
+# (a trainer learning a toy task by policy gradient while two replicas keep
+# generating through the gateway within a staleness bound). Before it, a
+# walk of a real all-in-one node through a policy's life by hand: write a boot
 # checkpoint, start stitch-node (two built-in replicas, gateway, status) on
 # free ports, publish version 0 (a full anchor), 1 (the same weights: an empty
 # delta, no activation) and 2 (new weights), watch both replicas converge,
@@ -77,3 +79,8 @@ echo "--- /status (replicas):"
 curl -s "http://127.0.0.1:$status/status" | grep -o '"replica_id":"[^"]*","pool":"[^"]*","ready":[a-z]*,"applied":"[^"]*"'
 "${stitch[@]}" export --version demo/2 --out "$work/export"
 ls -l "$work/export"
+
+echo
+echo "=== the async RL demo (stitch demo --local): the trainer publishes every step;"
+echo "=== rollouts go through the gateway with min_version = latest - 2"
+build/bin/stitch demo --local --steps 30 2>"$work/demo.log" || { cat "$work/demo.log"; exit 1; }

@@ -11,11 +11,11 @@
 namespace stitch::engine {
 
 result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_config& config,
-                                      std::span<const rollout_sample> batch,
-                                      const pg_options& o) {
+                                      std::span<const rollout_sample> batch, const pg_options& o) {
   if (config.torch_dtype != weight_dtype::float32)
-    return make_error(errc::invalid_argument,
-                      "policy_gradient_step: lm_head is bfloat16; the built-in trainer needs float32");
+    return make_error(
+      errc::invalid_argument,
+      "policy_gradient_step: lm_head is bfloat16; the built-in trainer needs float32");
   if (!(o.temperature > 0) || !(o.clip > 0) || !std::isfinite(o.learning_rate))
     return make_error(errc::invalid_argument,
                       "policy_gradient_step: temperature and clip must be positive");
@@ -42,10 +42,10 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
   tokenizer tok;
   for (const auto& s : batch) {
     if (s.behaviour_logprobs.size() != s.tokens.size())
-      return make_error(errc::invalid_argument,
-                        "policy_gradient_step: a sample has " + std::to_string(s.tokens.size()) +
-                          " tokens but " + std::to_string(s.behaviour_logprobs.size()) +
-                          " logprobs");
+      return make_error(errc::invalid_argument, "policy_gradient_step: a sample has "
+                                                  + std::to_string(s.tokens.size()) + " tokens but "
+                                                  + std::to_string(s.behaviour_logprobs.size())
+                                                  + " logprobs");
     const double advantage = s.reward - baseline;
     std::vector<int32_t> feed = tok.encode(s.prompt);
     if (feed.size() + s.tokens.size() > config.max_position_embeddings)
@@ -101,7 +101,8 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
   stats.mean_importance_weight = stats.tokens ? weight_sum / static_cast<double>(stats.tokens) : 0;
   auto& bytes = head->second.bytes;
   if (bytes.size() != vocab * hidden * sizeof(float))
-    return make_error(errc::invalid_argument, "policy_gradient_step: lm_head.weight has the wrong size");
+    return make_error(errc::invalid_argument,
+                      "policy_gradient_step: lm_head.weight has the wrong size");
   const double step_size = o.learning_rate / static_cast<double>(batch.size());
   for (size_t i = 0; i < vocab * hidden; ++i) {
     float f;

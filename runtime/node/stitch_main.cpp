@@ -7,6 +7,7 @@
 
 #include "runtime/node/cli.hpp"
 #include "runtime/node/commands.hpp"
+#include "runtime/node/demo.hpp"
 #include "runtime/node/system_config.hpp"
 
 int main(int argc, char** argv) {
@@ -46,7 +47,21 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "the pools' pointers and every replica's state");
   status->add_flag("--json", stat.json, "print the status actor's JSON");
 
-  for (const char* name : {"demo", "submit", "scale", "stop"})
+  demo_command demo;
+  std::string demo_gateway = "127.0.0.1:8080";
+  auto* demo_cmd = app.add_subcommand("demo", "the async RL demo: a trainer learning while "
+                                              "replicas keep generating");
+  demo_cmd->add_flag("--local", demo.local, "start an all-in-one node in this process");
+  demo_cmd->add_option("--steps", demo.steps, "training steps")->capture_default_str();
+  demo_cmd->add_option("--samples", demo.samples_per_step, "rollouts per step")
+    ->capture_default_str();
+  demo_cmd->add_option("--staleness", demo.staleness, "min_version = latest - this")
+    ->capture_default_str();
+  demo_cmd->add_option("--gateway", demo_gateway, "gateway HOST:PORT (without --local)")
+    ->capture_default_str();
+  demo_cmd->add_flag("--json", demo.json, "end with one summary JSON object");
+
+  for (const char* name : {"submit", "scale", "stop"})
     app.add_subcommand(name, "not part of this build yet")->allow_extras();
   try {
     app.parse(argc, argv);
@@ -68,13 +83,28 @@ int main(int argc, char** argv) {
     }
     return exit_ok;
   }
-  if (chosen != publish && chosen != exporter && chosen != status) {
+  if (chosen != publish && chosen != exporter && chosen != status && chosen != demo_cmd) {
     std::fprintf(stderr, "stitch: '%s' is not part of this build yet\n",
                  chosen->get_name().c_str());
     return exit_runtime_failure;
   }
   stitch::system_config cfg;
   caf::actor_system sys{cfg};
+  if (chosen == demo_cmd) {
+    demo.coordinator = *where;
+    demo.token = token;
+    auto gw = parse_host_port(demo_gateway);
+    if (!gw) {
+      std::fprintf(stderr, "stitch demo: --gateway: %s\n", gw.error().message.c_str());
+      return exit_usage;
+    }
+    demo.gateway = *gw;
+    if (auto done = run_demo(sys, demo, stdout); !done) {
+      std::fprintf(stderr, "stitch demo: %s\n", to_string(done.error()).c_str());
+      return exit_runtime_failure;
+    }
+    return exit_ok;
+  }
   if (chosen == status) {
     stat.coordinator = *where;
     if (auto done = run_status(sys, stat, stdout); !done) {

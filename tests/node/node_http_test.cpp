@@ -144,6 +144,23 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
   EXPECT_GT(std::filesystem::file_size(shot), 10'000u) << "a real picture, not an empty page";
 }
 
+TEST(stitch_demo, the_trainer_learns_while_replicas_serve_within_the_staleness_bound) {
+  auto r =
+    run(std::string{STITCH_BIN} + " demo --local --steps 20 --staleness 2 --json 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto last_line = r.output.substr(r.output.rfind('{'));
+  auto j = nlohmann::json::parse(last_line);
+  EXPECT_EQ(j["steps"], 20);
+  EXPECT_EQ(j["samples"], 20 * 16);
+  EXPECT_EQ(j["constraint_violations"], 0);
+  EXPECT_LE(j["staleness_max"].get<uint64_t>(), 2u);
+  EXPECT_GT(j["reward_last"].get<double>(), j["reward_first"].get<double>() + 0.2)
+    << "the reward must measurably improve: " << last_line;
+  for (const char* k : {"reward_first", "reward_last", "steps", "samples", "staleness_mean",
+                        "staleness_max", "constraint_violations", "pause_ms_max"})
+    EXPECT_TRUE(j.contains(k)) << k;
+}
+
 TEST(node_security, the_admin_token_guards_wake_and_publish) {
   temp_dir dir;
   node_process node{dir.path(), {"replicas=0", "admin.token=let-me-in"}};

@@ -1,0 +1,263 @@
+#include "runtime/node/demo.hpp"
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine/model_config.hpp"
+#include "runtime/engine/policy_gradient.hpp"
+#include "runtime/engine/weights.hpp"
+#include "runtime/node/commands.hpp"
+#include "runtime/node/node.hpp"
+#include "runtime/store/hf_directory.hpp"
+#include "transport/http_client.hpp"
+
+namespace stitch::node {
+
+namespace {
+
+using json = nlohmann::json;
+
+/// The toy task's verifiable reward: the share of generated tokens that are
+/// lowercase letters.
+double reward_of(const std::vector<int32_t>& tokens) {
+  if (tokens.empty())
+    return 0;
+  size_t good = 0;
+  for (int32_t t : tokens)
+    good += (t >= 'a' && t <= 'z') ? 1 : 0;
+  return static_cast<double>(good) / static_cast<double>(tokens.size());
+}
+
+struct sample_result {
+  bool ok = false;
+  engine::rollout_sample sample;
+  uint64_t start = 0;
+  bool violation = false;
+  std::string error;
+};
+
+/// One rollout through the gateway, retrying a retryable refusal.
+sample_result rollout(const host_port& gateway, uint64_t min_version, uint64_t seed) {
+  sample_result r;
+  transport::http_client client{transport::http_endpoint{"http", gateway.host, gateway.port}};
+  json body;
+  body["text"] = "write letters: ";
+  body["sampling_params"] = {{"temperature", 1.0}, {"max_new_tokens", 8}, {"sampling_seed", seed}};
+  body["return_logprob"] = true;
+  body["weight_version"] = {{"min_version", min_version}, {"exact_version", nullptr}};
+  std::string text = body.dump();
+  transport::http_request req;
+  req.method = "POST";
+  req.target = "/generate";
+  req.body = text;
+  req.headers = {{"Content-Type", "application/json"}};
+  for (int attempt = 0; attempt < 3000; ++attempt) {
+    auto got = client.send(req);
+    if (!got) {
+      r.error = to_string(got.error());
+      return r;
+    }
+    if (got->status == 409 || got->status == 503) {
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+      continue;
+    }
+    auto j = json::parse(got->body, nullptr, false);
+    if (got->status != 200 || j.is_discarded()) {
+      r.error = "HTTP " + std::to_string(got->status) + ": " + got->body.substr(0, 200);
+      return r;
+    }
+    r.sample.prompt = "write letters: ";
+    r.sample.tokens = j["output_ids"].get<std::vector<int32_t>>();
+    for (const auto& lp : j["meta_info"]["output_token_logprobs"])
+      r.sample.behaviour_logprobs.push_back(lp[0].get<float>());
+    r.start = j["meta_info"]["weight_version_start"].get<uint64_t>();
+    r.sample.version = r.start;
+    r.sample.reward = reward_of(r.sample.tokens);
+    r.violation = r.start < min_version;
+    r.ok = true;
+    return r;
+  }
+  r.error = "no replica satisfied min_version " + std::to_string(min_version) + " in time";
+  return r;
+}
+
+/// The replicas' largest last activation pause, in microseconds.
+double max_pause_us(const host_port& gateway) {
+  transport::http_client client{transport::http_endpoint{"http", gateway.host, gateway.port}};
+  transport::http_request req;
+  req.target = "/pool";
+  auto got = client.send(req);
+  if (!got || got->status != 200)
+    return 0;
+  auto j = json::parse(got->body, nullptr, false);
+  double best = 0;
+  if (!j.is_discarded())
+    for (const auto& r : j["replicas"])
+      best = std::max(best, r["metrics"].value("pause_us", 0.0));
+  return best;
+}
+
+status publish_version(caf::actor_system& sys, const demo_command& cmd,
+                       const store::tensor_set& weights, const std::filesystem::path& dir,
+                       uint64_t version) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (auto ok = store::write_hf_directory(dir, weights); !ok)
+    return ok;
+  publish_command pub;
+  pub.coordinator = cmd.coordinator;
+  pub.args.run_id = cmd.run_id;
+  pub.args.version = version;
+  pub.args.token = cmd.token;
+  pub.directory = dir.string();
+  std::FILE* quiet = std::fopen("/dev/null", "w");
+  auto done = run_publish(sys, pub, quiet ? quiet : stderr);
+  if (quiet)
+    std::fclose(quiet);
+  if (!done)
+    return std::move(done).error();
+  return {};
+}
+
+} // namespace
+
+status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* out) {
+  demo_command cmd = given;
+  auto scratch = std::filesystem::temp_directory_path() /
+                 ("stitch-demo-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(scratch);
+  std::unique_ptr<node> local;
+  if (cmd.local) {
+    node_settings s;
+    s.data_dir = scratch / "data";
+    s.coordinator_listen = {"127.0.0.1", 0};
+    s.gateway_listen = {"127.0.0.1", 0};
+    s.status_listen = {"127.0.0.1", 0};
+    s.replica_listen = {"127.0.0.1", 0};
+    s.backstop = 1;
+    s.admin_token = cmd.token;
+    auto started = node::start(sys, s);
+    if (!started)
+      return std::move(started).error();
+    local = std::move(*started);
+    cmd.coordinator = {"127.0.0.1", local->port()};
+    cmd.gateway = {"127.0.0.1", local->http().gateway};
+    if (!cmd.json)
+      std::fprintf(out, "demo: local node up; dashboard at http://127.0.0.1:%u/\n",
+                   static_cast<unsigned>(local->http().status));
+  }
+  auto config = *engine::preset("tiny");
+  auto weights = engine::random_init(config, 7);
+  if (!weights)
+    return std::move(weights).error();
+  if (auto ok = publish_version(sys, cmd, *weights, scratch / "v", 0); !ok)
+    return ok;
+
+  struct step_row {
+    double reward;
+    size_t samples;
+    double staleness_mean;
+    uint64_t staleness_max;
+    double pause_us;
+  };
+  std::vector<step_row> rows;
+  uint64_t violations = 0, samples_total = 0, staleness_max = 0;
+  double staleness_sum = 0, pause_max = 0;
+  if (!cmd.json)
+    std::fprintf(out, "%5s %8s %8s %14s %14s %12s\n", "step", "reward", "samples",
+                 "staleness mean", "staleness max", "pause us");
+  for (uint32_t step = 0; step < cmd.steps; ++step) {
+    const uint64_t latest = step;
+    const uint64_t min_version = latest > cmd.staleness ? latest - cmd.staleness : 0;
+    std::vector<sample_result> results(cmd.samples_per_step);
+    std::vector<std::thread> drivers;
+    for (uint32_t i = 0; i < cmd.samples_per_step; ++i)
+      drivers.emplace_back([&, i] {
+        results[i] = rollout(cmd.gateway, min_version, uint64_t{step} * 100'000 + i);
+      });
+    for (auto& t : drivers)
+      t.join();
+    std::vector<engine::rollout_sample> batch;
+    step_row row{0, 0, 0, 0, 0};
+    for (auto& r : results) {
+      if (!r.ok)
+        return make_error(errc::engine_unavailable, "demo: a rollout failed: " + r.error);
+      violations += r.violation ? 1 : 0;
+      uint64_t stale = latest - std::min(latest, r.start);
+      row.staleness_mean += static_cast<double>(stale);
+      row.staleness_max = std::max(row.staleness_max, stale);
+      batch.push_back(std::move(r.sample));
+    }
+    row.samples = batch.size();
+    row.staleness_mean /= static_cast<double>(std::max<size_t>(1, batch.size()));
+    engine::pg_options o;
+    o.learning_rate = cmd.learning_rate;
+    auto stats = engine::policy_gradient_step(*weights, config, batch, o);
+    if (!stats)
+      return std::move(stats).error();
+    row.reward = stats->mean_reward;
+    if (auto ok = publish_version(sys, cmd, *weights, scratch / "v", latest + 1); !ok)
+      return ok;
+    row.pause_us = max_pause_us(cmd.gateway);
+    rows.push_back(row);
+    samples_total += row.samples;
+    staleness_sum += row.staleness_mean * static_cast<double>(row.samples);
+    staleness_max = std::max(staleness_max, row.staleness_max);
+    pause_max = std::max(pause_max, row.pause_us);
+    if (!cmd.json) {
+      std::fprintf(out, "%5u %8.3f %8zu %14.2f %14llu %12.1f\n", step, row.reward, row.samples,
+                   row.staleness_mean, static_cast<unsigned long long>(row.staleness_max),
+                   row.pause_us);
+      std::fflush(out);
+    }
+  }
+  auto window = std::max<size_t>(1, std::min<size_t>(5, rows.size() / 2));
+  double first = 0, last = 0;
+  for (size_t i = 0; i < window && i < rows.size(); ++i) {
+    first += rows[i].reward / static_cast<double>(window);
+    last += rows[rows.size() - 1 - i].reward / static_cast<double>(window);
+  }
+  double staleness_mean = samples_total ? staleness_sum / static_cast<double>(samples_total) : 0;
+  if (cmd.json) {
+    json j;
+    j["reward_first"] = first;
+    j["reward_last"] = last;
+    j["steps"] = rows.size();
+    j["samples"] = samples_total;
+    j["staleness_mean"] = staleness_mean;
+    j["staleness_max"] = staleness_max;
+    j["constraint_violations"] = violations;
+    j["pause_ms_max"] = pause_max / 1000.0;
+    std::fprintf(out, "%s\n", j.dump().c_str());
+  } else {
+    std::fprintf(out,
+                 "\nsummary\n"
+                 "  reward (mean of first %zu steps -> last %zu): %.3f -> %.3f\n"
+                 "  steps %zu, samples %llu\n"
+                 "  staleness (versions behind the newest): mean %.2f, max %llu (bound %u)\n"
+                 "  constraint violations: %llu\n"
+                 "  largest activation pause: %.3f ms\n",
+                 window, window, first, last, rows.size(),
+                 static_cast<unsigned long long>(samples_total), staleness_mean,
+                 static_cast<unsigned long long>(staleness_max), cmd.staleness,
+                 static_cast<unsigned long long>(violations), pause_max / 1000.0);
+  }
+  if (local)
+    local->stop();
+  std::error_code ec;
+  std::filesystem::remove_all(scratch, ec);
+  if (violations > 0)
+    return make_error(errc::version_not_ready,
+                      "demo: " + std::to_string(violations) + " responses violated their constraint");
+  return {};
+}
+
+} // namespace stitch::node

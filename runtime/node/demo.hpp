@@ -1,0 +1,36 @@
+#pragma once
+
+#include <caf/fwd.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "runtime/core/error.hpp"
+#include "runtime/node/cli.hpp"
+
+namespace stitch::node {
+
+/// `stitch demo` (DESIGN §7): an asynchronous RL run you can watch. A
+/// built-in trainer learns a toy task with a verifiable reward (emit lowercase
+/// letters) by policy gradient on the output head, publishing every step as a
+/// new version; a built-in rollout driver samples through the gateway with
+/// `min_version = latest - staleness`, so generation never waits for the
+/// newest weights. Prints per step the reward, samples, staleness and the
+/// replicas' activation pause, then a summary (one JSON object with --json).
+struct demo_command {
+  host_port coordinator;
+  host_port gateway{"127.0.0.1", 8080};
+  /// Start an all-in-one node in this process (ports picked freely).
+  bool local = false;
+  uint32_t steps = 30;
+  uint32_t samples_per_step = 16;
+  uint32_t staleness = 2;
+  double learning_rate = 0.5;
+  bool json = false;
+  std::string token;
+  std::string run_id = "demo";
+};
+
+status run_demo(caf::actor_system& sys, const demo_command& cmd, std::FILE* out);
+
+} // namespace stitch::node
