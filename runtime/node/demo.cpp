@@ -131,8 +131,8 @@ status publish_version(caf::actor_system& sys, const demo_command& cmd,
 
 status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* out) {
   demo_command cmd = given;
-  auto scratch = std::filesystem::temp_directory_path() /
-                 ("stitch-demo-" + std::to_string(::getpid()));
+  auto scratch =
+    std::filesystem::temp_directory_path() / ("stitch-demo-" + std::to_string(::getpid()));
   std::filesystem::create_directories(scratch);
   std::unique_ptr<node> local;
   if (cmd.local) {
@@ -172,17 +172,16 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
   uint64_t violations = 0, samples_total = 0, staleness_max = 0;
   double staleness_sum = 0, pause_max = 0;
   if (!cmd.json)
-    std::fprintf(out, "%5s %8s %8s %14s %14s %12s\n", "step", "reward", "samples",
-                 "staleness mean", "staleness max", "pause us");
+    std::fprintf(out, "%5s %8s %8s %14s %14s %12s\n", "step", "reward", "samples", "staleness mean",
+                 "staleness max", "pause us");
   for (uint32_t step = 0; step < cmd.steps; ++step) {
     const uint64_t latest = step;
     const uint64_t min_version = latest > cmd.staleness ? latest - cmd.staleness : 0;
     std::vector<sample_result> results(cmd.samples_per_step);
     std::vector<std::thread> drivers;
     for (uint32_t i = 0; i < cmd.samples_per_step; ++i)
-      drivers.emplace_back([&, i] {
-        results[i] = rollout(cmd.gateway, min_version, uint64_t{step} * 100'000 + i);
-      });
+      drivers.emplace_back(
+        [&, i] { results[i] = rollout(cmd.gateway, min_version, uint64_t{step} * 100'000 + i); });
     for (auto& t : drivers)
       t.join();
     std::vector<engine::rollout_sample> batch;
@@ -255,8 +254,8 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
   std::error_code ec;
   std::filesystem::remove_all(scratch, ec);
   if (violations > 0)
-    return make_error(errc::version_not_ready,
-                      "demo: " + std::to_string(violations) + " responses violated their constraint");
+    return make_error(errc::version_not_ready, "demo: " + std::to_string(violations)
+                                                 + " responses violated their constraint");
   return {};
 }
 
