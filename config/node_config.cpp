@@ -55,35 +55,6 @@ std::string show_address(const listen_address& a) {
   return toml_string((v6 ? "[" + a.host + "]" : a.host) + ":" + std::to_string(a.port));
 }
 
-result<listen_address> parse_address(std::string_view text) {
-  auto fail = [&] {
-    return make_error(errc::invalid_argument,
-                      quote_untrusted(text) + " is not of the form HOST:PORT");
-  };
-  listen_address out;
-  std::string_view port;
-  if (text.starts_with('[')) {
-    auto close = text.find("]:");
-    if (close == std::string_view::npos)
-      return fail();
-    out.host = std::string{text.substr(1, close - 1)};
-    port = text.substr(close + 2);
-  } else {
-    auto colon = text.rfind(':');
-    if (colon == std::string_view::npos || text.find(':') != colon)
-      return fail();
-    out.host = std::string{text.substr(0, colon)};
-    port = text.substr(colon + 1);
-  }
-  unsigned p = 0;
-  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-  if (out.host.empty() || port.empty() || ec != std::errc{} || ptr != port.data() + port.size()
-      || p > 65535)
-    return fail();
-  out.port = static_cast<uint16_t>(p);
-  return out;
-}
-
 const std::vector<entry>& schema() {
   static const std::vector<entry> entries = [] {
     std::vector<entry> e;
@@ -301,7 +272,7 @@ result<value> from_text(const entry& e, std::string_view text) {
   switch (e.k) {
     case kind::text: v.text = std::string{text}; break;
     case kind::listen: {
-      auto a = parse_address(text);
+      auto a = parse_listen_address(text);
       if (!a)
         return std::move(a).error();
       v.address = *a;
@@ -343,7 +314,7 @@ result<value> from_toml(const entry& e, const toml::node& node) {
     case kind::listen: {
       if (!node.is_string())
         return wrong("a \"HOST:PORT\" string");
-      auto a = parse_address(node.value<std::string>().value_or(""));
+      auto a = parse_listen_address(node.value<std::string>().value_or(""));
       if (!a)
         return std::move(a).error();
       v.address = *a;
@@ -415,6 +386,35 @@ void walk(const toml::table& table, const std::string& prefix, node_config& c,
 }
 
 } // namespace
+
+result<listen_address> parse_listen_address(std::string_view text) {
+  auto fail = [&] {
+    return make_error(errc::invalid_argument,
+                      quote_untrusted(text) + " is not of the form HOST:PORT");
+  };
+  listen_address out;
+  std::string_view port;
+  if (text.starts_with('[')) {
+    auto close = text.find("]:");
+    if (close == std::string_view::npos)
+      return fail();
+    out.host = std::string{text.substr(1, close - 1)};
+    port = text.substr(close + 2);
+  } else {
+    auto colon = text.rfind(':');
+    if (colon == std::string_view::npos || text.find(':') != colon)
+      return fail();
+    out.host = std::string{text.substr(0, colon)};
+    port = text.substr(colon + 1);
+  }
+  unsigned p = 0;
+  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  if (out.host.empty() || port.empty() || ec != std::errc{} || ptr != port.data() + port.size()
+      || p > 65535)
+    return fail();
+  out.port = static_cast<uint16_t>(p);
+  return out;
+}
 
 bool node_config::has_role(std::string_view role) const {
   return std::find(roles.begin(), roles.end(), role) != roles.end();

@@ -17,6 +17,9 @@ struct listen_address {
   friend bool operator==(const listen_address&, const listen_address&) = default;
 };
 
+/// Parses `HOST:PORT` (`[::1]:PORT` for IPv6); an error quotes the text.
+result<listen_address> parse_listen_address(std::string_view text);
+
 /// The roles a node can host (DESIGN §2).
 inline constexpr std::string_view known_roles[] = {
   "coordinator", "store", "publisher", "replica", "gateway", "status", "trainer", "rollout_driver"};

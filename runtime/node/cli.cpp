@@ -27,32 +27,10 @@ std::string check_override(const std::string& assignment) {
 }
 
 result<host_port> parse_host_port(std::string_view text) {
-  auto fail = [&] {
-    return make_error(errc::invalid_argument,
-                      "'" + std::string{text} + "' is not of the form HOST:PORT");
-  };
-  host_port out;
-  std::string_view port;
-  if (text.starts_with('[')) {
-    auto close = text.find("]:");
-    if (close == std::string_view::npos)
-      return fail();
-    out.host = std::string{text.substr(1, close - 1)};
-    port = text.substr(close + 2);
-  } else {
-    auto colon = text.rfind(':');
-    if (colon == std::string_view::npos || text.find(':') != colon)
-      return fail();
-    out.host = std::string{text.substr(0, colon)};
-    port = text.substr(colon + 1);
-  }
-  unsigned value = 0;
-  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-  if (out.host.empty() || port.empty() || ec != std::errc{} || ptr != port.data() + port.size()
-      || value > 65535)
-    return fail();
-  out.port = static_cast<uint16_t>(value);
-  return out;
+  auto parsed = config::parse_listen_address(text);
+  if (!parsed)
+    return std::move(parsed).error();
+  return host_port{parsed->host, parsed->port};
 }
 
 bool is_loopback(std::string_view host) {
