@@ -437,7 +437,10 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
   init.deps = std::move(deps);
   init.gate = admission_gate{admission_gate::options{
     std::chrono::duration_cast<clock_time>(init.opts.drain_timeout), init.opts.max_queued}};
-  init.bytes = std::make_shared<counting_source>(init.deps.bytes);
+  init.bytes =
+    std::make_shared<counting_source>(init.deps.bytes, [id = init.opts.replica_id](uint64_t total) {
+      log::info("replica", id + " fetching: " + std::to_string(total >> 20) + " MiB so far");
+    });
   auto made = init.deps.make_engine();
   if (!made) {
     log::error("replica",

@@ -52,22 +52,34 @@ struct replica_deps {
   std::shared_ptr<executor> request_workers;
 };
 
-/// A `tensor_source` that counts the bytes read through it.
+/// A `tensor_source` that counts the bytes read through it and reports
+/// progress every `progress_every` bytes (the progress line of long transfers).
 class counting_source final : public tensor_source {
 public:
-  explicit counting_source(std::shared_ptr<tensor_source> inner) : inner_(std::move(inner)) {}
+  using progress = std::function<void(uint64_t total_bytes)>;
+
+  explicit counting_source(std::shared_ptr<tensor_source> inner, progress on_progress = {},
+                           uint64_t progress_every = uint64_t{256} << 20)
+      : inner_(std::move(inner)), on_progress_(std::move(on_progress)),
+        every_(progress_every == 0 ? 1 : progress_every) {}
   result<manifest> manifest_of(const version_ref& ref) override { return inner_->manifest_of(ref); }
   status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
               std::span<std::byte> out) override {
     auto ok = inner_->read(ref, tensor, offset, out);
-    if (ok)
-      bytes_.fetch_add(out.size(), std::memory_order_relaxed);
+    if (ok) {
+      uint64_t before = bytes_.fetch_add(out.size(), std::memory_order_relaxed);
+      uint64_t after = before + out.size();
+      if (on_progress_ && after / every_ != before / every_)
+        on_progress_(after);
+    }
     return ok;
   }
   uint64_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
 
 private:
   std::shared_ptr<tensor_source> inner_;
+  progress on_progress_;
+  uint64_t every_;
   std::atomic<uint64_t> bytes_{0};
 };
 

@@ -793,5 +793,25 @@ TEST_F(replica_actor_test, streamed_events_reach_the_caller_before_the_stamped_l
   EXPECT_FALSE(nlohmann::json::parse(events.front()).contains("weight_version_start"));
 }
 
+TEST(counting_source, reports_progress_at_every_boundary_crossed) {
+  class zeros final : public tensor_source {
+  public:
+    result<manifest> manifest_of(const version_ref&) override {
+      return make_error(errc::not_found, "none");
+    }
+    status read(const version_ref&, std::string_view, uint64_t, std::span<std::byte>) override {
+      return {};
+    }
+  };
+  std::vector<uint64_t> seen;
+  counting_source src{std::make_shared<zeros>(), [&](uint64_t total) { seen.push_back(total); },
+                      100};
+  std::vector<std::byte> buf(60);
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(src.read({"r", 0}, "t", 0, buf));
+  EXPECT_EQ(src.bytes(), 300u);
+  EXPECT_EQ(seen, (std::vector<uint64_t>{120, 240, 300}));
+}
+
 } // namespace
 } // namespace stitch
