@@ -123,6 +123,24 @@ void relay_call(caf::actor_system& sys, const caf::actor& target, caf::message m
 
 namespace {
 
+/// The replica call of a routed request (the key is set by the caller).
+replica_call call_of(transport::routed::versioned& d) {
+  replica_call call;
+  call.route = d.route;
+  call.body = std::move(d.body);
+  call.min_version = d.c.min_version ? static_cast<int64_t>(*d.c.min_version) : -1;
+  call.exact_version = d.c.exact_version ? static_cast<int64_t>(*d.c.exact_version) : -1;
+  return call;
+}
+
+replica_call call_of(transport::routed::passthrough& d) {
+  replica_call call;
+  call.method = d.method;
+  call.route = d.route;
+  call.body = std::move(d.body);
+  return call;
+}
+
 /// Asks `target` one question and answers the client with `render(reply)`,
 /// or 503 when the actor does not answer.
 template <class Reply, class Render, class... Ts>
@@ -180,22 +198,11 @@ void replica_http::handle(transport::server_request req, std::shared_ptr<http_re
       using T = std::decay_t<decltype(d)>;
       if constexpr (std::is_same_v<T, transport::routed::refuse>) {
         out->send(std::move(d.response));
-      } else if constexpr (std::is_same_v<T, transport::routed::versioned>) {
-        replica_call call;
+      } else if constexpr (std::is_same_v<
+                             T, transport::routed::
+                                  versioned> || std::is_same_v<T, transport::routed::passthrough>) {
+        replica_call call = call_of(d);
         call.key = next_key_++;
-        call.route = d.route;
-        call.body = std::move(d.body);
-        call.min_version = d.c.min_version ? static_cast<int64_t>(*d.c.min_version) : -1;
-        call.exact_version = d.c.exact_version ? static_cast<int64_t>(*d.c.exact_version) : -1;
-        auto key = call.key;
-        relay_call(sys_, target, caf::make_message(atom::generate_v, std::move(call)), key,
-                   std::move(out));
-      } else if constexpr (std::is_same_v<T, transport::routed::passthrough>) {
-        replica_call call;
-        call.key = next_key_++;
-        call.method = d.method;
-        call.route = d.route;
-        call.body = std::move(d.body);
         auto key = call.key;
         relay_call(sys_, target, caf::make_message(atom::generate_v, std::move(call)), key,
                    std::move(out));
@@ -282,19 +289,10 @@ void gateway_http::handle(transport::server_request req, std::shared_ptr<http_re
       using T = std::decay_t<decltype(d)>;
       if constexpr (std::is_same_v<T, transport::routed::refuse>) {
         out->send(std::move(d.response));
-      } else if constexpr (std::is_same_v<T, transport::routed::versioned>) {
-        replica_call call;
-        call.route = d.route;
-        call.body = std::move(d.body);
-        call.min_version = d.c.min_version ? static_cast<int64_t>(*d.c.min_version) : -1;
-        call.exact_version = d.c.exact_version ? static_cast<int64_t>(*d.c.exact_version) : -1;
-        relay(d.pool, d.session, std::move(call));
-      } else if constexpr (std::is_same_v<T, transport::routed::passthrough>) {
-        replica_call call;
-        call.method = d.method;
-        call.route = d.route;
-        call.body = std::move(d.body);
-        relay(d.pool, d.session, std::move(call));
+      } else if constexpr (std::is_same_v<
+                             T, transport::routed::
+                                  versioned> || std::is_same_v<T, transport::routed::passthrough>) {
+        relay(d.pool, d.session, call_of(d));
       } else if constexpr (std::is_same_v<T, transport::routed::wake>) {
         caf::anon_send(target, atom::wake_v, d.pool);
         server_response r;

@@ -1,5 +1,7 @@
 #include "actors/status.hpp"
 
+#include "actors/http_front.hpp"
+
 #include <caf/all.hpp>
 
 #include <chrono>
@@ -129,26 +131,15 @@ std::string status_json(const status_state& st) {
     if (!e.known)
       continue;
     const auto& i = e.info;
-    ojson r;
-    r["replica_id"] = i.replica_id;
+    // Every server_info field (DESIGN §5), then what only the status keeps.
+    ojson r = ojson::parse(server_info_json(i));
     r["pool"] = e.pool;
-    r["ready"] = i.ready;
-    r["applied"] = nullable(i.applied);
-    r["applied_version"] = i.applied_version < 0 ? ojson(nullptr) : ojson(i.applied_version);
-    r["run_id"] = nullable(i.run_id);
-    r["sync_state"] = i.sync_state;
-    r["reason"] = i.reason;
-    r["terminal_error"] = nullable(i.terminal_error);
-    r["commit_mode"] = i.commit_mode;
-    r["active_requests"] = i.active_requests;
     ojson last;
     last["stage_s"] = i.metrics.last_stage_s;
     last["pause_us"] = i.metrics.last_pause_us;
     last["drain_ms"] = i.metrics.last_drain_ms;
     last["folded_versions"] = i.metrics.last_folded;
     r["last_update"] = std::move(last);
-    r["activations_total"] = i.metrics.activations_total;
-    r["bytes_fetched_total"] = i.metrics.bytes_fetched_total;
     r["updated_ms"] = e.updated_ms;
     ojson history = ojson::array();
     for (const auto& [t, v] : e.history)

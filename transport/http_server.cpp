@@ -305,9 +305,10 @@ private:
     for (const auto& h : head->whole->headers)
       res->set(h.name, h.value);
     res->body() = std::move(head->whole->body);
-    bool keep = head->keep_alive && !draining_ && head->whole->status < 500;
-    if (head->whole->status >= 400 && stop_reading_ && !reading_ && slots_.size() == 1)
-      keep = false;
+    // A complete answer of any status keeps the connection (a retryable 503
+    // must not cost the client a reconnect); errors of the request itself
+    // come with keep_alive false already.
+    bool keep = head->keep_alive && !draining_;
     res->keep_alive(keep);
     res->prepare_payload();
     writing_ = true;

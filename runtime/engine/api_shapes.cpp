@@ -176,6 +176,8 @@ result<std::string> text_content(const json& content, const std::string& where) 
   return out;
 }
 
+/// The built-in chat template over the byte tokenizer: `<|role|>\ncontent\n`
+/// per message, then `<|assistant|>\n`.
 result<std::string> chat_prompt(const json& messages, const api_limits& limits) {
   if (!messages.is_array() || messages.empty())
     return bad("messages", "must be a non-empty array");
@@ -381,12 +383,6 @@ result<api_request> parse_api_request(api_kind kind, std::string_view body,
     }
   }
   return req;
-}
-
-std::string render_chat_prompt(std::string_view messages_json) {
-  json doc = json::parse(messages_json, nullptr, false);
-  auto p = chat_prompt(doc, api_limits{});
-  return p ? *p : std::string{};
 }
 
 namespace {

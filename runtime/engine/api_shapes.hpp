@@ -49,10 +49,6 @@ struct api_limits {
 result<api_request> parse_api_request(api_kind kind, std::string_view body,
                                       const api_limits& limits = {});
 
-/// The built-in chat template over the byte tokenizer:
-/// `<|role|>\ncontent\n` per message, then `<|assistant|>\n`.
-std::string render_chat_prompt(std::string_view messages_json);
-
 /// What a generation produced, for rendering.
 struct api_output {
   std::vector<int32_t> tokens;
