@@ -216,7 +216,7 @@ TEST_P(store_backend_test, deltas_advance_the_pointer_and_are_listed) {
     w = next;
   }
   auto p = store->read_pointer(pool);
-  ASSERT_TRUE(p && p->has_value());
+  ASSERT_TRUE(p && p->has_value()) << (p ? "no pointer" : to_string(p.error()));
   EXPECT_EQ(**p, (pointer_record{{"r", 3}, 0}));
   auto listed = store->list_versions(pool, "r");
   ASSERT_TRUE(listed);
