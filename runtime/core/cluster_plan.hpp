@@ -1,0 +1,154 @@
+#pragma once
+
+// The coordinator's domain (DESIGN §2): cluster membership, experiments and
+// the placement of their replicas on the GPU slots nodes offer. Pure: events
+// in (a node joined or left, submit, scale, stop, a replica retired or failed
+// to start), effects out (place or retire a replica on a node, start or stop
+// a trainer); the coordinator actor carries the effects out.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+
+namespace stitch {
+
+/// A node as it joins: its name, roles and the replica slots it offers (GPU
+/// indices; for the built-in engine on CPU a slot is just a place).
+struct member_info {
+  std::string name;
+  std::vector<std::string> roles;
+  std::vector<uint32_t> slots;
+  /// Where this node's HTTP gateway listens (`host:port`), when it has one.
+  std::string gateway_http;
+
+  bool has_role(std::string_view role) const;
+};
+
+/// The built-in trainer of an experiment (the demo's learner and its rollout
+/// driver, DESIGN §2).
+struct trainer_spec {
+  bool enabled = true;
+  uint32_t steps = 30;
+  uint32_t samples_per_step = 16;
+  /// The rollout driver asks for `min_version = latest - staleness`.
+  uint32_t staleness = 2;
+  double learning_rate = 0.5;
+};
+
+/// What `stitch submit experiment.toml` asks for.
+struct experiment_spec {
+  std::string run_id;
+  std::string pool = "default";
+  uint32_t replicas = 1;
+  std::string commit_mode = "in_place";
+  /// The boot checkpoint: the built-in model `preset` initialised from `seed`,
+  /// published as version `boot_version` (the run's anchor).
+  std::string boot_preset = "tiny";
+  uint64_t boot_seed = 7;
+  uint64_t boot_version = 0;
+  trainer_spec trainer;
+};
+
+/// Checks what a spec alone can get wrong (empty or hostile run id, zero
+/// replicas, unknown commit mode); one line per problem.
+status validate(const experiment_spec& spec);
+
+/// One replica where the plan put it.
+struct placement {
+  std::string replica_id;
+  std::string run_id;
+  std::string pool;
+  std::string node;
+  uint32_t slot = 0;
+  /// Asked to drain and leave; its slot is freed once it is gone.
+  bool retiring = false;
+};
+
+/// What the coordinator must do.
+struct plan_effect {
+  enum class kind : uint8_t { place_replica, retire_replica, start_trainer, stop_trainer };
+  kind what = kind::place_replica;
+  /// place/retire: the replica.
+  placement replica;
+  /// start/stop_trainer: the node and run.
+  std::string node;
+  std::string run_id;
+};
+
+struct experiment_view {
+  experiment_spec spec;
+  /// Replicas placed and not retiring.
+  std::vector<placement> replicas;
+  /// The node running its trainer (empty: none, or not wanted).
+  std::string trainer_node;
+  /// Why the plan is short of what was asked (no free slot, no trainer node).
+  std::string shortfall;
+};
+
+class cluster_plan {
+public:
+  /// A node joins. A name already present is refused: a restarted node is
+  /// seen leaving first (down message or missed heartbeats). Then fills what
+  /// experiments miss.
+  result<std::vector<plan_effect>> join(member_info m);
+  /// A node left or died: its replicas and trainer are gone; what they served
+  /// is placed elsewhere where slots are free (or when nodes join later).
+  std::vector<plan_effect> leave(std::string_view node);
+
+  /// Admits an experiment when it can be placed now: the pool is not serving
+  /// another active experiment, enough slots are free, and a trainer node
+  /// exists when a trainer is wanted. Otherwise refused with the reason.
+  result<std::vector<plan_effect>> submit(const experiment_spec& spec);
+  /// Elastic: more replicas are placed on free slots (refused when there are
+  /// not enough), fewer retire the newest first (they drain before leaving).
+  /// `run` may be empty when exactly one experiment is active.
+  result<std::vector<plan_effect>> scale(std::string_view run, uint32_t replicas);
+  /// Ends an experiment: every replica retires, the trainer stops.
+  result<std::vector<plan_effect>> stop(std::string_view run);
+
+  /// A retiring replica is gone (drained and stopped): its slot is free.
+  std::vector<plan_effect> retired(std::string_view replica_id);
+  /// A placed replica failed to start or died: it is dropped and re-placed
+  /// (on another slot when one is free).
+  std::vector<plan_effect> replica_lost(std::string_view replica_id);
+  /// A trainer ended (finished or failed): not restarted.
+  void trainer_ended(std::string_view run);
+
+  /// The run `run` names, or the only active one when `run` is empty.
+  result<std::string> resolve_run(std::string_view run) const;
+
+  const std::map<std::string, member_info>& members() const noexcept { return members_; }
+  std::vector<experiment_view> experiments() const;
+  const std::map<std::string, placement>& placements() const noexcept { return placements_; }
+  size_t free_slots() const;
+
+private:
+  struct experiment {
+    experiment_spec spec;
+    std::string trainer_node;
+    bool trainer_done = false;
+    uint64_t next_replica = 0;
+  };
+
+  /// Places what experiments miss on free slots, and trainers that lost their node.
+  std::vector<plan_effect> fill();
+  /// The freest member's lowest free slot.
+  std::optional<std::pair<std::string, uint32_t>> free_slot() const;
+  std::set<uint32_t> used_slots(const std::string& node) const;
+  size_t active_replicas(const std::string& run) const;
+  std::string pick_trainer_node() const;
+  std::string shortfall_of(const experiment& e) const;
+
+  std::map<std::string, member_info> members_;
+  std::map<std::string, experiment> experiments_;
+  /// By replica id.
+  std::map<std::string, placement> placements_;
+};
+
+} // namespace stitch
