@@ -2,24 +2,387 @@
 
 #include <caf/all.hpp>
 
+#include <nlohmann/json.hpp>
+
+#include "actors/gateway_actor.hpp"
+#include "actors/log.hpp"
+#include "actors/publisher_actor.hpp"
+#include "actors/status_actor.hpp"
+
 namespace stitch {
 
+bool token_matches(const std::string& configured, const std::string& presented) {
+  if (configured.empty())
+    return true;
+  unsigned char diff = presented.size() == configured.size() ? 0 : 1;
+  for (size_t i = 0; i < configured.size(); ++i)
+    diff |= static_cast<unsigned char>(configured[i] ^ (i < presented.size() ? presented[i] : 0));
+  return diff == 0;
+}
+
+namespace {
+
+using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
+using clock = std::chrono::steady_clock;
+using ojson = nlohmann::ordered_json;
+
+constexpr auto spawn_timeout = std::chrono::seconds{60};
+constexpr auto boot_timeout = std::chrono::minutes{10};
+/// A replica that failed to start is placed again after this.
+constexpr auto replace_delay = std::chrono::seconds{2};
+
+std::chrono::milliseconds heartbeat_every(const coordinator_state& st) {
+  return std::max(std::chrono::milliseconds{50}, st.opts.heartbeat_timeout / 4);
+}
+
+caf::error refused(errc code, std::string message) {
+  return to_caf_error({code, std::move(message)});
+}
+
+caf::error unauthorized(const char* what) {
+  return refused(errc::unauthorized,
+                 std::string{what} + " needs the admin token (--token or STITCH_TOKEN)");
+}
+
+/// Where the trainer's rollouts go: a gateway on the trainer's own node, or
+/// else any member's.
+std::string gateway_for(const coordinator_state& st, const std::string& node) {
+  const auto& members = st.plan.members();
+  if (auto it = members.find(node); it != members.end() && !it->second.gateway_http.empty())
+    return it->second.gateway_http;
+  for (const auto& [name, m] : members)
+    if (!m.gateway_http.empty())
+      return m.gateway_http;
+  return {};
+}
+
+void carry_out(self_ptr self, std::vector<plan_effect> effects);
+
+void place(self_ptr self, const placement& p) {
+  auto& st = self->state;
+  auto member = st.members.find(p.node);
+  auto spec = st.specs.find(p.run_id);
+  if (member == st.members.end() || spec == st.specs.end()) {
+    carry_out(self, st.plan.replica_lost(p.replica_id));
+    return;
+  }
+  log::info("coordinator", "placing " + p.replica_id + " (pool " + p.pool + ") on " + p.node
+                             + " slot " + std::to_string(p.slot));
+  self->request(member->second.agent, spawn_timeout, atom::spawn_v, p, spec->second)
+    .then(
+      [self, p](const replica_actor& replica) {
+        auto& now = self->state;
+        if (!now.plan.placements().contains(p.replica_id)) {
+          // Stopped or its node left while it started.
+          caf::anon_send(replica, atom::retire_v);
+          return;
+        }
+        now.replicas[p.replica_id] = replica;
+        for (const auto& gw : now.roles["gateway"])
+          caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::enroll_v, p.pool, replica);
+        for (const auto& s : now.roles["status"])
+          caf::anon_send(caf::actor_cast<status_actor>(s), atom::enroll_v, p.pool, replica);
+        log::info("coordinator", p.replica_id + " is up on " + p.node);
+      },
+      [self, p](const caf::error& err) {
+        log::error("coordinator", "placing " + p.replica_id + " on " + p.node
+                                    + " failed: " + self->system().render(err));
+        self->delayed_send(self, replace_delay, atom::replica_down_v, p.replica_id);
+      });
+}
+
+void carry_out(self_ptr self, std::vector<plan_effect> effects) {
+  auto& st = self->state;
+  for (auto& e : effects) {
+    switch (e.what) {
+      case plan_effect::kind::place_replica: place(self, e.replica); break;
+      case plan_effect::kind::retire_replica:
+        log::info("coordinator", "retiring " + e.replica.replica_id + " on " + e.replica.node);
+        if (auto m = st.members.find(e.replica.node); m != st.members.end())
+          self->send(m->second.agent, atom::retire_v, e.replica.replica_id);
+        break;
+      case plan_effect::kind::start_trainer: {
+        auto m = st.members.find(e.node);
+        auto spec = st.specs.find(e.run_id);
+        if (m == st.members.end() || spec == st.specs.end())
+          break;
+        auto gateway = gateway_for(st, e.node);
+        if (gateway.empty()) {
+          st.plan.trainer_ended(e.run_id);
+          st.runs[e.run_id].outcome = "failed: no member hosts a gateway";
+          log::error("coordinator", "trainer of " + e.run_id + " cannot start: no gateway");
+          break;
+        }
+        log::info("coordinator",
+                  "starting the trainer of " + e.run_id + " on " + e.node + " via " + gateway);
+        self->send(m->second.agent, atom::train_v, spec->second, gateway);
+        break;
+      }
+      case plan_effect::kind::stop_trainer:
+        if (auto m = st.members.find(e.node); m != st.members.end())
+          self->send(m->second.agent, atom::stop_v, e.run_id);
+        break;
+    }
+  }
+  // Placed replicas the plan dropped (their node left) are gone.
+  std::erase_if(st.replicas,
+                [&](const auto& kv) { return !st.plan.placements().contains(kv.first); });
+}
+
+void remove_member(self_ptr self, const std::string& name, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.members.find(name);
+  if (it == st.members.end())
+    return;
+  auto silent =
+    std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - it->second.last_heartbeat);
+  log::warn("coordinator", "node " + name + " removed: " + why + "; last heartbeat "
+                             + std::to_string(silent.count()) + " ms ago (bound "
+                             + std::to_string(st.opts.heartbeat_timeout.count()) + " ms)");
+  auto agent = caf::actor_cast<caf::actor>(it->second.agent);
+  st.members.erase(it);
+  for (auto& [role, handles] : st.roles)
+    std::erase_if(handles, [&](const caf::actor& a) {
+      return a.node() == agent.node() && a.node() != self->node();
+    });
+  carry_out(self, st.plan.leave(name));
+}
+
+ojson cluster_json(const coordinator_state& st) {
+  ojson out;
+  out["nodes"] = ojson::array();
+  auto now = clock::now();
+  for (const auto& [name, m] : st.plan.members()) {
+    ojson n;
+    n["name"] = name;
+    n["roles"] = m.roles;
+    n["slots"] = m.slots;
+    if (!m.gateway_http.empty())
+      n["gateway"] = m.gateway_http;
+    if (auto it = st.members.find(name); it != st.members.end())
+      n["last_heartbeat_ms"] =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second.last_heartbeat)
+          .count();
+    out["nodes"].push_back(std::move(n));
+  }
+  out["experiments"] = ojson::array();
+  for (const auto& v : st.plan.experiments()) {
+    ojson e;
+    e["run_id"] = v.spec.run_id;
+    e["pool"] = v.spec.pool;
+    e["replicas_wanted"] = v.spec.replicas;
+    e["commit_mode"] = v.spec.commit_mode;
+    e["replicas"] = ojson::array();
+    for (const auto& p : v.replicas)
+      e["replicas"].push_back({{"replica_id", p.replica_id},
+                               {"node", p.node},
+                               {"slot", p.slot},
+                               {"up", st.replicas.contains(p.replica_id)}});
+    e["trainer_node"] = v.trainer_node;
+    e["shortfall"] = v.shortfall;
+    if (auto r = st.runs.find(v.spec.run_id); r != st.runs.end()) {
+      if (!r->second.last_step.empty())
+        e["last_step"] = ojson::parse(r->second.last_step, nullptr, false);
+      e["trainer_outcome"] = r->second.outcome;
+    }
+    out["experiments"].push_back(std::move(e));
+  }
+  return out;
+}
+
+void rollback(self_ptr self, const std::string& run) {
+  auto& st = self->state;
+  if (auto undone = st.plan.stop(run)) {
+    for (auto& e : *undone)
+      if (e.what == plan_effect::kind::retire_replica) {
+        if (st.replicas.contains(e.replica.replica_id))
+          carry_out(self, {e});
+        else
+          st.plan.retired(e.replica.replica_id);
+      }
+  }
+}
+
+} // namespace
+
 coordinator_actor::behavior_type
-coordinator(coordinator_actor::stateful_pointer<coordinator_state> self) {
+coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordinator_options opts) {
+  self->state.opts = std::move(opts);
   self->set_down_handler([self](const caf::down_msg& down) {
-    std::erase_if(self->state.roles,
-                  [&](const auto& kv) { return kv.second.address() == down.source; });
+    auto& st = self->state;
+    for (auto& [role, handles] : st.roles)
+      std::erase_if(handles, [&](const caf::actor& a) { return a.address() == down.source; });
+    for (const auto& [name, m] : st.members)
+      if (m.agent.address() == down.source) {
+        remove_member(self, name,
+                      "its connection closed (" + self->system().render(down.reason) + ")");
+        return;
+      }
   });
+  self->delayed_send(self, heartbeat_every(self->state), atom::tick_v);
   return {
     [self](atom::lookup, const std::string& role) -> caf::result<caf::actor> {
       auto it = self->state.roles.find(role);
-      if (it == self->state.roles.end())
-        return to_caf_error({errc::not_found, "no actor serves the role '" + role + "'"});
-      return it->second;
+      if (it == self->state.roles.end() || it->second.empty())
+        return refused(errc::not_found, "no actor serves the role '" + role + "'");
+      return it->second.front();
     },
     [self](atom::enroll, const std::string& role, const caf::actor& handle) {
       self->monitor(handle);
-      self->state.roles[role] = handle;
+      auto& handles = self->state.roles[role];
+      if (std::find(handles.begin(), handles.end(), handle) != handles.end())
+        return;
+      handles.push_back(handle);
+      // A gateway or status actor that comes late learns the replicas up so far.
+      for (const auto& [id, replica] : self->state.replicas) {
+        const auto& pool = self->state.plan.placements().at(id).pool;
+        if (role == "gateway")
+          caf::anon_send(caf::actor_cast<gateway_actor>(handle), atom::enroll_v, pool, replica);
+        else if (role == "status")
+          caf::anon_send(caf::actor_cast<status_actor>(handle), atom::enroll_v, pool, replica);
+      }
+    },
+    [self](atom::join, member_info& info, const node_agent_actor& agent) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      std::string name = info.name;
+      auto fx = st.plan.join(std::move(info));
+      if (!fx)
+        return to_caf_error(fx.error());
+      self->monitor(agent);
+      st.members[name] = {agent, clock::now()};
+      const auto& m = st.plan.members().at(name);
+      std::string roles;
+      for (const auto& r : m.roles)
+        roles += (roles.empty() ? "" : ",") + r;
+      log::info("coordinator", "node " + name + " joined: roles " + roles + ", "
+                                 + std::to_string(m.slots.size()) + " replica slot(s)");
+      carry_out(self, std::move(*fx));
+      return static_cast<uint64_t>(heartbeat_every(st).count());
+    },
+    [self](atom::heartbeat, const std::string& name) {
+      if (auto it = self->state.members.find(name); it != self->state.members.end())
+        it->second.last_heartbeat = clock::now();
+    },
+    [self](atom::tick) {
+      auto& st = self->state;
+      auto now = clock::now();
+      std::vector<std::string> late;
+      for (const auto& [name, m] : st.members)
+        if (now - m.last_heartbeat > st.opts.heartbeat_timeout)
+          late.push_back(name);
+      for (const auto& name : late)
+        remove_member(self, name, "it missed its heartbeats");
+      self->delayed_send(self, heartbeat_every(st), atom::tick_v);
+    },
+    [self](atom::submit, experiment_spec& spec,
+           const std::string& token) -> caf::result<std::string> {
+      auto& st = self->state;
+      if (!token_matches(st.opts.admin_token, token))
+        return unauthorized("submit");
+      auto publishers = st.roles.find("publisher");
+      if (publishers == st.roles.end() || publishers->second.empty())
+        return refused(errc::not_found, "no member hosts the role 'publisher' to publish the "
+                                        "experiment's boot checkpoint");
+      st.specs[spec.run_id] = spec; // the plan's effects look it up
+      auto fx = st.plan.submit(spec);
+      if (!fx) {
+        if (!st.plan.resolve_run(spec.run_id))
+          st.specs.erase(spec.run_id);
+        return to_caf_error(fx.error());
+      }
+      st.runs[spec.run_id] = {{}, {}, clock::now()};
+      log::info("coordinator", "experiment " + spec.run_id + " admitted in pool " + spec.pool + ": "
+                                 + std::to_string(spec.replicas) + " replica(s)");
+      publish_args args;
+      args.pool = spec.pool;
+      args.run_id = spec.run_id;
+      args.version = spec.boot_version;
+      args.token = st.opts.admin_token;
+      auto promise = self->make_response_promise<std::string>();
+      auto publisher = caf::actor_cast<publisher_actor>(publishers->second.front());
+      self
+        ->request(publisher, boot_timeout, atom::init_model_v, args, spec.boot_preset,
+                  spec.boot_seed)
+        .then(
+          [self, promise, spec, fx = std::move(*fx)](const publish_summary& s) mutable {
+            log::info("coordinator", "experiment " + spec.run_id + ": boot checkpoint published ("
+                                       + s.kind + (s.claimed ? ", run claimed" : "") + ")");
+            std::string where;
+            for (const auto& e : fx)
+              if (e.what == plan_effect::kind::place_replica)
+                where += (where.empty() ? "" : ", ") + e.replica.replica_id + "@" + e.replica.node;
+              else if (e.what == plan_effect::kind::start_trainer)
+                where += (where.empty() ? "" : ", ") + std::string{"trainer@"} + e.node;
+            carry_out(self, std::move(fx));
+            promise.deliver("submitted " + spec.run_id + " to pool " + spec.pool + ": " + where);
+          },
+          [self, promise, spec](const caf::error& err) mutable {
+            rollback(self, spec.run_id);
+            self->state.specs.erase(spec.run_id);
+            self->state.runs.erase(spec.run_id);
+            auto e = from_caf_error(self->system(), err);
+            promise.deliver(to_caf_error({e.code, "the boot checkpoint of " + spec.run_id
+                                                    + " was not published: " + e.message}));
+          });
+      return promise;
+    },
+    [self](atom::scale, const std::string& run, uint32_t n,
+           const std::string& token) -> caf::result<std::string> {
+      auto& st = self->state;
+      if (!token_matches(st.opts.admin_token, token))
+        return unauthorized("scale");
+      auto name = st.plan.resolve_run(run);
+      if (!name)
+        return to_caf_error(name.error());
+      auto fx = st.plan.scale(*name, n);
+      if (!fx)
+        return to_caf_error(fx.error());
+      st.specs[*name].replicas = n;
+      size_t placed = 0, retired = 0;
+      for (const auto& e : *fx) {
+        placed += e.what == plan_effect::kind::place_replica;
+        retired += e.what == plan_effect::kind::retire_replica;
+      }
+      log::info("coordinator", "scaling " + *name + " to " + std::to_string(n) + " replica(s)");
+      carry_out(self, std::move(*fx));
+      return "scaled " + *name + " to " + std::to_string(n) + " replica(s): "
+             + std::to_string(placed) + " placed, " + std::to_string(retired) + " draining";
+    },
+    [self](atom::stop, const std::string& run,
+           const std::string& token) -> caf::result<std::string> {
+      auto& st = self->state;
+      if (!token_matches(st.opts.admin_token, token))
+        return unauthorized("stop");
+      auto fx = st.plan.stop(run);
+      if (!fx)
+        return to_caf_error(fx.error());
+      st.runs.erase(run);
+      log::info("coordinator", "stopping " + run);
+      carry_out(self, std::move(*fx));
+      return "stopped " + run + ": its replicas drain and leave";
+    },
+    [self](atom::cluster_view) -> std::string { return cluster_json(self->state).dump(); },
+    [self](atom::replica_down, const std::string& id) {
+      auto& st = self->state;
+      auto it = st.plan.placements().find(id);
+      if (it == st.plan.placements().end())
+        return;
+      bool retiring = it->second.retiring;
+      st.replicas.erase(id);
+      log::info("coordinator", id + (retiring ? " drained and left" : " is down; placing again"));
+      carry_out(self, retiring ? st.plan.retired(id) : st.plan.replica_lost(id));
+    },
+    [self](atom::progress, const std::string& run, const std::string& step) {
+      if (auto it = self->state.runs.find(run); it != self->state.runs.end())
+        it->second.last_step = step;
+    },
+    [self](atom::trained, const std::string& run, const std::string& outcome) {
+      auto& st = self->state;
+      st.plan.trainer_ended(run);
+      if (auto it = st.runs.find(run); it != st.runs.end())
+        it->second.outcome = outcome.empty() ? "finished" : outcome;
+      log::info("coordinator", "trainer of " + run + " ended: "
+                                 + (outcome.empty() ? std::string{"finished"} : outcome));
     },
   };
 }

@@ -3,19 +3,53 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <chrono>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "actors/coordinator_actor.hpp"
+#include "runtime/core/cluster_plan.hpp"
 
 namespace stitch {
 
+struct coordinator_options {
+  /// A member silent this long is removed (its replicas placed elsewhere).
+  std::chrono::milliseconds heartbeat_timeout{3000};
+  /// When set, submit, scale and stop must carry it.
+  std::string admin_token;
+};
+
 struct coordinator_state {
   static inline const char* name = "coordinator";
-  std::map<std::string, caf::actor> roles;
+
+  struct member {
+    node_agent_actor agent;
+    std::chrono::steady_clock::time_point last_heartbeat;
+  };
+  struct run_progress {
+    /// The trainer's last step report (JSON), and how it ended ("" while running).
+    std::string last_step;
+    std::string outcome;
+    std::chrono::steady_clock::time_point submitted;
+  };
+
+  coordinator_options opts;
+  std::map<std::string, std::vector<caf::actor>> roles;
+  cluster_plan plan;
+  std::map<std::string, member> members;
+  /// Placed replicas that are up, by replica id.
+  std::map<std::string, replica_actor> replicas;
+  std::map<std::string, run_progress> runs;
+  std::map<std::string, experiment_spec> specs;
 };
 
 coordinator_actor::behavior_type
-coordinator(coordinator_actor::stateful_pointer<coordinator_state> self);
+coordinator(coordinator_actor::stateful_pointer<coordinator_state> self,
+            coordinator_options opts = {});
+
+/// Constant-time comparison of a presented token with the configured one
+/// (an empty configured token admits everyone).
+bool token_matches(const std::string& configured, const std::string& presented);
 
 } // namespace stitch

@@ -4,15 +4,36 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/node_agent_actor.hpp"
 
 namespace stitch {
 
-/// COORDINATOR: the cluster's front desk. For now its directory of which
-/// actor serves which role; membership, experiments and placement extend it.
+/// COORDINATOR: the cluster's front desk (DESIGN §2): the directory of which
+/// actor serves which role, membership (nodes, roles, slots, heartbeats),
+/// experiments and the placement of their replicas and trainers.
 using coordinator_actor = caf::typed_actor<
-  // Answers the actor serving `role` ("store", "publisher").
+  // Answers the actor serving `role` ("store", "publisher", "status").
   caf::replies_to<atom::lookup, std::string>::with<caf::actor>,
-  // Records that `handle` serves `role`.
-  caf::reacts_to<atom::enroll, std::string, caf::actor>>;
+  // Records that `handle` serves `role` (several may: every gateway and
+  // status actor learns of placed replicas).
+  caf::reacts_to<atom::enroll, std::string, caf::actor>,
+  // A node joins with its roles and slots; answers the heartbeat interval in
+  // milliseconds. Refused while a member of that name is alive.
+  caf::replies_to<atom::join, member_info, node_agent_actor>::with<uint64_t>,
+  caf::reacts_to<atom::heartbeat, std::string>,
+  // `stitch submit`, `stitch scale`, `stitch stop` (the last string is the
+  // admin token); each answers a one-line summary or the reason it refused.
+  caf::replies_to<atom::submit, experiment_spec, std::string>::with<std::string>,
+  caf::replies_to<atom::scale, std::string, uint32_t, std::string>::with<std::string>,
+  caf::replies_to<atom::stop, std::string, std::string>::with<std::string>,
+  // Members and experiments as JSON (`stitch status`).
+  caf::replies_to<atom::cluster_view>::with<std::string>,
+  // From node agents: a placed replica is gone (`retired`: after a retire).
+  caf::reacts_to<atom::replica_down, std::string>,
+  // From trainers: a step's report (JSON) and the end (empty = finished).
+  caf::reacts_to<atom::progress, std::string, std::string>,
+  caf::reacts_to<atom::trained, std::string, std::string>,
+  // Internal: the heartbeat check.
+  caf::reacts_to<atom::tick>>;
 
 } // namespace stitch

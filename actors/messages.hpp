@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/cluster_plan.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/core/pointer_rules.hpp"
 #include "runtime/core/version_ref.hpp"
@@ -230,6 +231,29 @@ typename Inspector::result_type inspect(Inspector& f, work_report& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, member_info& x) {
+  return f(caf::meta::type_name("stitch.member_info"), x.name, x.roles, x.slots, x.gateway_http);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, trainer_spec& x) {
+  return f(caf::meta::type_name("stitch.trainer_spec"), x.enabled, x.steps, x.samples_per_step,
+           x.staleness, x.learning_rate);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, experiment_spec& x) {
+  return f(caf::meta::type_name("stitch.experiment_spec"), x.run_id, x.pool, x.replicas,
+           x.commit_mode, x.boot_preset, x.boot_seed, x.boot_version, x.trainer);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, placement& x) {
+  return f(caf::meta::type_name("stitch.placement"), x.replica_id, x.run_id, x.pool, x.node, x.slot,
+           x.retiring);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, version_ref& x) {
   return f(caf::meta::type_name("stitch.version_ref"), x.run_id, x.version);
 }
@@ -289,6 +313,11 @@ CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::version_ref>) )
 CAF_ADD_TYPE_ID(stitch, (std::vector<uint64_t>) )
 CAF_ADD_TYPE_ID(stitch, (std::vector<char>) )
 CAF_ADD_TYPE_ID(stitch, (std::vector<std::string>) )
+CAF_ADD_TYPE_ID(stitch, (stitch::member_info))
+CAF_ADD_TYPE_ID(stitch, (stitch::trainer_spec))
+CAF_ADD_TYPE_ID(stitch, (stitch::experiment_spec))
+CAF_ADD_TYPE_ID(stitch, (stitch::placement))
+CAF_ADD_TYPE_ID(stitch, (std::vector<uint32_t>) )
 CAF_ADD_ATOM(stitch, stitch::atom, read_pointer, "readptr")
 CAF_ADD_ATOM(stitch, stitch::atom, claim, "claim")
 CAF_ADD_ATOM(stitch, stitch::atom, advance, "advance")
@@ -324,4 +353,17 @@ CAF_ADD_ATOM(stitch, stitch::atom, pool_view, "poolview")
 CAF_ADD_ATOM(stitch, stitch::atom, stats, "stats")
 CAF_ADD_ATOM(stitch, stitch::atom, status_view, "statusview")
 CAF_ADD_ATOM(stitch, stitch::atom, metrics, "metrics")
+CAF_ADD_ATOM(stitch, stitch::atom, join, "join")
+CAF_ADD_ATOM(stitch, stitch::atom, heartbeat, "heartbeat")
+CAF_ADD_ATOM(stitch, stitch::atom, submit, "submit")
+CAF_ADD_ATOM(stitch, stitch::atom, scale, "scale")
+CAF_ADD_ATOM(stitch, stitch::atom, stop, "stop")
+CAF_ADD_ATOM(stitch, stitch::atom, cluster_view, "clusterv")
+CAF_ADD_ATOM(stitch, stitch::atom, replica_down, "repldown")
+CAF_ADD_ATOM(stitch, stitch::atom, progress, "progress")
+CAF_ADD_ATOM(stitch, stitch::atom, trained, "trained")
+CAF_ADD_ATOM(stitch, stitch::atom, spawn, "spawn")
+CAF_ADD_ATOM(stitch, stitch::atom, retire, "retire")
+CAF_ADD_ATOM(stitch, stitch::atom, train, "train")
+CAF_ADD_ATOM(stitch, stitch::atom, init_model, "initmodel")
 CAF_END_TYPE_ID_BLOCK(stitch)

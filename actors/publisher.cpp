@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "runtime/core/safetensors.hpp"
+#include "runtime/engine/model_config.hpp"
+#include "runtime/engine/weights.hpp"
 #include "runtime/store/hf_directory.hpp"
 
 namespace stitch {
@@ -80,6 +82,18 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       if (auto ok = authorized(self->state, args); !ok)
         return to_caf_error(ok.error());
       auto weights = store::load_hf_directory(path);
+      if (!weights)
+        return to_caf_error(weights.error());
+      return run_publish(self, args, *weights);
+    },
+    [self](atom::init_model, const publish_args& args, const std::string& preset,
+           uint64_t seed) -> caf::result<publish_summary> {
+      if (auto ok = authorized(self->state, args); !ok)
+        return to_caf_error(ok.error());
+      auto config = engine::preset(preset);
+      if (!config)
+        return to_caf_error(config.error());
+      auto weights = engine::random_init(*config, seed);
       if (!weights)
         return to_caf_error(weights.error());
       return run_publish(self, args, *weights);

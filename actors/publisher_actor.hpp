@@ -13,6 +13,10 @@ namespace stitch {
 using publisher_actor = caf::typed_actor<
   // Publishes the Hugging Face directory at `path` (readable by this node).
   caf::replies_to<atom::publish, publish_args, std::string>::with<publish_summary>,
+  // Publishes the built-in model `preset` initialised from `seed` (an
+  // experiment's boot checkpoint; deterministic, so a trainer rebuilds the
+  // same weights and re-publishing them is idempotent).
+  caf::replies_to<atom::init_model, publish_args, std::string, uint64_t>::with<publish_summary>,
   // Starts a streamed publish; answers a session id.
   caf::replies_to<atom::publish, publish_args>::with<uint64_t>,
   // Starts the next tensor of a session: name, dtype, shape; answers its byte size.

@@ -391,7 +391,8 @@ replica_info describe(const replica_state& st) {
   info.pool = st.opts.pool;
   auto snap = st.rec.snapshot();
   // Ready means admitting: caught up, in rotation, not terminally failed.
-  info.ready = snap.ready && snap.terminal_error.empty() && st.gate.served_version().has_value();
+  info.ready = snap.ready && snap.terminal_error.empty() && st.gate.served_version().has_value()
+               && !st.retiring;
   if (snap.applied) {
     info.applied = to_string(*snap.applied);
     info.run_id = snap.applied->run_id;
@@ -402,6 +403,8 @@ replica_info describe(const replica_state& st) {
     info.pointer = to_string(*snap.pointer);
   info.sync_state = std::string{to_string(snap.state)};
   info.reason = snap.reason;
+  if (st.retiring)
+    info.reason = "retiring";
   if (info.reason.empty() && !info.ready)
     info.reason = "not ready";
   info.terminal_error = snap.terminal_error;
@@ -482,6 +485,9 @@ replica_actor::behavior_type behavior(self_ptr self) {
         return refuse(failure(400, "BadRequest",
                               "request key " + std::to_string(call.key) + " is already in flight",
                               false));
+      if (st.retiring)
+        return refuse(unavailable_reply("replica " + st.opts.replica_id
+                                        + " is retiring (draining before it leaves); retry"));
       const bool versioned = is_versioned_route(call.route);
       constraint c;
       if (versioned) {
@@ -533,6 +539,25 @@ replica_actor::behavior_type behavior(self_ptr self) {
         answer(self, id, failure(499, "ClientClosedRequest", "the client went away", false));
         apply_gate(self, std::move(effects));
       }
+    },
+    [self](atom::retire) {
+      auto& st = self->state;
+      if (st.retiring) {
+        // The drain deadline passed (or a second retire): leave now.
+        log::warn("replica", st.opts.replica_id + " leaves with "
+                               + std::to_string(st.requests.size()) + " request(s) unfinished");
+        self->quit(caf::exit_reason::user_shutdown);
+        return;
+      }
+      st.retiring = true;
+      log::info("replica", st.opts.replica_id + " retiring: out of rotation, draining "
+                             + std::to_string(st.requests.size()) + " request(s)");
+      publish_state(self);
+      if (st.requests.empty()) {
+        self->quit();
+        return;
+      }
+      self->delayed_send(self, st.opts.drain_timeout, atom::retire_v);
     },
     [self](atom::wake) { reconcile_now(self, trigger::wake); },
     [self](atom::server_info) -> replica_info { return describe(self->state); },
@@ -648,6 +673,10 @@ replica_actor::behavior_type behavior(self_ptr self) {
       }
       answer(self, id, std::move(reply));
       apply_gate(self, std::move(effects));
+      if (st.retiring && st.requests.empty()) {
+        log::info("replica", st.opts.replica_id + " drained; leaving");
+        self->quit();
+      }
     },
   };
 }

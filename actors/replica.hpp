@@ -116,6 +116,9 @@ struct replica_state {
   /// An engine built by a rebuild job, taken when its report arrives.
   std::shared_ptr<std::shared_ptr<engine_port>> rebuilt_engine;
   bool drain_timer_armed = false;
+  /// Asked to leave: out of rotation, refusing new requests, quitting once
+  /// the running ones finished (or after `drain_timeout`).
+  bool retiring = false;
   replica_metrics counters;
   std::vector<caf::actor> subscribers;
   /// What subscribers last heard (ready, applied, sync state, reason).

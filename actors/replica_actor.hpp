@@ -20,6 +20,9 @@ using replica_actor = caf::typed_actor<
   caf::reacts_to<atom::cancel, uint64_t>,
   // Best-effort hint that the pointer moved: reconcile now.
   caf::reacts_to<atom::wake>,
+  // Leave: out of rotation at once, refuse new requests (503, retryable),
+  // quit when the running ones finished or `drain_timeout` passed.
+  caf::reacts_to<atom::retire>,
   // DESIGN §5 `server_info`.
   caf::replies_to<atom::server_info>::with<replica_info>,
   // Sends `(replica_state, replica_info)` to the subscriber now and whenever

@@ -134,6 +134,7 @@ const std::vector<entry>& schema() {
        [](const node_config& c) { return std::to_string(c.replicas); }});
     listen("coordinator.listen", &node_config::coordinator_listen);
     text("coordinator.address", &node_config::coordinator_address);
+    number("coordinator.heartbeat_timeout", &node_config::heartbeat_timeout, 0.2, 600);
     text("store.uri", &node_config::store_uri);
     text("model.preset", &node_config::model_preset, {"tiny", "small", "medium"});
     text("replica.pool", &node_config::pool);
@@ -463,6 +464,18 @@ void validate(const node_config& c, std::string& problems) {
   for (const auto& r : c.roles)
     if (std::find(std::begin(known_roles), std::end(known_roles), r) == std::end(known_roles))
       problems += "roles: " + quote_untrusted(r) + " is not a known role\n";
+  if (c.has_role("coordinator") && !c.coordinator_address.empty())
+    problems += "coordinator.address: a node with the role 'coordinator' is the coordinator; "
+                "remove one of them\n";
+  if (!c.has_role("coordinator") && c.coordinator_address.empty())
+    problems += "coordinator.address: a node without the role 'coordinator' must name the "
+                "coordinator to join (HOST:PORT)\n";
+  if (!c.coordinator_address.empty() && !parse_listen_address(c.coordinator_address))
+    problems +=
+      "coordinator.address: " + quote_untrusted(c.coordinator_address) + " is not HOST:PORT\n";
+  if (c.has_role("rollout_driver"))
+    problems += "roles: the built-in rollout driver runs inside the trainer role's job (it feeds "
+                "the trainer's samples in process); give the node the role 'trainer'\n";
   int tls = !c.tls_cert.empty() + !c.tls_key.empty() + !c.tls_ca.empty();
   if (tls != 0 && tls != 3)
     problems += "tls: cert, key and ca must be given together\n";

@@ -38,6 +38,9 @@ struct node_config {
   listen_address coordinator_listen{"127.0.0.1", 4242};
   /// The coordinator to join; empty: this node's own.
   std::string coordinator_address;
+  /// Seconds without a heartbeat after which the coordinator removes a node
+  /// (nodes beat four times per timeout).
+  double heartbeat_timeout = 3;
   /// Empty: `rocksdb:<data_dir>/store`.
   std::string store_uri;
 

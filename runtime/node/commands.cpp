@@ -13,8 +13,10 @@
 #include "actors/publisher_actor.hpp"
 #include "actors/status_actor.hpp"
 #include "actors/store_client.hpp"
+#include "config/experiment.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
+#include "runtime/node/remote.hpp"
 #include "runtime/store/hf_directory.hpp"
 #include "runtime/store/materialize.hpp"
 
@@ -26,20 +28,13 @@ constexpr auto request_timeout = std::chrono::minutes{10};
 
 template <class T, class Handle, class... Ts>
 result<T> ask(caf::actor_system& sys, const Handle& whom, Ts&&... xs) {
-  caf::scoped_actor self{sys};
-  std::optional<result<T>> out;
-  self->request(whom, request_timeout, std::forward<Ts>(xs)...)
-    .receive([&](T& value) { out.emplace(std::move(value)); },
-             [&](caf::error& err) { out.emplace(from_caf_error(sys, err)); });
-  return std::move(*out);
+  return ask_actor<T>(sys, whom, request_timeout, std::forward<Ts>(xs)...);
 }
 
 result<caf::actor> lookup(caf::actor_system& sys, const host_port& where, const std::string& role) {
-  auto coordinator = sys.middleman().remote_actor<coordinator_actor>(where.host, where.port);
+  auto coordinator = connect_coordinator(sys, where);
   if (!coordinator)
-    return make_error(errc::engine_unavailable, "cannot reach the coordinator at " + where.host
-                                                  + ":" + std::to_string(where.port) + ": "
-                                                  + sys.render(coordinator.error()));
+    return std::move(coordinator).error();
   return ask<caf::actor>(sys, *coordinator, atom::lookup_v, role);
 }
 
@@ -181,6 +176,25 @@ status run_init_model(const init_model_command& cmd, std::FILE* out) {
   return {};
 }
 
+namespace {
+
+result<std::string> ask_coordinator_text(caf::actor_system& sys, const host_port& where,
+                                         auto&&... xs) {
+  auto coordinator = connect_coordinator(sys, where);
+  if (!coordinator)
+    return std::move(coordinator).error();
+  return ask<std::string>(sys, *coordinator, std::forward<decltype(xs)>(xs)...);
+}
+
+status print_line(result<std::string> answer, std::FILE* out) {
+  if (!answer)
+    return std::move(answer).error();
+  std::fprintf(out, "%s\n", answer->c_str());
+  return {};
+}
+
+} // namespace
+
 status run_status(caf::actor_system& sys, const status_command& cmd, std::FILE* out) {
   auto handle = lookup(sys, cmd.coordinator, "status");
   if (!handle)
@@ -188,13 +202,20 @@ status run_status(caf::actor_system& sys, const status_command& cmd, std::FILE* 
   auto text = ask<std::string>(sys, caf::actor_cast<status_actor>(*handle), atom::status_view_v);
   if (!text)
     return std::move(text).error();
-  if (cmd.json) {
-    std::fprintf(out, "%s\n", text->c_str());
-    return {};
-  }
   auto j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded())
     return make_error(errc::decode_failure, "the status actor answered something that is not JSON");
+  // Members and experiments come from the coordinator.
+  auto cluster_text = ask_coordinator_text(sys, cmd.coordinator, atom::cluster_view_v);
+  if (!cluster_text)
+    return std::move(cluster_text).error();
+  auto cluster = nlohmann::json::parse(*cluster_text, nullptr, false);
+  if (!cluster.is_discarded())
+    j["cluster"] = cluster;
+  if (cmd.json) {
+    std::fprintf(out, "%s\n", j.dump().c_str());
+    return {};
+  }
   for (const auto& p : j["pools"])
     std::fprintf(out, "pool %s: pointer %s (boot %s)\n", p.value("pool", "?").c_str(),
                  p.value("pointer", "?").c_str(), p["boot_version"].dump().c_str());
@@ -211,7 +232,44 @@ status run_status(caf::actor_system& sys, const status_command& cmd, std::FILE* 
                  r.value("reason", "").c_str());
   }
   std::fprintf(out, "transfers in flight: %zu\n", j["transfers"].size());
+  if (cluster.is_object()) {
+    for (const auto& n : cluster["nodes"])
+      std::fprintf(out, "node %-20s roles %-40s slots %zu\n", n.value("name", "?").c_str(),
+                   n["roles"].dump().c_str(), n["slots"].size());
+    for (const auto& e : cluster["experiments"]) {
+      std::fprintf(out, "experiment %s (pool %s): %zu/%u replicas", e.value("run_id", "?").c_str(),
+                   e.value("pool", "?").c_str(), e["replicas"].size(),
+                   e.value("replicas_wanted", 0u));
+      if (e.contains("last_step"))
+        std::fprintf(out, ", step %s reward %.3f", e["last_step"]["step"].dump().c_str(),
+                     e["last_step"].value("reward", 0.0));
+      if (!e.value("trainer_outcome", "").empty())
+        std::fprintf(out, ", trainer %s", e.value("trainer_outcome", "").c_str());
+      if (!e.value("shortfall", "").empty())
+        std::fprintf(out, " (%s)", e.value("shortfall", "").c_str());
+      std::fprintf(out, "\n");
+    }
+  }
   return {};
+}
+
+status run_submit(caf::actor_system& sys, const submit_command& cmd, std::FILE* out) {
+  auto spec = config::load_experiment(cmd.file);
+  if (!spec)
+    return std::move(spec).error();
+  return print_line(ask_coordinator_text(sys, cmd.coordinator, atom::submit_v, *spec, cmd.token),
+                    out);
+}
+
+status run_scale(caf::actor_system& sys, const scale_command& cmd, std::FILE* out) {
+  return print_line(
+    ask_coordinator_text(sys, cmd.coordinator, atom::scale_v, cmd.run, cmd.replicas, cmd.token),
+    out);
+}
+
+status run_stop(caf::actor_system& sys, const stop_command& cmd, std::FILE* out) {
+  return print_line(ask_coordinator_text(sys, cmd.coordinator, atom::stop_v, cmd.run, cmd.token),
+                    out);
 }
 
 } // namespace stitch::node

@@ -45,6 +45,38 @@ struct status_command {
 /// pools' pointers and every replica's applied version and sync state.
 status run_status(caf::actor_system& sys, const status_command& cmd, std::FILE* out);
 
+struct submit_command {
+  host_port coordinator;
+  std::string file;
+  std::string token;
+};
+
+/// `stitch submit experiment.toml`: the coordinator claims the run (publishing
+/// its boot checkpoint), places its replicas and trainer, or refuses with the
+/// reason.
+status run_submit(caf::actor_system& sys, const submit_command& cmd, std::FILE* out);
+
+struct scale_command {
+  host_port coordinator;
+  /// Empty: the only active experiment.
+  std::string run;
+  uint32_t replicas = 1;
+  std::string token;
+};
+
+/// `stitch scale --replicas N [--run R]`: new replicas self-sync and enter
+/// rotation when ready; removed ones drain first.
+status run_scale(caf::actor_system& sys, const scale_command& cmd, std::FILE* out);
+
+struct stop_command {
+  host_port coordinator;
+  std::string run;
+  std::string token;
+};
+
+/// `stitch stop RUN`: the run's replicas drain and leave, its trainer stops.
+status run_stop(caf::actor_system& sys, const stop_command& cmd, std::FILE* out);
+
 struct init_model_command {
   std::string preset = "tiny";
   uint64_t seed = 0;

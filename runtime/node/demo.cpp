@@ -45,7 +45,8 @@ struct sample_result {
 };
 
 /// One rollout through the gateway, retrying a retryable refusal.
-sample_result rollout(const host_port& gateway, uint64_t min_version, uint64_t seed) {
+sample_result rollout(const demo_command& cmd, uint64_t min_version, uint64_t seed) {
+  const host_port& gateway = cmd.gateway;
   sample_result r;
   transport::http_client client{transport::http_endpoint{"http", gateway.host, gateway.port}};
   json body;
@@ -58,8 +59,12 @@ sample_result rollout(const host_port& gateway, uint64_t min_version, uint64_t s
   req.method = "POST";
   req.target = "/generate";
   req.body = text;
-  req.headers = {{"Content-Type", "application/json"}};
+  req.headers = {{"Content-Type", "application/json"}, {"X-Stitch-Pool", cmd.pool}};
   for (int attempt = 0; attempt < 3000; ++attempt) {
+    if (cmd.stop && cmd.stop->load()) {
+      r.error = "stopped";
+      return r;
+    }
     auto got = client.send(req);
     if (!got) {
       r.error = to_string(got.error());
@@ -90,10 +95,11 @@ sample_result rollout(const host_port& gateway, uint64_t min_version, uint64_t s
 }
 
 /// The replicas' largest last activation pause, in microseconds.
-double max_pause_us(const host_port& gateway) {
+double max_pause_us(const host_port& gateway, const std::string& pool) {
   transport::http_client client{transport::http_endpoint{"http", gateway.host, gateway.port}};
   transport::http_request req;
   req.target = "/pool";
+  req.headers = {{"X-Stitch-Pool", pool}};
   auto got = client.send(req);
   if (!got || got->status != 200)
     return 0;
@@ -115,6 +121,7 @@ status publish_version(caf::actor_system& sys, const demo_command& cmd,
   publish_command pub;
   pub.coordinator = cmd.coordinator;
   pub.args.run_id = cmd.run_id;
+  pub.args.pool = cmd.pool;
   pub.args.version = version;
   pub.args.token = cmd.token;
   pub.directory = dir.string();
@@ -132,7 +139,8 @@ status publish_version(caf::actor_system& sys, const demo_command& cmd,
 status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* out) {
   demo_command cmd = given;
   auto scratch =
-    std::filesystem::temp_directory_path() / ("stitch-demo-" + std::to_string(::getpid()));
+    std::filesystem::temp_directory_path()
+    / ("stitch-demo-" + std::to_string(::getpid()) + "-" + cmd.pool + "-" + cmd.run_id);
   std::filesystem::create_directories(scratch);
   std::unique_ptr<node> local;
   if (cmd.local) {
@@ -154,11 +162,15 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
       std::fprintf(out, "demo: local node up; dashboard at http://127.0.0.1:%u/\n",
                    static_cast<unsigned>(local->http().status));
   }
-  auto config = *engine::preset("tiny");
-  auto weights = engine::random_init(config, 7);
+  auto model = engine::preset(cmd.preset);
+  if (!model)
+    return std::move(model).error();
+  auto config = *model;
+  auto weights = engine::random_init(config, cmd.seed);
   if (!weights)
     return std::move(weights).error();
-  if (auto ok = publish_version(sys, cmd, *weights, scratch / "v", 0); !ok)
+  // The boot checkpoint (idempotent when the coordinator published it).
+  if (auto ok = publish_version(sys, cmd, *weights, scratch / "v", cmd.boot_version); !ok)
     return ok;
 
   struct step_row {
@@ -175,17 +187,21 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     std::fprintf(out, "%5s %8s %8s %14s %14s %12s\n", "step", "reward", "samples", "staleness mean",
                  "staleness max", "pause us");
   for (uint32_t step = 0; step < cmd.steps; ++step) {
-    const uint64_t latest = step;
+    if (cmd.stop && cmd.stop->load())
+      break;
+    const uint64_t latest = cmd.boot_version + step;
     const uint64_t min_version = latest > cmd.staleness ? latest - cmd.staleness : 0;
     std::vector<sample_result> results(cmd.samples_per_step);
     std::vector<std::thread> drivers;
     for (uint32_t i = 0; i < cmd.samples_per_step; ++i)
       drivers.emplace_back(
-        [&, i] { results[i] = rollout(cmd.gateway, min_version, uint64_t{step} * 100'000 + i); });
+        [&, i] { results[i] = rollout(cmd, min_version, uint64_t{step} * 100'000 + i); });
     for (auto& t : drivers)
       t.join();
     std::vector<engine::rollout_sample> batch;
     step_row row{0, 0, 0, 0, 0};
+    if (cmd.stop && cmd.stop->load())
+      break;
     for (auto& r : results) {
       if (!r.ok)
         return make_error(errc::engine_unavailable, "demo: a rollout failed: " + r.error);
@@ -205,12 +221,22 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     row.reward = stats->mean_reward;
     if (auto ok = publish_version(sys, cmd, *weights, scratch / "v", latest + 1); !ok)
       return ok;
-    row.pause_us = max_pause_us(cmd.gateway);
+    row.pause_us = max_pause_us(cmd.gateway, cmd.pool);
     rows.push_back(row);
     samples_total += row.samples;
     staleness_sum += row.staleness_mean * static_cast<double>(row.samples);
     staleness_max = std::max(staleness_max, row.staleness_max);
     pause_max = std::max(pause_max, row.pause_us);
+    if (cmd.on_step)
+      cmd.on_step(json{{"step", step},
+                       {"version", latest + 1},
+                       {"reward", row.reward},
+                       {"samples", row.samples},
+                       {"staleness_mean", row.staleness_mean},
+                       {"staleness_max", row.staleness_max},
+                       {"pause_us", row.pause_us},
+                       {"constraint_violations", violations}}
+                    .dump());
     if (!cmd.json) {
       std::fprintf(out, "%5u %8.3f %8zu %14.2f %14llu %12.1f\n", step, row.reward, row.samples,
                    row.staleness_mean, static_cast<unsigned long long>(row.staleness_max),

@@ -2,7 +2,9 @@
 
 #include <caf/fwd.hpp>
 
+#include <atomic>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "runtime/core/error.hpp"
@@ -29,6 +31,16 @@ struct demo_command {
   bool json = false;
   std::string token;
   std::string run_id = "demo";
+  std::string pool = "default";
+  /// The boot checkpoint: built-in model `preset` initialised from `seed`,
+  /// published as `boot_version` (the trainer's steps follow it).
+  std::string preset = "tiny";
+  uint64_t seed = 7;
+  uint64_t boot_version = 0;
+  /// Set by another thread: end after the current step (the trainer role).
+  const std::atomic<bool>* stop = nullptr;
+  /// Called after every step with its report as a JSON object.
+  std::function<void(const std::string&)> on_step;
 };
 
 status run_demo(caf::actor_system& sys, const demo_command& cmd, std::FILE* out);

@@ -6,14 +6,23 @@
 #include "actors/coordinator.hpp"
 #include "actors/gateway.hpp"
 #include "actors/http_front.hpp"
+#include "actors/log.hpp"
+#include "actors/node_agent.hpp"
 #include "actors/publisher.hpp"
 #include "actors/replica.hpp"
 #include "actors/status.hpp"
 #include "actors/store.hpp"
+#include "actors/store_client.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/model_config.hpp"
+#include "runtime/node/demo.hpp"
+#include "runtime/node/remote.hpp"
 #include "runtime/store/store_tensor_source.hpp"
 #include "runtime/store/store_uri.hpp"
+
+#include <map>
+#include <mutex>
+#include <thread>
 
 namespace stitch::node {
 
@@ -38,63 +47,277 @@ private:
 
 } // namespace
 
+/// Trainer jobs of this node: one thread per run, stopped by a flag.
+struct node::jobs {
+  struct job {
+    std::shared_ptr<std::atomic<bool>> stop = std::make_shared<std::atomic<bool>>(false);
+    std::thread thread;
+  };
+  std::mutex mutex;
+  std::map<std::string, job> by_run;
+  /// Replica HTTP fronts of placed replicas, by replica id.
+  std::map<std::string, std::unique_ptr<replica_http>> fronts;
+
+  void stop_all() {
+    std::map<std::string, job> all;
+    {
+      std::lock_guard lock{mutex};
+      all.swap(by_run);
+    }
+    for (auto& [run, j] : all)
+      j.stop->store(true);
+    for (auto& [run, j] : all)
+      if (j.thread.joinable())
+        j.thread.join();
+  }
+};
+
+namespace {
+
+constexpr auto join_wait = std::chrono::seconds{30};
+
+result<host_port> address_of(const std::string& text) {
+  auto a = config::parse_listen_address(text);
+  if (!a)
+    return std::move(a).error();
+  return host_port{a->host, a->port};
+}
+
+replica_options node_replica_options(const node_settings& settings) {
+  auto seconds = [](double s) { return std::chrono::milliseconds{static_cast<int64_t>(s * 1000)}; };
+  replica_options o;
+  o.pool = settings.pool;
+  o.drain_timeout = seconds(settings.drain_timeout);
+  o.backstop = seconds(settings.backstop);
+  return o;
+}
+
+} // namespace
+
 result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_settings& settings) {
-  // Nothing starts half-configured: roles this build cannot host yet are refused.
-  for (const char* role : {"trainer", "rollout_driver"})
-    if (settings.has_role(role))
-      return make_error(errc::invalid_argument,
-                        std::string{"role '"} + role + "' is not part of this build yet");
-  if (!settings.has_role("coordinator") || !settings.has_role("store")
-      || !settings.coordinator_address.empty())
+  if (!settings.tls_cert.empty() && !tls_enabled(sys))
     return make_error(errc::invalid_argument,
-                      "this build runs the coordinator and store on every node; joining another "
-                      "node's coordinator (coordinator.address) is not part of this build yet");
-  if (!settings.tls_cert.empty())
-    return make_error(errc::invalid_argument,
-                      "tls: inter-node TLS is not part of this build yet; remove [tls]");
+                      "tls: the node was started without its TLS settings loaded");
   std::error_code ec;
   std::filesystem::create_directories(settings.data_dir, ec);
   if (ec)
     return make_error(errc::backend_failure, "cannot create the data directory '"
                                                + settings.data_dir.string() + "': " + ec.message());
-  auto opened = store::open_store(settings.effective_store_uri());
-  if (!opened)
-    return std::move(opened).error();
-  std::shared_ptr<store_backend> backend{std::move(*opened)};
   std::unique_ptr<node> n{new node(sys)};
-  n->store_ = sys.spawn<caf::detached>(store_service, backend, settings.data_dir / "spool");
-  n->publisher_ = sys.spawn<caf::detached>(publisher_service, backend, n->store_,
-                                           store::publisher_options{}, settings.admin_token);
-  n->coordinator_ = sys.spawn(coordinator);
-  caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"store"},
-                 caf::actor_cast<caf::actor>(n->store_));
-  caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"publisher"},
-                 caf::actor_cast<caf::actor>(n->publisher_));
-  auto port = sys.middleman().publish(n->coordinator_, settings.coordinator_listen.port,
-                                      settings.coordinator_listen.host.c_str(), true);
-  if (!port) {
-    n->stop();
-    return make_error(errc::backend_failure, "cannot listen on " + settings.coordinator_listen.host
-                                               + ":"
-                                               + std::to_string(settings.coordinator_listen.port)
-                                               + ": " + sys.render(port.error()));
+  n->settings_ = settings;
+  n->jobs_ = std::make_unique<jobs>();
+  if (settings.has_role("coordinator")) {
+    coordinator_options co;
+    co.heartbeat_timeout =
+      std::chrono::milliseconds{static_cast<int64_t>(settings.heartbeat_timeout * 1000)};
+    co.admin_token = settings.admin_token;
+    n->coordinator_ = sys.spawn(coordinator, co);
+    n->owns_coordinator_ = true;
+    auto port = publish_coordinator(sys, n->coordinator_, settings.coordinator_listen.port,
+                                    settings.coordinator_listen.host);
+    if (!port) {
+      n->stop();
+      return std::move(port).error();
+    }
+    n->port_ = *port;
+    n->coordinator_at_ = {settings.coordinator_listen.host, *port};
+  } else {
+    auto at = address_of(settings.coordinator_address);
+    if (!at)
+      return std::move(at).error();
+    n->coordinator_at_ = *at;
+    // The coordinator may still be starting: try for a while.
+    auto deadline = std::chrono::steady_clock::now() + join_wait;
+    for (;;) {
+      auto found = connect_coordinator(sys, *at);
+      if (found) {
+        n->coordinator_ = *found;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline)
+        return std::move(found).error();
+      std::this_thread::sleep_for(std::chrono::milliseconds{200});
+    }
   }
-  n->port_ = *port;
-  if (auto ok = n->start_serving(backend, settings); !ok) {
+  if (settings.has_role("store")) {
+    auto opened = store::open_store(settings.effective_store_uri());
+    if (!opened) {
+      n->stop();
+      return std::move(opened).error();
+    }
+    n->backend_ = std::shared_ptr<store_backend>{std::move(*opened)};
+    n->store_ = sys.spawn<caf::detached>(store_service, n->backend_, settings.data_dir / "spool");
+    n->owns_store_ = true;
+    caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"store"},
+                   caf::actor_cast<caf::actor>(n->store_));
+  } else {
+    auto deadline = std::chrono::steady_clock::now() + join_wait;
+    for (;;) {
+      auto found = ask_actor<caf::actor>(sys, n->coordinator_, std::chrono::seconds{10},
+                                         atom::lookup_v, std::string{"store"});
+      if (found) {
+        n->store_ = caf::actor_cast<store_actor>(*found);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        n->stop();
+        return make_error(errc::not_found, "no member of the cluster hosts the role 'store': "
+                                             + found.error().message);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{200});
+    }
+    n->backend_ = std::make_shared<remote_store>(sys, n->store_);
+  }
+  if (settings.has_role("publisher")) {
+    n->publisher_ = sys.spawn<caf::detached>(publisher_service, n->backend_, n->store_,
+                                             store::publisher_options{}, settings.admin_token);
+    caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"publisher"},
+                   caf::actor_cast<caf::actor>(n->publisher_));
+  }
+  if (auto ok = n->start_serving(settings); !ok) {
+    n->stop();
+    return std::move(ok).error();
+  }
+  if (auto ok = n->join_cluster(settings); !ok) {
     n->stop();
     return std::move(ok).error();
   }
   return n;
 }
 
-status node::start_serving(std::shared_ptr<store_backend> backend, const node_settings& settings) {
-  auto model = engine::preset(settings.model_preset);
+result<replica_actor> node::spawn_replica(const replica_options& o, const std::string& preset,
+                                          uint16_t http_port) {
+  auto model = engine::preset(preset);
   if (!model)
     return std::move(model).error();
+  replica_deps d;
+  d.store = store_;
+  d.make_engine = [config = *model]() -> result<std::shared_ptr<engine_port>> {
+    return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
+  };
+  d.bytes = std::make_shared<backend_source>(backend_, o.pool);
+  d.reconcile_worker = std::make_shared<worker_pool>(1, "stage-" + o.replica_id);
+  d.request_workers = std::make_shared<worker_pool>(64, "gen-" + o.replica_id);
+  auto replica = sys_.spawn(replica_service, o, d);
+  replica_http_options front;
+  front.server.body_limit = settings_.body_limit;
+  front.router.admin_token = settings_.admin_token;
+  front.router.affinity_headers = settings_.affinity_headers;
+  auto http = std::make_unique<replica_http>(sys_, caf::actor_cast<caf::actor>(replica), front);
+  auto port = http->listen(settings_.replica_listen.host, http_port);
+  if (!port) {
+    caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
+    return std::move(port).error();
+  }
+  log::info("node", o.replica_id + " serves http://" + settings_.replica_listen.host + ":"
+                      + std::to_string(*port) + " (pool " + o.pool + ", model " + preset + ")");
+  std::lock_guard lock{jobs_->mutex};
+  if (jobs_->fronts.contains(o.replica_id)) {
+    caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
+    return make_error(errc::conflict, "replica " + o.replica_id + " already runs here");
+  }
+  jobs_->fronts[o.replica_id] = std::move(http);
+  http_.replicas.push_back(*port);
+  return replica;
+}
+
+status node::join_cluster(const node_settings& settings) {
+  member_info me;
+  me.name = settings.name;
+  me.roles = settings.roles;
+  me.slots = settings.gpus;
+  if (gateway_)
+    me.gateway_http = settings.gateway_listen.host + ":" + std::to_string(http_.gateway);
+  node_agent_hooks hooks;
+  hooks.spawn_replica = [this](const placement& p,
+                               const experiment_spec& spec) -> result<replica_actor> {
+    auto mode = parse_commit_mode(spec.commit_mode);
+    if (!mode)
+      return std::move(mode).error();
+    auto o = node_replica_options(settings_);
+    o.replica_id = p.replica_id;
+    o.pool = p.pool;
+    o.mode = *mode;
+    // Slot i listens on replica.listen + replicas + i (0: any free port).
+    uint32_t base = settings_.replica_listen.port;
+    uint16_t want = base == 0 ? 0 : static_cast<uint16_t>(base + settings_.replicas + p.slot);
+    return spawn_replica(o, spec.boot_preset, want);
+  };
+  hooks.replica_gone = [this](const std::string& id) {
+    std::unique_ptr<replica_http> front;
+    {
+      std::lock_guard lock{jobs_->mutex};
+      if (auto it = jobs_->fronts.find(id); it != jobs_->fronts.end()) {
+        front = std::move(it->second);
+        jobs_->fronts.erase(it);
+      }
+    }
+    if (front)
+      front->stop();
+  };
+  hooks.start_trainer = [this](const experiment_spec& spec, const std::string& gateway,
+                               node_agent_actor agent) -> status {
+    auto gw = address_of(gateway);
+    if (!gw)
+      return std::move(gw).error();
+    std::lock_guard lock{jobs_->mutex};
+    if (auto it = jobs_->by_run.find(spec.run_id); it != jobs_->by_run.end()) {
+      if (!it->second.stop->load())
+        return {};
+      if (it->second.thread.joinable())
+        it->second.thread.join();
+      jobs_->by_run.erase(it);
+    }
+    auto& j = jobs_->by_run[spec.run_id];
+    demo_command cmd;
+    cmd.coordinator = coordinator_at_;
+    cmd.gateway = *gw;
+    cmd.steps = spec.trainer.steps;
+    cmd.samples_per_step = spec.trainer.samples_per_step;
+    cmd.staleness = spec.trainer.staleness;
+    cmd.learning_rate = spec.trainer.learning_rate;
+    cmd.token = settings_.admin_token;
+    cmd.run_id = spec.run_id;
+    cmd.pool = spec.pool;
+    cmd.preset = spec.boot_preset;
+    cmd.seed = spec.boot_seed;
+    cmd.boot_version = spec.boot_version;
+    cmd.stop = j.stop.get();
+    cmd.on_step = [agent, run = spec.run_id](const std::string& step) {
+      log::info("trainer", run + " " + step);
+      caf::anon_send(agent, atom::progress_v, run, step);
+    };
+    log::info("trainer", "training " + spec.run_id + " for " + std::to_string(cmd.steps)
+                           + " steps via gateway " + gateway);
+    j.thread = std::thread{[this, cmd = std::move(cmd), agent, stop = j.stop] {
+      std::FILE* quiet = std::fopen("/dev/null", "w");
+      auto done = run_demo(sys_, cmd, quiet ? quiet : stderr);
+      if (quiet)
+        std::fclose(quiet);
+      std::string outcome;
+      if (!done)
+        outcome = "failed: " + to_string(done.error());
+      else if (stop->load())
+        outcome = "stopped";
+      log::info("trainer", cmd.run_id + " ended: " + (outcome.empty() ? "finished" : outcome));
+      stop->store(true);
+      caf::anon_send(agent, atom::trained_v, cmd.run_id, outcome);
+    }};
+    return {};
+  };
+  hooks.stop_trainer = [this](const std::string& run) {
+    std::lock_guard lock{jobs_->mutex};
+    if (auto it = jobs_->by_run.find(run); it != jobs_->by_run.end())
+      it->second.stop->store(true);
+  };
+  agent_ = sys_.spawn(node_agent, me, coordinator_, std::move(hooks));
+  return {};
+}
+
+status node::start_serving(const node_settings& settings) {
   auto mode = parse_commit_mode(settings.commit_mode);
   if (!mode)
     return std::move(mode).error();
-  auto seconds = [](double s) { return std::chrono::milliseconds{static_cast<int64_t>(s * 1000)}; };
   transport::http_server_options server;
   server.body_limit = settings.body_limit;
   replica_http_options front;
@@ -102,8 +325,11 @@ status node::start_serving(std::shared_ptr<store_backend> backend, const node_se
   front.router.admin_token = settings.admin_token;
   front.router.affinity_headers = settings.affinity_headers;
 
-  if (settings.has_role("gateway"))
+  if (settings.has_role("gateway")) {
     gateway_ = sys_.spawn(gateway_service, gateway_options{});
+    caf::anon_send(coordinator_, atom::enroll_v, std::string{"gateway"},
+                   caf::actor_cast<caf::actor>(gateway_));
+  }
   if (settings.has_role("status")) {
     status_options so;
     so.node = settings.name;
@@ -112,42 +338,28 @@ status node::start_serving(std::shared_ptr<store_backend> backend, const node_se
     status_ = sys_.spawn(status_service, so, store_);
     if (gateway_)
       caf::anon_send(status_, atom::enroll_v, gateway_);
-    // `stitch status` finds it through the coordinator.
+    // `stitch status` finds it through the coordinator, which also tells it
+    // of every replica it places.
     caf::anon_send(coordinator_, atom::enroll_v, std::string{"status"},
                    caf::actor_cast<caf::actor>(status_));
   }
   uint32_t replicas = settings.has_role("replica") ? settings.replicas : 0;
   for (uint32_t i = 0; i < replicas; ++i) {
-    replica_options o;
+    auto o = node_replica_options(settings);
     o.replica_id = settings.name == "local" ? "replica-" + std::to_string(i)
-                                            : settings.name + "/replica-" + std::to_string(i);
-    o.pool = settings.pool;
+                                            : settings.name + "-replica-" + std::to_string(i);
     o.mode = *mode;
-    o.drain_timeout = seconds(settings.drain_timeout);
-    o.backstop = seconds(settings.backstop);
-    replica_deps d;
-    d.store = store_;
-    d.make_engine = [config = *model]() -> result<std::shared_ptr<engine_port>> {
-      return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
-    };
-    d.bytes = std::make_shared<backend_source>(backend, settings.pool);
-    d.reconcile_worker = std::make_shared<worker_pool>(1, "stage-" + std::to_string(i));
-    d.request_workers = std::make_shared<worker_pool>(64, "gen-" + std::to_string(i));
-    auto replica = sys_.spawn(replica_service, o, d);
-    replicas_.push_back(replica);
-    if (gateway_)
-      caf::anon_send(gateway_, atom::enroll_v, settings.pool, replica);
-    if (status_)
-      caf::anon_send(status_, atom::enroll_v, settings.pool, replica);
-    auto http = std::make_unique<replica_http>(sys_, caf::actor_cast<caf::actor>(replica), front);
     uint16_t want = settings.replica_listen.port == 0
                       ? 0
                       : static_cast<uint16_t>(settings.replica_listen.port + i);
-    auto port = http->listen(settings.replica_listen.host, want);
-    if (!port)
-      return std::move(port).error();
-    http_.replicas.push_back(*port);
-    replica_fronts_.push_back(std::move(http));
+    auto replica = spawn_replica(o, settings.model_preset, want);
+    if (!replica)
+      return std::move(replica).error();
+    replicas_.push_back(*replica);
+    if (gateway_)
+      caf::anon_send(gateway_, atom::enroll_v, settings.pool, *replica);
+    if (status_)
+      caf::anon_send(status_, atom::enroll_v, settings.pool, *replica);
   }
   if (gateway_) {
     gateway_front_ =
@@ -175,13 +387,23 @@ node::~node() {
 }
 
 void node::stop() {
+  if (jobs_)
+    jobs_->stop_all();
   // HTTP first: answers in flight drain while the actors still run.
   if (gateway_front_)
     gateway_front_->stop();
-  for (auto& f : replica_fronts_)
+  std::map<std::string, std::unique_ptr<replica_http>> placed;
+  if (jobs_) {
+    std::lock_guard lock{jobs_->mutex};
+    placed.swap(jobs_->fronts);
+  }
+  for (auto& [id, f] : placed)
     f->stop();
   if (status_front_)
     status_front_->stop();
+  if (agent_)
+    caf::anon_send_exit(agent_, caf::exit_reason::user_shutdown);
+  agent_ = nullptr;
   for (auto& r : replicas_)
     caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
   replicas_.clear();
@@ -190,10 +412,14 @@ void node::stop() {
       caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
   gateway_ = nullptr;
   status_ = nullptr;
-  if (coordinator_ && port_ != 0)
+  if (owns_coordinator_ && coordinator_ && port_ != 0)
     (void) sys_.middleman().unpublish(coordinator_, port_);
-  for (auto handle : {caf::actor_cast<caf::actor>(coordinator_),
-                      caf::actor_cast<caf::actor>(publisher_), caf::actor_cast<caf::actor>(store_)})
+  std::vector<caf::actor> owned{caf::actor_cast<caf::actor>(publisher_)};
+  if (owns_coordinator_)
+    owned.push_back(caf::actor_cast<caf::actor>(coordinator_));
+  if (owns_store_)
+    owned.push_back(caf::actor_cast<caf::actor>(store_));
+  for (const auto& handle : owned)
     if (handle) {
       caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
       // Handles sent to remote nodes are kept alive in the registry for them;
@@ -203,6 +429,7 @@ void node::stop() {
   coordinator_ = nullptr;
   publisher_ = nullptr;
   store_ = nullptr;
+  backend_.reset();
 }
 
 } // namespace stitch::node

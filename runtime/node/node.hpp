@@ -10,8 +10,9 @@
 
 #include "actors/coordinator_actor.hpp"
 #include "actors/gateway_actor.hpp"
+#include "actors/node_agent_actor.hpp"
 #include "actors/publisher_actor.hpp"
-#include "actors/replica_actor.hpp"
+#include "actors/replica.hpp"
 #include "actors/status_actor.hpp"
 #include "actors/store_actor.hpp"
 #include "runtime/core/error.hpp"
@@ -33,36 +34,50 @@ struct listening {
   std::vector<uint16_t> replicas;
 };
 
-/// The roles one node hosts on its actor system. For now the single-machine
-/// default: coordinator, store, publisher, built-in engine replicas of pool
-/// `default`, gateway and status, each HTTP surface on its own port.
+/// The roles one node hosts on its actor system (DESIGN §2). A node with the
+/// role `coordinator` publishes it on `coordinator.listen`; any other node
+/// joins the one at `coordinator.address`. Every node has a node agent that
+/// joins the coordinator with its roles and slots, sends heartbeats and
+/// hosts what the coordinator places on it (replicas, trainers). `replicas`
+/// static replicas of `replica.pool` start with the node (the single-machine
+/// default); replicas of experiments go on the slots of `gpus`.
 class node {
 public:
-  /// Opens the store, spawns the actors and publishes the coordinator on
-  /// `settings.coordinator` (port 0 picks a free one; see `port()`).
+  /// Opens or finds the store, spawns the actors and joins the cluster.
   static result<std::unique_ptr<node>> start(caf::actor_system& sys, const node_settings& settings);
   ~node();
 
+  /// The coordinator's port on this node (0 when it joined another).
   uint16_t port() const noexcept { return port_; }
   const listening& http() const noexcept { return http_; }
-  /// Stops every actor of the node.
+  /// Stops the trainers, then every actor of the node.
   void stop();
 
 private:
+  struct jobs;
   explicit node(caf::actor_system& sys);
   /// Replicas, gateway and status with their HTTP surfaces.
-  status start_serving(std::shared_ptr<store_backend> backend, const node_settings& settings);
+  status start_serving(const node_settings& settings);
+  status join_cluster(const node_settings& settings);
+  result<replica_actor> spawn_replica(const replica_options& o, const std::string& preset,
+                                      uint16_t http_port);
 
   caf::actor_system& sys_;
+  node_settings settings_;
+  std::shared_ptr<store_backend> backend_;
   store_actor store_;
+  bool owns_store_ = false;
   publisher_actor publisher_;
   coordinator_actor coordinator_;
+  bool owns_coordinator_ = false;
+  host_port coordinator_at_;
+  node_agent_actor agent_;
   std::vector<replica_actor> replicas_;
   gateway_actor gateway_;
   status_actor status_;
-  std::vector<std::unique_ptr<replica_http>> replica_fronts_;
   std::unique_ptr<gateway_http> gateway_front_;
   std::unique_ptr<status_http> status_front_;
+  std::unique_ptr<jobs> jobs_;
   uint16_t port_ = 0;
   listening http_;
 };

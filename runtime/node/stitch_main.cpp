@@ -61,8 +61,24 @@ int main(int argc, char** argv) {
     ->capture_default_str();
   demo_cmd->add_flag("--json", demo.json, "end with one summary JSON object");
 
-  for (const char* name : {"submit", "scale", "stop"})
-    app.add_subcommand(name, "not part of this build yet")->allow_extras();
+  submit_command sub;
+  auto* submit = app.add_subcommand("submit", "submit an experiment: claim its run, place its "
+                                              "replicas and trainer");
+  submit->add_option("file", sub.file, "experiment TOML")->required();
+
+  scale_command scl;
+  auto* scale = app.add_subcommand("scale", "change an experiment's replica count (elastic)");
+  scale->add_option("--replicas", scl.replicas, "replicas wanted")->required();
+  scale->add_option("--run", scl.run, "the run (default: the only active experiment)");
+
+  stop_command stp;
+  auto* stop = app.add_subcommand("stop", "end an experiment: its replicas drain and leave");
+  stop->add_option("run", stp.run, "run id")->required();
+
+  std::string tls_cert, tls_key, tls_ca;
+  app.add_option("--tls-cert", tls_cert, "this client's certificate (PEM), for TLS clusters");
+  app.add_option("--tls-key", tls_key, "this client's private key (PEM)");
+  app.add_option("--tls-ca", tls_ca, "the CA that signed the cluster's certificates (PEM)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -83,13 +99,38 @@ int main(int argc, char** argv) {
     }
     return exit_ok;
   }
-  if (chosen != publish && chosen != exporter && chosen != status && chosen != demo_cmd) {
-    std::fprintf(stderr, "stitch: '%s' is not part of this build yet\n",
-                 chosen->get_name().c_str());
-    return exit_runtime_failure;
+  int tls_given = !tls_cert.empty() + !tls_key.empty() + !tls_ca.empty();
+  if (tls_given != 0 && tls_given != 3) {
+    std::fprintf(stderr, "stitch: --tls-cert, --tls-key and --tls-ca go together\n");
+    return exit_usage;
   }
   stitch::system_config cfg;
+  if (tls_given == 3)
+    cfg.use_tls(tls_cert, tls_key, tls_ca);
   caf::actor_system sys{cfg};
+  auto finish = [&](const char* name, stitch::status done) {
+    if (done)
+      return static_cast<int>(exit_ok);
+    std::fprintf(stderr, "stitch %s: %s\n", name, to_string(done.error()).c_str());
+    return done.error().code == stitch::errc::invalid_argument
+             ? static_cast<int>(exit_usage)
+             : static_cast<int>(exit_runtime_failure);
+  };
+  if (chosen == submit) {
+    sub.coordinator = *where;
+    sub.token = token;
+    return finish("submit", run_submit(sys, sub, stdout));
+  }
+  if (chosen == scale) {
+    scl.coordinator = *where;
+    scl.token = token;
+    return finish("scale", run_scale(sys, scl, stdout));
+  }
+  if (chosen == stop) {
+    stp.coordinator = *where;
+    stp.token = token;
+    return finish("stop", run_stop(sys, stp, stdout));
+  }
   if (chosen == demo_cmd) {
     demo.coordinator = *where;
     demo.token = token;

@@ -55,15 +55,24 @@ int main(int argc, char** argv) {
 
   stitch::log::set_node(settings->name);
   stitch::system_config cfg;
+  if (!settings->tls_cert.empty())
+    cfg.use_tls(settings->tls_cert.string(), settings->tls_key.string(), settings->tls_ca.string());
   caf::actor_system sys{cfg};
   auto n = node::start(sys, *settings);
   if (!n) {
     std::fprintf(stderr, "stitch-node: %s\n", to_string(n.error()).c_str());
     return exit_runtime_failure;
   }
-  std::printf("stitch-node: coordinator listening on %s:%u, store %s\n",
-              settings->coordinator_listen.host.c_str(), static_cast<unsigned>((*n)->port()),
-              settings->effective_store_uri().c_str());
+  if (settings->has_role("coordinator"))
+    std::printf("stitch-node: coordinator listening on %s:%u%s\n",
+                settings->coordinator_listen.host.c_str(), static_cast<unsigned>((*n)->port()),
+                settings->tls_cert.empty() ? "" : " (mutual TLS)");
+  else
+    std::printf("stitch-node: %s joined the coordinator at %s%s\n", settings->name.c_str(),
+                settings->coordinator_address.c_str(),
+                settings->tls_cert.empty() ? "" : " (mutual TLS)");
+  if (settings->has_role("store"))
+    std::printf("stitch-node: store %s\n", settings->effective_store_uri().c_str());
   const auto& http = (*n)->http();
   if (settings->has_role("gateway"))
     std::printf("stitch-node: gateway http://%s:%u\n", settings->gateway_listen.host.c_str(),

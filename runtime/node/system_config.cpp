@@ -3,13 +3,16 @@
 #include <caf/actor_system.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/message.hpp>
+#include <caf/openssl/manager.hpp>
 
+#include "actors/handle_types.hpp"
 #include "actors/messages.hpp"
 
 namespace stitch {
 
 void register_stitch_types(caf::actor_system_config& cfg) {
   cfg.add_message_types<caf::id_block::stitch>();
+  cfg.add_message_types<caf::id_block::stitch_handles>();
   cfg.add_error_category(caf::atom("stitch"),
                          [](uint8_t code, caf::atom_value, const caf::message& ctx) -> std::string {
                            std::string out = "stitch::";
@@ -25,6 +28,14 @@ void register_stitch_types(caf::actor_system_config& cfg) {
 system_config::system_config() {
   register_stitch_types(*this);
   load<caf::io::middleman>();
+}
+
+void system_config::use_tls(const std::string& cert, const std::string& key,
+                            const std::string& ca) {
+  openssl_certificate = cert;
+  openssl_key = key;
+  openssl_cafile = ca;
+  load<caf::openssl::manager>();
 }
 
 } // namespace stitch

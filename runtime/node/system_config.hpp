@@ -2,6 +2,8 @@
 
 #include <caf/actor_system_config.hpp>
 
+#include <string>
+
 namespace stitch {
 
 /// Registers Stitch's message types and the renderer of its error category.
@@ -12,6 +14,10 @@ void register_stitch_types(caf::actor_system_config& cfg);
 class system_config : public caf::actor_system_config {
 public:
   system_config();
+  /// Every inter-node connection becomes mutual TLS (CAF's OpenSSL module):
+  /// this process presents `cert`/`key` and accepts only peers whose
+  /// certificate `ca` signed. Call before the actor system is made.
+  void use_tls(const std::string& cert, const std::string& key, const std::string& ca);
 };
 
 } // namespace stitch

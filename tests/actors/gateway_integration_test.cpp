@@ -42,6 +42,7 @@ replica_actor::behavior_type fake_replica(replica_actor::pointer self,
     },
     [](atom::cancel, uint64_t) {},
     [](atom::wake) {},
+    [](atom::retire) {},
     [info](atom::server_info) { return info(); },
     [self, info](atom::subscribe, caf::actor& who) {
       caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, info());

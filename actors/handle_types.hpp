@@ -1,0 +1,16 @@
+#pragma once
+
+// Type IDs of the typed actor handles that travel in messages between nodes
+// (a placed replica handed to gateways, a node agent joining). A block of its
+// own after `stitch`'s: the handles' interfaces name the message types.
+
+#include <caf/type_id.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/node_agent_actor.hpp"
+#include "actors/replica_actor.hpp"
+
+CAF_BEGIN_TYPE_ID_BLOCK(stitch_handles, caf::id_block::stitch::end)
+CAF_ADD_TYPE_ID(stitch_handles, (stitch::replica_actor))
+CAF_ADD_TYPE_ID(stitch_handles, (stitch::node_agent_actor))
+CAF_END_TYPE_ID_BLOCK(stitch_handles)

@@ -1,0 +1,29 @@
+#pragma once
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/replica_actor.hpp"
+
+namespace stitch {
+
+/// NODE AGENT: a node's member of the cluster. Joins the coordinator with the
+/// node's roles and slots, sends heartbeats, and carries out what the
+/// coordinator places on the node: replicas (spawned, retired after a drain)
+/// and the built-in trainer of an experiment.
+using node_agent_actor = caf::typed_actor<
+  // Spawns a replica of the experiment on the placement's slot.
+  caf::replies_to<atom::spawn, placement, experiment_spec>::with<replica_actor>,
+  // Asks the named replica to drain and leave.
+  caf::reacts_to<atom::retire, std::string>,
+  // Starts the experiment's trainer and rollout driver against the gateway at
+  // `host:port`.
+  caf::reacts_to<atom::train, experiment_spec, std::string>,
+  // Stops the trainer of a run.
+  caf::reacts_to<atom::stop, std::string>,
+  // Internal: (re)join and heartbeat timer; a trainer's progress and end.
+  caf::reacts_to<atom::tick>, caf::reacts_to<atom::progress, std::string, std::string>,
+  caf::reacts_to<atom::trained, std::string, std::string>>;
+
+} // namespace stitch
