@@ -67,7 +67,12 @@ std::pair<std::optional<stamps>, std::vector<gate_effect>> admission_gate::finis
     std::erase_if(queue_, [id](const waiting& w) { return w.id == id; });
     return {std::nullopt, {}};
   }
-  stamps s{it->second.start_version, served_.value_or(it->second.start_version)};
+  // An exact pin holds every commit until it finishes, so the served version
+  // can only have moved under it by `advance` — versions whose weights equal
+  // the pinned one (empty deltas). It ran on exactly the pinned weights, and
+  // says so: start = end = the pin.
+  const uint64_t start = it->second.start_version;
+  stamps s{start, it->second.exact ? start : served_.value_or(start)};
   if (it->second.exact)
     --exact_pins_;
   active_.erase(it);

@@ -28,6 +28,10 @@ void register_stitch_types(caf::actor_system_config& cfg) {
 system_config::system_config() {
   register_stitch_types(*this);
   load<caf::io::middleman>();
+  // Nodes talk directly (a gateway to a replica placed on another node), not
+  // through whoever introduced them: a node that dies breaks the connection
+  // of every node that used it, and their monitors fire at once.
+  set("middleman.enable-automatic-connections", true);
 }
 
 void system_config::use_tls(const std::string& cert, const std::string& key,

@@ -4,25 +4,34 @@
 #include <fstream>
 #include <sstream>
 
+#include "config/experiment.hpp"
 #include "config/node_config.hpp"
 
 namespace stitch::config {
 namespace {
 
-TEST(examples, every_role_file_in_examples_parses) {
+TEST(examples, every_role_and_experiment_file_in_examples_parses) {
   auto dir = std::filesystem::path{STITCH_SOURCE_DIR} / "examples";
-  size_t seen = 0;
-  for (const auto& entry : std::filesystem::directory_iterator{dir}) {
+  size_t nodes = 0, experiments = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator{dir}) {
     if (entry.path().extension() != ".toml")
       continue;
     std::ifstream in{entry.path()};
     std::stringstream text;
     text << in.rdbuf();
-    auto c = parse_node_config(text.str(), entry.path().filename().string());
+    auto name = entry.path().filename().string();
+    if (name.starts_with("experiment")) {
+      auto e = parse_experiment(text.str(), name);
+      EXPECT_TRUE(e) << entry.path() << ": " << (e ? "" : e.error().message);
+      ++experiments;
+      continue;
+    }
+    auto c = parse_node_config(text.str(), name);
     EXPECT_TRUE(c) << entry.path() << ": " << (c ? "" : c.error().message);
-    ++seen;
+    ++nodes;
   }
-  EXPECT_GE(seen, 1u);
+  EXPECT_GE(nodes, 6u);
+  EXPECT_GE(experiments, 1u);
 }
 
 TEST(examples, the_all_in_one_file_is_the_default) {

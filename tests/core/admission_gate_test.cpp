@@ -217,6 +217,18 @@ TEST(admission_gate, advance_flips_without_commit_but_not_during_one) {
   EXPECT_FALSE(g.advance(8));
 }
 
+TEST(admission_gate, an_exact_pin_keeps_its_stamps_across_an_advance_of_identical_weights) {
+  // Found by the loopback cluster test: a trainer whose step changed nothing
+  // publishes an empty delta; the replica advances without an activation
+  // while an exact pin runs, and the pin must still report start = end.
+  auto g = serving(5);
+  ASSERT_TRUE(std::holds_alternative<admitted>(g.admit(1, exact_v(5), 0s)));
+  ASSERT_TRUE(std::holds_alternative<admitted>(g.admit(2, min_v(5), 0s)));
+  ASSERT_TRUE(g.advance(6));
+  EXPECT_EQ(g.finish(1, 1s).first, (stamps{5, 5}));
+  EXPECT_EQ(g.finish(2, 1s).first, (stamps{5, 6}));
+}
+
 TEST(admission_gate, full_queue_refuses_newcomers) {
   admission_gate g{admission_gate::options{300s, 2}};
   g.serve(1);

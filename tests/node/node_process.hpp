@@ -40,30 +40,35 @@ inline run_result run(const std::string& command) {
   return r;
 }
 
-/// `stitch-node --data-dir DIR/data --set ...` with every listen port 0; the
-/// ports it picked are read from its log.
+/// A `stitch-node` child process; its log is `DIR/node.log`.
 class node_process {
 public:
+  /// The all-in-one node: `--data-dir DIR/data --set ...` with every listen
+  /// port 0; the ports it picked are read from its log.
   node_process(const std::filesystem::path& dir, std::vector<std::string> extra_sets)
       : log_(dir / "node.log") {
-    std::vector<std::string> args = {STITCH_NODE_BIN, "--data-dir=" + (dir / "data").string()};
+    std::vector<std::string> args = {"--data-dir=" + (dir / "data").string()};
     for (const char* s : {"coordinator.listen=127.0.0.1:0", "gateway.listen=127.0.0.1:0",
                           "status.listen=127.0.0.1:0", "replica.listen=127.0.0.1:0"})
       args.insert(args.end(), {"--set", s});
     for (auto& s : extra_sets)
       args.insert(args.end(), {"--set", s});
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::freopen(log_.c_str(), "w", stdout);
-      std::freopen(log_.c_str(), "a", stderr);
-      std::vector<char*> argv;
-      for (auto& a : args)
-        argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(STITCH_NODE_BIN, argv.data());
-      _exit(127);
-    }
-    for (int i = 0; i < 600 && status_port.empty(); ++i) {
+    launch(args);
+    await_log("status http://127\\.0\\.0\\.1:[0-9]+");
+  }
+
+  /// `stitch-node ARGS...`, waiting until its log matches `ready` (or it exits).
+  node_process(const std::filesystem::path& dir, const std::vector<std::string>& args,
+               const std::string& ready)
+      : log_(dir / "node.log") {
+    std::filesystem::create_directories(dir);
+    launch(args);
+    await_log(ready);
+  }
+
+  /// Waits (bounded, 30 s) until the log matches `pattern`; reads the ports.
+  bool await_log(const std::string& pattern) {
+    for (int i = 0; i < 600; ++i) {
       auto s = log();
       std::smatch m;
       if (std::regex_search(s, m, std::regex{"listening on 127\\.0\\.0\\.1:([0-9]+)"}))
@@ -72,9 +77,33 @@ public:
         gateway_port = m[1];
       if (std::regex_search(s, m, std::regex{"status http://127\\.0\\.0\\.1:([0-9]+)"}))
         status_port = m[1];
-      if (status_port.empty())
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (std::regex_search(s, std::regex{pattern})) {
+        ready_ = true;
+        return true;
+      }
+      if (pid_ > 0 && waitpid(pid_, &exit_status_, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    return false;
+  }
+
+  /// SIGKILL: the node dies without leaving the cluster.
+  void kill9() {
+    if (pid_ <= 0)
+      return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &exit_status_, 0);
+    pid_ = -1;
+  }
+
+  /// The exit code when it exited on its own (-1 while running or killed).
+  int exit_code() {
+    if (pid_ > 0 && waitpid(pid_, &exit_status_, WNOHANG) == pid_)
+      pid_ = -1;
+    return pid_ <= 0 && WIFEXITED(exit_status_) ? WEXITSTATUS(exit_status_) : -1;
   }
 
   ~node_process() { stop(); }
@@ -86,7 +115,7 @@ public:
     return text.str();
   }
 
-  bool started() const { return !status_port.empty() && !coordinator_port.empty(); }
+  bool started() const { return ready_; }
 
   /// SIGTERM; true when it exited 0.
   bool stop() {
@@ -102,8 +131,25 @@ public:
   std::string coordinator_port, gateway_port, status_port;
 
 private:
+  void launch(std::vector<std::string> args) {
+    args.insert(args.begin(), STITCH_NODE_BIN);
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::freopen(log_.c_str(), "w", stdout);
+      std::freopen(log_.c_str(), "a", stderr);
+      std::vector<char*> argv;
+      for (auto& a : args)
+        argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(STITCH_NODE_BIN, argv.data());
+      _exit(127);
+    }
+  }
+
   std::filesystem::path log_;
   pid_t pid_ = -1;
+  int exit_status_ = 0;
+  bool ready_ = false;
 };
 
 } // namespace stitch::testing
