@@ -124,9 +124,15 @@ void carry_out(self_ptr self, std::vector<plan_effect> effects) {
         break;
     }
   }
-  // Placed replicas the plan dropped (their node left) are gone.
-  std::erase_if(st.replicas,
-                [&](const auto& kv) { return !st.plan.placements().contains(kv.first); });
+  // Placed replicas the plan dropped (their node left) are gone: gateways
+  // stop routing to them.
+  std::erase_if(st.replicas, [&](const auto& kv) {
+    if (st.plan.placements().contains(kv.first))
+      return false;
+    for (const auto& gw : st.roles["gateway"])
+      caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::retire_v, kv.second);
+    return true;
+  });
 }
 
 void remove_member(self_ptr self, const std::string& name, const std::string& why) {

@@ -193,6 +193,24 @@ const caf::actor_addr* choose_replica(const gateway_state& st, const std::string
   return best;
 }
 
+namespace {
+
+/// Stops routing to a replica that is gone.
+void drop(self_ptr self, const caf::actor_addr& who, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.replicas.find(who);
+  if (it == st.replicas.end())
+    return;
+  log::warn("gateway",
+            "replica "
+              + (it->second.known ? it->second.info.replica_id : std::string{"(not yet reporting)"})
+              + " is gone (" + why + "): removed from routing");
+  st.replicas.erase(it);
+  std::erase_if(st.affinity, [&](const auto& kv) { return kv.second == who; });
+}
+
+} // namespace
+
 gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gateway_state> self,
                                              gateway_options opts) {
   self->state.opts = opts;
@@ -200,17 +218,12 @@ gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gat
     {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
   self->state.stats.staleness_versions = histogram::with_bounds({0, 1, 2, 3, 4, 5, 8, 16, 32, 64});
   self->set_down_handler([self](const caf::down_msg& down) {
-    auto& st = self->state;
-    if (auto it = st.replicas.find(down.source); it != st.replicas.end())
-      log::warn(
-        "gateway",
-        "replica "
-          + (it->second.known ? it->second.info.replica_id : std::string{"(not yet reporting)"})
-          + " is gone (" + self->system().render(down.reason) + "): removed from routing");
-    st.replicas.erase(down.source);
-    std::erase_if(st.affinity, [&](const auto& kv) { return kv.second == down.source; });
+    drop(self, down.source, self->system().render(down.reason));
   });
   return {
+    [self](atom::retire, const replica_actor& replica) {
+      drop(self, replica.address(), "the coordinator removed its node");
+    },
     [self](atom::enroll, const std::string& pool, const replica_actor& replica) {
       auto& st = self->state;
       auto addr = replica.address();

@@ -15,6 +15,10 @@ namespace stitch {
 using gateway_actor = caf::typed_actor<
   // Adds a replica to a pool (the gateway subscribes to its state).
   caf::reacts_to<atom::enroll, std::string, replica_actor>,
+  // Stops routing to a replica (the coordinator removed its node; the
+  // gateway's own monitor may not fire when it reached the replica through
+  // another node).
+  caf::reacts_to<atom::retire, replica_actor>,
   // Serves a request for `pool` with session `session` (empty = none).
   caf::replies_to<atom::generate, std::string, std::string, replica_call>::with<replica_answer>,
   // The client of request `key` went away.

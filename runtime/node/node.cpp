@@ -74,7 +74,8 @@ struct node::jobs {
 
 namespace {
 
-constexpr auto join_wait = std::chrono::seconds{30};
+/// How long a node keeps trying to reach the coordinator and the store.
+constexpr auto join_wait = std::chrono::seconds{20};
 
 result<host_port> address_of(const std::string& text) {
   auto a = config::parse_listen_address(text);

@@ -104,6 +104,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stitch: --tls-cert, --tls-key and --tls-ca go together\n");
     return exit_usage;
   }
+  if (tls_given == 3) {
+    auto bad = stitch::check_tls_files(tls_cert, tls_key, tls_ca);
+    if (!bad.empty()) {
+      std::fprintf(stderr, "stitch: %s\n", bad.c_str());
+      return exit_usage;
+    }
+  }
   stitch::system_config cfg;
   if (tls_given == 3)
     cfg.use_tls(tls_cert, tls_key, tls_ca);

@@ -55,6 +55,14 @@ int main(int argc, char** argv) {
 
   stitch::log::set_node(settings->name);
   stitch::system_config cfg;
+  if (!settings->tls_cert.empty()) {
+    auto bad = stitch::check_tls_files(settings->tls_cert.string(), settings->tls_key.string(),
+                                       settings->tls_ca.string());
+    if (!bad.empty()) {
+      std::fprintf(stderr, "stitch-node: invalid configuration:\ntls: %s\n", bad.c_str());
+      return exit_usage;
+    }
+  }
   if (!settings->tls_cert.empty())
     cfg.use_tls(settings->tls_cert.string(), settings->tls_key.string(), settings->tls_ca.string());
   caf::actor_system sys{cfg};

@@ -3,7 +3,9 @@
 #include <caf/actor_system.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/message.hpp>
+
 #include <caf/openssl/manager.hpp>
+#include <fstream>
 
 #include "actors/handle_types.hpp"
 #include "actors/messages.hpp"
@@ -34,12 +36,29 @@ system_config::system_config() {
   set("middleman.enable-automatic-connections", true);
 }
 
+std::string check_tls_files(const std::string& cert, const std::string& key,
+                            const std::string& ca) {
+  for (const auto& [what, path] :
+       {std::pair{"certificate", cert}, std::pair{"key", key}, std::pair{"CA certificate", ca}}) {
+    std::ifstream in{path};
+    std::string head(11, '\0');
+    if (!in || !in.read(head.data(), static_cast<std::streamsize>(head.size()))
+        || head != "-----BEGIN ")
+      return std::string{"the TLS "} + what + " '" + path + "' is not a readable PEM file";
+  }
+  return {};
+}
+
 void system_config::use_tls(const std::string& cert, const std::string& key,
                             const std::string& ca) {
   openssl_certificate = cert;
   openssl_key = key;
   openssl_cafile = ca;
   load<caf::openssl::manager>();
+  // CAF's automatic connections open plain BASP connections, which a TLS
+  // peer refuses: over TLS, nodes reach each other through the coordinator's
+  // node, and gateways hear from the coordinator of nodes it removed.
+  set("middleman.enable-automatic-connections", false);
 }
 
 } // namespace stitch

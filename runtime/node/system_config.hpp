@@ -11,6 +11,10 @@ void register_stitch_types(caf::actor_system_config& cfg);
 
 /// The actor system config every Stitch process uses: our types, and the
 /// middleman for remote actors.
+/// Checks that the TLS files exist and hold PEM text, naming the first that
+/// does not (CAF's OpenSSL module would abort on them).
+std::string check_tls_files(const std::string& cert, const std::string& key, const std::string& ca);
+
 class system_config : public caf::actor_system_config {
 public:
   system_config();
