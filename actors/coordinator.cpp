@@ -57,6 +57,7 @@ std::string gateway_for(const coordinator_state& st, const std::string& node) {
 }
 
 void carry_out(self_ptr self, std::vector<plan_effect> effects);
+void publish_view(self_ptr self);
 
 void place(self_ptr self, const placement& p) {
   auto& st = self->state;
@@ -133,9 +134,10 @@ void carry_out(self_ptr self, std::vector<plan_effect> effects) {
       caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::retire_v, kv.second);
     return true;
   });
+  publish_view(self);
 }
 
-void remove_member(self_ptr self, const std::string& name, const std::string& why) {
+void remove_member(self_ptr self, std::string name, const std::string& why) {
   auto& st = self->state;
   auto it = st.members.find(name);
   if (it == st.members.end())
@@ -196,6 +198,17 @@ ojson cluster_json(const coordinator_state& st) {
   return out;
 }
 
+/// Status actors show the members and experiments.
+void publish_view(self_ptr self) {
+  auto& st = self->state;
+  auto it = st.roles.find("status");
+  if (it == st.roles.end() || it->second.empty())
+    return;
+  auto text = cluster_json(st).dump();
+  for (const auto& s : it->second)
+    caf::anon_send(caf::actor_cast<status_actor>(s), atom::cluster_view_v, text);
+}
+
 void rollback(self_ptr self, const std::string& run) {
   auto& st = self->state;
   if (auto undone = st.plan.stop(run)) {
@@ -220,8 +233,11 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       std::erase_if(handles, [&](const caf::actor& a) { return a.address() == down.source; });
     for (const auto& [name, m] : st.members)
       if (m.agent.address() == down.source) {
+        bool left =
+          down.reason == caf::exit_reason::user_shutdown || down.reason == caf::exit_reason::normal;
         remove_member(self, name,
-                      "its connection closed (" + self->system().render(down.reason) + ")");
+                      left ? "it left the cluster"
+                           : "its connection closed (" + self->system().render(down.reason) + ")");
         return;
       }
   });
@@ -247,6 +263,8 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
         else if (role == "status")
           caf::anon_send(caf::actor_cast<status_actor>(handle), atom::enroll_v, pool, replica);
       }
+      if (role == "status")
+        publish_view(self);
     },
     [self](atom::join, member_info& info, const node_agent_actor& agent) -> caf::result<uint64_t> {
       auto& st = self->state;
@@ -381,6 +399,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     [self](atom::progress, const std::string& run, const std::string& step) {
       if (auto it = self->state.runs.find(run); it != self->state.runs.end())
         it->second.last_step = step;
+      publish_view(self);
     },
     [self](atom::trained, const std::string& run, const std::string& outcome) {
       auto& st = self->state;
@@ -389,6 +408,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
         it->second.outcome = outcome.empty() ? "finished" : outcome;
       log::info("coordinator", "trainer of " + run + " ended: "
                                  + (outcome.empty() ? std::string{"finished"} : outcome));
+      publish_view(self);
     },
   };
 }

@@ -106,6 +106,15 @@ std::string status_json(const status_state& st) {
   node["listening"] = std::move(listening);
   node["up_since_ms"] = st.started_ms;
   j["nodes"] = ojson::array({std::move(node)});
+  // The cluster's other members and its experiments, as the coordinator
+  // last told them.
+  j["experiments"] = ojson::array();
+  if (auto cluster = ojson::parse(st.cluster, nullptr, false); cluster.is_object()) {
+    for (auto& n : cluster["nodes"])
+      if (n.value("name", "") != st.opts.node)
+        j["nodes"].push_back(std::move(n));
+    j["experiments"] = std::move(cluster["experiments"]);
+  }
   ojson pools = ojson::array();
   ojson runs = ojson::array();
   for (const auto& [pool, p] : st.pointers) {
@@ -270,6 +279,26 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
   return out;
 }
 
+namespace {
+
+/// Follows a pool's pointer: a subscription and a first read.
+void watch_pool(status_actor::stateful_pointer<status_state> self, const std::string& pool) {
+  auto& st = self->state;
+  st.watched.insert(pool);
+  if (!st.store)
+    return;
+  self->send(st.store, atom::subscribe_v, pool, caf::actor_cast<caf::actor>(self));
+  self->request(st.store, std::chrono::seconds{30}, atom::read_pointer_v, pool)
+    .then(
+      [self, pool](const pointer_reply& r) {
+        if (r.present)
+          self->state.pointers[pool] = r.record;
+      },
+      [](caf::error&) {});
+}
+
+} // namespace
+
 status_actor::behavior_type status_service(status_actor::stateful_pointer<status_state> self,
                                            status_options opts, store_actor store) {
   auto& st = self->state;
@@ -285,17 +314,8 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
     std::erase_if(self->state.gateways,
                   [&](const gateway_actor& g) { return g.address() == down.source; });
   });
-  if (store)
-    for (const auto& pool : st.opts.pools) {
-      self->send(store, atom::subscribe_v, pool, caf::actor_cast<caf::actor>(self));
-      self->request(store, std::chrono::seconds{30}, atom::read_pointer_v, pool)
-        .then(
-          [self, pool](const pointer_reply& r) {
-            if (r.present)
-              self->state.pointers[pool] = r.record;
-          },
-          [](caf::error&) {});
-    }
+  for (const auto& pool : st.opts.pools)
+    watch_pool(self, pool);
   return {
     [self](atom::enroll, const std::string& pool, const replica_actor& r) {
       auto& replicas = self->state.replicas;
@@ -305,6 +325,8 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
       e.handle = r;
       e.pool = pool;
       replicas.emplace(r.address(), std::move(e));
+      if (!self->state.watched.contains(pool))
+        watch_pool(self, pool);
       self->monitor(r);
       self->send(r, atom::subscribe_v, caf::actor_cast<caf::actor>(self));
     },
@@ -316,6 +338,7 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
     [self](atom::pointer_moved, const std::string& pool, const pointer_record& p) {
       self->state.pointers[pool] = p;
     },
+    [self](atom::cluster_view, std::string& json) { self->state.cluster = std::move(json); },
     [self](atom::status_view) { return status_json(self->state); },
     [self](atom::metrics) -> caf::result<std::string> {
       auto& now = self->state;

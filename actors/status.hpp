@@ -5,6 +5,7 @@
 
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,10 @@ struct status_state {
   std::map<caf::actor_addr, replica_entry> replicas;
   std::map<std::string, pointer_record> pointers;
   std::vector<gateway_actor> gateways;
+  /// Pools whose pointer is followed.
+  std::set<std::string> watched;
+  /// The coordinator's view (JSON): members and experiments.
+  std::string cluster;
   std::deque<update> recent;
   histogram stage_seconds;
   histogram pause_seconds;

@@ -17,6 +17,8 @@ using status_actor =
                    caf::reacts_to<atom::enroll, gateway_actor>,
                    caf::reacts_to<atom::replica_state, replica_info>,
                    caf::reacts_to<atom::pointer_moved, std::string, pointer_record>,
+                   // The coordinator's members and experiments (JSON).
+                   caf::reacts_to<atom::cluster_view, std::string>,
                    // `GET /status` as JSON.
                    caf::replies_to<atom::status_view>::with<std::string>,
                    // `GET /metrics` in the Prometheus text exposition format.

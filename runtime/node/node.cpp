@@ -55,8 +55,9 @@ struct node::jobs {
   };
   std::mutex mutex;
   std::map<std::string, job> by_run;
-  /// Replica HTTP fronts of placed replicas, by replica id.
+  /// Replica HTTP fronts and actors, by replica id.
   std::map<std::string, std::unique_ptr<replica_http>> fronts;
+  std::map<std::string, replica_actor> replicas;
 
   void stop_all() {
     std::map<std::string, job> all;
@@ -218,6 +219,7 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
     return make_error(errc::conflict, "replica " + o.replica_id + " already runs here");
   }
   jobs_->fronts[o.replica_id] = std::move(http);
+  jobs_->replicas[o.replica_id] = replica;
   http_.replicas.push_back(*port);
   return replica;
 }
@@ -248,6 +250,7 @@ status node::join_cluster(const node_settings& settings) {
     std::unique_ptr<replica_http> front;
     {
       std::lock_guard lock{jobs_->mutex};
+      jobs_->replicas.erase(id);
       if (auto it = jobs_->fronts.find(id); it != jobs_->fronts.end()) {
         front = std::move(it->second);
         jobs_->fronts.erase(it);
@@ -390,23 +393,44 @@ node::~node() {
 void node::stop() {
   if (jobs_)
     jobs_->stop_all();
-  // HTTP first: answers in flight drain while the actors still run.
-  if (gateway_front_)
-    gateway_front_->stop();
+  // The node leaves the cluster first: the coordinator places its replicas
+  // elsewhere while they drain here.
+  if (agent_)
+    caf::anon_send_exit(agent_, caf::exit_reason::user_shutdown);
+  agent_ = nullptr;
+  // Replicas leave rotation and finish what they are running (bounded by
+  // replica.drain_timeout, at most 30 s here), then HTTP stops.
+  std::map<std::string, replica_actor> leaving;
   std::map<std::string, std::unique_ptr<replica_http>> placed;
   if (jobs_) {
     std::lock_guard lock{jobs_->mutex};
+    leaving.swap(jobs_->replicas);
     placed.swap(jobs_->fronts);
   }
+  if (!leaving.empty()) {
+    caf::scoped_actor self{sys_};
+    for (auto& [id, r] : leaving) {
+      self->monitor(r);
+      self->send(r, atom::retire_v);
+    }
+    auto limit = std::min<std::chrono::milliseconds>(
+      std::chrono::milliseconds{static_cast<int64_t>(settings_.drain_timeout * 1000)},
+      std::chrono::seconds{30});
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    size_t gone = 0;
+    while (gone < leaving.size() && std::chrono::steady_clock::now() < deadline) {
+      self->receive([&](caf::down_msg&) { ++gone; },
+                    caf::after(std::chrono::milliseconds{100}) >> [] {});
+    }
+    for (auto& [id, r] : leaving)
+      caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  }
+  if (gateway_front_)
+    gateway_front_->stop();
   for (auto& [id, f] : placed)
     f->stop();
   if (status_front_)
     status_front_->stop();
-  if (agent_)
-    caf::anon_send_exit(agent_, caf::exit_reason::user_shutdown);
-  agent_ = nullptr;
-  for (auto& r : replicas_)
-    caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
   replicas_.clear();
   for (auto handle : {caf::actor_cast<caf::actor>(gateway_), caf::actor_cast<caf::actor>(status_)})
     if (handle)

@@ -245,6 +245,24 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     120s))
     << frontdoor->log() << coord->log() << trainer->log();
 
+  // The front door's status surface shows every member and the experiment.
+  EXPECT_TRUE(eventually(
+    [&] {
+      auto st = get_json(frontdoor->status_port, "/status");
+      if (!st)
+        return false;
+      std::set<std::string> names;
+      for (const auto& n : (*st)["nodes"])
+        names.insert(n.value("name", ""));
+      return names
+               == std::set<std::string>{"coord", "frontdoor", "replica-a", "replica-b", "trainer"}
+             && (*st)["experiments"].size() == 1
+             && (*st)["experiments"][0].value("run_id", "") == "loop"
+             && (*st)["experiments"][0].contains("last_step");
+    },
+    10s))
+    << get_json(frontdoor->status_port, "/status").value_or(json{}).dump();
+
   // SIGKILL the replica node b: the gateway stops routing to its replicas
   // within the heartbeat bound, and the coordinator logs the removal.
   auto on_b = placed_on("replica-b");
