@@ -140,6 +140,27 @@ status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* 
   return {};
 }
 
+result<std::optional<resume_point>> find_resume_point(caf::actor_system& sys,
+                                                      const host_port& coordinator,
+                                                      const std::string& pool,
+                                                      const std::string& run_id,
+                                                      uint64_t boot_version) {
+  auto handle = lookup(sys, coordinator, "store");
+  if (!handle)
+    return std::move(handle).error();
+  remote_store store{sys, caf::actor_cast<store_actor>(*handle)};
+  auto pointer = store.read_pointer(pool);
+  if (!pointer)
+    return std::move(pointer).error();
+  if (!*pointer || (*pointer)->latest.run_id != run_id
+      || (*pointer)->latest.version <= boot_version)
+    return std::optional<resume_point>{};
+  auto weights = store::materialize(store, pool, (*pointer)->latest);
+  if (!weights)
+    return std::move(weights).error();
+  return std::optional<resume_point>{resume_point{(*pointer)->latest.version, std::move(*weights)}};
+}
+
 status run_init_model(const init_model_command& cmd, std::FILE* out) {
   auto config = engine::preset(cmd.preset);
   if (!config)

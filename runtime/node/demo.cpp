@@ -169,9 +169,24 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
   auto weights = engine::random_init(config, cmd.seed);
   if (!weights)
     return std::move(weights).error();
+  uint32_t first_step = 0;
+  if (cmd.resume) {
+    auto point = find_resume_point(sys, cmd.coordinator, cmd.pool, cmd.run_id, cmd.boot_version);
+    if (!point)
+      return std::move(point).error();
+    if (*point) {
+      first_step = static_cast<uint32_t>(
+        std::min<uint64_t>((*point)->version - cmd.boot_version, cmd.steps));
+      *weights = std::move((*point)->weights);
+      if (!cmd.json)
+        std::fprintf(out, "demo: resuming %s at version %llu (step %u)\n", cmd.run_id.c_str(),
+                     static_cast<unsigned long long>((*point)->version), first_step);
+    }
+  }
   // The boot checkpoint (idempotent when the coordinator published it).
-  if (auto ok = publish_version(sys, cmd, *weights, scratch / "v", cmd.boot_version); !ok)
-    return ok;
+  if (first_step == 0)
+    if (auto ok = publish_version(sys, cmd, *weights, scratch / "v", cmd.boot_version); !ok)
+      return ok;
 
   struct step_row {
     double reward;
@@ -186,7 +201,7 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
   if (!cmd.json)
     std::fprintf(out, "%5s %8s %8s %14s %14s %12s\n", "step", "reward", "samples", "staleness mean",
                  "staleness max", "pause us");
-  for (uint32_t step = 0; step < cmd.steps; ++step) {
+  for (uint32_t step = first_step; step < cmd.steps; ++step) {
     if (cmd.stop && cmd.stop->load())
       break;
     const uint64_t latest = cmd.boot_version + step;

@@ -37,6 +37,9 @@ struct demo_command {
   std::string preset = "tiny";
   uint64_t seed = 7;
   uint64_t boot_version = 0;
+  /// Continue a run another trainer left (its node died): start from the
+  /// pool's latest version of the run instead of the boot checkpoint.
+  bool resume = false;
   /// Set by another thread: end after the current step (the trainer role).
   const std::atomic<bool>* stop = nullptr;
   /// Called after every step with its report as a JSON object.

@@ -287,6 +287,8 @@ status node::join_cluster(const node_settings& settings) {
     cmd.seed = spec.boot_seed;
     cmd.boot_version = spec.boot_version;
     cmd.stop = j.stop.get();
+    // A trainer placed again after its node died continues the run.
+    cmd.resume = true;
     cmd.on_step = [agent, run = spec.run_id](const std::string& step) {
       log::info("trainer", run + " " + step);
       caf::anon_send(agent, atom::progress_v, run, step);

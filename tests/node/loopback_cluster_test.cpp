@@ -245,6 +245,25 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     120s))
     << frontdoor->log() << coord->log() << trainer->log();
 
+  // SIGKILL the trainer node mid-run and restart it: the coordinator places
+  // the trainer there again, and it resumes from the pool's latest version
+  // (re-publishing from the boot checkpoint would conflict with what exists).
+  trainer->kill9();
+  ASSERT_TRUE(eventually(
+    [&] { return coord->log().find("node trainer removed") != std::string::npos; }, 6s))
+    << coord->log();
+  trainer = start("trainer", {}, "joined the coordinator; heartbeat");
+  ASSERT_TRUE(trainer->started()) << trainer->log();
+  ASSERT_TRUE(eventually(
+    [&] { return trainer->log().find("[trainer/trainer] loop {") != std::string::npos; }, 60s))
+    << trainer->log() << coord->log();
+  {
+    std::smatch m;
+    auto log = trainer->log();
+    ASSERT_TRUE(std::regex_search(log, m, std::regex{"loop \\{[^\n]*\"step\":([0-9]+)"})) << log;
+    EXPECT_GE(std::stoi(m[1]), 10) << "the restarted trainer began again from the boot: " << log;
+  }
+
   // The front door's status surface shows every member and the experiment.
   EXPECT_TRUE(eventually(
     [&] {

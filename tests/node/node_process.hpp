@@ -132,6 +132,9 @@ public:
 
 private:
   void launch(std::vector<std::string> args) {
+    // A restarted node must not be taken as ready by its predecessor's log.
+    std::error_code ec;
+    std::filesystem::remove(log_, ec);
     args.insert(args.begin(), STITCH_NODE_BIN);
     pid_ = fork();
     if (pid_ == 0) {
