@@ -283,9 +283,12 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       carry_out(self, std::move(*fx));
       return static_cast<uint64_t>(heartbeat_every(st).count());
     },
-    [self](atom::heartbeat, const std::string& name) {
-      if (auto it = self->state.members.find(name); it != self->state.members.end())
-        it->second.last_heartbeat = clock::now();
+    [self](atom::heartbeat, const std::string& name) -> bool {
+      auto it = self->state.members.find(name);
+      if (it == self->state.members.end() || it->second.agent.address() != self->current_sender())
+        return false;
+      it->second.last_heartbeat = clock::now();
+      return true;
     },
     [self](atom::tick) {
       auto& st = self->state;

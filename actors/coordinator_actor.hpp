@@ -20,7 +20,9 @@ using coordinator_actor = caf::typed_actor<
   // A node joins with its roles and slots; answers the heartbeat interval in
   // milliseconds. Refused while a member of that name is alive.
   caf::replies_to<atom::join, member_info, node_agent_actor>::with<uint64_t>,
-  caf::reacts_to<atom::heartbeat, std::string>,
+  // A member's heartbeat; answers false to a node it no longer counts as a
+  // member (removed after missed heartbeats), which then joins again.
+  caf::replies_to<atom::heartbeat, std::string>::with<bool>,
   // `stitch submit`, `stitch scale`, `stitch stop` (the last string is the
   // admin token); each answers a one-line summary or the reason it refused.
   caf::replies_to<atom::submit, experiment_spec, std::string>::with<std::string>,

@@ -123,7 +123,7 @@ replica_answer own_answer(self_ptr self, const gateway_state::flight& f) {
   return a;
 }
 
-void on_answer(self_ptr self, uint64_t key, replica_answer a);
+void on_answer(self_ptr self, uint64_t key, const caf::actor_addr& from, replica_answer a);
 
 void dispatch(self_ptr self, uint64_t key, std::optional<replica_answer> last) {
   auto& st = self->state;
@@ -143,18 +143,23 @@ void dispatch(self_ptr self, uint64_t key, std::optional<replica_answer> last) {
     st.affinity[{f.pool, f.session}] = *chosen;
   replica_call call = f.call;
   call.key = key;
+  // No timeout: generations may run for minutes. A replica that goes away is
+  // noticed by `drop`, which answers its flights (and they are retried).
   self->request(m.handle, caf::infinite, atom::generate_v, std::move(call))
-    .then([self, key](replica_answer& answer) { on_answer(self, key, std::move(answer)); },
-          [self, key](caf::error& err) {
-            on_answer(self, key,
+    .then([self, key, from = *chosen](
+            replica_answer& answer) { on_answer(self, key, from, std::move(answer)); },
+          [self, key, from = *chosen](caf::error& err) {
+            on_answer(self, key, from,
                       unavailable("the replica did not answer: " + self->system().render(err)));
           });
 }
 
-void on_answer(self_ptr self, uint64_t key, replica_answer a) {
+void on_answer(self_ptr self, uint64_t key, const caf::actor_addr& from, replica_answer a) {
   auto& st = self->state;
   auto it = st.flights.find(key);
-  if (it == st.flights.end())
+  // A late answer of an attempt the gateway gave up on (its replica was
+  // dropped) is not the flight's answer any more.
+  if (it == st.flights.end() || it->second.current != from)
     return;
   auto& f = it->second;
   if (auto m = st.replicas.find(f.current); m != st.replicas.end() && m->second.outstanding > 0)
@@ -205,8 +210,19 @@ void drop(self_ptr self, const caf::actor_addr& who, const std::string& why) {
             "replica "
               + (it->second.known ? it->second.info.replica_id : std::string{"(not yet reporting)"})
               + " is gone (" + why + "): removed from routing");
+  auto handle = it->second.handle;
   st.replicas.erase(it);
   std::erase_if(st.affinity, [&](const auto& kv) { return kv.second == who; });
+  // Requests in flight there will not be answered (a dead node's replica) or
+  // are not wanted any more: tell it to stop, and retry them elsewhere.
+  std::vector<uint64_t> stranded;
+  for (const auto& [key, f] : st.flights)
+    if (f.current == who)
+      stranded.push_back(key);
+  for (auto key : stranded) {
+    self->send(handle, atom::cancel_v, key);
+    on_answer(self, key, who, unavailable("replica left while serving the request (" + why + ")"));
+  }
 }
 
 } // namespace

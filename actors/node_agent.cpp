@@ -22,10 +22,11 @@ void try_join(self_ptr self) {
         st.heartbeat = std::chrono::milliseconds{heartbeat_ms};
         log::info("node", "joined the coordinator; heartbeat every " + std::to_string(heartbeat_ms)
                             + " ms");
-        self->send(st.coordinator, atom::heartbeat_v, st.me.name);
         self->delayed_send(self, st.heartbeat, atom::tick_v);
       },
       [self](const caf::error& err) {
+        if (self->state.lost)
+          return;
         log::warn("node",
                   "joining the coordinator failed (" + self->system().render(err) + "); retrying");
         self->delayed_send(self, rejoin_delay, atom::tick_v);
@@ -48,6 +49,7 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
       log::error("node", "lost the coordinator (" + self->system().render(down.reason)
                            + "); replicas keep serving and converging through the store");
       st.joined = false;
+      st.lost = true;
       return;
     }
     auto it = st.replicas.find(down.source);
@@ -94,11 +96,31 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
     },
     [self](atom::tick) {
       auto& st = self->state;
+      if (st.lost)
+        return;
       if (!st.joined) {
         try_join(self);
         return;
       }
-      self->send(st.coordinator, atom::heartbeat_v, st.me.name);
+      self->request(st.coordinator, st.heartbeat * 4, atom::heartbeat_v, st.me.name)
+        .then(
+          [self](bool member) {
+            auto& now = self->state;
+            if (member || !now.joined)
+              return;
+            // Removed after missed heartbeats (this process stalled): the
+            // coordinator placed this node's replicas elsewhere. Retire them
+            // and join again as a fresh member (the next tick does).
+            log::warn("node", "the coordinator no longer counts this node as a member; retiring "
+                                + std::to_string(now.by_id.size())
+                                + " replica(s) and joining again");
+            now.joined = false;
+            for (const auto& [id, r] : now.by_id)
+              self->send(r, atom::retire_v);
+          },
+          [](const caf::error&) {
+            // A lost coordinator shows as a down message.
+          });
       self->delayed_send(self, st.heartbeat, atom::tick_v);
     },
     [self](atom::progress, const std::string& run, const std::string& step) {

@@ -35,6 +35,8 @@ struct node_agent_state {
   coordinator_actor coordinator;
   node_agent_hooks hooks;
   bool joined = false;
+  /// The coordinator is gone: no more joining.
+  bool lost = false;
   std::chrono::milliseconds heartbeat{500};
   /// Replicas this node hosts: address -> replica id.
   std::map<caf::actor_addr, std::string> replicas;

@@ -140,11 +140,9 @@ status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* 
   return {};
 }
 
-result<std::optional<resume_point>> find_resume_point(caf::actor_system& sys,
-                                                      const host_port& coordinator,
-                                                      const std::string& pool,
-                                                      const std::string& run_id,
-                                                      uint64_t boot_version) {
+result<std::optional<resume_point>>
+find_resume_point(caf::actor_system& sys, const host_port& coordinator, const std::string& pool,
+                  const std::string& run_id, uint64_t boot_version) {
   auto handle = lookup(sys, coordinator, "store");
   if (!handle)
     return std::move(handle).error();

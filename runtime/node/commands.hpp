@@ -86,11 +86,9 @@ struct resume_point {
   uint64_t version = 0;
   store::tensor_set weights;
 };
-result<std::optional<resume_point>> find_resume_point(caf::actor_system& sys,
-                                                      const host_port& coordinator,
-                                                      const std::string& pool,
-                                                      const std::string& run_id,
-                                                      uint64_t boot_version);
+result<std::optional<resume_point>>
+find_resume_point(caf::actor_system& sys, const host_port& coordinator, const std::string& pool,
+                  const std::string& run_id, uint64_t boot_version);
 
 struct init_model_command {
   std::string preset = "tiny";

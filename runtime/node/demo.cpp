@@ -175,8 +175,8 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     if (!point)
       return std::move(point).error();
     if (*point) {
-      first_step = static_cast<uint32_t>(
-        std::min<uint64_t>((*point)->version - cmd.boot_version, cmd.steps));
+      first_step =
+        static_cast<uint32_t>(std::min<uint64_t>((*point)->version - cmd.boot_version, cmd.steps));
       *weights = std::move((*point)->weights);
       if (!cmd.json)
         std::fprintf(out, "demo: resuming %s at version %llu (step %u)\n", cmd.run_id.c_str(),

@@ -30,10 +30,12 @@ void register_stitch_types(caf::actor_system_config& cfg) {
 system_config::system_config() {
   register_stitch_types(*this);
   load<caf::io::middleman>();
-  // Nodes talk directly (a gateway to a replica placed on another node), not
-  // through whoever introduced them: a node that dies breaks the connection
-  // of every node that used it, and their monitors fire at once.
-  set("middleman.enable-automatic-connections", true);
+  // CAF's automatic connections (nodes opening direct connections to the
+  // nodes they learn of) stay off: in 0.17 a route switching from indirect to
+  // direct could kill the proxies in use with remote_link_unreachable — the
+  // loopback test saw a gateway drop a healthy replica and the coordinator a
+  // healthy node. Nodes reach each other through the coordinator's node; the
+  // coordinator tells gateways of replicas on nodes it removed.
 }
 
 std::string check_tls_files(const std::string& cert, const std::string& key,
@@ -55,10 +57,6 @@ void system_config::use_tls(const std::string& cert, const std::string& key,
   openssl_key = key;
   openssl_cafile = ca;
   load<caf::openssl::manager>();
-  // CAF's automatic connections open plain BASP connections, which a TLS
-  // peer refuses: over TLS, nodes reach each other through the coordinator's
-  // node, and gateways hear from the coordinator of nodes it removed.
-  set("middleman.enable-automatic-connections", false);
 }
 
 } // namespace stitch

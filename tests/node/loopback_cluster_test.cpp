@@ -136,6 +136,7 @@ private:
 class loopback_cluster : public ::testing::Test {
 protected:
   void SetUp() override {
+    began = std::chrono::steady_clock::now();
     coord = start("coordinator", {"coordinator.listen=127.0.0.1:0"}, "listening on 127");
     ASSERT_TRUE(coord->started()) << coord->log();
     frontdoor = start("frontdoor", {"gateway.listen=127.0.0.1:0", "status.listen=127.0.0.1:0"},
@@ -152,7 +153,10 @@ protected:
   void TearDown() override {
     for (auto* n : {trainer.get(), replica_b.get(), replica_a.get(), frontdoor.get(), coord.get()})
       if (n) {
+        auto t0 = std::chrono::steady_clock::now();
         EXPECT_TRUE(n->stop()) << n->log();
+        std::fprintf(stderr, "[loopback] a node stopped in %.1f s\n",
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
   }
 
@@ -213,6 +217,7 @@ protected:
 
   temp_dir dir;
   std::unique_ptr<node_process> coord, frontdoor, replica_a, replica_b, trainer;
+  std::chrono::steady_clock::time_point began;
 };
 
 TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_without_a_stale_answer) {
@@ -225,6 +230,8 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     std::ofstream out{experiment};
     out << std::regex_replace(text.str(), std::regex{"steps = 40"}, "steps = 150");
   }
+  std::fprintf(stderr, "[loopback %6.1f s] nodes up\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
   auto submitted = cli("submit " + experiment.string());
   ASSERT_EQ(submitted.code, 0) << submitted.output << coord->log();
   EXPECT_NE(submitted.output.find("submitted loop"), std::string::npos) << submitted.output;
@@ -234,6 +241,11 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
   EXPECT_NE(again.output.find("already active"), std::string::npos) << again.output;
 
   stamp_checker checker{frontdoor->gateway_port};
+  auto phase = [&](const char* what) {
+    std::fprintf(stderr, "[loopback %6.1f s] %s\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(),
+                 what);
+  };
 
   // 10 published versions, both replicas converge past them.
   ASSERT_TRUE(eventually(
@@ -245,12 +257,13 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     120s))
     << frontdoor->log() << coord->log() << trainer->log();
 
+  phase("converged past v10");
   // SIGKILL the trainer node mid-run and restart it: the coordinator places
   // the trainer there again, and it resumes from the pool's latest version
   // (re-publishing from the boot checkpoint would conflict with what exists).
   trainer->kill9();
-  ASSERT_TRUE(eventually(
-    [&] { return coord->log().find("node trainer removed") != std::string::npos; }, 6s))
+  ASSERT_TRUE(
+    eventually([&] { return coord->log().find("node trainer removed") != std::string::npos; }, 6s))
     << coord->log();
   trainer = start("trainer", {}, "joined the coordinator; heartbeat");
   ASSERT_TRUE(trainer->started()) << trainer->log();
@@ -264,6 +277,7 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     EXPECT_GE(std::stoi(m[1]), 10) << "the restarted trainer began again from the boot: " << log;
   }
 
+  phase("trainer restarted");
   // The front door's status surface shows every member and the experiment.
   EXPECT_TRUE(eventually(
     [&] {
@@ -282,6 +296,7 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     10s))
     << get_json(frontdoor->status_port, "/status").value_or(json{}).dump();
 
+  phase("status checked");
   // SIGKILL the replica node b: the gateway stops routing to its replicas
   // within the heartbeat bound, and the coordinator logs the removal.
   auto on_b = placed_on("replica-b");
@@ -300,6 +315,7 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
   // replica-a has no free slot: the run is one replica short until b returns.
   EXPECT_EQ(ready_replicas().size(), 1u);
 
+  phase("replica-b killed and out of routing");
   // Restart b: it rejoins, gets a replica again, which catches up and enters.
   replica_b = start_replica_b();
   ASSERT_TRUE(replica_b->started()) << replica_b->log();
@@ -313,17 +329,53 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     60s))
     << replica_b->log() << coord->log();
 
+  phase("replica-b back");
   // Scale to three mid-run: the new replica self-syncs and enters when ready.
   auto scaled = cli("scale --replicas 3");
   ASSERT_EQ(scaled.code, 0) << scaled.output;
   EXPECT_NE(scaled.output.find("1 placed"), std::string::npos) << scaled.output;
   ASSERT_TRUE(eventually([&] { return ready_replicas().size() == 3; }, 60s))
     << coord->log() << replica_b->log();
+  phase("scaled to 3");
+  // SIGSTOP replica-a: its connections stay open, only the missed heartbeats
+  // tell. The coordinator removes it within the bound and the gateway stops
+  // routing there; on SIGCONT it hears it is no longer a member, retires its
+  // stale replica, joins again and gets a fresh one.
+  auto on_a = placed_on("replica-a");
+  ASSERT_EQ(on_a.size(), 1u) << cluster().dump();
+  replica_a->signal(SIGSTOP);
+  ASSERT_TRUE(eventually(
+    [&] {
+      return coord->log().find("node replica-a removed: it missed its heartbeats")
+             != std::string::npos;
+    },
+    8s))
+    << coord->log();
+  ASSERT_TRUE(eventually(
+    [&] {
+      auto ready = ready_replicas();
+      return std::none_of(on_a.begin(), on_a.end(), [&](auto& id) { return ready.contains(id); });
+    },
+    4s))
+    << frontdoor->log();
+  replica_a->signal(SIGCONT);
+  ASSERT_TRUE(eventually(
+    [&] {
+      auto now_on_a = placed_on("replica-a");
+      return now_on_a.size() == 1 && !on_a.contains(*now_on_a.begin())
+             && ready_replicas().size() == 3;
+    },
+    60s))
+    << replica_a->log() << coord->log();
+  EXPECT_NE(replica_a->log().find("no longer counts this node as a member"), std::string::npos);
+
+  phase("replica-a stopped, removed, continued and back");
   // More replicas than slots are refused with the reason.
   auto too_many = cli("scale --replicas 5");
   EXPECT_NE(too_many.code, 0);
   EXPECT_NE(too_many.output.find("slots free"), std::string::npos) << too_many.output;
 
+  phase("scale refusal checked");
   // The trainer finishes; every replica converges to its last version.
   ASSERT_TRUE(eventually(
     [&] {
@@ -342,7 +394,9 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     60s))
     << json(ready_replicas()).dump();
 
+  phase("converged at 150");
   checker.finish();
+  phase("checker finished");
   EXPECT_EQ(checker.violations.load(), 0u) << checker.last_violation;
   EXPECT_GT(checker.ok.load(), 50u) << json(checker.codes).dump() << checker.last_refusal;
 
@@ -357,6 +411,7 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     30s))
     << coord->log();
   EXPECT_TRUE(cluster()["experiments"].empty()) << cluster().dump();
+  phase("stopped");
 }
 
 } // namespace

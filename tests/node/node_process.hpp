@@ -90,6 +90,12 @@ public:
     return false;
   }
 
+  /// Sends `sig` (SIGSTOP: alive to TCP, silent to heartbeats; SIGCONT).
+  void signal(int sig) {
+    if (pid_ > 0)
+      kill(pid_, sig);
+  }
+
   /// SIGKILL: the node dies without leaving the cluster.
   void kill9() {
     if (pid_ <= 0)
