@@ -57,6 +57,49 @@ replica_actor::behavior_type fake_replica(replica_actor::pointer self,
   };
 }
 
+/// A replica that takes requests and never answers (its node hung or died
+/// behind another node's route); counts calls and cancels.
+struct silent_replica_state {
+  std::vector<caf::typed_response_promise<replica_answer>> held;
+};
+
+replica_actor::behavior_type
+silent_replica(replica_actor::stateful_pointer<silent_replica_state> self,
+               std::shared_ptr<std::atomic<int>> calls, std::shared_ptr<std::atomic<int>> cancels) {
+  auto info = [] {
+    replica_info i;
+    i.replica_id = "silent";
+    i.pool = "default";
+    i.ready = true;
+    i.applied = "r/weight_v0";
+    i.applied_version = 0;
+    i.run_id = "r";
+    return i;
+  };
+  return {
+    [self, calls](atom::generate, replica_call&) -> caf::result<replica_answer> {
+      ++*calls;
+      auto p = self->make_response_promise<replica_answer>();
+      self->state.held.push_back(p);
+      return p;
+    },
+    [cancels](atom::cancel, uint64_t) { ++*cancels; },
+    [](atom::wake) {},
+    [](atom::retire) {},
+    [info](atom::server_info) { return info(); },
+    [self, info](atom::subscribe, caf::actor& who) {
+      caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, info());
+    },
+    [](atom::pointer_moved, const std::string&, const pointer_record&) {},
+    [](atom::tick) {},
+    [](atom::drain_check) {},
+    [](atom::staged, const work_report&) {},
+    [](atom::committed, const work_report&) {},
+    [](atom::rebuilt, const work_report&) {},
+    [](atom::generated, uint64_t, const replica_answer&) {},
+  };
+}
+
 using gateway_test = cluster_test;
 
 TEST_F(gateway_test, routes_by_constraint_and_answers_409_itself_when_none_satisfies) {
@@ -173,6 +216,35 @@ TEST_F(gateway_test, a_refusing_replica_is_retried_elsewhere_without_duplicate_g
   EXPECT_EQ(calls->load(), 2);
   EXPECT_EQ(engines.at(0)->forwarded.load(), 1) << "generated once";
   self->send_exit(fake, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(gateway_test, a_dropped_replicas_requests_in_flight_are_cancelled_and_retried) {
+  publish(0);
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  auto cancels = std::make_shared<std::atomic<int>>(0);
+  auto silent = sys.spawn(silent_replica, calls, cancels);
+  caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, silent);
+  serve_gateway();
+  // The silent replica is the only one: it takes the request and hangs.
+  http_reply answer;
+  std::thread client{[&] { answer = http(gateway_port, "POST", "/generate", generate_body()); }};
+  for (int i = 0; i < 2000 && calls->load() == 0; ++i)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(calls->load(), 1);
+  start_replica("a");
+  await_ready({"a"}, 0);
+  // The coordinator removed the silent one's node: the request is retried on a.
+  caf::anon_send(gateway, atom::retire_v, silent);
+  client.join();
+  ASSERT_EQ(answer.status, 200u) << answer.body;
+  EXPECT_EQ(answer.header("X-Stitch-Replica"), "a");
+  EXPECT_EQ(cancels->load(), 1) << "the abandoned attempt is cancelled";
+  // It is out of routing: the next requests all go to a.
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(http(gateway_port, "POST", "/generate", generate_body()).header("X-Stitch-Replica"),
+              "a");
+  EXPECT_EQ(calls->load(), 1);
+  self->send_exit(silent, caf::exit_reason::user_shutdown);
 }
 
 TEST_F(gateway_test, a_client_that_disconnects_aborts_its_generation) {
