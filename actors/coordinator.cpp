@@ -2,6 +2,8 @@
 
 #include <caf/all.hpp>
 
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include "actors/gateway_actor.hpp"
@@ -79,6 +81,7 @@ void place(self_ptr self, const placement& p) {
           return;
         }
         now.replicas[p.replica_id] = replica;
+        self->send(replica, atom::subscribe_v, caf::actor_cast<caf::actor>(self));
         for (const auto& gw : now.roles["gateway"])
           caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::enroll_v, p.pool, replica);
         for (const auto& s : now.roles["status"])
@@ -127,6 +130,7 @@ void carry_out(self_ptr self, std::vector<plan_effect> effects) {
   }
   // Placed replicas the plan dropped (their node left) are gone: gateways
   // stop routing to them.
+  std::erase_if(st.infos, [&](const auto& kv) { return !st.plan.placements().contains(kv.first); });
   std::erase_if(st.replicas, [&](const auto& kv) {
     if (st.plan.placements().contains(kv.first))
       return false;
@@ -181,11 +185,18 @@ ojson cluster_json(const coordinator_state& st) {
     e["replicas_wanted"] = v.spec.replicas;
     e["commit_mode"] = v.spec.commit_mode;
     e["replicas"] = ojson::array();
-    for (const auto& p : v.replicas)
-      e["replicas"].push_back({{"replica_id", p.replica_id},
-                               {"node", p.node},
-                               {"slot", p.slot},
-                               {"up", st.replicas.contains(p.replica_id)}});
+    for (const auto& p : v.replicas) {
+      ojson r{{"replica_id", p.replica_id},
+              {"node", p.node},
+              {"slot", p.slot},
+              {"up", st.replicas.contains(p.replica_id)}};
+      if (auto info = st.infos.find(p.replica_id); info != st.infos.end()) {
+        r["ready"] = info->second.ready;
+        r["applied"] = info->second.applied;
+        r["sync_state"] = info->second.sync_state;
+      }
+      e["replicas"].push_back(std::move(r));
+    }
     e["trainer_node"] = v.trainer_node;
     e["shortfall"] = v.shortfall;
     if (auto r = st.runs.find(v.spec.run_id); r != st.runs.end()) {
@@ -195,6 +206,15 @@ ojson cluster_json(const coordinator_state& st) {
     }
     out["experiments"].push_back(std::move(e));
   }
+  // Which node holds which version's bytes (a replica's applied version).
+  std::map<std::string, std::set<std::string>> holders;
+  for (const auto& [id, info] : st.infos)
+    if (!info.applied.empty())
+      if (auto p = st.plan.placements().find(id); p != st.plan.placements().end())
+        holders[p->second.pool + "/" + info.applied].insert(p->second.node);
+  out["directory"] = ojson::object();
+  for (auto& [key, nodes] : holders)
+    out["directory"][key] = nodes;
   return out;
 }
 
@@ -248,6 +268,27 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       if (it == self->state.roles.end() || it->second.empty())
         return refused(errc::not_found, "no actor serves the role '" + role + "'");
       return it->second.front();
+    },
+    [self](atom::lookup, const std::string& pool,
+           const version_ref& version) -> std::vector<std::string> {
+      auto& st = self->state;
+      std::set<std::string> nodes;
+      for (const auto& [id, info] : st.infos)
+        if (auto p = st.plan.placements().find(id); p != st.plan.placements().end()
+                                                    && p->second.pool == pool
+                                                    && info.applied == to_string(version))
+          nodes.insert(p->second.node);
+      return {nodes.begin(), nodes.end()};
+    },
+    [self](atom::replica_state, replica_info& info) {
+      auto& st = self->state;
+      if (!st.plan.placements().contains(info.replica_id))
+        return;
+      auto& known = st.infos[info.replica_id];
+      bool moved = known.applied != info.applied || known.ready != info.ready;
+      known = std::move(info);
+      if (moved)
+        publish_view(self);
     },
     [self](atom::enroll, const std::string& role, const caf::actor& handle) {
       self->monitor(handle);
@@ -396,6 +437,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
         return;
       bool retiring = it->second.retiring;
       st.replicas.erase(id);
+      st.infos.erase(id);
       log::info("coordinator", id + (retiring ? " drained and left" : " is down; placing again"));
       carry_out(self, retiring ? st.plan.retired(id) : st.plan.replica_lost(id));
     },

@@ -40,6 +40,9 @@ struct coordinator_state {
   std::map<std::string, member> members;
   /// Placed replicas that are up, by replica id.
   std::map<std::string, replica_actor> replicas;
+  /// Their last reported state, by replica id: the directory of who holds
+  /// which version's bytes.
+  std::map<std::string, replica_info> infos;
   std::map<std::string, run_progress> runs;
   std::map<std::string, experiment_spec> specs;
 };

@@ -14,6 +14,9 @@ namespace stitch {
 using coordinator_actor = caf::typed_actor<
   // Answers the actor serving `role` ("store", "publisher", "status").
   caf::replies_to<atom::lookup, std::string>::with<caf::actor>,
+  // The directory of version bytes (for peer transfer): the nodes whose
+  // replicas of `pool` have `version` applied.
+  caf::replies_to<atom::lookup, std::string, version_ref>::with<std::vector<std::string>>,
   // Records that `handle` serves `role` (several may: every gateway and
   // status actor learns of placed replicas).
   caf::reacts_to<atom::enroll, std::string, caf::actor>,
@@ -30,6 +33,8 @@ using coordinator_actor = caf::typed_actor<
   caf::replies_to<atom::stop, std::string, std::string>::with<std::string>,
   // Members and experiments as JSON (`stitch status`).
   caf::replies_to<atom::cluster_view>::with<std::string>,
+  // From placed replicas (the coordinator subscribes): their state.
+  caf::reacts_to<atom::replica_state, replica_info>,
   // From node agents: a placed replica is gone (`retired`: after a retire).
   caf::reacts_to<atom::replica_down, std::string>,
   // From trainers: a step's report (JSON) and the end (empty = finished).

@@ -395,6 +395,16 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     << json(ready_replicas()).dump();
 
   phase("converged at 150");
+  // The coordinator's directory knows which nodes hold the last version.
+  EXPECT_TRUE(eventually(
+    [&] {
+      auto c = cluster();
+      return c.is_object() && c["directory"].contains("default/loop/weight_v000150")
+             && c["directory"]["default/loop/weight_v000150"]
+                  == json::array({"replica-a", "replica-b"});
+    },
+    10s))
+    << cluster().dump();
   checker.finish();
   phase("checker finished");
   EXPECT_EQ(checker.violations.load(), 0u) << checker.last_violation;
