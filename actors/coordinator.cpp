@@ -10,17 +10,9 @@
 #include "actors/log.hpp"
 #include "actors/publisher_actor.hpp"
 #include "actors/status_actor.hpp"
+#include "runtime/core/token.hpp"
 
 namespace stitch {
-
-bool token_matches(const std::string& configured, const std::string& presented) {
-  if (configured.empty())
-    return true;
-  unsigned char diff = presented.size() == configured.size() ? 0 : 1;
-  for (size_t i = 0; i < configured.size(); ++i)
-    diff |= static_cast<unsigned char>(configured[i] ^ (i < presented.size() ? presented[i] : 0));
-  return diff == 0;
-}
 
 namespace {
 

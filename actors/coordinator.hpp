@@ -51,8 +51,4 @@ coordinator_actor::behavior_type
 coordinator(coordinator_actor::stateful_pointer<coordinator_state> self,
             coordinator_options opts = {});
 
-/// Constant-time comparison of a presented token with the configured one
-/// (an empty configured token admits everyone).
-bool token_matches(const std::string& configured, const std::string& presented);
-
 } // namespace stitch

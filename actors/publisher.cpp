@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "runtime/core/safetensors.hpp"
+#include "runtime/core/token.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
 #include "runtime/store/hf_directory.hpp"
@@ -55,13 +56,7 @@ namespace {
 
 /// A node with an admin token refuses publishes without it (constant time).
 status authorized(const publisher_state& st, const publish_args& args) {
-  if (st.admin_token.empty())
-    return {};
-  unsigned char diff = args.token.size() == st.admin_token.size() ? 0 : 1;
-  for (size_t i = 0; i < st.admin_token.size(); ++i)
-    diff |=
-      static_cast<unsigned char>(st.admin_token[i] ^ (i < args.token.size() ? args.token[i] : 0));
-  if (diff != 0)
+  if (!token_matches(st.admin_token, args.token))
     return error{errc::unauthorized, "publishing needs the admin token (--token or STITCH_TOKEN)"};
   return {};
 }

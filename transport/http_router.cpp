@@ -1,5 +1,7 @@
 #include "transport/http_router.hpp"
 
+#include "runtime/core/token.hpp"
+
 #include <algorithm>
 
 namespace stitch::transport {
@@ -15,14 +17,6 @@ routed::refuse wrong_method(std::string_view path, std::string_view allowed) {
     error_response(405, "MethodNotAllowed", std::string{path} + " takes " + std::string{allowed});
   r.headers.push_back({"Allow", std::string{allowed}});
   return {std::move(r)};
-}
-
-/// Constant time in the length of the expected token.
-bool same_token(std::string_view got, std::string_view want) {
-  unsigned char diff = got.size() == want.size() ? 0 : 1;
-  for (size_t i = 0; i < want.size(); ++i)
-    diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got[i] : 0));
-  return diff == 0;
 }
 
 bool json_content_type(const std::string* type) {
@@ -91,7 +85,7 @@ route_decision route_request(surface where, const server_request& req,
     if (!options.admin_token.empty()) {
       const auto* auth = req.header("Authorization");
       std::string_view given = auth ? std::string_view{*auth} : std::string_view{};
-      if (!given.starts_with("Bearer ") || !same_token(given.substr(7), options.admin_token))
+      if (!given.starts_with("Bearer ") || !token_matches(options.admin_token, given.substr(7)))
         return refuse(401, "Unauthorized", "POST /wake needs Authorization: Bearer <admin token>");
     }
     return routed::wake{pool};

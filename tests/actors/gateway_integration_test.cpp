@@ -14,10 +14,22 @@ namespace {
 
 using namespace std::chrono_literals;
 
-/// A replica that claims to serve `claims` but refuses every request with a
-/// retryable 409: the gateway must retry elsewhere, never duplicate work.
-replica_actor::behavior_type fake_replica(replica_actor::pointer self,
-                                          std::shared_ptr<std::atomic<int>> calls, int64_t claims) {
+/// A fake replica that claims to serve `claims`. It either refuses every
+/// request with a retryable 409 (the gateway must retry elsewhere, never
+/// duplicate work) or, with `hold`, takes requests and never answers (its
+/// node hung or died behind another node's route). Counts calls and cancels.
+struct fake_replica_state {
+  std::vector<caf::typed_response_promise<replica_answer>> held;
+};
+
+struct fake_counts {
+  std::atomic<int> calls{0};
+  std::atomic<int> cancels{0};
+};
+
+replica_actor::behavior_type fake_replica(replica_actor::stateful_pointer<fake_replica_state> self,
+                                          std::shared_ptr<fake_counts> counts, int64_t claims,
+                                          bool hold) {
   auto info = [claims] {
     replica_info i;
     i.replica_id = "fake";
@@ -29,8 +41,13 @@ replica_actor::behavior_type fake_replica(replica_actor::pointer self,
     return i;
   };
   return {
-    [calls](atom::generate, replica_call&) -> replica_answer {
-      ++*calls;
+    [self, counts, hold](atom::generate, replica_call&) -> caf::result<replica_answer> {
+      ++counts->calls;
+      if (hold) {
+        auto p = self->make_response_promise<replica_answer>();
+        self->state.held.push_back(p);
+        return p;
+      }
       replica_answer a;
       a.status = 409;
       a.error_type = "WeightVersionNotReady";
@@ -40,50 +57,7 @@ replica_actor::behavior_type fake_replica(replica_actor::pointer self,
       a.body = rejection_json(rejection{0, 0, true, "fake says no"});
       return a;
     },
-    [](atom::cancel, uint64_t) {},
-    [](atom::wake) {},
-    [](atom::retire) {},
-    [info](atom::server_info) { return info(); },
-    [self, info](atom::subscribe, caf::actor& who) {
-      caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, info());
-    },
-    [](atom::pointer_moved, const std::string&, const pointer_record&) {},
-    [](atom::tick) {},
-    [](atom::drain_check) {},
-    [](atom::staged, const work_report&) {},
-    [](atom::committed, const work_report&) {},
-    [](atom::rebuilt, const work_report&) {},
-    [](atom::generated, uint64_t, const replica_answer&) {},
-  };
-}
-
-/// A replica that takes requests and never answers (its node hung or died
-/// behind another node's route); counts calls and cancels.
-struct silent_replica_state {
-  std::vector<caf::typed_response_promise<replica_answer>> held;
-};
-
-replica_actor::behavior_type
-silent_replica(replica_actor::stateful_pointer<silent_replica_state> self,
-               std::shared_ptr<std::atomic<int>> calls, std::shared_ptr<std::atomic<int>> cancels) {
-  auto info = [] {
-    replica_info i;
-    i.replica_id = "silent";
-    i.pool = "default";
-    i.ready = true;
-    i.applied = "r/weight_v0";
-    i.applied_version = 0;
-    i.run_id = "r";
-    return i;
-  };
-  return {
-    [self, calls](atom::generate, replica_call&) -> caf::result<replica_answer> {
-      ++*calls;
-      auto p = self->make_response_promise<replica_answer>();
-      self->state.held.push_back(p);
-      return p;
-    },
-    [cancels](atom::cancel, uint64_t) { ++*cancels; },
+    [counts](atom::cancel, uint64_t) { ++counts->cancels; },
     [](atom::wake) {},
     [](atom::retire) {},
     [info](atom::server_info) { return info(); },
@@ -198,8 +172,8 @@ TEST_F(gateway_test, a_session_sticks_to_its_replica_and_moves_once_when_it_goes
 TEST_F(gateway_test, a_refusing_replica_is_retried_elsewhere_without_duplicate_generation) {
   publish(0);
   start_replica("a");
-  auto calls = std::make_shared<std::atomic<int>>(0);
-  auto fake = sys.spawn(fake_replica, calls, int64_t{7});
+  auto counts = std::make_shared<fake_counts>();
+  auto fake = sys.spawn(fake_replica, counts, int64_t{7}, false);
   caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, fake);
   serve_gateway();
   await_ready({"a"}, 0);
@@ -208,29 +182,28 @@ TEST_F(gateway_test, a_refusing_replica_is_retried_elsewhere_without_duplicate_g
                    {{"X-Session-Id", "x"}});
   EXPECT_EQ(only.status, 409u);
   EXPECT_EQ(only.header("X-Stitch-Replica"), "fake");
-  EXPECT_EQ(calls->load(), 1);
+  EXPECT_EQ(counts->calls.load(), 1);
   // The session now prefers the fake; its refusal is retried on a.
   auto retried = http(gateway_port, "POST", "/generate", generate_body(), {{"X-Session-Id", "x"}});
   ASSERT_EQ(retried.status, 200u) << retried.body;
   EXPECT_EQ(retried.header("X-Stitch-Replica"), "a");
-  EXPECT_EQ(calls->load(), 2);
+  EXPECT_EQ(counts->calls.load(), 2);
   EXPECT_EQ(engines.at(0)->forwarded.load(), 1) << "generated once";
   self->send_exit(fake, caf::exit_reason::user_shutdown);
 }
 
 TEST_F(gateway_test, a_dropped_replicas_requests_in_flight_are_cancelled_and_retried) {
   publish(0);
-  auto calls = std::make_shared<std::atomic<int>>(0);
-  auto cancels = std::make_shared<std::atomic<int>>(0);
-  auto silent = sys.spawn(silent_replica, calls, cancels);
+  auto counts = std::make_shared<fake_counts>();
+  auto silent = sys.spawn(fake_replica, counts, int64_t{0}, true);
   caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, silent);
   serve_gateway();
   // The silent replica is the only one: it takes the request and hangs.
   http_reply answer;
   std::thread client{[&] { answer = http(gateway_port, "POST", "/generate", generate_body()); }};
-  for (int i = 0; i < 2000 && calls->load() == 0; ++i)
+  for (int i = 0; i < 2000 && counts->calls.load() == 0; ++i)
     std::this_thread::sleep_for(5ms);
-  ASSERT_EQ(calls->load(), 1);
+  ASSERT_EQ(counts->calls.load(), 1);
   start_replica("a");
   await_ready({"a"}, 0);
   // The coordinator removed the silent one's node: the request is retried on a.
@@ -238,12 +211,12 @@ TEST_F(gateway_test, a_dropped_replicas_requests_in_flight_are_cancelled_and_ret
   client.join();
   ASSERT_EQ(answer.status, 200u) << answer.body;
   EXPECT_EQ(answer.header("X-Stitch-Replica"), "a");
-  EXPECT_EQ(cancels->load(), 1) << "the abandoned attempt is cancelled";
+  EXPECT_EQ(counts->cancels.load(), 1) << "the abandoned attempt is cancelled";
   // It is out of routing: the next requests all go to a.
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(http(gateway_port, "POST", "/generate", generate_body()).header("X-Stitch-Replica"),
               "a");
-  EXPECT_EQ(calls->load(), 1);
+  EXPECT_EQ(counts->calls.load(), 1);
   self->send_exit(silent, caf::exit_reason::user_shutdown);
 }
 
