@@ -360,30 +360,37 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       args.token = st.opts.admin_token;
       auto promise = self->make_response_promise<std::string>();
       auto publisher = caf::actor_cast<publisher_actor>(publishers->second.front());
-      self
-        ->request(publisher, boot_timeout, atom::init_model_v, args, spec.boot_preset,
-                  spec.boot_seed)
-        .then(
-          [self, promise, spec, fx = std::move(*fx)](const publish_summary& s) mutable {
-            log::info("coordinator", "experiment " + spec.run_id + ": boot checkpoint published ("
-                                       + s.kind + (s.claimed ? ", run claimed" : "") + ")");
-            std::string where;
-            for (const auto& e : fx)
-              if (e.what == plan_effect::kind::place_replica)
-                where += (where.empty() ? "" : ", ") + e.replica.replica_id + "@" + e.replica.node;
-              else if (e.what == plan_effect::kind::start_trainer)
-                where += (where.empty() ? "" : ", ") + std::string{"trainer@"} + e.node;
-            carry_out(self, std::move(fx));
-            promise.deliver("submitted " + spec.run_id + " to pool " + spec.pool + ": " + where);
-          },
-          [self, promise, spec](const caf::error& err) mutable {
-            rollback(self, spec.run_id);
-            self->state.specs.erase(spec.run_id);
-            self->state.runs.erase(spec.run_id);
-            auto e = from_caf_error(self->system(), err);
-            promise.deliver(to_caf_error({e.code, "the boot checkpoint of " + spec.run_id
-                                                    + " was not published: " + e.message}));
-          });
+      auto effects = std::make_shared<std::vector<plan_effect>>(std::move(*fx));
+      auto on_published = [self, promise, spec, effects](const publish_summary& s) mutable {
+        log::info("coordinator", "experiment " + spec.run_id + ": boot checkpoint published ("
+                                   + s.kind + (s.claimed ? ", run claimed" : "") + ")");
+        std::string where;
+        for (const auto& e : *effects)
+          if (e.what == plan_effect::kind::place_replica)
+            where += (where.empty() ? "" : ", ") + e.replica.replica_id + "@" + e.replica.node;
+          else if (e.what == plan_effect::kind::start_trainer)
+            where += (where.empty() ? "" : ", ") + std::string{"trainer@"} + e.node;
+        carry_out(self, std::move(*effects));
+        promise.deliver("submitted " + spec.run_id + " to pool " + spec.pool + ": " + where);
+      };
+      auto on_failed = [self, promise, spec](const caf::error& err) mutable {
+        rollback(self, spec.run_id);
+        self->state.specs.erase(spec.run_id);
+        self->state.runs.erase(spec.run_id);
+        auto e = from_caf_error(self->system(), err);
+        promise.deliver(to_caf_error(
+          {e.code, "the boot checkpoint of " + spec.run_id + " was not published: " + e.message}));
+      };
+      // The boot checkpoint: a directory the publisher's node reads, or the
+      // built-in model from a seed.
+      if (!spec.boot_dir.empty())
+        self->request(publisher, boot_timeout, atom::publish_v, args, spec.boot_dir)
+          .then(std::move(on_published), std::move(on_failed));
+      else
+        self
+          ->request(publisher, boot_timeout, atom::init_model_v, args, spec.boot_preset,
+                    spec.boot_seed)
+          .then(std::move(on_published), std::move(on_failed));
       return promise;
     },
     [self](atom::scale, const std::string& run, uint32_t n,

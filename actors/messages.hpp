@@ -244,7 +244,7 @@ typename Inspector::result_type inspect(Inspector& f, trainer_spec& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, experiment_spec& x) {
   return f(caf::meta::type_name("stitch.experiment_spec"), x.run_id, x.pool, x.replicas,
-           x.commit_mode, x.boot_preset, x.boot_seed, x.boot_version, x.trainer);
+           x.commit_mode, x.boot_preset, x.boot_seed, x.boot_dir, x.boot_version, x.trainer);
 }
 
 template <class Inspector>

@@ -108,6 +108,7 @@ result<experiment_spec> parse_experiment(std::string_view text, std::string_view
   r.text(t, "commit_mode", s.commit_mode);
   r.text(t, "boot.preset", s.boot_preset);
   r.integer(t, "boot.seed", s.boot_seed, 0, INT64_MAX);
+  r.text(t, "boot.dir", s.boot_dir);
   r.integer(t, "boot.version", s.boot_version, 0, INT64_MAX);
   r.boolean(t, "trainer.enabled", s.trainer.enabled);
   r.integer(t, "trainer.steps", s.trainer.steps, 1, 1'000'000);

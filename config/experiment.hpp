@@ -17,6 +17,7 @@ namespace stitch::config {
 ///     [boot]                   # the run's anchor: built-in model, seed, version
 ///     preset = "tiny"
 ///     seed = 7
+///     dir = "/ckpt"            # or: this HF directory (read by the publisher's node)
 ///     version = 0
 ///     [trainer]                # the built-in trainer and its rollout driver
 ///     enabled = true

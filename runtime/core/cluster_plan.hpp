@@ -47,10 +47,13 @@ struct experiment_spec {
   std::string pool = "default";
   uint32_t replicas = 1;
   std::string commit_mode = "in_place";
-  /// The boot checkpoint: the built-in model `preset` initialised from `seed`,
-  /// published as version `boot_version` (the run's anchor).
+  /// The boot checkpoint, published as version `boot_version` (the run's
+  /// anchor): the Hugging Face directory `boot_dir` (read by the publisher's
+  /// node) when given, else the built-in model `preset` initialised from
+  /// `seed`. The replicas' engines are the built-in `preset` architecture.
   std::string boot_preset = "tiny";
   uint64_t boot_seed = 7;
+  std::string boot_dir;
   uint64_t boot_version = 0;
   trainer_spec trainer;
 };

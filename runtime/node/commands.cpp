@@ -142,7 +142,7 @@ status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* 
 
 result<std::optional<resume_point>>
 find_resume_point(caf::actor_system& sys, const host_port& coordinator, const std::string& pool,
-                  const std::string& run_id, uint64_t boot_version) {
+                  const std::string& run_id, uint64_t min_version) {
   auto handle = lookup(sys, coordinator, "store");
   if (!handle)
     return std::move(handle).error();
@@ -150,8 +150,7 @@ find_resume_point(caf::actor_system& sys, const host_port& coordinator, const st
   auto pointer = store.read_pointer(pool);
   if (!pointer)
     return std::move(pointer).error();
-  if (!*pointer || (*pointer)->latest.run_id != run_id
-      || (*pointer)->latest.version <= boot_version)
+  if (!*pointer || (*pointer)->latest.run_id != run_id || (*pointer)->latest.version < min_version)
     return std::optional<resume_point>{};
   auto weights = store::materialize(store, pool, (*pointer)->latest);
   if (!weights)

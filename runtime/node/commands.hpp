@@ -81,14 +81,14 @@ struct stop_command {
 status run_stop(caf::actor_system& sys, const stop_command& cmd, std::FILE* out);
 
 /// Where a trainer left off: the latest version of `run_id` in `pool` and its
-/// weights, when the pool's pointer is at that run past `boot_version`.
+/// weights, when the pool's pointer is at that run, at `min_version` or later.
 struct resume_point {
   uint64_t version = 0;
   store::tensor_set weights;
 };
 result<std::optional<resume_point>>
 find_resume_point(caf::actor_system& sys, const host_port& coordinator, const std::string& pool,
-                  const std::string& run_id, uint64_t boot_version);
+                  const std::string& run_id, uint64_t min_version);
 
 struct init_model_command {
   std::string preset = "tiny";

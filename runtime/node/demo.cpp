@@ -170,17 +170,23 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
   if (!weights)
     return std::move(weights).error();
   uint32_t first_step = 0;
-  if (cmd.resume) {
-    auto point = find_resume_point(sys, cmd.coordinator, cmd.pool, cmd.run_id, cmd.boot_version);
+  if (cmd.resume || cmd.boot_from_store) {
+    // Resume past the boot version; a boot published from a directory is
+    // read back at the boot version itself.
+    auto point = find_resume_point(sys, cmd.coordinator, cmd.pool, cmd.run_id,
+                                   cmd.boot_from_store ? cmd.boot_version : cmd.boot_version + 1);
     if (!point)
       return std::move(point).error();
     if (*point) {
       first_step =
         static_cast<uint32_t>(std::min<uint64_t>((*point)->version - cmd.boot_version, cmd.steps));
       *weights = std::move((*point)->weights);
-      if (!cmd.json)
+      if (!cmd.json && first_step > 0)
         std::fprintf(out, "demo: resuming %s at version %llu (step %u)\n", cmd.run_id.c_str(),
                      static_cast<unsigned long long>((*point)->version), first_step);
+    } else if (cmd.boot_from_store) {
+      return make_error(errc::no_run_claimed,
+                        "the boot checkpoint of " + cmd.run_id + " is not the pool's pointer");
     }
   }
   // The boot checkpoint (idempotent when the coordinator published it).

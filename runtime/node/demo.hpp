@@ -37,6 +37,9 @@ struct demo_command {
   std::string preset = "tiny";
   uint64_t seed = 7;
   uint64_t boot_version = 0;
+  /// The boot checkpoint was published from a directory: start from the
+  /// run's boot version as stored, not from `preset`/`seed`.
+  bool boot_from_store = false;
   /// Continue a run another trainer left (its node died): start from the
   /// pool's latest version of the run instead of the boot checkpoint.
   bool resume = false;

@@ -285,6 +285,7 @@ status node::join_cluster(const node_settings& settings) {
     cmd.pool = spec.pool;
     cmd.preset = spec.boot_preset;
     cmd.seed = spec.boot_seed;
+    cmd.boot_from_store = !spec.boot_dir.empty();
     cmd.boot_version = spec.boot_version;
     cmd.stop = j.stop.get();
     // A trainer placed again after its node died continues the run.

@@ -14,6 +14,7 @@ commit_mode = "quiesce"
 [boot]
 preset = "small"
 seed = 11
+dir = "/ckpt/boot"
 version = 4
 [trainer]
 enabled = true
@@ -30,6 +31,7 @@ learning_rate = 0.25
   EXPECT_EQ(e->commit_mode, "quiesce");
   EXPECT_EQ(e->boot_preset, "small");
   EXPECT_EQ(e->boot_seed, 11u);
+  EXPECT_EQ(e->boot_dir, "/ckpt/boot");
   EXPECT_EQ(e->boot_version, 4u);
   EXPECT_EQ(e->trainer.steps, 12u);
   EXPECT_EQ(e->trainer.samples_per_step, 5u);

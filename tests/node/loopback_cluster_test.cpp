@@ -221,14 +221,23 @@ protected:
 };
 
 TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_without_a_stale_answer) {
-  // An experiment long enough to outlive the kill, the restart and the scale.
+  // An experiment long enough to outlive the kill, the restart and the scale,
+  // booting from a checkpoint directory (the publisher's node reads it; the
+  // trainer starts from it as stored).
+  auto boot = dir.path() / "boot";
+  auto init =
+    run(std::string{STITCH_BIN} + " init-model --preset tiny --seed 5 --out " + boot.string());
+  ASSERT_EQ(init.code, 0) << init.output;
   auto experiment = dir.path() / "experiment.toml";
   {
     std::ifstream in{examples / "loopback" / "experiment.toml"};
     std::stringstream text;
     text << in.rdbuf();
+    auto edited = std::regex_replace(text.str(), std::regex{"steps = 40"}, "steps = 150");
+    edited = std::regex_replace(edited, std::regex{"seed = 7"},
+                                "seed = 7\ndir = \"" + boot.string() + "\"");
     std::ofstream out{experiment};
-    out << std::regex_replace(text.str(), std::regex{"steps = 40"}, "steps = 150");
+    out << edited;
   }
   std::fprintf(stderr, "[loopback %6.1f s] nodes up\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
@@ -239,6 +248,22 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
   auto again = cli("submit " + experiment.string());
   EXPECT_NE(again.code, 0);
   EXPECT_NE(again.output.find("already active"), std::string::npos) << again.output;
+
+  // The run's anchor is the directory's weights, byte for byte.
+  auto exported = dir.path() / "exported";
+  auto exp = cli("export --version loop/0 --out " + exported.string());
+  ASSERT_EQ(exp.code, 0) << exp.output;
+  size_t compared = 0;
+  for (const auto& f : std::filesystem::directory_iterator{boot})
+    if (f.path().extension() == ".safetensors") {
+      auto bytes = [](const std::filesystem::path& p) {
+        std::ifstream in{p, std::ios::binary};
+        return std::string{std::istreambuf_iterator<char>{in}, {}};
+      };
+      EXPECT_EQ(bytes(f.path()), bytes(exported / f.path().filename())) << f.path();
+      ++compared;
+    }
+  EXPECT_GT(compared, 0u);
 
   stamp_checker checker{frontdoor->gateway_port};
   auto phase = [&](const char* what) {
