@@ -17,6 +17,7 @@
 #include "runtime/core/error.hpp"
 #include "runtime/core/pointer_rules.hpp"
 #include "runtime/core/version_ref.hpp"
+#include "runtime/engine/rollout_client.hpp"
 
 CAF_ERROR_CODE_ENUM(stitch::errc, "stitch")
 
@@ -174,6 +175,17 @@ struct gateway_stats {
   double last_staleness = -1;
 };
 
+/// What a trainer asks a rollout driver for: `count` rollouts of the toy
+/// task through the gateway at `host:port` with `min_version`.
+struct rollout_request {
+  std::string gateway_host;
+  uint16_t gateway_port = 0;
+  std::string pool = "default";
+  uint64_t min_version = 0;
+  uint32_t count = 0;
+  uint64_t seed_base = 0;
+};
+
 /// A replica worker's report on a slow step (stage, activation, rebuild):
 /// `code` 0 = success, otherwise an `errc` with its message.
 struct work_report {
@@ -231,6 +243,12 @@ typename Inspector::result_type inspect(Inspector& f, work_report& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rollout_request& x) {
+  return f(caf::meta::type_name("stitch.rollout_request"), x.gateway_host, x.gateway_port, x.pool,
+           x.min_version, x.count, x.seed_base);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, member_info& x) {
   return f(caf::meta::type_name("stitch.member_info"), x.name, x.roles, x.slots, x.gateway_http);
 }
@@ -281,6 +299,21 @@ typename Inspector::result_type inspect(Inspector& f, publish_summary& x) {
            x.reason_for_anchor);
 }
 
+namespace engine {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rollout_sample& x) {
+  return f(caf::meta::type_name("stitch.rollout_sample"), x.prompt, x.tokens, x.behaviour_logprobs,
+           x.reward, x.version);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rollout_result& x) {
+  return f(caf::meta::type_name("stitch.rollout_result"), x.ok, x.sample, x.violation, x.error);
+}
+
+} // namespace engine
+
 /// A domain error as a CAF error: the code in category "stitch", the message
 /// as context.
 caf::error to_caf_error(const error& err);
@@ -318,6 +351,10 @@ CAF_ADD_TYPE_ID(stitch, (stitch::trainer_spec))
 CAF_ADD_TYPE_ID(stitch, (stitch::experiment_spec))
 CAF_ADD_TYPE_ID(stitch, (stitch::placement))
 CAF_ADD_TYPE_ID(stitch, (std::vector<uint32_t>) )
+CAF_ADD_TYPE_ID(stitch, (stitch::rollout_request))
+CAF_ADD_TYPE_ID(stitch, (stitch::engine::rollout_sample))
+CAF_ADD_TYPE_ID(stitch, (stitch::engine::rollout_result))
+CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::engine::rollout_result>) )
 CAF_ADD_ATOM(stitch, stitch::atom, read_pointer, "readptr")
 CAF_ADD_ATOM(stitch, stitch::atom, claim, "claim")
 CAF_ADD_ATOM(stitch, stitch::atom, advance, "advance")
@@ -366,4 +403,5 @@ CAF_ADD_ATOM(stitch, stitch::atom, spawn, "spawn")
 CAF_ADD_ATOM(stitch, stitch::atom, retire, "retire")
 CAF_ADD_ATOM(stitch, stitch::atom, train, "train")
 CAF_ADD_ATOM(stitch, stitch::atom, init_model, "initmodel")
+CAF_ADD_ATOM(stitch, stitch::atom, rollouts, "rollouts")
 CAF_END_TYPE_ID_BLOCK(stitch)

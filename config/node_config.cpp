@@ -473,9 +473,6 @@ void validate(const node_config& c, std::string& problems) {
   if (!c.coordinator_address.empty() && !parse_listen_address(c.coordinator_address))
     problems +=
       "coordinator.address: " + quote_untrusted(c.coordinator_address) + " is not HOST:PORT\n";
-  if (c.has_role("rollout_driver"))
-    problems += "roles: the built-in rollout driver runs inside the trainer role's job (it feeds "
-                "the trainer's samples in process); give the node the role 'trainer'\n";
   int tls = !c.tls_cert.empty() + !c.tls_key.empty() + !c.tls_ca.empty();
   if (tls != 0 && tls != 3)
     problems += "tls: cert, key and ca must be given together\n";

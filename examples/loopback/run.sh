@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts the loopback cluster (five stitch-node processes), submits the
+# Starts the loopback cluster (six stitch-node processes), submits the
 # experiment and follows it until the trainer finishes. Logs and data under
 # ./loopback-data. Ctrl-C stops every node.
 set -euo pipefail
@@ -10,7 +10,7 @@ mkdir -p loopback-data
 pids=()
 stop() { kill -TERM "${pids[@]}" 2>/dev/null || true; wait || true; }
 trap stop EXIT
-for n in coordinator frontdoor replica-a replica-b trainer; do
+for n in coordinator frontdoor replica-a replica-b driver trainer; do
   $bin/stitch-node --config examples/loopback/$n.toml > loopback-data/$n.log 2>&1 &
   pids+=($!)
   [[ $n == coordinator ]] && sleep 1

@@ -13,6 +13,7 @@
 
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/policy_gradient.hpp"
+#include "runtime/engine/rollout_client.hpp"
 #include "runtime/engine/weights.hpp"
 #include "runtime/node/commands.hpp"
 #include "runtime/node/node.hpp"
@@ -24,75 +25,6 @@ namespace stitch::node {
 namespace {
 
 using json = nlohmann::json;
-
-/// The toy task's verifiable reward: the share of generated tokens that are
-/// lowercase letters.
-double reward_of(const std::vector<int32_t>& tokens) {
-  if (tokens.empty())
-    return 0;
-  size_t good = 0;
-  for (int32_t t : tokens)
-    good += (t >= 'a' && t <= 'z') ? 1 : 0;
-  return static_cast<double>(good) / static_cast<double>(tokens.size());
-}
-
-struct sample_result {
-  bool ok = false;
-  engine::rollout_sample sample;
-  uint64_t start = 0;
-  bool violation = false;
-  std::string error;
-};
-
-/// One rollout through the gateway, retrying a retryable refusal.
-sample_result rollout(const demo_command& cmd, uint64_t min_version, uint64_t seed) {
-  const host_port& gateway = cmd.gateway;
-  sample_result r;
-  transport::http_client client{transport::http_endpoint{"http", gateway.host, gateway.port}};
-  json body;
-  body["text"] = "write letters: ";
-  body["sampling_params"] = {{"temperature", 1.0}, {"max_new_tokens", 8}, {"sampling_seed", seed}};
-  body["return_logprob"] = true;
-  body["weight_version"] = {{"min_version", min_version}, {"exact_version", nullptr}};
-  std::string text = body.dump();
-  transport::http_request req;
-  req.method = "POST";
-  req.target = "/generate";
-  req.body = text;
-  req.headers = {{"Content-Type", "application/json"}, {"X-Stitch-Pool", cmd.pool}};
-  for (int attempt = 0; attempt < 3000; ++attempt) {
-    if (cmd.stop && cmd.stop->load()) {
-      r.error = "stopped";
-      return r;
-    }
-    auto got = client.send(req);
-    if (!got) {
-      r.error = to_string(got.error());
-      return r;
-    }
-    if (got->status == 409 || got->status == 503) {
-      std::this_thread::sleep_for(std::chrono::milliseconds{10});
-      continue;
-    }
-    auto j = json::parse(got->body, nullptr, false);
-    if (got->status != 200 || j.is_discarded()) {
-      r.error = "HTTP " + std::to_string(got->status) + ": " + got->body.substr(0, 200);
-      return r;
-    }
-    r.sample.prompt = "write letters: ";
-    r.sample.tokens = j["output_ids"].get<std::vector<int32_t>>();
-    for (const auto& lp : j["meta_info"]["output_token_logprobs"])
-      r.sample.behaviour_logprobs.push_back(lp[0].get<float>());
-    r.start = j["meta_info"]["weight_version_start"].get<uint64_t>();
-    r.sample.version = r.start;
-    r.sample.reward = reward_of(r.sample.tokens);
-    r.violation = r.start < min_version;
-    r.ok = true;
-    return r;
-  }
-  r.error = "no replica satisfied min_version " + std::to_string(min_version) + " in time";
-  return r;
-}
 
 /// The replicas' largest last activation pause, in microseconds.
 double max_pause_us(const host_port& gateway, const std::string& pool) {
@@ -212,13 +144,17 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
       break;
     const uint64_t latest = cmd.boot_version + step;
     const uint64_t min_version = latest > cmd.staleness ? latest - cmd.staleness : 0;
-    std::vector<sample_result> results(cmd.samples_per_step);
-    std::vector<std::thread> drivers;
-    for (uint32_t i = 0; i < cmd.samples_per_step; ++i)
-      drivers.emplace_back(
-        [&, i] { results[i] = rollout(cmd, min_version, uint64_t{step} * 100'000 + i); });
-    for (auto& t : drivers)
-      t.join();
+    const uint64_t seed_base = uint64_t{step} * 100'000;
+    std::vector<engine::rollout_result> results;
+    if (cmd.rollouts) {
+      auto got = cmd.rollouts(min_version, cmd.samples_per_step, seed_base);
+      if (!got)
+        return std::move(got).error();
+      results = std::move(*got);
+    } else {
+      results = engine::rollout_batch({cmd.gateway.host, cmd.gateway.port, cmd.pool}, min_version,
+                                      cmd.samples_per_step, seed_base, cmd.stop);
+    }
     std::vector<engine::rollout_sample> batch;
     step_row row{0, 0, 0, 0, 0};
     if (cmd.stop && cmd.stop->load())
@@ -227,7 +163,7 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
       if (!r.ok)
         return make_error(errc::engine_unavailable, "demo: a rollout failed: " + r.error);
       violations += r.violation ? 1 : 0;
-      uint64_t stale = latest - std::min(latest, r.start);
+      uint64_t stale = latest - std::min(latest, r.sample.version);
       row.staleness_mean += static_cast<double>(stale);
       row.staleness_max = std::max(row.staleness_max, stale);
       batch.push_back(std::move(r.sample));

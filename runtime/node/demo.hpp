@@ -8,6 +8,7 @@
 #include <string>
 
 #include "runtime/core/error.hpp"
+#include "runtime/engine/rollout_client.hpp"
 #include "runtime/node/cli.hpp"
 
 namespace stitch::node {
@@ -45,6 +46,12 @@ struct demo_command {
   bool resume = false;
   /// Set by another thread: end after the current step (the trainer role).
   const std::atomic<bool>* stop = nullptr;
+  /// Where rollouts come from: a rollout driver on another node (the
+  /// trainer role, when the cluster has one). Empty: sampled here, through
+  /// `gateway`, one thread per rollout.
+  std::function<result<std::vector<engine::rollout_result>>(uint64_t min_version, uint32_t count,
+                                                            uint64_t seed_base)>
+    rollouts;
   /// Called after every step with its report as a JSON object.
   std::function<void(const std::string&)> on_step;
 };

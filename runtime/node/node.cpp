@@ -10,6 +10,7 @@
 #include "actors/node_agent.hpp"
 #include "actors/publisher.hpp"
 #include "actors/replica.hpp"
+#include "actors/rollout_driver.hpp"
 #include "actors/status.hpp"
 #include "actors/store.hpp"
 #include "actors/store_client.hpp"
@@ -176,6 +177,12 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"publisher"},
                    caf::actor_cast<caf::actor>(n->publisher_));
   }
+  if (settings.has_role("rollout_driver")) {
+    n->rollout_driver_ = caf::actor_cast<caf::actor>(
+      sys.spawn(rollout_driver, std::make_shared<worker_pool>(4, "rollouts")));
+    caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"rollout_driver"},
+                   n->rollout_driver_);
+  }
   if (auto ok = n->start_serving(settings); !ok) {
     n->stop();
     return std::move(ok).error();
@@ -296,7 +303,21 @@ status node::join_cluster(const node_settings& settings) {
     };
     log::info("trainer", "training " + spec.run_id + " for " + std::to_string(cmd.steps)
                            + " steps via gateway " + gateway);
-    j.thread = std::thread{[this, cmd = std::move(cmd), agent, stop = j.stop] {
+    j.thread = std::thread{[this, cmd = std::move(cmd), agent, stop = j.stop]() mutable {
+      // Rollouts come from the cluster's rollout driver when it has one.
+      auto coordinator = caf::actor_cast<caf::actor>(coordinator_);
+      auto driver = ask_actor<caf::actor>(sys_, coordinator, std::chrono::seconds{10},
+                                          atom::lookup_v, std::string{"rollout_driver"});
+      if (driver) {
+        log::info("trainer", cmd.run_id + " samples through the cluster's rollout driver");
+        cmd.rollouts = [this, handle = caf::actor_cast<rollout_driver_actor>(*driver),
+                        gw = cmd.gateway,
+                        pool = cmd.pool](uint64_t min_version, uint32_t count, uint64_t seed_base) {
+          rollout_request req{gw.host, gw.port, pool, min_version, count, seed_base};
+          return ask_actor<std::vector<engine::rollout_result>>(
+            sys_, handle, std::chrono::minutes{10}, atom::rollouts_v, req);
+        };
+      }
       std::FILE* quiet = std::fopen("/dev/null", "w");
       auto done = run_demo(sys_, cmd, quiet ? quiet : stderr);
       if (quiet)
@@ -442,7 +463,8 @@ void node::stop() {
   status_ = nullptr;
   if (owns_coordinator_ && coordinator_ && port_ != 0)
     (void) sys_.middleman().unpublish(coordinator_, port_);
-  std::vector<caf::actor> owned{caf::actor_cast<caf::actor>(publisher_)};
+  std::vector<caf::actor> owned{caf::actor_cast<caf::actor>(publisher_), rollout_driver_};
+  rollout_driver_ = nullptr;
   if (owns_coordinator_)
     owned.push_back(caf::actor_cast<caf::actor>(coordinator_));
   if (owns_store_)

@@ -75,6 +75,7 @@ private:
   std::vector<replica_actor> replicas_;
   gateway_actor gateway_;
   status_actor status_;
+  caf::actor rollout_driver_;
   std::unique_ptr<gateway_http> gateway_front_;
   std::unique_ptr<status_http> status_front_;
   std::unique_ptr<jobs> jobs_;

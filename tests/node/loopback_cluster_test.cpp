@@ -146,12 +146,15 @@ protected:
     ASSERT_TRUE(replica_a->started()) << replica_a->log();
     replica_b = start_replica_b();
     ASSERT_TRUE(replica_b->started()) << replica_b->log();
+    driver = start("driver", {}, "joined the coordinator; heartbeat");
+    ASSERT_TRUE(driver->started()) << driver->log();
     trainer = start("trainer", {}, "joined the coordinator; heartbeat");
     ASSERT_TRUE(trainer->started()) << trainer->log();
   }
 
   void TearDown() override {
-    for (auto* n : {trainer.get(), replica_b.get(), replica_a.get(), frontdoor.get(), coord.get()})
+    for (auto* n : {trainer.get(), driver.get(), replica_b.get(), replica_a.get(), frontdoor.get(),
+                    coord.get()})
       if (n) {
         auto t0 = std::chrono::steady_clock::now();
         EXPECT_TRUE(n->stop()) << n->log();
@@ -216,7 +219,7 @@ protected:
   }
 
   temp_dir dir;
-  std::unique_ptr<node_process> coord, frontdoor, replica_a, replica_b, trainer;
+  std::unique_ptr<node_process> coord, frontdoor, replica_a, replica_b, driver, trainer;
   std::chrono::steady_clock::time_point began;
 };
 
@@ -283,6 +286,11 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
     << frontdoor->log() << coord->log() << trainer->log();
 
   phase("converged past v10");
+  // The trainer samples through the rollout driver node.
+  EXPECT_NE(trainer->log().find("samples through the cluster's rollout driver"), std::string::npos)
+    << trainer->log();
+  EXPECT_NE(driver->log().find("rollout batches served"), std::string::npos) << driver->log();
+
   // SIGKILL the trainer node mid-run and restart it: the coordinator places
   // the trainer there again, and it resumes from the pool's latest version
   // (re-publishing from the boot checkpoint would conflict with what exists).
@@ -312,8 +320,8 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
       std::set<std::string> names;
       for (const auto& n : (*st)["nodes"])
         names.insert(n.value("name", ""));
-      return names
-               == std::set<std::string>{"coord", "frontdoor", "replica-a", "replica-b", "trainer"}
+      return names == std::set<std::string>{"coord",     "driver",    "frontdoor",
+                                            "replica-a", "replica-b", "trainer"}
              && (*st)["experiments"].size() == 1
              && (*st)["experiments"][0].value("run_id", "") == "loop"
              && (*st)["experiments"][0].contains("last_step");
