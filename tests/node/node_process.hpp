@@ -144,7 +144,8 @@ private:
     args.insert(args.begin(), STITCH_NODE_BIN);
     pid_ = fork();
     if (pid_ == 0) {
-      std::freopen(log_.c_str(), "w", stdout);
+      // Both in append mode: two offsets into one file would overwrite each other.
+      std::freopen(log_.c_str(), "a", stdout);
       std::freopen(log_.c_str(), "a", stderr);
       std::vector<char*> argv;
       for (auto& a : args)
