@@ -84,6 +84,11 @@ result<std::vector<plan_effect>> cluster_plan::submit(const experiment_spec& spe
   if (spec.trainer.enabled && pick_trainer_node().empty())
     return make_error(errc::not_found,
                       "the experiment wants a trainer but no member hosts the role 'trainer'");
+  if (spec.trainer.enabled && std::none_of(members_.begin(), members_.end(), [](const auto& kv) {
+        return kv.second.has_role("gateway");
+      }))
+    return make_error(errc::not_found, "the experiment's trainer samples through a gateway but "
+                                       "no member hosts the role 'gateway'");
   experiments_.emplace(spec.run_id, experiment{spec, {}, false, 0});
   return fill();
 }

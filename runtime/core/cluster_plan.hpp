@@ -105,8 +105,9 @@ public:
   std::vector<plan_effect> leave(std::string_view node);
 
   /// Admits an experiment when it can be placed now: the pool is not serving
-  /// another active experiment, enough slots are free, and a trainer node
-  /// exists when a trainer is wanted. Otherwise refused with the reason.
+  /// another active experiment, enough slots are free, and a trainer node and
+  /// a gateway exist when a trainer is wanted. Otherwise refused with the
+  /// reason.
   result<std::vector<plan_effect>> submit(const experiment_spec& spec);
   /// Elastic: more replicas are placed on free slots (refused when there are
   /// not enough), fewer retire the newest first (they drain before leaving).

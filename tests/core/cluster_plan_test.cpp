@@ -122,10 +122,24 @@ TEST(cluster_plan, scale_up_places_and_scale_down_retires_newest_first_then_free
   EXPECT_EQ(plan.experiments()[0].replicas[0].replica_id, "run1-r0");
 }
 
+TEST(cluster_plan, a_trainer_needs_a_gateway_to_sample_through) {
+  cluster_plan plan;
+  ASSERT_TRUE(plan.join(replica_node("a", {0})));
+  ASSERT_TRUE(plan.join({"t", {"trainer"}, {}, {}}));
+  auto refused = plan.submit(spec("run1", 1, true));
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("'gateway'"), std::string::npos);
+  EXPECT_TRUE(plan.submit(spec("run1", 1, false))); // no trainer: no gateway needed
+  ASSERT_TRUE(plan.stop("run1"));
+  plan.retired("run1-r0");
+  ASSERT_TRUE(plan.join({"g", {"gateway"}, {}, "127.0.0.1:8080"}));
+  EXPECT_TRUE(plan.submit(spec("run2", 1, true)));
+}
+
 TEST(cluster_plan, stop_retires_every_replica_and_the_trainer) {
   cluster_plan plan;
   ASSERT_TRUE(plan.join(replica_node("a", {0, 1})));
-  ASSERT_TRUE(plan.join({"t", {"trainer"}, {}, {}}));
+  ASSERT_TRUE(plan.join({"t", {"trainer", "gateway"}, {}, {}}));
   auto fx = plan.submit(spec("run1", 2, true));
   ASSERT_TRUE(fx);
   EXPECT_EQ(count(*fx, plan_effect::kind::start_trainer), 1u);
@@ -144,6 +158,7 @@ TEST(cluster_plan, stop_retires_every_replica_and_the_trainer) {
 TEST(cluster_plan, a_trainer_that_lost_its_node_is_restarted_on_another) {
   cluster_plan plan;
   ASSERT_TRUE(plan.join(replica_node("a", {0})));
+  ASSERT_TRUE(plan.join({"g", {"gateway"}, {}, {}}));
   ASSERT_TRUE(plan.join({"t1", {"trainer"}, {}, {}}));
   ASSERT_TRUE(plan.submit(spec("run1", 1, true)));
   EXPECT_EQ(plan.experiments()[0].trainer_node, "t1");
