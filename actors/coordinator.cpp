@@ -56,22 +56,27 @@ void publish_view(self_ptr self);
 void place(self_ptr self, const placement& p) {
   auto& st = self->state;
   auto member = st.members.find(p.node);
-  auto spec = st.specs.find(p.run_id);
-  if (member == st.members.end() || spec == st.specs.end()) {
+  const auto* spec = st.plan.spec_of(p.run_id);
+  if (member == st.members.end() || !spec) {
     carry_out(self, st.plan.replica_lost(p.replica_id));
     return;
   }
   log::info("coordinator", "placing " + p.replica_id + " (pool " + p.pool + ") on " + p.node
                              + " slot " + std::to_string(p.slot));
-  self->request(member->second.agent, spawn_timeout, atom::spawn_v, p, spec->second)
+  self->request(member->second.agent, spawn_timeout, atom::spawn_v, p, *spec)
     .then(
       [self, p](const replica_actor& replica) {
         auto& now = self->state;
-        if (!now.plan.placements().contains(p.replica_id)) {
-          // Stopped or its node left while it started.
-          caf::anon_send(replica, atom::retire_v);
+        auto placed = now.plan.placements().find(p.replica_id);
+        if (placed == now.plan.placements().end()) {
+          // Its run was rolled back while it started: it leaves at once.
+          self->send(replica, atom::retire_v);
           return;
         }
+        // Retired while it started: its agent got the retire after the spawn
+        // and drains it; nobody routes to it meanwhile.
+        if (placed->second.retiring)
+          return;
         now.replicas[p.replica_id] = replica;
         self->send(replica, atom::subscribe_v, caf::actor_cast<caf::actor>(self));
         for (const auto& gw : now.roles["gateway"])
@@ -99,8 +104,8 @@ void carry_out(self_ptr self, std::vector<plan_effect> effects) {
         break;
       case plan_effect::kind::start_trainer: {
         auto m = st.members.find(e.node);
-        auto spec = st.specs.find(e.run_id);
-        if (m == st.members.end() || spec == st.specs.end())
+        const auto* spec = st.plan.spec_of(e.run_id);
+        if (m == st.members.end() || !spec)
           break;
         auto gateway = gateway_for(st, e.node);
         if (gateway.empty()) {
@@ -111,7 +116,7 @@ void carry_out(self_ptr self, std::vector<plan_effect> effects) {
         }
         log::info("coordinator",
                   "starting the trainer of " + e.run_id + " on " + e.node + " via " + gateway);
-        self->send(m->second.agent, atom::train_v, spec->second, gateway);
+        self->send(m->second.agent, atom::train_v, *spec, gateway);
         break;
       }
       case plan_effect::kind::stop_trainer:
@@ -343,13 +348,9 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       if (publishers == st.roles.end() || publishers->second.empty())
         return refused(errc::not_found, "no member hosts the role 'publisher' to publish the "
                                         "experiment's boot checkpoint");
-      st.specs[spec.run_id] = spec; // the plan's effects look it up
       auto fx = st.plan.submit(spec);
-      if (!fx) {
-        if (!st.plan.resolve_run(spec.run_id))
-          st.specs.erase(spec.run_id);
+      if (!fx)
         return to_caf_error(fx.error());
-      }
       st.runs[spec.run_id] = {{}, {}, clock::now()};
       log::info("coordinator", "experiment " + spec.run_id + " admitted in pool " + spec.pool + ": "
                                  + std::to_string(spec.replicas) + " replica(s)");
@@ -375,7 +376,6 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       };
       auto on_failed = [self, promise, spec](const caf::error& err) mutable {
         rollback(self, spec.run_id);
-        self->state.specs.erase(spec.run_id);
         self->state.runs.erase(spec.run_id);
         auto e = from_caf_error(self->system(), err);
         promise.deliver(to_caf_error(
@@ -404,7 +404,6 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       auto fx = st.plan.scale(*name, n);
       if (!fx)
         return to_caf_error(fx.error());
-      st.specs[*name].replicas = n;
       size_t placed = 0, retired = 0;
       for (const auto& e : *fx) {
         placed += e.what == plan_effect::kind::place_replica;

@@ -44,7 +44,6 @@ struct coordinator_state {
   /// which version's bytes.
   std::map<std::string, replica_info> infos;
   std::map<std::string, run_progress> runs;
-  std::map<std::string, experiment_spec> specs;
 };
 
 coordinator_actor::behavior_type

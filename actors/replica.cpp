@@ -128,6 +128,11 @@ void answer(self_ptr self, request_id id, replica_answer reply) {
   it->second.promise.deliver(std::move(reply));
   st.by_key.erase({it->second.caller.address(), it->second.call.key});
   st.requests.erase(it);
+  // A retiring replica leaves with its last answer, whichever path gave it.
+  if (st.retiring && st.requests.empty()) {
+    log::info("replica", st.opts.replica_id + " drained; leaving");
+    self->quit();
+  }
 }
 
 void reconcile_now(self_ptr self, trigger why) {
@@ -673,10 +678,6 @@ replica_actor::behavior_type behavior(self_ptr self) {
       }
       answer(self, id, std::move(reply));
       apply_gate(self, std::move(effects));
-      if (st.retiring && st.requests.empty()) {
-        log::info("replica", st.opts.replica_id + " drained; leaving");
-        self->quit();
-      }
     },
   };
 }

@@ -161,6 +161,11 @@ void cluster_plan::trainer_ended(std::string_view run) {
     it->second.trainer_done = true;
 }
 
+const experiment_spec* cluster_plan::spec_of(std::string_view run) const {
+  auto it = experiments_.find(std::string{run});
+  return it == experiments_.end() ? nullptr : &it->second.spec;
+}
+
 result<std::string> cluster_plan::resolve_run(std::string_view run) const {
   if (!run.empty()) {
     if (!experiments_.contains(std::string{run}))

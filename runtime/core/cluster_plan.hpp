@@ -124,6 +124,9 @@ public:
   /// A trainer ended (finished or failed): not restarted.
   void trainer_ended(std::string_view run);
 
+  /// The spec of an active experiment (as scaled), or null.
+  const experiment_spec* spec_of(std::string_view run) const;
+
   /// The run `run` names, or the only active one when `run` is empty.
   result<std::string> resolve_run(std::string_view run) const;
 

@@ -70,9 +70,17 @@ status publish_version(caf::actor_system& sys, const demo_command& cmd,
 
 status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* out) {
   demo_command cmd = given;
-  auto scratch =
+  // Where versions are written for the publisher; gone on every way out.
+  struct scratch_dir {
+    std::filesystem::path path;
+    ~scratch_dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } scratch_guard{
     std::filesystem::temp_directory_path()
-    / ("stitch-demo-" + std::to_string(::getpid()) + "-" + cmd.pool + "-" + cmd.run_id);
+    / ("stitch-demo-" + std::to_string(::getpid()) + "-" + cmd.pool + "-" + cmd.run_id)};
+  const auto& scratch = scratch_guard.path;
   std::filesystem::create_directories(scratch);
   std::unique_ptr<node> local;
   if (cmd.local) {
@@ -98,33 +106,33 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
   if (!model)
     return std::move(model).error();
   auto config = *model;
-  auto weights = engine::random_init(config, cmd.seed);
-  if (!weights)
-    return std::move(weights).error();
+  // The weights to start from: the run's latest stored version when resuming
+  // a run the pool already serves (its boot, from a seed or a directory, or
+  // where another trainer stopped); else the built-in model from the seed,
+  // published as the boot checkpoint.
+  std::optional<store::tensor_set> weights;
   uint32_t first_step = 0;
-  if (cmd.resume || cmd.boot_from_store) {
-    // Resume past the boot version; a boot published from a directory is
-    // read back at the boot version itself.
-    auto point = find_resume_point(sys, cmd.coordinator, cmd.pool, cmd.run_id,
-                                   cmd.boot_from_store ? cmd.boot_version : cmd.boot_version + 1);
+  if (cmd.resume) {
+    auto point = find_resume_point(sys, cmd.coordinator, cmd.pool, cmd.run_id, cmd.boot_version);
     if (!point)
       return std::move(point).error();
     if (*point) {
       first_step =
         static_cast<uint32_t>(std::min<uint64_t>((*point)->version - cmd.boot_version, cmd.steps));
-      *weights = std::move((*point)->weights);
+      weights = std::move((*point)->weights);
       if (!cmd.json && first_step > 0)
         std::fprintf(out, "demo: resuming %s at version %llu (step %u)\n", cmd.run_id.c_str(),
                      static_cast<unsigned long long>((*point)->version), first_step);
-    } else if (cmd.boot_from_store) {
-      return make_error(errc::no_run_claimed,
-                        "the boot checkpoint of " + cmd.run_id + " is not the pool's pointer");
     }
   }
-  // The boot checkpoint (idempotent when the coordinator published it).
-  if (first_step == 0)
+  if (!weights) {
+    auto initial = engine::random_init(config, cmd.seed);
+    if (!initial)
+      return std::move(initial).error();
+    weights = std::move(*initial);
     if (auto ok = publish_version(sys, cmd, *weights, scratch / "v", cmd.boot_version); !ok)
       return ok;
+  }
 
   struct step_row {
     double reward;
@@ -234,8 +242,6 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
   }
   if (local)
     local->stop();
-  std::error_code ec;
-  std::filesystem::remove_all(scratch, ec);
   if (violations > 0)
     return make_error(errc::version_not_ready, "demo: " + std::to_string(violations)
                                                  + " responses violated their constraint");

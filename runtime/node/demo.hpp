@@ -38,11 +38,9 @@ struct demo_command {
   std::string preset = "tiny";
   uint64_t seed = 7;
   uint64_t boot_version = 0;
-  /// The boot checkpoint was published from a directory: start from the
-  /// run's boot version as stored, not from `preset`/`seed`.
-  bool boot_from_store = false;
-  /// Continue a run another trainer left (its node died): start from the
-  /// pool's latest version of the run instead of the boot checkpoint.
+  /// The trainer role: when the pool already serves this run (the
+  /// coordinator published its boot checkpoint, from a seed or a directory,
+  /// or another trainer left it), start from its latest stored version.
   bool resume = false;
   /// Set by another thread: end after the current step (the trainer role).
   const std::atomic<bool>* stop = nullptr;

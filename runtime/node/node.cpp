@@ -79,11 +79,17 @@ namespace {
 /// How long a node keeps trying to reach the coordinator and the store.
 constexpr auto join_wait = std::chrono::seconds{20};
 
-result<host_port> address_of(const std::string& text) {
-  auto a = config::parse_listen_address(text);
-  if (!a)
-    return std::move(a).error();
-  return host_port{a->host, a->port};
+/// Calls `attempt` until it succeeds or `join_wait` passed (the coordinator
+/// or the store's node may still be starting); answers the last result.
+template <class F>
+auto keep_trying(F attempt) -> decltype(attempt()) {
+  auto deadline = std::chrono::steady_clock::now() + join_wait;
+  for (;;) {
+    auto got = attempt();
+    if (got || std::chrono::steady_clock::now() > deadline)
+      return got;
+    std::this_thread::sleep_for(std::chrono::milliseconds{200});
+  }
 }
 
 replica_options node_replica_options(const node_settings& settings) {
@@ -125,22 +131,14 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     n->port_ = *port;
     n->coordinator_at_ = {settings.coordinator_listen.host, *port};
   } else {
-    auto at = address_of(settings.coordinator_address);
+    auto at = parse_host_port(settings.coordinator_address);
     if (!at)
       return std::move(at).error();
     n->coordinator_at_ = *at;
-    // The coordinator may still be starting: try for a while.
-    auto deadline = std::chrono::steady_clock::now() + join_wait;
-    for (;;) {
-      auto found = connect_coordinator(sys, *at);
-      if (found) {
-        n->coordinator_ = *found;
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline)
-        return std::move(found).error();
-      std::this_thread::sleep_for(std::chrono::milliseconds{200});
-    }
+    auto found = keep_trying([&] { return connect_coordinator(sys, *at); });
+    if (!found)
+      return std::move(found).error();
+    n->coordinator_ = *found;
   }
   if (settings.has_role("store")) {
     auto opened = store::open_store(settings.effective_store_uri());
@@ -154,21 +152,16 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"store"},
                    caf::actor_cast<caf::actor>(n->store_));
   } else {
-    auto deadline = std::chrono::steady_clock::now() + join_wait;
-    for (;;) {
-      auto found = ask_actor<caf::actor>(sys, n->coordinator_, std::chrono::seconds{10},
-                                         atom::lookup_v, std::string{"store"});
-      if (found) {
-        n->store_ = caf::actor_cast<store_actor>(*found);
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        n->stop();
-        return make_error(errc::not_found, "no member of the cluster hosts the role 'store': "
-                                             + found.error().message);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds{200});
+    auto found = keep_trying([&] {
+      return ask_actor<caf::actor>(sys, n->coordinator_, std::chrono::seconds{10}, atom::lookup_v,
+                                   std::string{"store"});
+    });
+    if (!found) {
+      n->stop();
+      return make_error(errc::not_found, "no member of the cluster hosts the role 'store': "
+                                           + found.error().message);
     }
+    n->store_ = caf::actor_cast<store_actor>(*found);
     n->backend_ = std::make_shared<remote_store>(sys, n->store_);
   }
   if (settings.has_role("publisher")) {
@@ -195,7 +188,7 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
 }
 
 result<replica_actor> node::spawn_replica(const replica_options& o, const std::string& preset,
-                                          uint16_t http_port) {
+                                          uint16_t http_port, uint16_t* bound) {
   auto model = engine::preset(preset);
   if (!model)
     return std::move(model).error();
@@ -227,7 +220,8 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
   }
   jobs_->fronts[o.replica_id] = std::move(http);
   jobs_->replicas[o.replica_id] = replica;
-  http_.replicas.push_back(*port);
+  if (bound)
+    *bound = *port;
   return replica;
 }
 
@@ -268,7 +262,7 @@ status node::join_cluster(const node_settings& settings) {
   };
   hooks.start_trainer = [this](const experiment_spec& spec, const std::string& gateway,
                                node_agent_actor agent) -> status {
-    auto gw = address_of(gateway);
+    auto gw = parse_host_port(gateway);
     if (!gw)
       return std::move(gw).error();
     std::lock_guard lock{jobs_->mutex};
@@ -292,10 +286,10 @@ status node::join_cluster(const node_settings& settings) {
     cmd.pool = spec.pool;
     cmd.preset = spec.boot_preset;
     cmd.seed = spec.boot_seed;
-    cmd.boot_from_store = !spec.boot_dir.empty();
     cmd.boot_version = spec.boot_version;
     cmd.stop = j.stop.get();
-    // A trainer placed again after its node died continues the run.
+    // Start from the run as stored: its boot (from a seed or a directory),
+    // or where a trainer whose node died left it.
     cmd.resume = true;
     cmd.on_step = [agent, run = spec.run_id](const std::string& step) {
       log::info("trainer", run + " " + step);
@@ -380,10 +374,12 @@ status node::start_serving(const node_settings& settings) {
     uint16_t want = settings.replica_listen.port == 0
                       ? 0
                       : static_cast<uint16_t>(settings.replica_listen.port + i);
-    auto replica = spawn_replica(o, settings.model_preset, want);
+    uint16_t port = 0;
+    auto replica = spawn_replica(o, settings.model_preset, want, &port);
     if (!replica)
       return std::move(replica).error();
     replicas_.push_back(*replica);
+    http_.replicas.push_back(port);
     if (gateway_)
       caf::anon_send(gateway_, atom::enroll_v, settings.pool, *replica);
     if (status_)

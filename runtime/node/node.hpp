@@ -59,8 +59,10 @@ private:
   /// Replicas, gateway and status with their HTTP surfaces.
   status start_serving(const node_settings& settings);
   status join_cluster(const node_settings& settings);
+  /// A replica and its HTTP surface on `http_port` (0: any); the port it
+  /// got goes to `bound` when given.
   result<replica_actor> spawn_replica(const replica_options& o, const std::string& preset,
-                                      uint16_t http_port);
+                                      uint16_t http_port, uint16_t* bound = nullptr);
 
   caf::actor_system& sys_;
   node_settings settings_;

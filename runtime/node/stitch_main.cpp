@@ -10,6 +10,23 @@
 #include "runtime/node/demo.hpp"
 #include "runtime/node/system_config.hpp"
 
+namespace {
+
+/// The exit code of a command, its error on stderr: `invalid_argument` is a
+/// usage error where `bad_input_is_usage` (the input named on the command
+/// line), any other failure a runtime one.
+int finish(const char* name, const stitch::status& done, bool bad_input_is_usage = true) {
+  using namespace stitch::node;
+  if (done)
+    return exit_ok;
+  std::fprintf(stderr, "stitch %s: %s\n", name, to_string(done.error()).c_str());
+  return bad_input_is_usage && done.error().code == stitch::errc::invalid_argument
+           ? exit_usage
+           : exit_runtime_failure;
+}
+
+} // namespace
+
 int main(int argc, char** argv) {
   using namespace stitch::node;
   CLI::App app{"stitch: command-line client of a Stitch cluster", "stitch"};
@@ -92,12 +109,7 @@ int main(int argc, char** argv) {
   }
   auto* chosen = app.get_subcommands().front();
   if (chosen == init_model) {
-    if (auto done = run_init_model(init, stdout); !done) {
-      std::fprintf(stderr, "stitch init-model: %s\n", to_string(done.error()).c_str());
-      return done.error().code == stitch::errc::invalid_argument ? exit_usage
-                                                                 : exit_runtime_failure;
-    }
-    return exit_ok;
+    return finish("init-model", run_init_model(init, stdout));
   }
   int tls_given = !tls_cert.empty() + !tls_key.empty() + !tls_ca.empty();
   if (tls_given != 0 && tls_given != 3) {
@@ -115,14 +127,6 @@ int main(int argc, char** argv) {
   if (tls_given == 3)
     cfg.use_tls(tls_cert, tls_key, tls_ca);
   caf::actor_system sys{cfg};
-  auto finish = [&](const char* name, stitch::status done) {
-    if (done)
-      return static_cast<int>(exit_ok);
-    std::fprintf(stderr, "stitch %s: %s\n", name, to_string(done.error()).c_str());
-    return done.error().code == stitch::errc::invalid_argument
-             ? static_cast<int>(exit_usage)
-             : static_cast<int>(exit_runtime_failure);
-  };
   if (chosen == submit) {
     sub.coordinator = *where;
     sub.token = token;
@@ -147,35 +151,18 @@ int main(int argc, char** argv) {
       return exit_usage;
     }
     demo.gateway = *gw;
-    if (auto done = run_demo(sys, demo, stdout); !done) {
-      std::fprintf(stderr, "stitch demo: %s\n", to_string(done.error()).c_str());
-      return exit_runtime_failure;
-    }
-    return exit_ok;
+    return finish("demo", run_demo(sys, demo, stdout), false);
   }
   if (chosen == status) {
     stat.coordinator = *where;
-    if (auto done = run_status(sys, stat, stdout); !done) {
-      std::fprintf(stderr, "stitch status: %s\n", to_string(done.error()).c_str());
-      return exit_runtime_failure;
-    }
-    return exit_ok;
+    return finish("status", run_status(sys, stat, stdout), false);
   }
   if (chosen == publish) {
     pub.coordinator = *where;
     pub.args.token = token;
     auto done = run_publish(sys, pub, stdout);
-    if (!done) {
-      std::fprintf(stderr, "stitch publish: %s\n", to_string(done.error()).c_str());
-      return done.error().code == stitch::errc::invalid_argument ? exit_usage
-                                                                 : exit_runtime_failure;
-    }
-    return exit_ok;
+    return finish("publish", done ? stitch::status{} : stitch::status{done.error()});
   }
   exp.coordinator = *where;
-  if (auto done = run_export(sys, exp, stdout); !done) {
-    std::fprintf(stderr, "stitch export: %s\n", to_string(done.error()).c_str());
-    return exit_runtime_failure;
-  }
-  return exit_ok;
+  return finish("export", run_export(sys, exp, stdout), false);
 }

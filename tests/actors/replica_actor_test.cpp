@@ -762,6 +762,41 @@ TEST_F(replica_actor_test, other_routes_pass_through_and_control_routes_are_bloc
   EXPECT_EQ(r.error_type, "RouteBlocked");
 }
 
+TEST_F(replica_actor_test, a_retiring_replica_leaves_rotation_finishes_what_runs_then_quits) {
+  publish("r", 0);
+  start();
+  settle();
+  self->monitor(replica);
+  // One versioned and one pass-through request are running when it retires.
+  send(call(1));
+  replica_call models;
+  models.key = 2;
+  models.method = "GET";
+  models.route = "/v1/models";
+  send(models);
+  self->send(replica, atom::retire_v);
+  sched.run();
+  auto now = info();
+  EXPECT_FALSE(now.ready);
+  EXPECT_EQ(now.reason, "retiring");
+  // New requests are refused, retryably, so the gateway goes elsewhere.
+  send(call(3));
+  auto refused = reply();
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_TRUE(refused.retryable);
+  EXPECT_NE(refused.message.find("retiring"), std::string::npos);
+  // The running ones finish, whichever kind finishes last; then it quits.
+  requests->run_all();
+  sched.run();
+  int answered = 0;
+  bool down = false;
+  for (int i = 0; i < 3; ++i)
+    self->receive([&](const replica_answer& a) { answered += a.status == 200 ? 1 : 0; },
+                  [&](const caf::down_msg&) { down = true; }, caf::after(0s) >> [] {});
+  EXPECT_EQ(answered, 2);
+  EXPECT_TRUE(down) << "the replica quits once drained";
+}
+
 TEST_F(replica_actor_test, streamed_events_reach_the_caller_before_the_stamped_last_event) {
   publish("r", 0);
   start();
