@@ -201,5 +201,20 @@ TEST(cluster_plan, scale_and_stop_need_a_run_when_several_are_active) {
   EXPECT_FALSE(plan.stop("nope"));
 }
 
+TEST(cluster_plan, the_spec_of_a_run_follows_scale_and_ignores_a_refused_resubmit) {
+  cluster_plan plan;
+  ASSERT_TRUE(plan.join(replica_node("a", {0, 1, 2})));
+  ASSERT_TRUE(plan.submit(spec("run1", 1)));
+  auto again = spec("run1", 3);
+  again.commit_mode = "quiesce";
+  EXPECT_FALSE(plan.submit(again));
+  ASSERT_NE(plan.spec_of("run1"), nullptr);
+  EXPECT_EQ(plan.spec_of("run1")->commit_mode, "in_place");
+  ASSERT_TRUE(plan.scale("run1", 2));
+  EXPECT_EQ(plan.spec_of("run1")->replicas, 2u);
+  ASSERT_TRUE(plan.stop("run1"));
+  EXPECT_EQ(plan.spec_of("run1"), nullptr);
+}
+
 } // namespace
 } // namespace stitch
