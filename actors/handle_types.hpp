@@ -10,7 +10,9 @@
 #include "actors/node_agent_actor.hpp"
 #include "actors/replica_actor.hpp"
 
-CAF_BEGIN_TYPE_ID_BLOCK(stitch_handles, caf::id_block::stitch::end)
+CAF_BEGIN_TYPE_ID_BLOCK(stitch_handles, ::stitch::type_ids::handles)
 CAF_ADD_TYPE_ID(stitch_handles, (stitch::replica_actor))
 CAF_ADD_TYPE_ID(stitch_handles, (stitch::node_agent_actor))
 CAF_END_TYPE_ID_BLOCK(stitch_handles)
+
+static_assert(caf::id_block::stitch_handles::end <= stitch::type_ids::store);

@@ -1,7 +1,7 @@
 #pragma once
 
-// The CAF face of the domain: the `stitch` error category, the atoms and
-// message types of every actor interface, and their `inspect` overloads.
+// Messages of the roles that do not declare their own yet: their atoms and
+// message types and `inspect` overloads.
 // Included by actor interfaces and implementations only.
 
 #include <caf/error.hpp>
@@ -13,21 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "actors/value_types.hpp"
 #include "runtime/core/cluster_plan.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/core/pointer_rules.hpp"
 #include "runtime/core/version_ref.hpp"
 #include "runtime/engine/rollout_client.hpp"
 
-CAF_ERROR_CODE_ENUM(stitch::errc, "stitch")
-
 namespace stitch {
-
-/// A pool's pointer, or none (no run claimed).
-struct pointer_reply {
-  bool present = false;
-  pointer_record record;
-};
 
 /// What `stitch publish` asks for (DESIGN §7).
 struct publish_args {
@@ -49,7 +42,7 @@ struct publish_summary {
   uint64_t stored_bytes = 0;
   bool idempotent = false;
   bool claimed = false;
-  pointer_reply pointer;
+  caf::optional<pointer_record> pointer;
   std::string reason_for_anchor;
 };
 
@@ -272,21 +265,6 @@ typename Inspector::result_type inspect(Inspector& f, placement& x) {
 }
 
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, version_ref& x) {
-  return f(caf::meta::type_name("stitch.version_ref"), x.run_id, x.version);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, pointer_record& x) {
-  return f(caf::meta::type_name("stitch.pointer_record"), x.latest, x.boot_version);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, pointer_reply& x) {
-  return f(caf::meta::type_name("stitch.pointer_reply"), x.present, x.record);
-}
-
-template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, publish_args& x) {
   return f(caf::meta::type_name("stitch.publish_args"), x.pool, x.run_id, x.version, x.force_anchor,
            x.dry_run, x.token);
@@ -314,24 +292,9 @@ typename Inspector::result_type inspect(Inspector& f, rollout_result& x) {
 
 } // namespace engine
 
-/// A domain error as a CAF error: the code in category "stitch", the message
-/// as context.
-caf::error to_caf_error(const error& err);
-
-/// Back from CAF: our own category keeps its code and message; anything else
-/// becomes `backend_failure` with CAF's rendering of it.
-error from_caf_error(const caf::actor_system& sys, const caf::error& err);
-
-/// Largest byte payload one message carries (shard and tensor bytes travel
-/// in chunks of at most this; control messages never carry whole tensors).
-inline constexpr uint64_t max_chunk_bytes = uint64_t{8} << 20;
-
 } // namespace stitch
 
-CAF_BEGIN_TYPE_ID_BLOCK(stitch, caf::first_custom_type_id)
-CAF_ADD_TYPE_ID(stitch, (stitch::version_ref))
-CAF_ADD_TYPE_ID(stitch, (stitch::pointer_record))
-CAF_ADD_TYPE_ID(stitch, (stitch::pointer_reply))
+CAF_BEGIN_TYPE_ID_BLOCK(stitch, ::stitch::type_ids::shared)
 CAF_ADD_TYPE_ID(stitch, (stitch::publish_args))
 CAF_ADD_TYPE_ID(stitch, (stitch::publish_summary))
 CAF_ADD_TYPE_ID(stitch, (stitch::replica_call))
@@ -342,32 +305,14 @@ CAF_ADD_TYPE_ID(stitch, (stitch::work_report))
 CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::replica_info>) )
 CAF_ADD_TYPE_ID(stitch, (stitch::histogram))
 CAF_ADD_TYPE_ID(stitch, (stitch::gateway_stats))
-CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::version_ref>) )
-CAF_ADD_TYPE_ID(stitch, (std::vector<uint64_t>) )
-CAF_ADD_TYPE_ID(stitch, (std::vector<char>) )
-CAF_ADD_TYPE_ID(stitch, (std::vector<std::string>) )
 CAF_ADD_TYPE_ID(stitch, (stitch::member_info))
 CAF_ADD_TYPE_ID(stitch, (stitch::trainer_spec))
 CAF_ADD_TYPE_ID(stitch, (stitch::experiment_spec))
 CAF_ADD_TYPE_ID(stitch, (stitch::placement))
-CAF_ADD_TYPE_ID(stitch, (std::vector<uint32_t>) )
 CAF_ADD_TYPE_ID(stitch, (stitch::rollout_request))
 CAF_ADD_TYPE_ID(stitch, (stitch::engine::rollout_sample))
 CAF_ADD_TYPE_ID(stitch, (stitch::engine::rollout_result))
 CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::engine::rollout_result>) )
-CAF_ADD_ATOM(stitch, stitch::atom, read_pointer, "readptr")
-CAF_ADD_ATOM(stitch, stitch::atom, claim, "claim")
-CAF_ADD_ATOM(stitch, stitch::atom, advance, "advance")
-CAF_ADD_ATOM(stitch, stitch::atom, read_manifest, "readman")
-CAF_ADD_ATOM(stitch, stitch::atom, read_range, "readrange")
-CAF_ADD_ATOM(stitch, stitch::atom, list, "list")
-CAF_ADD_ATOM(stitch, stitch::atom, retain, "retain")
-CAF_ADD_ATOM(stitch, stitch::atom, put_begin, "putbegin")
-CAF_ADD_ATOM(stitch, stitch::atom, put_chunk, "putchunk")
-CAF_ADD_ATOM(stitch, stitch::atom, put_end, "putend")
-CAF_ADD_ATOM(stitch, stitch::atom, subscribe, "stsub")
-CAF_ADD_ATOM(stitch, stitch::atom, pointer_moved, "ptrmoved")
-CAF_ADD_ATOM(stitch, stitch::atom, notify, "notify")
 CAF_ADD_ATOM(stitch, stitch::atom, publish, "pubstart")
 CAF_ADD_ATOM(stitch, stitch::atom, tensor, "tensor")
 CAF_ADD_ATOM(stitch, stitch::atom, chunk, "chunk")
@@ -378,7 +323,6 @@ CAF_ADD_ATOM(stitch, stitch::atom, generate, "generate")
 CAF_ADD_ATOM(stitch, stitch::atom, cancel, "cancel")
 CAF_ADD_ATOM(stitch, stitch::atom, wake, "wake")
 CAF_ADD_ATOM(stitch, stitch::atom, server_info, "srvinfo")
-CAF_ADD_ATOM(stitch, stitch::atom, tick, "tick")
 CAF_ADD_ATOM(stitch, stitch::atom, drain_check, "drainchk")
 CAF_ADD_ATOM(stitch, stitch::atom, staged, "staged")
 CAF_ADD_ATOM(stitch, stitch::atom, committed, "committed")
@@ -405,3 +349,5 @@ CAF_ADD_ATOM(stitch, stitch::atom, train, "train")
 CAF_ADD_ATOM(stitch, stitch::atom, init_model, "initmodel")
 CAF_ADD_ATOM(stitch, stitch::atom, rollouts, "rollouts")
 CAF_END_TYPE_ID_BLOCK(stitch)
+
+static_assert(caf::id_block::stitch::end <= stitch::type_ids::handles);

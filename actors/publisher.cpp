@@ -47,7 +47,7 @@ publish_summary summarize(const store::publish_report& report) {
   s.idempotent = report.idempotent;
   s.claimed = report.claimed;
   if (report.pointer)
-    s.pointer = pointer_reply{true, *report.pointer};
+    s.pointer = *report.pointer;
   s.reason_for_anchor = report.reason_for_anchor;
   return s;
 }

@@ -211,8 +211,8 @@ void read_pointer(self_ptr self, std::function<void(result<std::optional<pointer
     ->request(st.deps.store, caf::duration{st.opts.store_timeout}, atom::read_pointer_v,
               st.opts.pool)
     .then(
-      [then](const pointer_reply& r) {
-        then(r.present ? std::optional<pointer_record>{r.record} : std::nullopt);
+      [then](const caf::optional<pointer_record>& r) {
+        then(r ? std::optional<pointer_record>{*r} : std::nullopt);
       },
       [self, then](caf::error& err) { then(from_caf_error(self->system(), err)); });
 }
@@ -267,8 +267,13 @@ void carry_out(self_ptr self, rfx::read_manifest e) {
     ->request(st.deps.store, caf::duration{st.opts.store_timeout}, atom::read_manifest_v,
               st.opts.pool, e.ref)
     .then(
-      [self, e](const std::string& json) {
-        apply(self, self->state.rec.on_manifest_read(e.op, e.ref, parse_manifest(json)));
+      [self, e](manifest& m) {
+        // The store may be another node's: its manifest is checked like input.
+        result<manifest> checked = std::move(m);
+        if (auto ok = validate(*checked); !ok)
+          checked = make_error(errc::corrupt_data, "the store's manifest of " + to_string(e.ref)
+                                                     + ": " + ok.error().message);
+        apply(self, self->state.rec.on_manifest_read(e.op, e.ref, std::move(checked)));
       },
       [self, e](caf::error& err) {
         apply(self,
@@ -466,7 +471,8 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
     for (auto& [id, r] : self->state.requests)
       r.cancelled->store(true);
   });
-  self->send(init.deps.store, atom::subscribe_v, init.opts.pool, caf::actor_cast<caf::actor>(self));
+  self->send(init.deps.store, atom::subscribe_v, init.opts.pool,
+             caf::actor_cast<pointer_listener_actor>(self));
   reconcile_now(self, trigger::startup);
   arm_backstop(self);
   return behavior(self);

@@ -4,6 +4,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/store_actor.hpp"
 
 namespace stitch {
 

@@ -287,12 +287,12 @@ void watch_pool(status_actor::stateful_pointer<status_state> self, const std::st
   st.watched.insert(pool);
   if (!st.store)
     return;
-  self->send(st.store, atom::subscribe_v, pool, caf::actor_cast<caf::actor>(self));
+  self->send(st.store, atom::subscribe_v, pool, caf::actor_cast<pointer_listener_actor>(self));
   self->request(st.store, std::chrono::seconds{30}, atom::read_pointer_v, pool)
     .then(
-      [self, pool](const pointer_reply& r) {
-        if (r.present)
-          self->state.pointers[pool] = r.record;
+      [self, pool](const caf::optional<pointer_record>& r) {
+        if (r)
+          self->state.pointers[pool] = *r;
       },
       [](caf::error&) {});
 }

@@ -6,6 +6,7 @@
 #include "actors/gateway_actor.hpp"
 #include "actors/messages.hpp"
 #include "actors/replica_actor.hpp"
+#include "actors/store_actor.hpp"
 
 namespace stitch {
 

@@ -2,201 +2,235 @@
 
 #include <caf/all.hpp>
 
-#include <cstdio>
-#include <fstream>
-
-#include "runtime/core/manifest.hpp"
-#include "runtime/core/safetensors.hpp"
+#include "actors/log.hpp"
 
 namespace stitch {
 
 namespace {
 
-/// A shard spooled to a file, read back for `put_version`.
-class file_source final : public byte_source {
-public:
-  explicit file_source(const std::filesystem::path& path)
-      : in_(path, std::ios::binary), size_(std::filesystem::file_size(path)) {}
-  uint64_t size() const override { return size_; }
-  result<size_t> read(std::span<std::byte> out) override {
-    in_.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
-    if (in_.bad())
-      return make_error(errc::backend_failure, "reading a spooled shard failed");
-    return static_cast<size_t>(in_.gcount());
-  }
+using self_ptr = store_actor::stateful_pointer<store_state>;
 
-private:
-  std::ifstream in_;
-  uint64_t size_;
-};
+constexpr auto sweep_every = std::chrono::seconds{30};
 
-void drop_upload(store_state::upload& u) {
-  std::error_code ec;
-  for (const auto& [name, path] : u.shard_files)
-    std::filesystem::remove(path, ec);
+/// Tells every listener of `pool` where its pointer is now.
+void tell_listeners(self_ptr self, const std::string& pool, const pointer_record& p) {
+  auto it = self->state.listeners.find(pool);
+  if (it == self->state.listeners.end())
+    return;
+  for (const auto& l : it->second)
+    self->send(l, atom::pointer_moved_v, pool, p);
 }
 
-/// Tells every subscriber of `pool` its current pointer.
-void broadcast(store_actor::stateful_pointer<store_state> self, const std::string& pool) {
-  auto it = self->state.subscribers.find(pool);
-  if (it == self->state.subscribers.end() || it->second.empty())
+/// Forgets an upload; its writer (and, unless committed, what it wrote) goes
+/// on its own queue, after its last job.
+void end_upload(self_ptr self, uint64_t id) {
+  auto it = self->state.uploads.find(id);
+  if (it == self->state.uploads.end())
     return;
-  auto pointer = self->state.backend->read_pointer(pool);
-  if (!pointer || !pointer->has_value())
-    return;
-  for (const auto& sub : it->second)
-    caf::anon_send(sub, atom::pointer_moved_v, pool, **pointer);
+  it->second.queue->post([w = std::move(it->second.writer)]() mutable { w.reset(); });
+  self->state.uploads.erase(it);
+}
+
+stitch::error unknown_upload(uint64_t id) {
+  return make_error(errc::not_found, "no upload " + std::to_string(id)
+                                       + " (it failed, ended, or was dropped after "
+                                         "store.upload_idle_timeout)");
+}
+
+/// Runs `work(upload)` in the upload's order on the bulk lane; a failure
+/// ends the upload.
+template <class T, class Work>
+caf::result<T> on_upload(self_ptr self, uint64_t id, Work work) {
+  auto& st = self->state;
+  auto it = st.uploads.find(id);
+  if (it == st.uploads.end())
+    return to_caf_error(unknown_upload(id));
+  it->second.last_seen = self->clock().now();
+  auto up = it->second;
+  return offload<T>(
+    self, st.jobs, *up.queue, "store's upload queue",
+    [up, work = std::move(work)]() mutable -> result<T> { return work(up); },
+    [self, id](const result<T>& outcome) {
+      if (!outcome)
+        end_upload(self, id);
+    });
 }
 
 } // namespace
 
+store_lanes store_lanes::make() {
+  return {std::make_shared<worker_pool>(2, "store-fast", 4096),
+          std::make_shared<worker_pool>(2, "store-bulk", 256)};
+}
+
 store_actor::behavior_type store_service(store_actor::stateful_pointer<store_state> self,
-                                         std::shared_ptr<store_backend> backend,
-                                         std::filesystem::path spool_dir) {
-  self->state.backend = std::move(backend);
-  self->state.spool_dir = std::move(spool_dir);
-  std::error_code ec;
-  std::filesystem::create_directories(self->state.spool_dir, ec);
+                                         std::shared_ptr<store_backend> backend, store_lanes lanes,
+                                         store_options opts) {
+  auto& init = self->state;
+  init.backend = std::move(backend);
+  init.lanes = std::move(lanes);
+  init.opts = opts;
   self->set_down_handler([self](const caf::down_msg& down) {
-    for (auto& [pool, subs] : self->state.subscribers)
-      std::erase_if(subs, [&](const caf::actor& a) { return a.address() == down.source; });
+    for (auto& [pool, ls] : self->state.listeners)
+      std::erase_if(ls,
+                    [&](const pointer_listener_actor& a) { return a.address() == down.source; });
   });
-  self->attach_functor([self] {
-    for (auto& [id, u] : self->state.uploads)
-      drop_upload(u);
-  });
-  auto& db = *self->state.backend;
+  self->delayed_send(self, sweep_every, atom::tick_v);
+  auto db = init.backend;
+  auto& fast = *init.lanes.fast;
+  auto& bulk = *init.lanes.bulk;
+  const std::string fast_name = "store's fast lane";
+  const std::string bulk_name = "store's bulk lane";
   return {
-    [self, &db](atom::read_pointer, const std::string& pool) -> caf::result<pointer_reply> {
-      auto p = db.read_pointer(pool);
-      if (!p)
-        return to_caf_error(p.error());
-      if (!*p)
-        return pointer_reply{};
-      return pointer_reply{true, **p};
+    [=, &fast](atom::read_pointer, const std::string& pool) {
+      return offload<caf::optional<pointer_record>>(
+        self, self->state.jobs, fast, fast_name,
+        [db, pool]() -> result<caf::optional<pointer_record>> {
+          auto p = db->read_pointer(pool);
+          if (!p)
+            return std::move(p).error();
+          if (!*p)
+            return caf::optional<pointer_record>{};
+          return caf::optional<pointer_record>{**p};
+        });
     },
-    [self, &db](atom::claim, const std::string& pool,
-                const version_ref& boot) -> caf::result<pointer_record> {
-      auto p = db.claim(pool, boot);
-      if (!p)
-        return to_caf_error(p.error());
-      broadcast(self, pool);
-      return *p;
+    [=, &fast](atom::claim, const std::string& pool, const version_ref& boot) {
+      return offload<pointer_record>(
+        self, self->state.jobs, fast, fast_name, [db, pool, boot] { return db->claim(pool, boot); },
+        [self, pool](const result<pointer_record>& p) {
+          if (p)
+            tell_listeners(self, pool, *p);
+        });
     },
-    [self, &db](atom::advance, const std::string& pool, const pointer_reply& expected,
-                const version_ref& proposed) -> caf::result<pointer_record> {
+    [=, &fast](atom::advance, const std::string& pool, const caf::optional<version_ref>& expected,
+               const version_ref& proposed) {
       std::optional<version_ref> exp;
-      if (expected.present)
-        exp = expected.record.latest;
-      auto p = db.compare_and_advance_pointer(pool, exp, proposed);
-      if (!p)
-        return to_caf_error(p.error());
-      broadcast(self, pool);
-      return *p;
+      if (expected)
+        exp = *expected;
+      return offload<pointer_record>(
+        self, self->state.jobs, fast, fast_name,
+        [db, pool, exp, proposed] { return db->compare_and_advance_pointer(pool, exp, proposed); },
+        [self, pool](const result<pointer_record>& p) {
+          if (p)
+            tell_listeners(self, pool, *p);
+        });
     },
-    [&db](atom::read_manifest, const std::string& pool,
-          const version_ref& ref) -> caf::result<std::string> {
-      auto m = db.read_manifest(pool, ref);
-      if (!m)
-        return to_caf_error(m.error());
-      return to_json(*m);
+    [=, &fast](atom::read_manifest, const std::string& pool, const version_ref& ref) {
+      return offload<manifest>(self, self->state.jobs, fast, fast_name,
+                               [db, pool, ref] { return db->read_manifest(pool, ref); });
     },
-    [&db](atom::read_range, const std::string& pool, const version_ref& ref,
-          const std::string& tensor, uint64_t offset,
-          uint64_t len) -> caf::result<std::vector<char>> {
+    [=, &bulk](atom::read_range, const std::string& pool, const version_ref& ref,
+               const std::string& tensor, uint64_t offset,
+               uint64_t len) -> caf::result<std::vector<char>> {
       if (len > max_chunk_bytes)
         return to_caf_error({errc::limit_exceeded, "a range read is limited to "
                                                      + std::to_string(max_chunk_bytes) + " bytes"});
-      std::vector<char> out(len);
-      auto ok = db.read_range(pool, ref, tensor, offset,
-                              {reinterpret_cast<std::byte*>(out.data()), out.size()});
-      if (!ok)
-        return to_caf_error(ok.error());
-      return out;
+      return offload<std::vector<char>>(
+        self, self->state.jobs, bulk, bulk_name,
+        [db, pool, ref, tensor, offset, len]() -> result<std::vector<char>> {
+          std::vector<char> out(len);
+          auto ok = db->read_range(pool, ref, tensor, offset,
+                                   {reinterpret_cast<std::byte*>(out.data()), out.size()});
+          if (!ok)
+            return std::move(ok).error();
+          return out;
+        });
     },
-    [&db](atom::list, const std::string& pool,
-          const std::string& run) -> caf::result<std::vector<version_ref>> {
-      auto v = db.list_versions(pool, run);
-      if (!v)
-        return to_caf_error(v.error());
-      return *v;
+    [=, &fast](atom::list, const std::string& pool, const std::string& run) {
+      return offload<std::vector<version_ref>>(
+        self, self->state.jobs, fast, fast_name,
+        [db, pool, run] { return db->list_versions(pool, run); });
     },
-    [&db](atom::retain, const std::string& pool,
-          uint64_t keep_last) -> caf::result<std::vector<version_ref>, std::vector<version_ref>> {
-      auto r = db.retain(pool, keep_last);
-      if (!r)
-        return to_caf_error(r.error());
-      return {std::move(r->deleted), std::move(r->kept)};
+    [=, &bulk](atom::retain, const std::string& pool, const retention_request& request) {
+      return offload<retention_report>(self, self->state.jobs, bulk, bulk_name,
+                                       [db, pool, request] { return db->retain(pool, request); });
     },
-    [self](atom::put_begin, const std::string& pool,
-           const std::string& manifest_json) -> caf::result<uint64_t> {
-      auto m = parse_manifest(manifest_json);
-      if (!m)
-        return to_caf_error(m.error());
+    [=, &bulk](atom::put_begin, const std::string& pool, const version_ref& ref) {
       auto id = self->state.next_upload++;
-      self->state.uploads.emplace(id, store_state::upload{pool, std::move(*m), {}, 0});
-      return id;
+      auto opened = std::make_shared<std::shared_ptr<version_writer>>();
+      return offload<uint64_t>(
+        self, self->state.jobs, bulk, bulk_name,
+        [db, pool, ref, id, opened]() -> result<uint64_t> {
+          auto writer = db->begin_version(pool, ref);
+          if (!writer)
+            return std::move(writer).error();
+          *opened = std::move(*writer);
+          return id;
+        },
+        [self, id, opened](const result<uint64_t>& ok) {
+          if (!ok)
+            return;
+          store_state::upload up;
+          up.writer = std::move(*opened);
+          up.queue = std::make_shared<strand>(self->state.lanes.bulk);
+          up.last_seen = self->clock().now();
+          self->state.uploads.emplace(id, std::move(up));
+        });
     },
-    [self](atom::put_chunk, uint64_t id, const std::string& shard,
-           const std::vector<char>& bytes) -> caf::result<uint64_t> {
-      auto it = self->state.uploads.find(id);
-      if (it == self->state.uploads.end())
-        return to_caf_error({errc::not_found, "no upload " + std::to_string(id)});
-      auto& u = it->second;
-      if (std::find(u.m.shards.begin(), u.m.shards.end(), shard) == u.m.shards.end()) {
-        drop_upload(u);
-        self->state.uploads.erase(it);
-        return to_caf_error(
-          {errc::invalid_argument,
-           "shard '" + shard + "' is not in the manifest of " + to_string(u.m.ref)});
-      }
-      const uint64_t limit =
-        u.m.total_size + u.m.shards.size() * (safetensors::max_header_size + 8);
-      u.bytes += bytes.size();
-      if (bytes.size() > max_chunk_bytes || u.bytes > limit) {
-        drop_upload(u);
-        self->state.uploads.erase(it);
-        return to_caf_error(
-          {errc::limit_exceeded,
-           "upload of " + to_string(u.m.ref) + " sends more bytes than its manifest allows"});
-      }
-      auto [file, fresh] = u.shard_files.try_emplace(
-        shard, self->state.spool_dir
-                 / ("upload-" + std::to_string(id) + "-" + std::to_string(u.shard_files.size())));
-      std::ofstream out(file->second, fresh ? std::ios::binary | std::ios::trunc
-                                            : std::ios::binary | std::ios::app);
-      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-      if (!out) {
-        drop_upload(u);
-        self->state.uploads.erase(it);
-        return to_caf_error({errc::backend_failure, "spooling a shard failed"});
-      }
-      return u.bytes;
+    [self](atom::put_shard, uint64_t id, const std::string& name, uint64_t size) {
+      return on_upload<bool>(self, id, [name, size](store_state::upload& up) -> result<bool> {
+        if (auto ok = up.writer->begin_shard(name, size); !ok)
+          return std::move(ok).error();
+        return true;
+      });
     },
-    [self, &db](atom::put_end, uint64_t id) -> caf::result<bool> {
-      auto it = self->state.uploads.find(id);
-      if (it == self->state.uploads.end())
-        return to_caf_error({errc::not_found, "no upload " + std::to_string(id)});
-      auto u = std::move(it->second);
-      self->state.uploads.erase(it);
-      std::vector<std::unique_ptr<file_source>> sources;
-      std::vector<shard_upload> uploads;
-      for (const auto& [name, path] : u.shard_files) {
-        sources.push_back(std::make_unique<file_source>(path));
-        uploads.push_back({name, sources.back().get()});
+    [self](atom::put_chunk, uint64_t id, std::vector<char>& bytes) -> caf::result<uint64_t> {
+      if (bytes.size() > max_chunk_bytes)
+        return to_caf_error({errc::limit_exceeded, "an upload chunk is limited to "
+                                                     + std::to_string(max_chunk_bytes) + " bytes"});
+      return on_upload<uint64_t>(
+        self, id, [bytes = std::move(bytes)](store_state::upload& up) -> result<uint64_t> {
+          if (auto ok = up.writer->write(std::as_bytes(std::span{bytes})); !ok)
+            return std::move(ok).error();
+          *up.bytes += bytes.size();
+          return *up.bytes;
+        });
+    },
+    [self](atom::put_end, uint64_t id, const manifest& m) {
+      auto answer = on_upload<bool>(self, id, [m](store_state::upload& up) -> result<bool> {
+        if (auto ok = up.writer->commit(m); !ok)
+          return std::move(ok).error();
+        return true;
+      });
+      // Ended either way.
+      end_upload(self, id);
+      return answer;
+    },
+    [self](atom::put_abort, uint64_t id) { end_upload(self, id); },
+    [self](atom::subscribe, const std::string& pool, const pointer_listener_actor& listener) {
+      self->monitor(listener);
+      self->state.listeners[pool].push_back(listener);
+    },
+    [=, &fast](atom::notify, const std::string& pool) {
+      auto slot = std::make_shared<std::optional<pointer_record>>();
+      auto id = self->state.jobs.add([self, pool, slot] {
+        if (*slot)
+          tell_listeners(self, pool, **slot);
+      });
+      auto handle = caf::actor_cast<caf::actor>(self);
+      if (!fast.try_post([db, pool, slot, handle, id] {
+            if (auto p = db->read_pointer(pool); p && *p)
+              *slot = **p;
+            caf::anon_send(handle, atom::done_v, id);
+          }))
+        self->state.jobs.drop(id);
+    },
+    [self](atom::done, uint64_t id) { self->state.jobs.complete(id); },
+    [self](atom::tick) {
+      auto& st = self->state;
+      const auto now = self->clock().now();
+      for (auto it = st.uploads.begin(); it != st.uploads.end();) {
+        if (now - it->second.last_seen > st.opts.upload_idle_timeout) {
+          log::warn("store", "upload " + std::to_string(it->first) + " was idle for "
+                               + std::to_string(st.opts.upload_idle_timeout.count())
+                               + " s; dropping it and what it wrote");
+          end_upload(self, (it++)->first);
+        } else {
+          ++it;
+        }
       }
-      auto ok = db.put_version(u.pool, u.m, uploads);
-      sources.clear();
-      drop_upload(u);
-      if (!ok)
-        return to_caf_error(ok.error());
-      return true;
+      self->delayed_send(self, sweep_every, atom::tick_v);
     },
-    [self](atom::subscribe, const std::string& pool, const caf::actor& subscriber) {
-      self->monitor(subscriber);
-      self->state.subscribers[pool].push_back(subscriber);
-    },
-    [self](atom::notify, const std::string& pool) { broadcast(self, pool); },
   };
 }
 

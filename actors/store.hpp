@@ -1,40 +1,62 @@
 #pragma once
 
-#include <filesystem>
+#include <caf/actor_clock.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <chrono>
 #include <map>
 #include <memory>
 #include <vector>
 
-#include <caf/stateful_actor.hpp>
-#include <caf/typed_event_based_actor.hpp>
-
+#include "actors/offload.hpp"
 #include "actors/store_actor.hpp"
+#include "actors/workers.hpp"
 #include "runtime/core/store_port.hpp"
 
 namespace stitch {
 
+/// Where the store actor runs backend calls. The fast lane takes pointer,
+/// manifest and listing calls; the bulk lane shard bytes and retention, so a
+/// large publish or read never delays a pointer read.
+struct store_lanes {
+  std::shared_ptr<executor> fast;
+  std::shared_ptr<executor> bulk;
+
+  /// Two threads each: fast with room for 4096 waiting calls, bulk for 256.
+  static store_lanes make();
+};
+
+struct store_options {
+  /// An upload silent this long is dropped with what it wrote (its client
+  /// went away mid-publish).
+  std::chrono::seconds upload_idle_timeout{600};
+};
+
 struct store_state {
   static inline const char* name = "store";
 
-  /// A version being uploaded: each shard spools to a file until `put_end`.
+  /// A version being uploaded from another node.
   struct upload {
-    std::string pool;
-    manifest m;
-    std::map<std::string, std::filesystem::path> shard_files;
-    uint64_t bytes = 0;
+    std::shared_ptr<version_writer> writer;
+    /// The upload's calls run in order on the bulk lane.
+    std::shared_ptr<strand> queue;
+    std::shared_ptr<uint64_t> bytes = std::make_shared<uint64_t>(0);
+    caf::actor_clock::time_point last_seen;
   };
 
   std::shared_ptr<store_backend> backend;
-  std::filesystem::path spool_dir;
-  std::map<std::string, std::vector<caf::actor>> subscribers;
+  store_lanes lanes;
+  store_options opts;
+  job_table jobs;
+  std::map<std::string, std::vector<pointer_listener_actor>> listeners;
   std::map<uint64_t, upload> uploads;
   uint64_t next_upload = 1;
 };
 
-/// Hosts `backend`. Backend calls block, so spawn it `caf::detached`.
-/// `spool_dir` holds shards of uploads in progress.
+/// Hosts `backend` on `lanes`; spawn it on the cooperative scheduler.
 store_actor::behavior_type store_service(store_actor::stateful_pointer<store_state> self,
-                                         std::shared_ptr<store_backend> backend,
-                                         std::filesystem::path spool_dir);
+                                         std::shared_ptr<store_backend> backend, store_lanes lanes,
+                                         store_options opts = {});
 
 } // namespace stitch

@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include <cstring>
+#include <deque>
 
 #include "runtime/core/manifest.hpp"
 
@@ -23,12 +24,12 @@ result<T> remote_store::call(Ts&&... xs) {
 }
 
 result<std::optional<pointer_record>> remote_store::read_pointer(std::string_view pool) {
-  auto r = call<pointer_reply>(atom::read_pointer_v, std::string{pool});
+  auto r = call<caf::optional<pointer_record>>(atom::read_pointer_v, std::string{pool});
   if (!r)
     return std::move(r).error();
-  if (!r->present)
+  if (!*r)
     return std::optional<pointer_record>{};
-  return std::optional<pointer_record>{r->record};
+  return std::optional<pointer_record>{**r};
 }
 
 result<pointer_record> remote_store::claim(std::string_view pool, const version_ref& boot) {
@@ -37,70 +38,175 @@ result<pointer_record> remote_store::claim(std::string_view pool, const version_
 
 result<pointer_record> remote_store::compare_and_advance_pointer(
   std::string_view pool, const std::optional<version_ref>& expected, const version_ref& proposed) {
-  pointer_reply exp;
-  if (expected) {
-    exp.present = true;
-    exp.record.latest = *expected;
-  }
+  caf::optional<version_ref> exp;
+  if (expected)
+    exp = *expected;
   return call<pointer_record>(atom::advance_v, std::string{pool}, exp, proposed);
 }
 
-status remote_store::put_version(std::string_view pool, const manifest& m,
-                                 std::span<const shard_upload> shards) {
-  auto id = call<uint64_t>(atom::put_begin_v, std::string{pool}, to_json(m));
+/// Streams an upload to the store actor with a window of chunks in flight.
+class remote_store::writer final : public version_writer {
+public:
+  writer(caf::actor_system& sys, store_actor target, std::chrono::milliseconds timeout, uint64_t id)
+      : self_(sys), sys_(sys), target_(std::move(target)), timeout_(timeout), id_(id) {}
+
+  ~writer() override {
+    if (!committed_)
+      caf::anon_send(target_, atom::put_abort_v, id_);
+  }
+
+  status begin_shard(std::string_view name, uint64_t size) override {
+    if (!buffer_.empty())
+      if (auto ok = send_buffer(); !ok)
+        return ok;
+    if (auto ok = flush(0); !ok)
+      return ok;
+    pending_.push_back(self_->request(target_, caf::duration{timeout_}, atom::put_shard_v, id_,
+                                      std::string{name}, size));
+    return {};
+  }
+
+  status write(std::span<const std::byte> bytes) override {
+    while (!bytes.empty()) {
+      const size_t take = std::min<size_t>(bytes.size(), max_chunk_bytes - buffer_.size());
+      buffer_.insert(buffer_.end(), reinterpret_cast<const char*>(bytes.data()),
+                     reinterpret_cast<const char*>(bytes.data()) + take);
+      bytes = bytes.subspan(take);
+      if (buffer_.size() == max_chunk_bytes)
+        if (auto ok = send_buffer(); !ok)
+          return ok;
+    }
+    return {};
+  }
+
+  status commit(const manifest& m) override {
+    if (!buffer_.empty())
+      if (auto ok = send_buffer(); !ok)
+        return ok;
+    if (auto ok = flush(0); !ok)
+      return ok;
+    committed_ = true;
+    std::optional<status> out;
+    self_->request(target_, caf::duration{timeout_}, atom::put_end_v, id_, m)
+      .receive([&](bool) { out.emplace(); },
+               [&](caf::error& err) { out.emplace(from_caf_error(sys_, err)); });
+    return std::move(*out);
+  }
+
+private:
+  using handle = decltype(std::declval<caf::scoped_actor&>()->request(
+    std::declval<store_actor&>(), caf::duration{}, atom::put_chunk_v, uint64_t{},
+    std::vector<char>{}));
+
+  status send_buffer() {
+    if (auto ok = flush(window - 1); !ok)
+      return ok;
+    chunks_.push_back(
+      self_->request(target_, caf::duration{timeout_}, atom::put_chunk_v, id_, std::move(buffer_)));
+    buffer_ = {};
+    buffer_.reserve(max_chunk_bytes);
+    return {};
+  }
+
+  /// Waits until at most `keep` chunks are in flight (and every shard start
+  /// was answered).
+  status flush(size_t keep) {
+    status outcome;
+    for (auto& p : pending_)
+      p.receive([](bool) {}, [&](caf::error& err) { outcome = from_caf_error(sys_, err); });
+    pending_.clear();
+    while (chunks_.size() > keep) {
+      chunks_.front().receive([](uint64_t) {},
+                              [&](caf::error& err) { outcome = from_caf_error(sys_, err); });
+      chunks_.pop_front();
+    }
+    return outcome;
+  }
+
+  caf::scoped_actor self_;
+  caf::actor_system& sys_;
+  store_actor target_;
+  std::chrono::milliseconds timeout_;
+  uint64_t id_;
+  bool committed_ = false;
+  std::vector<char> buffer_;
+  std::deque<decltype(std::declval<caf::scoped_actor&>()->request(
+    std::declval<store_actor&>(), caf::duration{}, atom::put_shard_v, uint64_t{}, std::string{},
+    uint64_t{}))>
+    pending_;
+  std::deque<handle> chunks_;
+};
+
+result<std::unique_ptr<version_writer>> remote_store::begin_version(std::string_view pool,
+                                                                    const version_ref& ref) {
+  auto id = call<uint64_t>(atom::put_begin_v, std::string{pool}, ref);
   if (!id)
     return std::move(id).error();
-  std::vector<char> buf;
-  for (const auto& s : shards) {
-    if (!s.bytes)
-      return make_error(errc::invalid_argument, "shard '" + s.name + "' has no bytes");
-    for (;;) {
-      buf.resize(max_chunk_bytes);
-      auto n = s.bytes->read({reinterpret_cast<std::byte*>(buf.data()), buf.size()});
-      if (!n)
-        return std::move(n).error();
-      if (*n == 0)
-        break;
-      buf.resize(*n);
-      auto sent = call<uint64_t>(atom::put_chunk_v, *id, s.name, buf);
-      if (!sent)
-        return std::move(sent).error();
-    }
-  }
-  auto done = call<bool>(atom::put_end_v, *id);
-  if (!done)
-    return std::move(done).error();
-  return {};
+  return std::unique_ptr<version_writer>{std::make_unique<writer>(sys_, target_, timeout_, *id)};
 }
 
 result<manifest> remote_store::read_manifest(std::string_view pool, const version_ref& ref) {
-  auto json = call<std::string>(atom::read_manifest_v, std::string{pool}, ref);
-  if (!json)
-    return std::move(json).error();
-  auto m = parse_manifest(*json);
+  auto m = call<manifest>(atom::read_manifest_v, std::string{pool}, ref);
   if (!m)
+    return m;
+  // From another node: checked like any input.
+  if (auto ok = validate(*m); !ok)
     return make_error(errc::corrupt_data,
-                      "manifest of " + to_string(ref) + " from the store: " + m.error().message);
+                      "manifest of " + to_string(ref) + " from the store: " + ok.error().message);
+  if (m->ref != ref)
+    return make_error(errc::corrupt_data, "the store answered the manifest of " + to_string(m->ref)
+                                            + " for " + to_string(ref));
   return m;
 }
 
 status remote_store::read_range(std::string_view pool, const version_ref& ref,
                                 std::string_view tensor, uint64_t offset,
                                 std::span<std::byte> out) {
-  size_t done = 0;
-  while (done < out.size()) {
-    uint64_t len = std::min<uint64_t>(out.size() - done, max_chunk_bytes);
-    auto bytes = call<std::vector<char>>(atom::read_range_v, std::string{pool}, ref,
-                                         std::string{tensor}, offset + done, len);
-    if (!bytes)
-      return std::move(bytes).error();
-    if (bytes->size() != len)
-      return make_error(errc::corrupt_data, "the store answered " + std::to_string(bytes->size())
-                                              + " bytes for a read of " + std::to_string(len));
-    std::memcpy(out.data() + done, bytes->data(), len);
-    done += len;
+  caf::scoped_actor self{sys_};
+  using handle = decltype(self->request(target_, caf::duration{timeout_}, atom::read_range_v,
+                                        std::string{}, ref, std::string{}, uint64_t{}, uint64_t{}));
+  struct flight {
+    handle h;
+    size_t at;
+    size_t len;
+  };
+  std::deque<flight> flights;
+  status outcome;
+  auto land = [&](flight& f) {
+    f.h.receive(
+      [&](std::vector<char>& bytes) {
+        if (!outcome)
+          return;
+        if (bytes.size() != f.len) {
+          outcome =
+            make_error(errc::corrupt_data, "the store answered " + std::to_string(bytes.size())
+                                             + " bytes for a read of " + std::to_string(f.len));
+          return;
+        }
+        std::memcpy(out.data() + f.at, bytes.data(), f.len);
+      },
+      [&](caf::error& err) {
+        if (outcome)
+          outcome = from_caf_error(sys_, err);
+      });
+  };
+  size_t next = 0;
+  while ((next < out.size() || !flights.empty()) && outcome) {
+    while (next < out.size() && flights.size() < window) {
+      const size_t len = std::min<uint64_t>(out.size() - next, max_chunk_bytes);
+      flights.push_back(
+        {self->request(target_, caf::duration{timeout_}, atom::read_range_v, std::string{pool}, ref,
+                       std::string{tensor}, offset + next, uint64_t{len}),
+         next, len});
+      next += len;
+    }
+    land(flights.front());
+    flights.pop_front();
   }
-  return {};
+  // Answers still in flight after a failure are drained (and dropped).
+  for (auto& f : flights)
+    land(f);
+  return outcome;
 }
 
 result<std::vector<version_ref>> remote_store::list_versions(std::string_view pool,
@@ -108,18 +214,9 @@ result<std::vector<version_ref>> remote_store::list_versions(std::string_view po
   return call<std::vector<version_ref>>(atom::list_v, std::string{pool}, std::string{run_id});
 }
 
-result<retention_report> remote_store::retain(std::string_view pool, size_t keep_last) {
-  caf::scoped_actor self{sys_};
-  std::optional<result<retention_report>> out;
-  self
-    ->request(target_, caf::duration{timeout_}, atom::retain_v, std::string{pool},
-              static_cast<uint64_t>(keep_last))
-    .receive(
-      [&](std::vector<version_ref>& deleted, std::vector<version_ref>& kept) {
-        out.emplace(retention_report{std::move(deleted), std::move(kept)});
-      },
-      [&](caf::error& err) { out.emplace(from_caf_error(sys_, err)); });
-  return std::move(*out);
+result<retention_report> remote_store::retain(std::string_view pool,
+                                              const retention_request& request) {
+  return call<retention_report>(atom::retain_v, std::string{pool}, request);
 }
 
 } // namespace stitch

@@ -10,13 +10,17 @@
 namespace stitch {
 
 /// The store port over a (possibly remote) store actor: every call is a
-/// blocking request, bytes travel in chunks of at most `max_chunk_bytes`. Lets
-/// the runtime code that takes a `store_backend&` (publisher, export, replicas
-/// fetching bytes) work against a store on another node. Thread-safe: each
-/// call uses its own scoped actor. Never call it from inside an actor's
-/// handler on a cooperative scheduler thread.
+/// blocking request. Bytes travel in chunks of at most `max_chunk_bytes`, a
+/// window of them in flight (a large read or upload never waits one round
+/// trip per chunk). Lets the runtime code that takes a `store_backend&`
+/// (publisher, export, replicas fetching bytes) work against a store on
+/// another node. Thread-safe: each call uses its own scoped actor. Never call
+/// it from inside an actor's handler on a cooperative scheduler thread.
 class remote_store final : public store_backend {
 public:
+  /// Chunks of one call in flight at once.
+  static constexpr size_t window = 4;
+
   remote_store(caf::actor_system& sys, store_actor target,
                std::chrono::milliseconds timeout = std::chrono::seconds{120});
 
@@ -25,16 +29,18 @@ public:
   result<pointer_record> compare_and_advance_pointer(std::string_view pool,
                                                      const std::optional<version_ref>& expected,
                                                      const version_ref& proposed) override;
-  status put_version(std::string_view pool, const manifest& m,
-                     std::span<const shard_upload> shards) override;
+  result<std::unique_ptr<version_writer>> begin_version(std::string_view pool,
+                                                        const version_ref& ref) override;
   result<manifest> read_manifest(std::string_view pool, const version_ref& ref) override;
   status read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
                     uint64_t offset, std::span<std::byte> out) override;
   result<std::vector<version_ref>> list_versions(std::string_view pool,
                                                  std::string_view run_id) override;
-  result<retention_report> retain(std::string_view pool, size_t keep_last) override;
+  result<retention_report> retain(std::string_view pool, const retention_request& request) override;
 
 private:
+  class writer;
+
   template <class T, class... Ts>
   result<T> call(Ts&&... xs);
 

@@ -4,7 +4,8 @@
 
 namespace stitch {
 
-worker_pool::worker_pool(size_t threads, std::string name) : name_(std::move(name)) {
+worker_pool::worker_pool(size_t threads, std::string name, size_t max_queued)
+    : name_(std::move(name)), max_queued_(max_queued) {
   threads_.reserve(std::max<size_t>(threads, 1));
   for (size_t i = 0; i < std::max<size_t>(threads, 1); ++i)
     threads_.emplace_back([this] { work(); });
@@ -28,6 +29,22 @@ void worker_pool::post(std::function<void()> job) {
   ready_.notify_one();
 }
 
+bool worker_pool::try_post(std::function<void()> job) {
+  {
+    std::lock_guard guard{mutex_};
+    if (max_queued_ != 0 && jobs_.size() >= max_queued_)
+      return false;
+    jobs_.push_back(std::move(job));
+  }
+  ready_.notify_one();
+  return true;
+}
+
+size_t worker_pool::queued() const {
+  std::lock_guard guard{mutex_};
+  return jobs_.size();
+}
+
 void worker_pool::work() {
   // Thread names are at most 15 characters.
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
@@ -43,6 +60,36 @@ void worker_pool::work() {
     }
     job();
   }
+}
+
+void strand::post(std::function<void()> job) {
+  {
+    std::lock_guard guard{mutex_};
+    jobs_.push_back(std::move(job));
+    if (running_)
+      return;
+    running_ = true;
+  }
+  on_->post([self = shared_from_this()] { self->run_next(); });
+}
+
+void strand::run_next() {
+  std::function<void()> job;
+  {
+    std::lock_guard guard{mutex_};
+    job = std::move(jobs_.front());
+    jobs_.pop_front();
+  }
+  job();
+  {
+    std::lock_guard guard{mutex_};
+    if (jobs_.empty()) {
+      running_ = false;
+      return;
+    }
+  }
+  // One job per turn, so a busy strand shares the threads with the others.
+  on_->post([self = shared_from_this()] { self->run_next(); });
 }
 
 } // namespace stitch

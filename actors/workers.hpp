@@ -1,8 +1,10 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -10,35 +12,63 @@
 
 namespace stitch {
 
-/// Where an actor runs slow work (staging, activation, generation) so that it
-/// never blocks its own thread: jobs report back by message.
+/// Where an actor runs slow work (staging, activation, generation, store I/O)
+/// so that it never blocks its own thread: jobs report back by message.
 class executor {
 public:
   virtual ~executor() = default;
   virtual void post(std::function<void()> job) = 0;
+  /// Like `post`, but refuses (false) instead of queueing past a bound.
+  virtual bool try_post(std::function<void()> job) {
+    post(std::move(job));
+    return true;
+  }
 };
 
 /// A fixed set of threads taking jobs in FIFO order. With one thread, jobs run
-/// one after the other in posting order. The destructor finishes the jobs
-/// already posted, then joins.
+/// one after the other in posting order. `max_queued` bounds the jobs waiting
+/// (0: unbounded) for `try_post`; `post` always queues. The destructor
+/// finishes the jobs already posted, then joins.
 class worker_pool final : public executor {
 public:
-  worker_pool(size_t threads, std::string name);
+  worker_pool(size_t threads, std::string name, size_t max_queued = 0);
   ~worker_pool() override;
   worker_pool(const worker_pool&) = delete;
   worker_pool& operator=(const worker_pool&) = delete;
 
   void post(std::function<void()> job) override;
+  bool try_post(std::function<void()> job) override;
+  /// Jobs waiting for a thread.
+  size_t queued() const;
 
 private:
   void work();
 
   std::string name_;
-  std::mutex mutex_;
+  size_t max_queued_;
+  mutable std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<std::function<void()>> jobs_;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
+};
+
+/// Runs its jobs one at a time, in posting order, on another executor's
+/// threads (jobs of different strands run side by side). Make it with
+/// `std::make_shared`: a queued strand keeps itself alive.
+class strand final : public executor, public std::enable_shared_from_this<strand> {
+public:
+  explicit strand(std::shared_ptr<executor> on) : on_(std::move(on)) {}
+
+  void post(std::function<void()> job) override;
+
+private:
+  void run_next();
+
+  std::shared_ptr<executor> on_;
+  std::mutex mutex_;
+  std::deque<std::function<void()>> jobs_;
+  bool running_ = false;
 };
 
 } // namespace stitch

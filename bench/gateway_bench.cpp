@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "gateway_bench: %s\n", to_string(r.error()).c_str());
       return 1;
     }
-    auto store = sys.spawn<caf::detached>(store_service, backend, dir / "spool");
+    auto store =
+      sys.spawn(store_service, backend, stitch::store_lanes::make(), stitch::store_options{});
     replica_deps d;
     d.store = store;
     d.make_engine = [config]() -> result<std::shared_ptr<engine_port>> {

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace stitch {
@@ -13,10 +14,44 @@ struct stored_version {
   bool is_full = false;
 };
 
-/// Chooses which versions of one run to delete when keeping the newest
-/// `keep_last` (at least 1): never the boot checkpoint, never a version a kept
-/// delta needs to be rebuilt (everything back to its nearest anchor), never
-/// `pinned` versions (the pointer). `versions` may come in any order.
+/// Why retention keeps a version (the first reason that applies, in this order).
+enum class keep_reason : uint8_t {
+  /// Not kept: deleted.
+  none,
+  /// The run's boot checkpoint.
+  boot,
+  /// Named by a pin: the pool's pointer, or a version a replica stages or serves.
+  pinned,
+  /// Among the newest `keep_last`.
+  newest,
+  /// A kept delta's chain runs back through it to its anchor.
+  chain,
+};
+
+/// "deleted", "boot", "pinned", "newest", "chain".
+std::string to_string(keep_reason why);
+
+/// Retention's verdict on one version.
+struct retention_verdict {
+  uint64_t version = 0;
+  keep_reason why = keep_reason::none;
+  /// For `chain`: the kept version that needs it.
+  uint64_t needed_by = 0;
+
+  bool kept() const noexcept { return why != keep_reason::none; }
+  friend bool operator==(const retention_verdict&, const retention_verdict&) = default;
+};
+
+/// Decides, for every stored version of one run, whether retention keeps it
+/// (and why) when keeping the newest `keep_last` (at least 1): never the boot
+/// checkpoint, never a `pinned` version, never a version a kept delta needs to
+/// be rebuilt (everything back to its nearest anchor). `versions` may come in
+/// any order; the verdicts are in ascending version order.
+std::vector<retention_verdict> plan_retention(const std::vector<stored_version>& versions,
+                                              uint64_t boot_version, size_t keep_last,
+                                              const std::set<uint64_t>& pinned = {});
+
+/// The versions `plan_retention` deletes.
 std::set<uint64_t> select_deletions(const std::vector<stored_version>& versions,
                                     uint64_t boot_version, size_t keep_last,
                                     const std::set<uint64_t>& pinned = {});

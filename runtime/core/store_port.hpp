@@ -2,7 +2,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -11,6 +13,7 @@
 #include "runtime/core/error.hpp"
 #include "runtime/core/manifest.hpp"
 #include "runtime/core/pointer_rules.hpp"
+#include "runtime/core/retention.hpp"
 #include "runtime/core/version_ref.hpp"
 
 namespace stitch {
@@ -30,10 +33,50 @@ struct shard_upload {
   byte_source* bytes;
 };
 
-/// What retention removed and kept.
+/// What retention is asked to do for one pool (DESIGN §4).
+struct retention_request {
+  /// The newest versions of each run kept (at least 1).
+  size_t keep_last = 20;
+  /// Versions in use beyond the pointer: staged or served by a replica.
+  std::set<version_ref> in_use;
+  /// Decide and report only; delete nothing.
+  bool dry_run = false;
+};
+
+/// One version and retention's verdict on it.
+struct retention_entry {
+  version_ref ref;
+  keep_reason why = keep_reason::none;
+  /// For `keep_reason::chain`: the kept version that needs it.
+  uint64_t needed_by = 0;
+
+  friend bool operator==(const retention_entry&, const retention_entry&) = default;
+};
+
+/// What retention removed (or, for a dry run, would remove) and kept.
 struct retention_report {
-  std::vector<version_ref> deleted;
-  std::vector<version_ref> kept;
+  std::vector<retention_entry> deleted;
+  std::vector<retention_entry> kept;
+};
+
+/// Writes the shards of one version into a store as they stream in: each
+/// shard in turn (`begin_shard`, then its bytes with `write`), then `commit`
+/// with the manifest. The store checks what streams past (safetensors
+/// headers, the weight map, every full anchor's checksums) and `commit` makes
+/// the version durable — not yet visible: a pointer move names it. A writer
+/// dropped before `commit` leaves nothing behind. One writer is used by one
+/// thread at a time.
+class version_writer {
+public:
+  virtual ~version_writer() = default;
+  /// Starts the next shard: exactly `size` bytes, a safetensors file.
+  virtual status begin_shard(std::string_view name, uint64_t size) = 0;
+  /// The next bytes of the current shard.
+  virtual status write(std::span<const std::byte> bytes) = 0;
+  /// Checks the streamed shards against `m` (whose ref is the writer's) and
+  /// stores the version durably. Idempotent for identical content;
+  /// `version_exists` when a published version has other content.
+  virtual status commit(const manifest& m) = 0;
 };
 
 /// The store backend port (DESIGN §4): the durable source of truth. Every
@@ -52,22 +95,30 @@ public:
   virtual result<pointer_record>
   compare_and_advance_pointer(std::string_view pool, const std::optional<version_ref>& expected,
                               const version_ref& proposed) = 0;
-  /// Stores a version's shards and manifest durably (not yet visible through
-  /// the pointer). Idempotent for identical content; `version_exists` otherwise.
-  virtual status put_version(std::string_view pool, const manifest& m,
-                             std::span<const shard_upload> shards) = 0;
-  /// A stored manifest; `not_found` when the version does not exist.
+  /// Starts storing version `ref` of `pool` (see `version_writer`).
+  virtual result<std::unique_ptr<version_writer>> begin_version(std::string_view pool,
+                                                                const version_ref& ref) = 0;
+  /// A published manifest; `not_found` when the version does not exist.
   virtual result<manifest> read_manifest(std::string_view pool, const version_ref& ref) = 0;
   /// Reads `out.size()` bytes of a tensor's stored (possibly encoded) bytes
   /// starting at `offset`.
   virtual status read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
                             uint64_t offset, std::span<std::byte> out) = 0;
-  /// The stored versions of a run, ascending.
+  /// The published versions of a run, ascending.
   virtual result<std::vector<version_ref>> list_versions(std::string_view pool,
                                                          std::string_view run_id) = 0;
-  /// Keeps the newest `keep_last` versions of the pool's runs plus whatever
-  /// they need to be rebuilt (their anchor, the run's boot) and deletes the rest.
-  virtual result<retention_report> retain(std::string_view pool, size_t keep_last) = 0;
+  /// Applies retention to every claimed run of `pool`: keeps the newest
+  /// `keep_last` versions of each run, the boot, the pointer, `in_use` and
+  /// every version their chains need; deletes the rest (unless `dry_run`). A
+  /// version is made unreadable before its bytes go, so a collection that
+  /// dies half way never leaves a kept version unreadable.
+  virtual result<retention_report> retain(std::string_view pool,
+                                          const retention_request& request) = 0;
 };
+
+/// Stores a version from whole shards: `begin_version`, each shard in the
+/// manifest's order (every shard the manifest names, once), `commit`.
+status put_version(store_backend& store, std::string_view pool, const manifest& m,
+                   std::span<const shard_upload> shards);
 
 } // namespace stitch

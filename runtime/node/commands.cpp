@@ -116,10 +116,10 @@ result<publish_summary> run_publish(caf::actor_system& sys, const publish_comman
     if (summary->touched.size() > shown)
       std::fprintf(out, "  ... and %zu more\n", summary->touched.size() - shown);
   }
-  if (summary->pointer.present)
+  if (summary->pointer)
     std::fprintf(out, "pool '%s' now points at %s (boot %llu)\n", cmd.args.pool.c_str(),
-                 to_string(summary->pointer.record.latest).c_str(),
-                 static_cast<unsigned long long>(summary->pointer.record.boot_version));
+                 to_string(summary->pointer->latest).c_str(),
+                 static_cast<unsigned long long>(summary->pointer->boot_version));
   return summary;
 }
 

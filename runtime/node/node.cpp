@@ -147,7 +147,7 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
       return std::move(opened).error();
     }
     n->backend_ = std::shared_ptr<store_backend>{std::move(*opened)};
-    n->store_ = sys.spawn<caf::detached>(store_service, n->backend_, settings.data_dir / "spool");
+    n->store_ = sys.spawn(store_service, n->backend_, store_lanes::make(), store_options{});
     n->owns_store_ = true;
     caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"store"},
                    caf::actor_cast<caf::actor>(n->store_));

@@ -9,12 +9,17 @@
 
 #include "actors/handle_types.hpp"
 #include "actors/messages.hpp"
+#include "actors/store_actor.hpp"
+#include "actors/value_types.hpp"
 
 namespace stitch {
 
 void register_stitch_types(caf::actor_system_config& cfg) {
+  cfg.add_message_types<caf::id_block::stitch_values>();
   cfg.add_message_types<caf::id_block::stitch>();
   cfg.add_message_types<caf::id_block::stitch_handles>();
+  cfg.add_message_types<caf::id_block::stitch_store>();
+  cfg.add_message_types<caf::id_block::stitch_store_handles>();
   cfg.add_error_category(caf::atom("stitch"),
                          [](uint8_t code, caf::atom_value, const caf::message& ctx) -> std::string {
                            std::string out = "stitch::";

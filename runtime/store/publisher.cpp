@@ -424,7 +424,7 @@ result<publish_report> publisher::publish(const publish_request& request,
       sources.push_back(std::make_unique<memory_source>(std::move(pieces)));
       uploads.push_back({s.name, sources.back().get()});
     }
-    if (auto ok = store_.put_version(request.pool, prep->m, uploads); !ok)
+    if (auto ok = put_version(store_, request.pool, prep->m, uploads); !ok)
       return std::move(ok).error();
   }
 

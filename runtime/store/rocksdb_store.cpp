@@ -2,16 +2,20 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <list>
 #include <map>
 #include <mutex>
+#include <random>
+#include <unordered_map>
 
-#include "runtime/core/retention.hpp"
+#include "runtime/store/store_base.hpp"
 #include "runtime/store/version_layout.hpp"
 
 namespace stitch::store {
@@ -63,34 +67,81 @@ std::string layout_key(std::string_view pool, const version_ref& ref) {
   return version_key(pool, ref) + sep + "l";
 }
 
-void append_be(std::string& out, uint64_t v, int bytes) {
-  for (int i = bytes - 1; i >= 0; --i)
-    out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-std::string chunk_key(std::string_view pool, const version_ref& ref, uint32_t shard,
-                      uint64_t offset) {
-  auto k = version_key(pool, ref);
-  k += sep;
-  append_be(k, shard, 4);
-  append_be(k, offset, 8);
-  return k;
-}
-
-/// [begin, end) of every chunk key of a version.
-std::pair<std::string, std::string> chunk_range(std::string_view pool, const version_ref& ref) {
-  auto base = version_key(pool, ref);
-  return {base + sep, base + '\x01'};
-}
-
 stitch::error backend(const rocksdb::Status& s, std::string_view what) {
   return make_error(errc::backend_failure, std::string{what} + ": " + s.ToString());
 }
 
-class rocksdb_store final : public store_backend {
+std::optional<uint64_t> parse_number(std::string_view text) {
+  if (text.empty() || text.size() > 20)
+    return std::nullopt;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9')
+      return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v;
+}
+
+/// `weight_v000007-<16 hex digits>`: one attempt's directory.
+std::string attempt_name(uint64_t version) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char nonce[17];
+  std::snprintf(nonce, sizeof nonce, "%016llx", static_cast<unsigned long long>(rng()));
+  return version_dir_name(version) + "-" + nonce;
+}
+
+/// The version an attempt directory's name announces.
+std::optional<uint64_t> attempt_version(std::string_view name) {
+  constexpr std::string_view prefix = "weight_v";
+  auto dash = name.rfind('-');
+  if (!name.starts_with(prefix) || dash == std::string_view::npos || name.size() - dash != 17)
+    return std::nullopt;
+  return parse_number(name.substr(prefix.size(), dash - prefix.size()));
+}
+
+/// Bytes written before writeback of a shard file is started, so the disk
+/// works while the rest streams in and the final sync waits for a short tail.
+constexpr uint64_t writeback_every = uint64_t{32} << 20;
+
+/// Open shard files kept for reads.
+constexpr size_t max_open_files = 64;
+
+class rocksdb_store;
+
+/// One attempt's directory of shard files.
+class file_sink final : public shard_sink {
 public:
-  rocksdb_store(std::unique_ptr<rocksdb::DB> db, std::vector<rocksdb::ColumnFamilyHandle*> cfs)
-      : db_(std::move(db)), cfs_(std::move(cfs)) {
+  file_sink(rocksdb_store& store, std::string pool, version_ref ref, std::string dir,
+            std::string name)
+      : store_(store), pool_(std::move(pool)), ref_(std::move(ref)), dir_(std::move(dir)),
+        name_(std::move(name)) {}
+  ~file_sink() override;
+
+  status open_shard(std::string_view name, uint64_t size) override;
+  status append(std::span<const std::byte> bytes) override;
+  status close_shard() override;
+  status finish(const manifest& m, version_layout layout) override;
+
+private:
+  rocksdb_store& store_;
+  std::string pool_;
+  version_ref ref_;
+  /// The attempt's directory, and its name (the layout's `location`).
+  std::string dir_;
+  std::string name_;
+  std::unique_ptr<rocksdb::FSWritableFile> file_;
+  std::string file_name_;
+  uint64_t written_ = 0;
+  uint64_t synced_ = 0;
+  bool finished_ = false;
+};
+
+class rocksdb_store final : public store_base {
+public:
+  rocksdb_store(std::unique_ptr<rocksdb::DB> db, std::vector<rocksdb::ColumnFamilyHandle*> cfs,
+                std::shared_ptr<rocksdb::FileSystem> fs, std::string root)
+      : db_(std::move(db)), cfs_(std::move(cfs)), fs_(std::move(fs)), root_(std::move(root)) {
     sync_.sync = true;
   }
 
@@ -104,8 +155,11 @@ public:
     auto s = db_->Get({}, meta(), "schema", &value);
     if (s.ok()) {
       if (value != rocksdb_schema)
-        return make_error(errc::corrupt_data, "store schema is '" + value + "', this build reads '"
-                                                + std::string{rocksdb_schema} + "'");
+        return make_error(errc::corrupt_data,
+                          "store schema is '" + value + "', this build reads '"
+                            + std::string{rocksdb_schema}
+                            + "'; export its versions with the build that wrote it (`stitch "
+                              "export`) and publish them into a new store");
       return {};
     }
     if (!s.IsNotFound())
@@ -120,263 +174,140 @@ public:
     return {};
   }
 
-  result<std::optional<pointer_record>> read_pointer(std::string_view pool) override {
-    if (auto ok = validate_pool(pool); !ok)
-      return std::move(ok).error();
-    return load_pointer(pool);
-  }
-
-  result<pointer_record> claim(std::string_view pool, const version_ref& boot) override {
-    if (auto ok = validate_pool(pool); !ok)
-      return std::move(ok).error();
-    std::lock_guard guard{publish_mutex_};
-    auto current = load_pointer(pool);
-    if (!current)
-      return std::move(current).error();
-    auto stored = load_manifest(pool, boot, false);
-    if (!stored)
-      return std::move(stored).error();
-    auto known = load_boot(pool, boot.run_id);
-    if (!known)
-      return std::move(known).error();
-    auto decision = decide_claim(*current, boot, stored->is_full(), *known);
-    if (!decision)
-      return std::move(decision).error();
-    if (auto ok = commit_pointer(pool, *decision, boot, stored->is_full(), !known->has_value());
-        !ok)
-      return std::move(ok).error();
-    return decision->next;
-  }
-
-  result<pointer_record> compare_and_advance_pointer(std::string_view pool,
-                                                     const std::optional<version_ref>& expected,
-                                                     const version_ref& proposed) override {
-    if (auto ok = validate_pool(pool); !ok)
-      return std::move(ok).error();
-    std::lock_guard guard{publish_mutex_};
-    auto current = load_pointer(pool);
-    if (!current)
-      return std::move(current).error();
-    std::optional<version_ref> actual;
-    if (*current)
-      actual = (*current)->latest;
-    if (auto ok = check_compare_and_swap(expected, actual, proposed); !ok)
-      return std::move(ok).error();
-    auto stored = load_manifest(pool, proposed, false);
-    if (!stored)
-      return std::move(stored).error();
-    auto known = load_boot(pool, proposed.run_id);
-    if (!known)
-      return std::move(known).error();
-    if (!stored->is_full()) {
-      // A delta is only publishable on top of its complete base.
-      auto base = load_manifest(pool, {proposed.run_id, proposed.version - 1}, true);
-      if (!base)
-        return make_error(errc::missing_link, "cannot publish " + to_string(proposed)
-                                                + ": its base version is not published ("
-                                                + base.error().message + ")");
-    }
-    pointer_proposal proposal{proposed, stored->is_full(), *known,
-                              actual == proposed ? std::optional<bool>{true} : std::nullopt};
-    auto decision = decide_pointer_move(*current, proposal);
-    if (!decision)
-      return std::move(decision).error();
-    if (auto ok = commit_pointer(pool, *decision, proposed, stored->is_full(), !known->has_value());
-        !ok)
-      return std::move(ok).error();
-    return decision->next;
-  }
-
-  status put_version(std::string_view pool, const manifest& m,
-                     std::span<const shard_upload> shards) override {
-    if (auto ok = validate_pool(pool); !ok)
+  /// Removes attempt directories no record names (publishes that died, and
+  /// versions whose deletion was cut short).
+  status collect_garbage() {
+    const std::string versions = root_ + "/versions";
+    if (auto ok = make_dir(versions); !ok)
       return ok;
-    if (auto ok = validate(m); !ok)
-      return ok;
-    std::lock_guard guard{publish_mutex_};
-    const std::string json = to_json(m);
-    std::string existing;
-    auto s = db_->Get({}, manifests(), manifest_key(pool, m.ref), &existing);
-    if (s.ok()) {
-      if (existing == json)
-        return {};
-      if (is_done(pool, m.ref))
-        return make_error(errc::version_exists,
-                          to_string(m.ref) + " is already stored with different content");
-    } else if (!s.IsNotFound()) {
-      return backend(s, "reading manifest of " + to_string(m.ref));
-    }
-    // Nothing of an incomplete version was ever visible: start it over.
-    auto [begin, end] = chunk_range(pool, m.ref);
-    s = db_->DeleteRange({}, chunks(), begin, end);
-    if (!s.ok())
-      return backend(s, "clearing stale pieces of " + to_string(m.ref));
-    rocksdb::WriteOptions unsynced;
-    auto layout = ingest_version(
-      m, shards, [&](uint32_t shard, uint64_t offset, std::span<const std::byte> bytes) -> status {
-        auto ws =
-          db_->Put(unsynced, chunks(), chunk_key(pool, m.ref, shard, offset),
-                   rocksdb::Slice{reinterpret_cast<const char*>(bytes.data()), bytes.size()});
-        if (!ws.ok())
-          return backend(ws, "writing shard bytes of " + to_string(m.ref));
-        return {};
-      });
-    if (!layout) {
-      (void) db_->DeleteRange({}, chunks(), begin, end);
-      return std::move(layout).error();
-    }
-    // The synced batch also makes every earlier write of this WAL durable.
-    rocksdb::WriteBatch batch;
-    batch.Put(manifests(), layout_key(pool, m.ref), encode_layout(*layout));
-    batch.Put(manifests(), manifest_key(pool, m.ref), json);
-    s = db_->Write(sync_, &batch);
-    if (!s.ok())
-      return backend(s, "writing manifest of " + to_string(m.ref));
+    for (const auto& pool : children(versions))
+      for (const auto& run : children(versions + "/" + pool))
+        for (const auto& attempt : children(versions + "/" + pool + "/" + run)) {
+          auto v = attempt_version(attempt);
+          bool keep = false;
+          if (v && validate_pool(pool) && validate_run_id(run)) {
+            auto layout = read_layout_record(pool, {run, *v});
+            keep = layout && layout->location == attempt;
+          }
+          if (!keep)
+            remove_tree(versions + "/" + pool + "/" + run + "/" + attempt);
+        }
     return {};
-  }
-
-  result<manifest> read_manifest(std::string_view pool, const version_ref& ref) override {
-    if (auto ok = validate_pool(pool); !ok)
-      return std::move(ok).error();
-    return load_manifest(pool, ref, true);
   }
 
   status read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
                     uint64_t offset, std::span<std::byte> out) override {
     if (auto ok = validate_pool(pool); !ok)
       return ok;
+    if (auto ok = validate_run_id(ref.run_id); !ok)
+      return ok;
     auto layout = load_layout(pool, ref);
     if (!layout)
       return std::move(layout).error();
     auto it = layout->tensors.find(std::string{tensor});
     if (it == layout->tensors.end())
-      return make_error(errc::not_found,
-                        "tensor '" + std::string{tensor} + "' is not stored in " + to_string(ref));
+      return make_error(errc::not_found, "tensor " + quote_untrusted(tensor) + " is not stored in "
+                                           + to_string(ref));
     const auto& loc = it->second;
     if (offset > loc.size || out.size() > loc.size - offset)
       return make_error(errc::invalid_argument, "range [" + std::to_string(offset) + ", +"
                                                   + std::to_string(out.size())
-                                                  + ") is outside tensor '" + std::string{tensor}
-                                                  + "' of " + std::to_string(loc.size) + " bytes");
-    uint64_t pos = loc.offset + offset;
-    size_t done = 0;
-    rocksdb::PinnableSlice piece;
-    while (done < out.size()) {
-      uint64_t piece_start = pos / piece_size * piece_size;
-      piece.Reset();
-      auto s = db_->Get({}, chunks(), chunk_key(pool, ref, loc.shard, piece_start), &piece);
-      if (!s.ok())
-        return s.IsNotFound() ? make_error(errc::corrupt_data, "a piece of " + to_string(ref)
-                                                                 + " is missing from the store")
-                              : backend(s, "reading " + to_string(ref));
-      uint64_t within = pos - piece_start;
-      if (within >= piece.size())
-        return make_error(errc::corrupt_data, "a piece of " + to_string(ref) + " is short");
-      size_t take = std::min<uint64_t>(piece.size() - within, out.size() - done);
-      std::memcpy(out.data() + done, piece.data() + within, take);
-      done += take;
-      pos += take;
-    }
+                                                  + ") is outside tensor " + quote_untrusted(tensor)
+                                                  + " of " + std::to_string(loc.size) + " bytes");
+    if (out.empty())
+      return {};
+    auto file = open_for_read(shard_path(pool, ref, layout->location, layout->shards[loc.shard]));
+    if (!file)
+      return std::move(file).error();
+    rocksdb::Slice got;
+    auto s = (*file)->Read(loc.offset + offset, out.size(), {}, &got,
+                           reinterpret_cast<char*>(out.data()), nullptr);
+    if (!s.ok())
+      return make_error(errc::backend_failure,
+                        "reading " + to_string(ref) + " from its shard file: " + s.ToString());
+    if (got.size() != out.size())
+      return make_error(errc::corrupt_data, "a shard file of " + to_string(ref) + " is short");
+    if (got.data() != reinterpret_cast<const char*>(out.data()))
+      std::memcpy(out.data(), got.data(), got.size());
     return {};
   }
 
-  result<std::vector<version_ref>> list_versions(std::string_view pool,
-                                                 std::string_view run_id) override {
-    if (auto ok = validate_pool(pool); !ok)
-      return std::move(ok).error();
-    if (auto ok = validate_run_id(run_id); !ok)
-      return std::move(ok).error();
-    std::vector<version_ref> out;
-    for (auto& [v, full] : done_versions(pool, run_id))
-      out.push_back({std::string{run_id}, v});
+  // --- for file_sink -------------------------------------------------------
+
+  rocksdb::FileSystem& fs() { return *fs_; }
+
+  std::string attempt_dir(std::string_view pool, const version_ref& ref,
+                          std::string_view name) const {
+    return root_ + "/versions/" + std::string{pool} + "/" + ref.run_id + "/" + std::string{name};
+  }
+
+  status make_dir(const std::string& dir) {
+    auto s = fs_->CreateDirIfMissing(dir, {}, nullptr);
+    if (!s.ok())
+      return make_error(errc::backend_failure, "cannot create " + dir + ": " + s.ToString());
+    return {};
+  }
+
+  status sync_dir(const std::string& dir) {
+    std::unique_ptr<rocksdb::FSDirectory> d;
+    auto s = fs_->NewDirectory(dir, {}, &d, nullptr);
+    if (s.ok())
+      s = d->Fsync({}, nullptr);
+    if (!s.ok())
+      return make_error(errc::backend_failure, "cannot sync " + dir + ": " + s.ToString());
+    return {};
+  }
+
+  std::vector<std::string> children(const std::string& dir) {
+    std::vector<std::string> out;
+    if (!fs_->GetChildren(dir, {}, &out, nullptr).ok())
+      return {};
+    std::erase_if(out, [](const std::string& n) { return n == "." || n == ".."; });
     return out;
   }
 
-  result<retention_report> retain(std::string_view pool, size_t keep_last) override {
-    if (auto ok = validate_pool(pool); !ok)
-      return std::move(ok).error();
-    std::lock_guard guard{publish_mutex_};
-    auto pointer = load_pointer(pool);
-    if (!pointer)
-      return std::move(pointer).error();
-    retention_report report;
-    const auto prefix = boot_prefix(pool);
-    std::vector<std::pair<std::string, uint64_t>> runs;
-    {
-      std::unique_ptr<rocksdb::Iterator> it{db_->NewIterator({}, meta())};
-      for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-        auto boot = parse_number(it->value().ToString());
-        if (!boot)
-          return make_error(errc::corrupt_data,
-                            "boot record of pool '" + std::string{pool} + "' is corrupt");
-        runs.emplace_back(it->key().ToString().substr(prefix.size()), *boot);
-      }
+  void remove_tree(const std::string& dir) {
+    forget_files(dir);
+    for (const auto& name : children(dir)) {
+      const auto path = dir + "/" + name;
+      if (!fs_->DeleteFile(path, {}, nullptr).ok())
+        remove_tree(path);
     }
-    for (const auto& [run, boot] : runs) {
-      std::vector<stored_version> versions;
-      for (auto& [v, full] : done_versions(pool, run))
-        versions.push_back({v, full});
-      std::set<uint64_t> pinned;
-      if (*pointer && (*pointer)->latest.run_id == run)
-        pinned.insert((*pointer)->latest.version);
-      auto doomed = select_deletions(versions, boot, keep_last, pinned);
-      for (const auto& v : versions) {
-        version_ref ref{run, v.version};
-        if (!doomed.contains(v.version)) {
-          report.kept.push_back(ref);
-          continue;
-        }
-        // The completion record goes first, so a half-deleted version is never visible.
-        rocksdb::WriteBatch batch;
-        batch.Delete(meta(), done_key(pool, ref));
-        batch.Delete(manifests(), manifest_key(pool, ref));
-        batch.Delete(manifests(), layout_key(pool, ref));
-        auto s = db_->Write(sync_, &batch);
-        if (!s.ok())
-          return backend(s, "deleting " + to_string(ref));
-        auto [begin, end] = chunk_range(pool, ref);
-        s = db_->DeleteRange({}, chunks(), begin, end);
-        if (!s.ok())
-          return backend(s, "deleting the pieces of " + to_string(ref));
-        forget_layout(pool, ref);
-        report.deleted.push_back(ref);
-      }
-    }
-    return report;
+    (void) fs_->DeleteDir(dir, {}, nullptr);
   }
 
-private:
-  rocksdb::ColumnFamilyHandle* meta() const { return cfs_[0]; }
-  rocksdb::ColumnFamilyHandle* manifests() const { return cfs_[1]; }
-  rocksdb::ColumnFamilyHandle* chunks() const { return cfs_[2]; }
-
-  static std::optional<uint64_t> parse_number(const std::string& text) {
-    if (text.empty() || text.size() > 20)
-      return std::nullopt;
-    uint64_t v = 0;
-    for (char c : text) {
-      if (c < '0' || c > '9')
-        return std::nullopt;
-      v = v * 10 + static_cast<uint64_t>(c - '0');
-    }
-    return v;
+  /// Records the attempt's manifest and layout, then frees an earlier
+  /// unpublished attempt's bytes. The pool's lock is held.
+  status record_attempt(std::string_view pool, const manifest& m, const version_layout& layout) {
+    auto earlier = read_layout_record(pool, m.ref);
+    rocksdb::WriteBatch batch;
+    batch.Put(manifests(), layout_key(pool, m.ref), encode_layout(layout));
+    batch.Put(manifests(), manifest_key(pool, m.ref), to_json(m));
+    auto s = db_->Write(sync_, &batch);
+    if (!s.ok())
+      return backend(s, "recording " + to_string(m.ref));
+    forget_layout(pool, m.ref);
+    if (earlier && earlier->location != layout.location)
+      remove_tree(attempt_dir(pool, m.ref, earlier->location));
+    return {};
   }
 
-  result<std::optional<pointer_record>> load_pointer(std::string_view pool) {
+protected:
+  result<pointer_snapshot> load_pointer(std::string_view pool) override {
     std::string value;
     auto s = db_->Get({}, meta(), pointer_key(pool), &value);
     if (s.IsNotFound())
-      return std::optional<pointer_record>{};
+      return pointer_snapshot{};
     if (!s.ok())
       return backend(s, "reading the pointer of pool '" + std::string{pool} + "'");
     auto p = decode_pointer(value);
     if (!p)
       return make_error(errc::corrupt_data,
                         "pointer of pool '" + std::string{pool} + "': " + p.error().message);
-    return std::optional<pointer_record>{*p};
+    return pointer_snapshot{*p, {}};
   }
 
-  result<std::optional<uint64_t>> load_boot(std::string_view pool, std::string_view run) {
+  result<std::optional<uint64_t>> load_boot(std::string_view pool, std::string_view run) override {
     std::string value;
     auto s = db_->Get({}, meta(), boot_key(pool, run), &value);
     if (s.IsNotFound())
@@ -390,32 +321,7 @@ private:
     return std::optional<uint64_t>{*v};
   }
 
-  bool is_done(std::string_view pool, const version_ref& ref) {
-    std::string value;
-    return db_->Get({}, meta(), done_key(pool, ref), &value).ok();
-  }
-
-  /// (version, is_full) of a run's complete versions, ascending.
-  std::vector<std::pair<uint64_t, bool>> done_versions(std::string_view pool,
-                                                       std::string_view run) {
-    std::vector<std::pair<uint64_t, bool>> out;
-    const auto prefix = done_prefix(pool, run);
-    std::unique_ptr<rocksdb::Iterator> it{db_->NewIterator({}, meta())};
-    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-      auto v = parse_number(it->key().ToString().substr(prefix.size()));
-      if (v)
-        out.emplace_back(*v, it->value() == "F");
-    }
-    return out;
-  }
-
-  result<manifest> load_manifest(std::string_view pool, const version_ref& ref,
-                                 bool complete_only) {
-    if (auto ok = validate_run_id(ref.run_id); !ok)
-      return std::move(ok).error();
-    if (complete_only && !is_done(pool, ref))
-      return make_error(errc::not_found,
-                        to_string(ref) + " is not published in pool '" + std::string{pool} + "'");
+  result<manifest> load_manifest(std::string_view pool, const version_ref& ref) override {
     std::string json;
     auto s = db_->Get({}, manifests(), manifest_key(pool, ref), &json);
     if (s.IsNotFound())
@@ -433,6 +339,110 @@ private:
     return m;
   }
 
+  result<bool> is_published(std::string_view pool, const version_ref& ref) override {
+    std::string value;
+    auto s = db_->Get({}, meta(), done_key(pool, ref), &value);
+    if (s.IsNotFound())
+      return false;
+    if (!s.ok())
+      return backend(s, "reading the publication record of " + to_string(ref));
+    return true;
+  }
+
+  status commit_move(std::string_view pool, const pointer_snapshot&,
+                     const pointer_commit& move) override {
+    // One process owns the database, and the base holds the pool's lock.
+    rocksdb::WriteBatch batch;
+    batch.Put(meta(), pointer_key(pool), encode_pointer(move.next));
+    batch.Put(meta(), done_key(pool, move.target), move.target_is_full ? "F" : "D");
+    if (move.new_run)
+      batch.Put(meta(), boot_key(pool, move.target.run_id), std::to_string(move.next.boot_version));
+    auto s = db_->Write(sync_, &batch);
+    if (!s.ok())
+      return backend(s, "moving the pointer of pool '" + std::string{pool} + "'");
+    return {};
+  }
+
+  result<std::unique_ptr<shard_sink>> open_sink(std::string_view pool,
+                                                const version_ref& ref) override {
+    const std::string run_dir = root_ + "/versions/" + std::string{pool} + "/" + ref.run_id;
+    for (const auto& dir : {root_ + "/versions", root_ + "/versions/" + std::string{pool}, run_dir})
+      if (auto ok = make_dir(dir); !ok)
+        return std::move(ok).error();
+    auto name = attempt_name(ref.version);
+    auto dir = run_dir + "/" + name;
+    if (auto ok = make_dir(dir); !ok)
+      return std::move(ok).error();
+    return std::unique_ptr<shard_sink>{
+      std::make_unique<file_sink>(*this, std::string{pool}, ref, dir, name)};
+  }
+
+  result<std::vector<std::string>> claimed_runs(std::string_view pool) override {
+    std::vector<std::string> runs;
+    const auto prefix = boot_prefix(pool);
+    std::unique_ptr<rocksdb::Iterator> it{db_->NewIterator({}, meta())};
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next())
+      runs.push_back(it->key().ToString().substr(prefix.size()));
+    if (!it->status().ok())
+      return backend(it->status(), "listing the runs of pool '" + std::string{pool} + "'");
+    return runs;
+  }
+
+  result<std::vector<stored_version>> published_versions(std::string_view pool,
+                                                         std::string_view run) override {
+    std::vector<stored_version> out;
+    const auto prefix = done_prefix(pool, run);
+    std::unique_ptr<rocksdb::Iterator> it{db_->NewIterator({}, meta())};
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      auto v = parse_number(it->key().ToString().substr(prefix.size()));
+      if (v)
+        out.push_back({*v, it->value() == "F"});
+    }
+    if (!it->status().ok())
+      return backend(it->status(), "listing the versions of run '" + std::string{run} + "'");
+    return out;
+  }
+
+  status delete_version(std::string_view pool, const version_ref& ref) override {
+    auto layout = read_layout_record(pool, ref);
+    // The records go first, in one synced batch: the version is unreadable
+    // before any byte of it is.
+    rocksdb::WriteBatch batch;
+    batch.Delete(meta(), done_key(pool, ref));
+    batch.Delete(manifests(), manifest_key(pool, ref));
+    batch.Delete(manifests(), layout_key(pool, ref));
+    auto s = db_->Write(sync_, &batch);
+    if (!s.ok())
+      return backend(s, "deleting " + to_string(ref));
+    forget_layout(pool, ref);
+    if (layout)
+      remove_tree(attempt_dir(pool, ref, layout->location));
+    return {};
+  }
+
+private:
+  rocksdb::ColumnFamilyHandle* meta() const { return cfs_[0]; }
+  rocksdb::ColumnFamilyHandle* manifests() const { return cfs_[1]; }
+
+  std::string shard_path(std::string_view pool, const version_ref& ref, std::string_view location,
+                         std::string_view shard) const {
+    return attempt_dir(pool, ref, location) + "/" + std::string{shard};
+  }
+
+  result<version_layout> read_layout_record(std::string_view pool, const version_ref& ref) {
+    std::string bytes;
+    auto s = db_->Get({}, manifests(), layout_key(pool, ref), &bytes);
+    if (s.IsNotFound())
+      return make_error(errc::not_found, "no layout of " + to_string(ref));
+    if (!s.ok())
+      return backend(s, "reading layout of " + to_string(ref));
+    auto layout = decode_layout(bytes);
+    if (!layout)
+      return make_error(errc::corrupt_data, to_string(ref) + ": " + layout.error().message);
+    return layout;
+  }
+
+  /// The layout of a published version (cached).
   result<version_layout> load_layout(std::string_view pool, const version_ref& ref) {
     const auto key = layout_key(pool, ref);
     {
@@ -440,18 +450,17 @@ private:
       if (auto it = layouts_.find(key); it != layouts_.end())
         return it->second;
     }
-    if (!is_done(pool, ref))
+    auto published = is_published(pool, ref);
+    if (!published)
+      return std::move(published).error();
+    if (!*published)
       return make_error(errc::not_found,
                         to_string(ref) + " is not published in pool '" + std::string{pool} + "'");
-    std::string bytes;
-    auto s = db_->Get({}, manifests(), key, &bytes);
-    if (!s.ok())
-      return s.IsNotFound()
-               ? make_error(errc::corrupt_data, "layout of " + to_string(ref) + " is missing")
-               : backend(s, "reading layout of " + to_string(ref));
-    auto layout = decode_layout(bytes);
+    auto layout = read_layout_record(pool, ref);
     if (!layout)
-      return make_error(errc::corrupt_data, to_string(ref) + ": " + layout.error().message);
+      return layout.error().code == errc::not_found
+               ? make_error(errc::corrupt_data, "layout of " + to_string(ref) + " is missing")
+               : std::move(layout).error();
     std::lock_guard guard{cache_mutex_};
     if (layouts_.size() > 256)
       layouts_.clear();
@@ -464,30 +473,133 @@ private:
     layouts_.erase(layout_key(pool, ref));
   }
 
-  /// The pointer and the completion record (and a new run's boot) move in one
-  /// synced batch.
-  status commit_pointer(std::string_view pool, const pointer_decision& decision,
-                        const version_ref& target, bool is_full, bool new_run) {
-    if (decision.move == pointer_move::unchanged)
-      return {};
-    rocksdb::WriteBatch batch;
-    batch.Put(meta(), pointer_key(pool), encode_pointer(decision.next));
-    batch.Put(meta(), done_key(pool, target), is_full ? "F" : "D");
-    if (new_run)
-      batch.Put(meta(), boot_key(pool, target.run_id), std::to_string(decision.next.boot_version));
-    auto s = db_->Write(sync_, &batch);
+  /// An open shard file, from the cache of recently read ones.
+  result<std::shared_ptr<rocksdb::FSRandomAccessFile>> open_for_read(const std::string& path) {
+    {
+      std::lock_guard guard{files_mutex_};
+      if (auto it = open_files_.find(path); it != open_files_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second.second);
+        return it->second.first;
+      }
+    }
+    std::unique_ptr<rocksdb::FSRandomAccessFile> raw;
+    auto s = fs_->NewRandomAccessFile(path, rocksdb::FileOptions{}, &raw, nullptr);
     if (!s.ok())
-      return backend(s, "moving the pointer of pool '" + std::string{pool} + "'");
-    return {};
+      return make_error(s.IsNotFound() || s.IsPathNotFound() ? errc::corrupt_data
+                                                             : errc::backend_failure,
+                        "cannot open a shard file of the store: " + s.ToString());
+    raw->Hint(rocksdb::FSRandomAccessFile::kSequential);
+    std::shared_ptr<rocksdb::FSRandomAccessFile> file{std::move(raw)};
+    std::lock_guard guard{files_mutex_};
+    if (auto it = open_files_.find(path); it != open_files_.end())
+      return it->second.first;
+    lru_.push_front(path);
+    open_files_.emplace(path, std::make_pair(file, lru_.begin()));
+    while (open_files_.size() > max_open_files) {
+      open_files_.erase(lru_.back());
+      lru_.pop_back();
+    }
+    return file;
+  }
+
+  /// Closes cached files under `dir` (deleted or replaced).
+  void forget_files(const std::string& dir) {
+    std::lock_guard guard{files_mutex_};
+    const auto prefix = dir + "/";
+    for (auto it = open_files_.begin(); it != open_files_.end();) {
+      if (it->first.starts_with(prefix)) {
+        lru_.erase(it->second.second);
+        it = open_files_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> cfs_;
+  std::shared_ptr<rocksdb::FileSystem> fs_;
+  std::string root_;
   rocksdb::WriteOptions sync_;
-  std::mutex publish_mutex_;
   std::mutex cache_mutex_;
   std::map<std::string, version_layout> layouts_;
+  std::mutex files_mutex_;
+  std::list<std::string> lru_;
+  std::unordered_map<std::string, std::pair<std::shared_ptr<rocksdb::FSRandomAccessFile>,
+                                            std::list<std::string>::iterator>>
+    open_files_;
 };
+
+file_sink::~file_sink() {
+  if (finished_)
+    return;
+  if (file_)
+    (void) file_->Close({}, nullptr);
+  file_.reset();
+  store_.remove_tree(dir_);
+}
+
+status file_sink::open_shard(std::string_view name, uint64_t size) {
+  if (file_)
+    return make_error(errc::invalid_argument,
+                      "the previous shard of " + to_string(ref_) + " was not closed");
+  file_name_ = dir_ + "/" + std::string{name};
+  rocksdb::FileOptions opts;
+  auto s = store_.fs().NewWritableFile(file_name_, opts, &file_, nullptr);
+  if (!s.ok())
+    return make_error(errc::backend_failure, "cannot create " + file_name_ + ": " + s.ToString());
+  // One extent where the file system allows it; a failure here is harmless.
+  if (size > 0)
+    (void) file_->Allocate(0, size, {}, nullptr);
+  written_ = 0;
+  synced_ = 0;
+  return {};
+}
+
+status file_sink::append(std::span<const std::byte> bytes) {
+  if (!file_)
+    return make_error(errc::invalid_argument, "no shard of " + to_string(ref_) + " is open");
+  auto s = file_->Append(rocksdb::Slice{reinterpret_cast<const char*>(bytes.data()), bytes.size()},
+                         {}, nullptr);
+  if (!s.ok())
+    return make_error(errc::backend_failure, "writing " + file_name_ + ": " + s.ToString());
+  written_ += bytes.size();
+  if (written_ - synced_ >= writeback_every) {
+    // Starts writeback of what is written so far; does not wait.
+    (void) file_->RangeSync(synced_, written_ - synced_, {}, nullptr);
+    synced_ = written_;
+  }
+  return {};
+}
+
+status file_sink::close_shard() {
+  if (!file_)
+    return {};
+  auto s = file_->Sync({}, nullptr);
+  if (s.ok())
+    s = file_->Close({}, nullptr);
+  file_.reset();
+  if (!s.ok())
+    return make_error(errc::backend_failure, "syncing " + file_name_ + ": " + s.ToString());
+  return {};
+}
+
+status file_sink::finish(const manifest& m, version_layout layout) {
+  if (auto ok = close_shard(); !ok)
+    return ok;
+  // The directory entries (and the new directories above) are durable
+  // before a record names them.
+  const auto run_dir = dir_.substr(0, dir_.rfind('/'));
+  const auto pool_dir = run_dir.substr(0, run_dir.rfind('/'));
+  for (const auto& d : {dir_, run_dir, pool_dir})
+    if (auto ok = store_.sync_dir(d); !ok)
+      return ok;
+  layout.location = name_;
+  if (auto ok = store_.record_attempt(pool_, m, layout); !ok)
+    return ok;
+  finished_ = true;
+  return {};
+}
 
 } // namespace
 
@@ -499,23 +611,28 @@ result<std::unique_ptr<store_backend>> open_rocksdb_store(const std::string& pat
   if (opts.env)
     db_opts.env = opts.env.get();
   rocksdb::ColumnFamilyOptions small;
-  rocksdb::ColumnFamilyOptions blobs;
-  // Shard pieces are large: keep them in blob files instead of rewriting them
-  // through every compaction.
-  blobs.enable_blob_files = true;
-  blobs.min_blob_size = 4096;
-  blobs.blob_file_size = uint64_t{256} << 20;
-  blobs.write_buffer_size = uint64_t{128} << 20;
-  blobs.compression = rocksdb::kNoCompression;
-  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors{
-    {rocksdb::kDefaultColumnFamilyName, small}, {"manifests", small}, {"chunks", blobs}};
+  std::vector<std::string> names{rocksdb::kDefaultColumnFamilyName, "manifests"};
+  // A store of an older schema has more families; open them all so the
+  // schema check can say what it found.
+  std::vector<std::string> existing;
+  if (rocksdb::DB::ListColumnFamilies(db_opts, path, &existing).ok())
+    for (const auto& n : existing)
+      if (std::find(names.begin(), names.end(), n) == names.end())
+        names.push_back(n);
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (const auto& n : names)
+    descriptors.push_back({n, small});
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
   auto s = rocksdb::DB::Open(db_opts, path, descriptors, &handles, &raw);
   if (!s.ok())
     return make_error(errc::backend_failure, "opening store at '" + path + "': " + s.ToString());
-  auto store = std::make_unique<rocksdb_store>(std::unique_ptr<rocksdb::DB>{raw}, handles);
+  auto fs = opts.env ? opts.env->GetFileSystem() : rocksdb::FileSystem::Default();
+  auto store =
+    std::make_unique<rocksdb_store>(std::unique_ptr<rocksdb::DB>{raw}, handles, fs, path);
   if (auto ok = store->check_schema(); !ok)
+    return std::move(ok).error();
+  if (auto ok = store->collect_garbage(); !ok)
     return std::move(ok).error();
   return std::unique_ptr<store_backend>{std::move(store)};
 }

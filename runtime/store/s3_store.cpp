@@ -6,7 +6,6 @@
 #include <mutex>
 #include <set>
 
-#include "runtime/core/retention.hpp"
 #include "runtime/store/version_layout.hpp"
 
 namespace stitch::store {
@@ -49,8 +48,6 @@ result<version_ref> parse_record(std::string_view body, std::string_view what) {
 struct s3_store::impl {
   std::unique_ptr<s3_client> client;
   transport::s3_location where;
-  /// Serializes pointer moves and retention within this process (see README).
-  std::mutex publish_mutex;
   std::mutex cache_mutex;
   /// Versions are immutable once complete, so what was read of them stays true
   /// until this process deletes them.
@@ -328,12 +325,9 @@ struct s3_store::impl {
   /// Publishes `target`: its marker, the boot record when the run is new
   /// (create-only), then the pointer (conditional on what was read) — the
   /// pointer last, so whoever sees it can read everything it names.
-  status commit(std::string_view pool, const pointer_decision& decision, const version_ref& target,
+  status commit(std::string_view pool, const pointer_record& next, const version_ref& target,
                 bool is_full, bool new_run, const std::optional<version_ref>& read_latest_ref,
                 const std::string& etag) {
-    if (decision.move == pointer_move::unchanged)
-      return {};
-    const auto& next = decision.next;
     const auto marker = published_key(pool, target);
     if (auto put = client->put_object(where.bucket, marker, is_full ? "full\n" : "delta\n"); !put)
       return std::move(put).error();
@@ -383,6 +377,126 @@ struct s3_store::impl {
   }
 };
 
+namespace {
+
+/// One attempt's shards, written straight under the version's prefix: a part
+/// of a multipart upload per `piece_size` bytes, or one PutObject for a
+/// shard of one piece. Nothing of it is visible until `finish` writes the
+/// index; a sink dropped before that deletes what it wrote.
+class s3_sink final : public shard_sink {
+public:
+  s3_sink(s3_store::impl& s, std::string pool, version_ref ref)
+      : s_(s), pool_(std::move(pool)), ref_(std::move(ref)) {}
+
+  ~s3_sink() override {
+    if (!finished_)
+      s_.discard(written_, key_, upload_id_);
+  }
+
+  status open_shard(std::string_view name, uint64_t size) override {
+    if ((size + piece_size - 1) / piece_size > max_parts)
+      return make_error(errc::limit_exceeded, "shard '" + std::string{name} + "' of "
+                                                + to_string(ref_) + " needs more than "
+                                                + std::to_string(max_parts) + " parts of "
+                                                + std::to_string(piece_size) + " bytes");
+    key_ = s_.version_prefix(pool_, ref_) + std::string{name};
+    sent_ = 0;
+    parts_.clear();
+    buffer_.clear();
+    if (size > piece_size) {
+      auto id = s_.client->create_multipart_upload(s_.where.bucket, key_);
+      if (!id)
+        return std::move(id).error();
+      upload_id_ = std::move(*id);
+    }
+    return {};
+  }
+
+  status append(std::span<const std::byte> bytes) override {
+    while (!bytes.empty()) {
+      const size_t take = std::min(bytes.size(), piece_size - buffer_.size());
+      buffer_.insert(buffer_.end(), bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(take));
+      bytes = bytes.subspan(take);
+      if (buffer_.size() == piece_size && !upload_id_.empty())
+        if (auto ok = send_part(); !ok)
+          return ok;
+    }
+    return {};
+  }
+
+  status close_shard() override {
+    if (upload_id_.empty()) {
+      auto put = s_.client->put_object(s_.where.bucket, key_, buffer_);
+      if (!put)
+        return std::move(put).error();
+      buffer_.clear();
+      written_.push_back(key_);
+      return {};
+    }
+    if (!buffer_.empty())
+      if (auto ok = send_part(); !ok)
+        return ok;
+    auto done = s_.client->complete_multipart_upload(s_.where.bucket, key_, upload_id_, parts_);
+    if (!done)
+      return std::move(done).error();
+    upload_id_.clear();
+    written_.push_back(key_);
+    return {};
+  }
+
+  status finish(const manifest& m, version_layout layout) override {
+    if (auto put = s_.client->put_object(s_.where.bucket, s_.layout_key(pool_, m.ref),
+                                         encode_layout(layout));
+        !put)
+      return std::move(put).error();
+    written_.push_back(s_.layout_key(pool_, m.ref));
+    // The index last: its presence says every byte above is in place.
+    const auto index_key = s_.index_key(pool_, m.ref);
+    const std::string json = to_json(m);
+    auto put =
+      s_.client->put_object(s_.where.bucket, index_key, json, s3_write_condition::absent());
+    if (!put && put.error().code == errc::conflict) {
+      // A concurrent attempt wrote the index first.
+      auto now = s_.client->get_object(s_.where.bucket, index_key, max_manifest_bytes);
+      if (!now)
+        return std::move(now).error();
+      auto parsed = parse_manifest(now->body);
+      if (!(now->body == json || (parsed && *parsed == m)))
+        return make_error(errc::version_exists, to_string(m.ref) + " was stored concurrently"
+                                                  + s_.in_pool(pool_) + " with different content");
+    } else if (!put) {
+      return std::move(put).error();
+    }
+    finished_ = true;
+    return {};
+  }
+
+private:
+  status send_part() {
+    const auto number = static_cast<uint32_t>(sent_ / piece_size + 1);
+    auto etag = s_.client->upload_part(s_.where.bucket, key_, upload_id_, number, buffer_);
+    if (!etag)
+      return std::move(etag).error();
+    parts_.push_back({number, std::move(*etag)});
+    sent_ += buffer_.size();
+    buffer_.clear();
+    return {};
+  }
+
+  s3_store::impl& s_;
+  std::string pool_;
+  version_ref ref_;
+  std::string key_;
+  uint64_t sent_ = 0;
+  std::string upload_id_;
+  std::vector<s3_completed_part> parts_;
+  std::vector<std::byte> buffer_;
+  std::vector<std::string> written_;
+  bool finished_ = false;
+};
+
+} // namespace
+
 s3_store::s3_store(std::unique_ptr<transport::s3_client> client, transport::s3_location where)
     : impl_(std::make_unique<impl>()) {
   impl_->client = std::move(client);
@@ -391,217 +505,100 @@ s3_store::s3_store(std::unique_ptr<transport::s3_client> client, transport::s3_l
 
 s3_store::~s3_store() = default;
 
-result<std::optional<pointer_record>> s3_store::read_pointer(std::string_view pool) {
-  if (auto ok = validate_pool(pool); !ok)
-    return std::move(ok).error();
+result<store_base::pointer_snapshot> s3_store::load_pointer(std::string_view pool) {
   auto record = impl_->read_pointer_record(pool);
   if (!record)
     return std::move(record).error();
-  return std::move(record->first);
+  return pointer_snapshot{std::move(record->first), std::move(record->second)};
 }
 
-result<pointer_record> s3_store::claim(std::string_view pool, const version_ref& boot) {
-  if (auto ok = validate_pool(pool); !ok)
-    return std::move(ok).error();
-  if (auto ok = validate_run_id(boot.run_id); !ok)
-    return std::move(ok).error();
-  std::lock_guard lock{impl_->publish_mutex};
-  auto current = impl_->read_pointer_record(pool);
-  if (!current)
-    return std::move(current).error();
-  auto stored = impl_->load_manifest(pool, boot, false);
-  if (!stored)
-    return std::move(stored).error();
-  auto known = impl_->read_boot(pool, boot.run_id);
-  if (!known)
-    return std::move(known).error();
-  auto decision = decide_claim(current->first, boot, stored->is_full(), *known);
-  if (!decision)
-    return std::move(decision).error();
-  std::optional<version_ref> read_ref;
-  if (current->first)
-    read_ref = current->first->latest;
-  if (auto ok = impl_->commit(pool, *decision, boot, stored->is_full(), !known->has_value(),
-                              read_ref, current->second);
-      !ok)
-    return std::move(ok).error();
-  return decision->next;
+result<std::optional<uint64_t>> s3_store::load_boot(std::string_view pool, std::string_view run) {
+  return impl_->read_boot(pool, run);
+}
+
+result<manifest> s3_store::load_manifest(std::string_view pool, const version_ref& ref) {
+  return impl_->load_manifest(pool, ref, false);
+}
+
+result<bool> s3_store::is_published(std::string_view pool, const version_ref& ref) {
+  auto pub = impl_->published(pool, ref);
+  if (!pub)
+    return std::move(pub).error();
+  return pub->has_value();
 }
 
 // The compare-and-swap is a conditional write of `latest` (If-Match on the
-// ETag read here, If-None-Match: * when there was none). On a server that
-// ignores conditional writes (s3rver, some S3 clones) it degrades to
-// check-then-write: safe with one publisher per pool, which the store actor
-// guarantees within a node (and `publish_mutex` within this object), but two
-// nodes publishing to one pool could then lose an update. runtime/store/README.md.
-result<pointer_record> s3_store::compare_and_advance_pointer(
-  std::string_view pool, const std::optional<version_ref>& expected, const version_ref& proposed) {
-  if (auto ok = validate_pool(pool); !ok)
-    return std::move(ok).error();
-  if (auto ok = validate_run_id(proposed.run_id); !ok)
-    return std::move(ok).error();
-  std::lock_guard lock{impl_->publish_mutex};
-  auto current = impl_->read_pointer_record(pool);
-  if (!current)
-    return std::move(current).error();
-  std::optional<version_ref> actual;
-  if (current->first)
-    actual = current->first->latest;
-  if (auto ok = check_compare_and_swap(expected, actual, proposed); !ok)
-    return std::move(ok).error();
-  auto stored = impl_->load_manifest(pool, proposed, false);
-  if (!stored)
-    return std::move(stored).error();
-  auto known = impl_->read_boot(pool, proposed.run_id);
-  if (!known)
-    return std::move(known).error();
-  if (!stored->is_full()) {
-    // A delta is only publishable on top of its published base.
-    auto base = impl_->load_manifest(pool, {proposed.run_id, proposed.version - 1}, true);
-    if (!base)
-      return make_error(errc::missing_link, "cannot publish " + to_string(proposed)
-                                              + ": its base version is not published ("
-                                              + base.error().message + ")");
-  }
-  // put_version already refused different content for a stored version, so
-  // the current version proposed again is identical by construction.
-  pointer_proposal proposal{proposed, stored->is_full(), *known,
-                            actual == proposed ? std::optional<bool>{true} : std::nullopt};
-  auto decision = decide_pointer_move(current->first, proposal);
-  if (!decision)
-    return std::move(decision).error();
-  if (auto ok = impl_->commit(pool, *decision, proposed, stored->is_full(), !known->has_value(),
-                              actual, current->second);
-      !ok)
-    return std::move(ok).error();
-  return decision->next;
+// ETag read, If-None-Match: * when there was none). On a server that ignores
+// conditional writes (s3rver, some S3 clones) it degrades to check-then-write:
+// safe with one publisher per pool, which the pool's lock guarantees within a
+// process, but two nodes publishing to one pool could then lose an update.
+// runtime/store/README.md.
+status s3_store::commit_move(std::string_view pool, const pointer_snapshot& seen,
+                             const pointer_commit& move) {
+  std::optional<version_ref> read_ref;
+  if (seen.record)
+    read_ref = seen.record->latest;
+  return impl_->commit(pool, move.next, move.target, move.target_is_full, move.new_run, read_ref,
+                       seen.token);
 }
 
-status s3_store::put_version(std::string_view pool, const manifest& m,
-                             std::span<const shard_upload> shards) {
-  if (auto ok = validate_pool(pool); !ok)
-    return ok;
-  if (auto ok = validate(m); !ok)
-    return ok;
-  auto& s = *impl_;
-  const std::string json = to_json(m);
-  const auto index_key = s.index_key(pool, m.ref);
-  auto identical = [&](const std::string& stored) {
-    if (stored == json)
-      return true;
-    auto parsed = parse_manifest(stored);
-    return parsed && *parsed == m;
-  };
-  auto existing = s.client->get_object(s.where.bucket, index_key, max_manifest_bytes);
+result<std::unique_ptr<shard_sink>> s3_store::open_sink(std::string_view pool,
+                                                        const version_ref& ref) {
+  // An earlier unpublished attempt used the same keys: it goes first.
+  auto existing = impl_->client->head_object(impl_->where.bucket, impl_->index_key(pool, ref));
   if (existing) {
-    if (identical(existing->body))
-      return {};
-    auto pub = s.published(pool, m.ref);
-    if (!pub)
-      return std::move(pub).error();
-    if (*pub)
-      return make_error(errc::version_exists, to_string(m.ref) + " is already published"
-                                                + s.in_pool(pool) + " with different content");
-    // Stored but never published, so never visible: start it over.
-    if (auto ok = s.delete_version(pool, m.ref); !ok)
-      return ok;
+    if (auto ok = impl_->delete_version(pool, ref); !ok)
+      return std::move(ok).error();
   } else if (existing.error().code != errc::not_found) {
     return std::move(existing).error();
   }
-
-  std::map<std::string, uint64_t> declared;
-  for (const auto& up : shards)
-    if (up.bytes)
-      declared[up.name] = up.bytes->size();
-  for (const auto& [name, size] : declared)
-    if ((size + piece_size - 1) / piece_size > max_parts)
-      return make_error(errc::limit_exceeded, "shard '" + name + "' of " + to_string(m.ref)
-                                                + " needs more than " + std::to_string(max_parts)
-                                                + " parts of " + std::to_string(piece_size)
-                                                + " bytes");
-
-  // Each piece of a shard over one piece becomes a part of a multipart upload
-  // (8 MiB: above S3's 5 MiB minimum); a shard of one piece is one PutObject.
-  std::vector<std::string> written;
-  int64_t shard_index = -1;
-  std::string key;
-  uint64_t size = 0;
-  std::string upload_id;
-  std::vector<s3_completed_part> parts;
-  auto write = [&](uint32_t shard, uint64_t offset, std::span<const std::byte> bytes) -> status {
-    if (shard != shard_index) {
-      if (!upload_id.empty())
-        return make_error(errc::invalid_format,
-                          "shard '" + m.shards[shard_index] + "' ended before its declared size");
-      shard_index = shard;
-      key = s.version_prefix(pool, m.ref) + m.shards[shard];
-      size = declared[m.shards[shard]];
-      parts.clear();
-      if (size > piece_size) {
-        auto id = s.client->create_multipart_upload(s.where.bucket, key);
-        if (!id)
-          return std::move(id).error();
-        upload_id = std::move(*id);
-      }
-    }
-    if (upload_id.empty()) {
-      if (offset != 0 || bytes.size() != size)
-        return make_error(errc::invalid_format, "shard '" + m.shards[shard] + "' of "
-                                                  + to_string(m.ref)
-                                                  + " does not match its declared size");
-      auto put = s.client->put_object(s.where.bucket, key, bytes);
-      if (!put)
-        return std::move(put).error();
-      written.push_back(key);
-      return {};
-    }
-    const auto number = static_cast<uint32_t>(offset / piece_size + 1);
-    auto etag = s.client->upload_part(s.where.bucket, key, upload_id, number, bytes);
-    if (!etag)
-      return std::move(etag).error();
-    parts.push_back({number, std::move(*etag)});
-    if (offset + bytes.size() == size) {
-      auto done = s.client->complete_multipart_upload(s.where.bucket, key, upload_id, parts);
-      if (!done)
-        return std::move(done).error();
-      upload_id.clear();
-      written.push_back(key);
-    }
-    return {};
-  };
-  auto layout = ingest_version(m, shards, write);
-  if (layout && !upload_id.empty())
-    layout = make_error(errc::invalid_format, s.url(key) + " ended before its declared size");
-  if (!layout) {
-    s.discard(written, key, upload_id);
-    return std::move(layout).error();
-  }
-  if (auto put =
-        s.client->put_object(s.where.bucket, s.layout_key(pool, m.ref), encode_layout(*layout));
-      !put) {
-    s.discard(written, key, {});
-    return std::move(put).error();
-  }
-  // The index last: its presence says every byte above is in place.
-  auto put = s.client->put_object(s.where.bucket, index_key, json, s3_write_condition::absent());
-  if (put)
-    return {};
-  if (put.error().code != errc::conflict)
-    return std::move(put).error();
-  // A concurrent publish of the same version won the race.
-  auto now = s.client->get_object(s.where.bucket, index_key, max_manifest_bytes);
-  if (!now)
-    return std::move(now).error();
-  if (identical(now->body))
-    return {};
-  return make_error(errc::version_exists, to_string(m.ref) + " was stored concurrently"
-                                            + s.in_pool(pool) + " with different content");
+  return std::unique_ptr<shard_sink>{std::make_unique<s3_sink>(*impl_, std::string{pool}, ref)};
 }
 
-result<manifest> s3_store::read_manifest(std::string_view pool, const version_ref& ref) {
-  if (auto ok = validate_pool(pool); !ok)
-    return std::move(ok).error();
-  return impl_->load_manifest(pool, ref, true);
+result<std::vector<std::string>> s3_store::claimed_runs(std::string_view pool) {
+  auto& s = *impl_;
+  // Runs are the "directories" under the pool; claimed ones hold a boot record.
+  std::vector<std::string> candidates;
+  const auto prefix = s.pool_prefix(pool);
+  auto listed = s.list_all(prefix, "/", [&](const transport::s3_list_page& page) {
+    for (const auto& p : page.common_prefixes) {
+      if (!p.starts_with(prefix) || !p.ends_with('/'))
+        continue;
+      auto run = p.substr(prefix.size(), p.size() - prefix.size() - 1);
+      if (validate_run_id(run))
+        candidates.push_back(std::move(run));
+    }
+  });
+  if (!listed)
+    return std::move(listed).error();
+  std::vector<std::string> runs;
+  for (auto& run : candidates) {
+    auto boot = s.read_boot(pool, run);
+    if (!boot)
+      return std::move(boot).error();
+    if (*boot)
+      runs.push_back(std::move(run));
+  }
+  return runs;
+}
+
+result<std::vector<stored_version>> s3_store::published_versions(std::string_view pool,
+                                                                 std::string_view run) {
+  auto refs = impl_->published_versions(pool, run);
+  if (!refs)
+    return std::move(refs).error();
+  std::vector<stored_version> out;
+  for (const auto& ref : *refs) {
+    auto full = impl_->published(pool, ref);
+    if (!full)
+      return std::move(full).error();
+    out.push_back({ref.version, full->value_or(false)});
+  }
+  return out;
+}
+
+status s3_store::delete_version(std::string_view pool, const version_ref& ref) {
+  return impl_->delete_version(pool, ref);
 }
 
 status s3_store::read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
@@ -640,75 +637,6 @@ status s3_store::read_range(std::string_view pool, const version_ref& ref, std::
     done += take;
   }
   return {};
-}
-
-result<std::vector<version_ref>> s3_store::list_versions(std::string_view pool,
-                                                         std::string_view run_id) {
-  if (auto ok = validate_pool(pool); !ok)
-    return std::move(ok).error();
-  if (auto ok = validate_run_id(run_id); !ok)
-    return std::move(ok).error();
-  return impl_->published_versions(pool, run_id);
-}
-
-result<retention_report> s3_store::retain(std::string_view pool, size_t keep_last) {
-  if (auto ok = validate_pool(pool); !ok)
-    return std::move(ok).error();
-  auto& s = *impl_;
-  std::lock_guard lock{s.publish_mutex};
-  auto pointer = s.read_pointer_record(pool);
-  if (!pointer)
-    return std::move(pointer).error();
-  const auto& current = pointer->first;
-
-  // Runs are the "directories" under the pool; only claimed runs (with a boot
-  // record) are pruned, as the boot anchors what retention must keep.
-  std::vector<std::string> runs;
-  const auto prefix = s.pool_prefix(pool);
-  auto listed = s.list_all(prefix, "/", [&](const transport::s3_list_page& page) {
-    for (const auto& p : page.common_prefixes) {
-      if (!p.starts_with(prefix) || !p.ends_with('/'))
-        continue;
-      auto run = p.substr(prefix.size(), p.size() - prefix.size() - 1);
-      if (validate_run_id(run))
-        runs.push_back(std::move(run));
-    }
-  });
-  if (!listed)
-    return std::move(listed).error();
-
-  retention_report report;
-  for (const auto& run : runs) {
-    auto boot = s.read_boot(pool, run);
-    if (!boot)
-      return std::move(boot).error();
-    if (!*boot)
-      continue;
-    auto refs = s.published_versions(pool, run);
-    if (!refs)
-      return std::move(refs).error();
-    std::vector<stored_version> versions;
-    for (const auto& ref : *refs) {
-      auto full = s.published(pool, ref);
-      if (!full)
-        return std::move(full).error();
-      versions.push_back({ref.version, full->value_or(false)});
-    }
-    std::set<uint64_t> pinned;
-    if (current && current->latest.run_id == run)
-      pinned.insert(current->latest.version);
-    auto doomed = select_deletions(versions, **boot, keep_last, pinned);
-    for (const auto& ref : *refs) {
-      if (!doomed.contains(ref.version)) {
-        report.kept.push_back(ref);
-        continue;
-      }
-      if (auto ok = s.delete_version(pool, ref); !ok)
-        return std::move(ok).error();
-      report.deleted.push_back(ref);
-    }
-  }
-  return report;
 }
 
 result<std::unique_ptr<store_backend>> open_s3_store(std::string_view uri, s3_options options) {

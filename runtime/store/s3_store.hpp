@@ -5,6 +5,7 @@
 
 #include "runtime/core/error.hpp"
 #include "runtime/core/store_port.hpp"
+#include "runtime/store/store_base.hpp"
 #include "transport/s3_client.hpp"
 
 namespace stitch::store {
@@ -36,27 +37,31 @@ struct s3_options {
 /// may simply be redone. The pointer and boot records are written with S3
 /// conditional writes (`If-Match` / `If-None-Match: *`); see
 /// `runtime/store/README.md` for servers that ignore them. Thread-safe.
-class s3_store : public store_backend {
+class s3_store final : public store_base {
 public:
+  struct impl;
+
   s3_store(std::unique_ptr<transport::s3_client> client, transport::s3_location where);
   ~s3_store() override;
 
-  result<std::optional<pointer_record>> read_pointer(std::string_view pool) override;
-  result<pointer_record> claim(std::string_view pool, const version_ref& boot) override;
-  result<pointer_record> compare_and_advance_pointer(std::string_view pool,
-                                                     const std::optional<version_ref>& expected,
-                                                     const version_ref& proposed) override;
-  status put_version(std::string_view pool, const manifest& m,
-                     std::span<const shard_upload> shards) override;
-  result<manifest> read_manifest(std::string_view pool, const version_ref& ref) override;
   status read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
                     uint64_t offset, std::span<std::byte> out) override;
-  result<std::vector<version_ref>> list_versions(std::string_view pool,
-                                                 std::string_view run_id) override;
-  result<retention_report> retain(std::string_view pool, size_t keep_last) override;
+
+protected:
+  result<pointer_snapshot> load_pointer(std::string_view pool) override;
+  result<std::optional<uint64_t>> load_boot(std::string_view pool, std::string_view run) override;
+  result<manifest> load_manifest(std::string_view pool, const version_ref& ref) override;
+  result<bool> is_published(std::string_view pool, const version_ref& ref) override;
+  status commit_move(std::string_view pool, const pointer_snapshot& seen,
+                     const pointer_commit& move) override;
+  result<std::unique_ptr<shard_sink>> open_sink(std::string_view pool,
+                                                const version_ref& ref) override;
+  result<std::vector<std::string>> claimed_runs(std::string_view pool) override;
+  result<std::vector<stored_version>> published_versions(std::string_view pool,
+                                                         std::string_view run) override;
+  status delete_version(std::string_view pool, const version_ref& ref) override;
 
 private:
-  struct impl;
   std::unique_ptr<impl> impl_;
 };
 

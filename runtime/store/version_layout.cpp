@@ -16,73 +16,6 @@ stitch::error fail(errc code, std::string message) {
   return make_error(code, std::move(message));
 }
 
-/// Reads exactly `out.size()` bytes unless the source ends first.
-result<size_t> read_full(byte_source& src, std::span<std::byte> out) {
-  size_t got = 0;
-  while (got < out.size()) {
-    auto n = src.read(out.subspan(got));
-    if (!n)
-      return std::move(n).error();
-    if (*n == 0)
-      break;
-    got += *n;
-  }
-  return got;
-}
-
-/// Verifies tensor checksums while a shard's data section streams past.
-class checksum_stream {
-public:
-  checksum_stream(const manifest& m, const safetensors::file_view& view) : m_(m), view_(view) {}
-
-  /// `bytes` are the data section's bytes at `data_offset`.
-  status feed(uint64_t data_offset, std::span<const std::byte> bytes) {
-    while (!bytes.empty() && index_ < view_.tensors.size()) {
-      const auto& t = view_.tensors[index_];
-      uint64_t end = t.data_end;
-      uint64_t take = std::min<uint64_t>(bytes.size(), end - data_offset);
-      hasher_.update(bytes.first(take));
-      bytes = bytes.subspan(take);
-      data_offset += take;
-      if (data_offset == end) {
-        if (auto ok = finish_tensor(t); !ok)
-          return ok;
-      }
-    }
-    return {};
-  }
-
-  /// Empty tensors at the end never see a byte.
-  status drain() {
-    while (index_ < view_.tensors.size() && view_.tensors[index_].byte_size() == 0)
-      if (auto ok = finish_tensor(view_.tensors[index_]); !ok)
-        return ok;
-    return {};
-  }
-
-private:
-  status finish_tensor(const safetensors::tensor_info& t) {
-    auto expected = m_.checksums.find(t.name);
-    uint64_t got = hasher_.digest();
-    hasher_.reset();
-    ++index_;
-    if (expected == m_.checksums.end())
-      return fail(errc::invalid_manifest, "no checksum for tensor '" + t.name + "'");
-    if (expected->second != got)
-      return fail(errc::checksum_mismatch, "tensor '" + t.name + "' of " + to_string(m_.ref)
-                                             + " has checksum " + checksum::to_hex(got)
-                                             + " but the manifest says "
-                                             + checksum::to_hex(expected->second));
-    // Empty tensors right after this one finish without bytes.
-    return drain();
-  }
-
-  const manifest& m_;
-  const safetensors::file_view& view_;
-  checksum::tree_hasher hasher_;
-  size_t index_ = 0;
-};
-
 } // namespace
 
 status validate_pool(std::string_view pool) {
@@ -91,123 +24,200 @@ status validate_pool(std::string_view pool) {
   return {};
 }
 
-result<version_layout> ingest_version(const manifest& m, std::span<const shard_upload> shards,
-                                      const piece_writer& write) {
-  if (auto ok = validate(m); !ok)
-    return std::move(ok).error();
-  std::map<std::string, const shard_upload*> by_name;
-  for (const auto& s : shards) {
-    if (!s.bytes)
-      return fail(errc::invalid_argument, "shard '" + s.name + "' has no bytes");
-    if (!by_name.emplace(s.name, &s).second)
-      return fail(errc::invalid_argument, "shard '" + s.name + "' was given twice");
-    if (std::find(m.shards.begin(), m.shards.end(), s.name) == m.shards.end())
-      return fail(errc::invalid_argument,
-                  "shard '" + s.name + "' is not listed in the manifest of " + to_string(m.ref));
-  }
-  version_layout layout;
-  uint64_t tensor_bytes = 0;
-  std::vector<std::byte> piece;
-  for (uint32_t index = 0; index < m.shards.size(); ++index) {
-    const auto& name = m.shards[index];
-    auto found = by_name.find(name);
-    if (found == by_name.end())
-      return fail(errc::invalid_argument,
-                  "shard '" + name + "' of " + to_string(m.ref) + " was not uploaded");
-    byte_source& src = *found->second->bytes;
-    const uint64_t file_size = src.size();
-    auto where = [&] { return "shard '" + name + "' of " + to_string(m.ref); };
+struct shard_stream_check::impl {
+  struct shard {
+    std::string name;
+    uint64_t size = 0;
+    std::vector<safetensors::tensor_info> tensors;
+    uint64_t data_start = 0;
+  };
 
-    // The header first: 8 bytes of size, then the JSON.
-    std::vector<std::byte> head(8);
-    auto got = read_full(src, head);
-    if (!got)
-      return std::move(got).error();
-    auto header_size = safetensors::read_header_size(std::span{head}.first(*got));
-    if (!header_size)
-      return fail(errc::invalid_format, where() + ": " + header_size.error().message);
-    if (8 + *header_size > file_size)
-      return fail(errc::invalid_format,
-                  where() + " is " + std::to_string(file_size) + " bytes, shorter than its header");
-    head.resize(8 + *header_size);
-    got = read_full(src, std::span{head}.subspan(8));
-    if (!got)
-      return std::move(got).error();
-    if (*got != *header_size)
-      return fail(errc::invalid_format, where() + " is truncated inside its header");
-    auto view = safetensors::parse_header(head, file_size);
+  std::vector<shard> shards;
+  std::map<std::string, uint64_t> checksums;
+  /// The current shard: bytes seen, its header while it accumulates.
+  bool open = false;
+  uint64_t position = 0;
+  std::vector<std::byte> head;
+  bool header_done = false;
+  size_t tensor = 0;
+  checksum::tree_hasher hasher;
+
+  shard& current() { return shards.back(); }
+
+  std::string where() { return "shard '" + current().name + "'"; }
+
+  /// Every empty tensor at the cursor finishes without bytes.
+  void finish_empty() {
+    auto& ts = current().tensors;
+    while (tensor < ts.size() && ts[tensor].byte_size() == 0) {
+      checksums[ts[tensor].name] = checksum::tree_hasher{}.digest();
+      ++tensor;
+    }
+  }
+
+  status parse_head() {
+    auto view = safetensors::parse_header(head, current().size);
     if (!view)
       return fail(errc::invalid_format, where() + ": " + view.error().message);
+    for (const auto& t : view->tensors) {
+      if (auto ok = validate_tensor_name(t.name); !ok)
+        return fail(errc::invalid_format, where() + ": " + ok.error().message);
+      if (checksums.contains(t.name))
+        return fail(errc::invalid_format,
+                    where() + " holds tensor '" + t.name + "', which an earlier shard holds too");
+    }
+    current().tensors = std::move(view->tensors);
+    current().data_start = view->data_start;
+    header_done = true;
+    head.clear();
+    head.shrink_to_fit();
+    finish_empty();
+    return {};
+  }
 
-    // Exactly the weight_map's tensors for this shard.
+  status feed(std::span<const std::byte> bytes) {
+    if (!open)
+      return fail(errc::invalid_argument, "shard bytes arrived before a shard was begun");
+    if (bytes.size() > current().size - position)
+      return fail(errc::invalid_format, where() + " is longer than its declared "
+                                          + std::to_string(current().size) + " bytes");
+    while (!header_done) {
+      // The 8-byte size first, then the JSON it announces.
+      uint64_t want = 8;
+      if (head.size() >= 8) {
+        auto header_size = safetensors::read_header_size(std::span{head}.first(8));
+        if (!header_size)
+          return fail(errc::invalid_format, where() + ": " + header_size.error().message);
+        if (8 + *header_size > current().size)
+          return fail(errc::invalid_format, where() + " is " + std::to_string(current().size)
+                                              + " bytes, shorter than its header");
+        want = 8 + *header_size;
+        if (head.size() == want) {
+          if (auto ok = parse_head(); !ok)
+            return ok;
+          continue;
+        }
+      }
+      if (bytes.empty())
+        break;
+      const size_t take = std::min<uint64_t>(want - head.size(), bytes.size());
+      head.insert(head.end(), bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(take));
+      bytes = bytes.subspan(take);
+      position += take;
+    }
+    auto& ts = current().tensors;
+    while (!bytes.empty() && tensor < ts.size()) {
+      const auto& t = ts[tensor];
+      const uint64_t end = current().data_start + t.data_end;
+      const uint64_t take = std::min<uint64_t>(bytes.size(), end - position);
+      hasher.update(bytes.first(take));
+      bytes = bytes.subspan(take);
+      position += take;
+      if (position == end) {
+        checksums[t.name] = hasher.digest();
+        hasher.reset();
+        ++tensor;
+        finish_empty();
+      }
+    }
+    if (!bytes.empty())
+      return fail(errc::invalid_format, where() + " has bytes beyond its tensors");
+    return {};
+  }
+
+  status close() {
+    if (!open)
+      return {};
+    if (position != current().size)
+      return fail(errc::invalid_format, where() + " is truncated: " + std::to_string(position)
+                                          + " of " + std::to_string(current().size)
+                                          + " bytes arrived");
+    open = false;
+    return {};
+  }
+};
+
+shard_stream_check::shard_stream_check() : impl_(std::make_unique<impl>()) {}
+shard_stream_check::~shard_stream_check() = default;
+shard_stream_check::shard_stream_check(shard_stream_check&&) noexcept = default;
+shard_stream_check& shard_stream_check::operator=(shard_stream_check&&) noexcept = default;
+
+status shard_stream_check::begin_shard(std::string_view name, uint64_t size) {
+  auto& s = *impl_;
+  if (auto ok = s.close(); !ok)
+    return ok;
+  if (auto ok = validate_shard_name(name); !ok)
+    return ok;
+  for (const auto& done : s.shards)
+    if (done.name == name)
+      return fail(errc::invalid_argument, "shard '" + std::string{name} + "' was sent twice");
+  if (size < 8)
+    return fail(errc::invalid_format, "shard '" + std::string{name} + "' is " + std::to_string(size)
+                                        + " bytes, too short for a safetensors header");
+  s.shards.push_back({std::string{name}, size, {}, 0});
+  s.open = true;
+  s.position = 0;
+  s.head.clear();
+  s.header_done = false;
+  s.tensor = 0;
+  s.hasher.reset();
+  return {};
+}
+
+status shard_stream_check::feed(std::span<const std::byte> bytes) {
+  return impl_->feed(bytes);
+}
+
+uint64_t shard_stream_check::remaining() const noexcept {
+  return impl_->open ? impl_->current().size - impl_->position : 0;
+}
+
+result<version_layout> shard_stream_check::finish(const manifest& m) {
+  auto& s = *impl_;
+  if (auto ok = s.close(); !ok)
+    return std::move(ok).error();
+  if (auto ok = validate(m); !ok)
+    return std::move(ok).error();
+  version_layout layout;
+  uint64_t tensor_bytes = 0;
+  std::set<std::string> listed{m.shards.begin(), m.shards.end()};
+  for (const auto& sh : s.shards) {
+    if (!listed.erase(sh.name))
+      return fail(errc::invalid_argument,
+                  "shard '" + sh.name + "' is not listed in the manifest of " + to_string(m.ref));
+    const auto where = "shard '" + sh.name + "' of " + to_string(m.ref);
     std::set<std::string> expected;
     for (const auto& [tensor, shard] : m.weight_map)
-      if (shard == name)
+      if (shard == sh.name)
         expected.insert(tensor);
-    for (const auto& t : view->tensors) {
+    const auto index = static_cast<uint32_t>(layout.shards.size());
+    for (const auto& t : sh.tensors) {
       if (!expected.erase(t.name))
-        return fail(errc::invalid_manifest, where() + " holds tensor '" + t.name
+        return fail(errc::invalid_manifest, where + " holds tensor '" + t.name
                                               + "' that the weight_map does not assign to it");
-      layout.tensors[t.name] =
-        tensor_location{index, view->data_start + t.data_begin, t.byte_size()};
+      layout.tensors[t.name] = tensor_location{index, sh.data_start + t.data_begin, t.byte_size()};
       tensor_bytes += t.byte_size();
+      if (m.is_full()) {
+        auto want = m.checksums.find(t.name);
+        if (want == m.checksums.end())
+          return fail(errc::invalid_manifest, "no checksum for tensor '" + t.name + "'");
+        const uint64_t got = s.checksums.at(t.name);
+        if (want->second != got)
+          return fail(errc::checksum_mismatch, "tensor '" + t.name + "' of " + to_string(m.ref)
+                                                 + " has checksum " + checksum::to_hex(got)
+                                                 + " but the manifest says "
+                                                 + checksum::to_hex(want->second));
+      }
     }
     if (!expected.empty())
       return fail(errc::invalid_manifest,
-                  where() + " lacks tensor '" + *expected.begin() + "' named in the weight_map");
-
-    // Stream the file in pieces: the header bytes first, then the data section.
-    checksum_stream sums{m, *view};
-    uint64_t offset = 0;
-    piece.resize(piece_size);
-    size_t filled = std::min(head.size(), piece_size);
-    // Headers over one piece are flushed piecewise.
-    size_t head_pos = 0;
-    while (head.size() - head_pos > piece_size) {
-      if (auto ok = write(index, offset, std::span{head}.subspan(head_pos, piece_size)); !ok)
-        return std::move(ok).error();
-      head_pos += piece_size;
-      offset += piece_size;
-    }
-    filled = head.size() - head_pos;
-    std::copy(head.begin() + static_cast<ptrdiff_t>(head_pos), head.end(), piece.begin());
-    uint64_t position = head.size();
-    while (position < file_size) {
-      auto room = std::span{piece}.subspan(
-        filled, std::min<uint64_t>(piece_size - filled, file_size - position));
-      auto n = read_full(src, room);
-      if (!n)
-        return std::move(n).error();
-      if (*n != room.size())
-        return fail(errc::invalid_format,
-                    where() + " is truncated: " + std::to_string(position + *n) + " of "
-                      + std::to_string(file_size) + " bytes arrived");
-      if (m.is_full())
-        if (auto ok = sums.feed(position - view->data_start, room); !ok)
-          return std::move(ok).error();
-      position += *n;
-      filled += *n;
-      if (filled == piece_size || position == file_size) {
-        if (auto ok = write(index, offset, std::span{piece}.first(filled)); !ok)
-          return std::move(ok).error();
-        offset += filled;
-        filled = 0;
-      }
-    }
-    if (filled > 0) {
-      if (auto ok = write(index, offset, std::span{piece}.first(filled)); !ok)
-        return std::move(ok).error();
-    }
-    if (m.is_full())
-      if (auto ok = sums.drain(); !ok)
-        return std::move(ok).error();
-    std::byte extra[1];
-    auto more = src.read(extra);
-    if (more && *more != 0)
-      return fail(errc::invalid_format, where() + " has bytes beyond its declared size");
-    layout.shards.push_back(name);
-    layout.shard_sizes.push_back(file_size);
+                  where + " lacks tensor '" + *expected.begin() + "' named in the weight_map");
+    layout.shards.push_back(sh.name);
+    layout.shard_sizes.push_back(sh.size);
   }
+  if (!listed.empty())
+    return fail(errc::invalid_argument,
+                "shard '" + *listed.begin() + "' of " + to_string(m.ref) + " was not uploaded");
   if (tensor_bytes != m.total_size)
     return fail(errc::invalid_manifest, "total_size of " + to_string(m.ref) + " is "
                                           + std::to_string(m.total_size) + " but the shards hold "
@@ -224,7 +234,8 @@ struct layout_record {
   std::vector<uint32_t> shard_of;
   std::vector<uint64_t> offsets;
   std::vector<uint64_t> sizes;
-  MSGPACK_DEFINE(shards, shard_sizes, names, shard_of, offsets, sizes)
+  std::string location;
+  MSGPACK_DEFINE(shards, shard_sizes, names, shard_of, offsets, sizes, location)
 };
 
 struct pointer_msg {
@@ -257,6 +268,7 @@ std::string pack(const T& value) {
 
 std::string encode_layout(const version_layout& layout) {
   layout_record r;
+  r.location = layout.location;
   r.shards = layout.shards;
   r.shard_sizes = layout.shard_sizes;
   for (const auto& [name, loc] : layout.tensors) {
@@ -277,6 +289,7 @@ result<version_layout> decode_layout(std::string_view bytes) {
       || r->shard_sizes.size() != r->shards.size())
     return make_error(errc::corrupt_data, "layout record is corrupt: inconsistent lengths");
   version_layout out;
+  out.location = std::move(r->location);
   out.shards = std::move(r->shards);
   out.shard_sizes = std::move(r->shard_sizes);
   for (size_t i = 0; i < n; ++i) {

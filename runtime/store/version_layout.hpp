@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,6 +27,9 @@ struct tensor_location {
 
 /// A stored version's physical layout, shared by every backend.
 struct version_layout {
+  /// Where the backend keeps the shards (a directory name, a key prefix);
+  /// the backend's own business.
+  std::string location;
   std::vector<std::string> shards;
   std::vector<uint64_t> shard_sizes;
   std::map<std::string, tensor_location> tensors;
@@ -33,22 +37,37 @@ struct version_layout {
   friend bool operator==(const version_layout&, const version_layout&) = default;
 };
 
-/// Bytes a backend persists per piece: shards are cut at multiples of this.
+/// Bytes a backend moves per piece: S3 parts and ranged reads, the store
+/// actor's chunks.
 inline constexpr size_t piece_size = size_t{8} << 20;
 
-/// Receives shard `shard`'s bytes at `offset` (a multiple of `piece_size`),
-/// at most `piece_size` at a time, in order.
-using piece_writer =
-  std::function<status(uint32_t shard, uint64_t offset, std::span<const std::byte> bytes)>;
+/// Checks the shards of a version as they stream into a store, in bounded
+/// memory (one header): each shard a valid safetensors file of its declared
+/// size, no shard twice. `finish` then checks them against the manifest:
+/// exactly the manifest's shards, each holding exactly the tensors the
+/// weight_map assigns to it, `total_size` equal to the tensor bytes, and —
+/// for a full anchor, whose stored bytes are the resulting bytes — every
+/// tensor's checksum, computed here as the bytes passed.
+class shard_stream_check {
+public:
+  shard_stream_check();
+  ~shard_stream_check();
+  shard_stream_check(shard_stream_check&&) noexcept;
+  shard_stream_check& operator=(shard_stream_check&&) noexcept;
 
-/// Streams the shards of a version being published to `write`, checking them
-/// against the manifest as they pass: each manifest shard exactly once, a
-/// valid safetensors header, exactly the tensors the weight_map assigns to it,
-/// no truncation or trailing bytes, `total_size` equal to the tensor bytes,
-/// and — for a full anchor, whose stored bytes are the resulting bytes — every
-/// tensor's checksum. Memory stays bounded by one piece plus one header.
-result<version_layout> ingest_version(const manifest& m, std::span<const shard_upload> shards,
-                                      const piece_writer& write);
+  /// The next shard, of exactly `size` bytes; the previous one must be complete.
+  status begin_shard(std::string_view name, uint64_t size);
+  /// The current shard's next bytes.
+  status feed(std::span<const std::byte> bytes);
+  /// Bytes still expected for the current shard.
+  uint64_t remaining() const noexcept;
+  /// The layout of what streamed past, checked against `m`.
+  result<version_layout> finish(const manifest& m);
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
 
 /// Checks a pool name (the same alphabet as run ids).
 status validate_pool(std::string_view pool);

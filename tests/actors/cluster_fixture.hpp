@@ -132,7 +132,7 @@ protected:
     auto opened = store::open_rocksdb_store((dir.path() / "db").string());
     EXPECT_TRUE(opened);
     backend = std::shared_ptr<store_backend>{std::move(*opened)};
-    store = sys.spawn<caf::detached>(store_service, backend, dir.path() / "spool");
+    store = sys.spawn(store_service, backend, store_lanes::make(), store_options{});
     config = *engine::preset("tiny");
     pub = std::make_unique<store::publisher>(*backend);
     gateway = sys.spawn(gateway_service, gateway_options{});

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/executors.hpp"
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
 #include "runtime/engine/builtin_engine.hpp"
@@ -36,7 +37,7 @@ caf::actor_system_config& deterministic(caf::actor_system_config& cfg) {
 }
 
 /// Jobs wait until the test runs them.
-class manual_executor final : public executor {
+class stepped_executor final : public executor {
 public:
   void post(std::function<void()> job) override { jobs_.push_back(std::move(job)); }
   size_t pending() const { return jobs_.size(); }
@@ -151,7 +152,7 @@ protected:
     auto opened = store::open_rocksdb_store((dir.path() / "db").string());
     EXPECT_TRUE(opened);
     backend = std::shared_ptr<store_backend>{std::move(*opened)};
-    store = sys.spawn(store_service, backend, dir.path() / "spool");
+    store = sys.spawn(store_service, backend, testing::inline_lanes(), store_options{});
     sched.run();
     config = *engine::preset("tiny");
     pub = std::make_unique<store::publisher>(*backend);
@@ -324,8 +325,8 @@ protected:
   engine::model_config config;
   std::unique_ptr<store::publisher> pub;
   std::shared_ptr<corrupting_source> bytes;
-  std::shared_ptr<manual_executor> reconcile = std::make_shared<manual_executor>();
-  std::shared_ptr<manual_executor> requests = std::make_shared<manual_executor>();
+  std::shared_ptr<stepped_executor> reconcile = std::make_shared<stepped_executor>();
+  std::shared_ptr<stepped_executor> requests = std::make_shared<stepped_executor>();
   std::shared_ptr<std::atomic<int>> fail_commits = std::make_shared<std::atomic<int>>(0);
   std::vector<std::shared_ptr<test_engine>> engines;
   bool keep_backstop = false;

@@ -1,11 +1,13 @@
-// The store actor on CAF's deterministic scheduler: every message is stepped
-// by hand, so the order of replies and notifications is exact.
+// The store actor on CAF's deterministic scheduler with hand-stepped lanes:
+// every message and every backend job is stepped by hand, so the order of
+// replies and notifications is exact, and a lane can be held mid-work.
 
 #include <gtest/gtest.h>
 
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
+#include "actors/executors.hpp"
 #include "actors/store.hpp"
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/rocksdb_store.hpp"
@@ -32,26 +34,64 @@ protected:
     auto opened = store::open_rocksdb_store((dir.path() / "db").string());
     EXPECT_TRUE(opened);
     backend = std::shared_ptr<store_backend>{std::move(*opened)};
-    actor = sys.spawn(store_service, backend, dir.path() / "spool");
+    store_options opts;
+    opts.upload_idle_timeout = 60s;
+    actor = sys.spawn(store_service, backend, store_lanes{fast, bulk}, opts);
     sched.run();
   }
 
   ~store_actor_test() override {
     caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
     sched.run();
+    fast->run_all();
+    bulk->run_all();
   }
 
-  /// The next message in `self`'s mailbox, which must already be there.
+  /// Steps messages and lane jobs until neither has anything left.
+  void settle() {
+    for (;;) {
+      size_t n = sched.run();
+      n += fast->run_all();
+      n += bulk->run_all();
+      if (n == 0)
+        return;
+    }
+  }
+
+  /// The next message in `self`'s mailbox, if one is there.
   template <class... Fs>
-  void next(Fs&&... fs) {
+  bool next(Fs&&... fs) {
+    bool got = true;
+    self->receive(
+      std::forward<Fs>(fs)..., caf::after(0s) >> [&] { got = false; });
+    return got;
+  }
+
+  /// The error code of the next answer, `none` for a success.
+  template <class T>
+  errc answer_code() {
+    errc code = errc::invalid_argument;
     bool got = false;
     self->receive(
-      [&](auto&&... xs) {
+      [&](T&) {
         got = true;
-        (fs(xs...), ...);
+        code = errc::none;
       },
-      caf::after(0s) >> [&] {});
-    ASSERT_TRUE(got) << "no message arrived";
+      [&](const caf::error& err) {
+        got = true;
+        code = static_cast<errc>(err.code());
+      },
+      caf::after(0s) >> [] {});
+    EXPECT_TRUE(got) << "no answer arrived";
+    return code;
+  }
+
+  /// A published anchor of `run` in `p`.
+  built_version published(const std::string& p, const std::string& run, uint64_t seed) {
+    auto v = full_version(run, 0, {{"w", random_bytes(1000, seed)}});
+    EXPECT_TRUE(put(*backend, p, v));
+    EXPECT_TRUE(backend->claim(p, v.m.ref));
+    return v;
   }
 
   temp_dir dir;
@@ -59,18 +99,34 @@ protected:
   caf::actor_system sys;
   caf::scoped_actor self;
   caf::scheduler::test_coordinator& sched;
+  std::shared_ptr<manual_executor> fast = std::make_shared<manual_executor>();
+  std::shared_ptr<manual_executor> bulk = std::make_shared<manual_executor>();
   std::shared_ptr<store_backend> backend;
   store_actor actor;
   const std::string pool = "default";
 };
 
-TEST_F(store_actor_test, subscribers_hear_the_pointer_move_before_the_claim_is_answered) {
-  self->send(actor, atom::subscribe_v, pool, caf::actor_cast<caf::actor>(self));
-  sched.run();
+TEST_F(store_actor_test, handlers_only_queue_work_and_answer_when_the_lane_reports) {
   auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
   ASSERT_TRUE(put(*backend, pool, v0));
   self->send(actor, atom::claim_v, pool, v0.m.ref);
-  EXPECT_EQ(sched.run(), 1u);
+  sched.run();
+  EXPECT_EQ(fast->size(), 1u) << "the claim waits on the fast lane";
+  EXPECT_FALSE(backend->read_pointer(pool)->has_value()) << "nothing ran in the handler";
+  EXPECT_FALSE(next([](const pointer_record&) {}, [](const caf::error&) {}))
+    << "no answer before the lane ran";
+  settle();
+  EXPECT_EQ(answer_code<pointer_record>(), errc::none);
+  EXPECT_EQ((*backend->read_pointer(pool))->latest, (version_ref{"r", 0}));
+}
+
+TEST_F(store_actor_test, listeners_hear_the_pointer_move_before_the_claim_is_answered) {
+  self->send(actor, atom::subscribe_v, pool, caf::actor_cast<pointer_listener_actor>(self));
+  settle();
+  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
+  ASSERT_TRUE(put(*backend, pool, v0));
+  self->send(actor, atom::claim_v, pool, v0.m.ref);
+  settle();
   std::vector<std::string> order;
   for (int i = 0; i < 2; ++i)
     self->receive(
@@ -89,9 +145,9 @@ TEST_F(store_actor_test, subscribers_hear_the_pointer_move_before_the_claim_is_a
 
 TEST_F(store_actor_test, errors_cross_the_boundary_as_stitch_errors) {
   self->send(actor, atom::read_manifest_v, pool, version_ref{"r", 3});
-  sched.run();
+  settle();
   bool failed = false;
-  self->receive([&](const std::string&) {},
+  self->receive([&](const manifest&) {},
                 [&](const caf::error& err) {
                   failed = true;
                   EXPECT_EQ(err.category(), caf::atom("stitch"));
@@ -102,68 +158,176 @@ TEST_F(store_actor_test, errors_cross_the_boundary_as_stitch_errors) {
 }
 
 TEST_F(store_actor_test, range_reads_are_bounded) {
-  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
-  ASSERT_TRUE(put(*backend, pool, v0));
-  ASSERT_TRUE(backend->claim(pool, v0.m.ref));
+  auto v0 = published(pool, "r", 1);
   self->send(actor, atom::read_range_v, pool, version_ref{"r", 0}, std::string{"w"}, uint64_t{0},
              max_chunk_bytes + 1);
-  sched.run();
-  bool refused = false;
-  self->receive(
-    [&](const std::vector<char>&) {},
-    [&](const caf::error& err) { refused = static_cast<errc>(err.code()) == errc::limit_exceeded; },
-    caf::after(0s) >> [] {});
-  EXPECT_TRUE(refused);
+  settle();
+  EXPECT_EQ(answer_code<std::vector<char>>(), errc::limit_exceeded);
   self->send(actor, atom::read_range_v, pool, version_ref{"r", 0}, std::string{"w"}, uint64_t{10},
              uint64_t{20});
-  sched.run();
+  settle();
   std::vector<char> got;
   self->receive([&](std::vector<char>& bytes) { got = std::move(bytes); },
                 [&](const caf::error&) {}, caf::after(0s) >> [] {});
   ASSERT_EQ(got.size(), 20u);
-  EXPECT_EQ(
-    std::memcmp(got.data(), v0.shards[0].second.data() + v0.shards[0].second.size() - 90, 20), 0);
+  const auto& shard = v0.shards[0].second;
+  EXPECT_EQ(std::memcmp(got.data(), shard.data() + shard.size() - 990, 20), 0);
 }
 
-TEST_F(store_actor_test, upload_of_a_shard_not_in_the_manifest_is_refused_and_dropped) {
-  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
-  self->send(actor, atom::put_begin_v, pool, to_json(v0.m));
+TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_or_other_pool) {
+  auto v0 = published(pool, "r", 1);
+  // A large upload is under way: its bytes sit on the bulk lane, not run.
+  auto big = full_version("r", 1, {{"w", random_bytes(3 * max_chunk_bytes, 2)}});
+  self->send(actor, atom::put_begin_v, pool, version_ref{"r", 1});
+  sched.run();
+  bulk->run_all();
   sched.run();
   uint64_t id = 0;
-  self->receive([&](uint64_t upload) { id = upload; }, [&](const caf::error&) {},
-                caf::after(0s) >> [] {});
+  self->receive([&](uint64_t upload) { id = upload; }, caf::after(0s) >> [] {});
   ASSERT_NE(id, 0u);
-  self->send(actor, atom::put_chunk_v, id, std::string{"../evil.safetensors"},
-             std::vector<char>(10));
+  const auto& bytes = big.shards[0].second;
+  self->send(actor, atom::put_shard_v, id, big.shards[0].first, uint64_t{bytes.size()});
+  for (size_t at = 0; at < bytes.size(); at += max_chunk_bytes) {
+    auto n = std::min<size_t>(max_chunk_bytes, bytes.size() - at);
+    std::vector<char> chunk(reinterpret_cast<const char*>(bytes.data() + at),
+                            reinterpret_cast<const char*>(bytes.data() + at + n));
+    self->send(actor, atom::put_chunk_v, id, std::move(chunk));
+  }
   sched.run();
-  bool refused = false;
-  self->receive([&](uint64_t) {}, [&](const caf::error&) { refused = true; },
+  ASSERT_GT(bulk->size(), 0u) << "the upload waits on the bulk lane";
+
+  // Meanwhile: pointer, manifest, listing and another pool's claim.
+  auto other = full_version("q", 0, {{"w", random_bytes(100, 3)}});
+  ASSERT_TRUE(put(*backend, "other", other));
+  self->send(actor, atom::read_pointer_v, pool);
+  self->send(actor, atom::read_manifest_v, pool, version_ref{"r", 0});
+  self->send(actor, atom::list_v, pool, std::string{"r"});
+  self->send(actor, atom::claim_v, std::string{"other"}, other.m.ref);
+  for (;;) {
+    size_t n = sched.run() + fast->run_all();
+    if (n == 0)
+      break;
+  }
+  caf::optional<pointer_record> pointer;
+  self->receive([&](caf::optional<pointer_record>& p) { pointer = p; }, caf::after(0s) >> [] {});
+  ASSERT_TRUE(pointer);
+  EXPECT_EQ(pointer->latest, (version_ref{"r", 0}));
+  manifest m;
+  self->receive([&](manifest& got) { m = std::move(got); }, caf::after(0s) >> [] {});
+  EXPECT_EQ(m, v0.m);
+  std::vector<version_ref> listed;
+  self->receive([&](std::vector<version_ref>& got) { listed = std::move(got); },
                 caf::after(0s) >> [] {});
-  EXPECT_TRUE(refused);
-  self->send(actor, atom::put_end_v, id);
-  sched.run();
-  bool gone = false;
-  self->receive(
-    [&](bool) {},
-    [&](const caf::error& err) { gone = static_cast<errc>(err.code()) == errc::not_found; },
-    caf::after(0s) >> [] {});
-  EXPECT_TRUE(gone) << "the upload was dropped with its spooled bytes";
-  EXPECT_TRUE(std::filesystem::is_empty(dir.path() / "spool"));
+  EXPECT_EQ(listed, (std::vector<version_ref>{{"r", 0}}));
+  EXPECT_EQ(answer_code<pointer_record>(), errc::none);
+  EXPECT_EQ((*backend->read_pointer("other"))->latest, (version_ref{"q", 0}));
+  EXPECT_GT(bulk->size(), 0u) << "all of it answered while the upload was still held";
+
+  // Released, the upload completes.
+  self->send(actor, atom::put_end_v, id, big.m);
+  settle();
+  size_t acks = 0;
+  while (next([&](uint64_t) { ++acks; }, [&](bool ok) { EXPECT_TRUE(ok); }))
+    ;
+  EXPECT_TRUE(backend->compare_and_advance_pointer(pool, version_ref{"r", 0}, {"r", 1}));
 }
 
-TEST_F(store_actor_test, dead_subscribers_are_forgotten) {
+TEST_F(store_actor_test, a_full_lane_answers_limit_exceeded) {
+  auto small = std::make_shared<manual_executor>(1);
+  auto a = sys.spawn(store_service, backend, store_lanes{small, bulk}, store_options{});
+  self->send(a, atom::read_pointer_v, pool);
+  self->send(a, atom::read_pointer_v, pool);
+  sched.run();
+  EXPECT_EQ(answer_code<caf::optional<pointer_record>>(), errc::limit_exceeded);
+  while (sched.run() + small->run_all() > 0)
+    ;
+  EXPECT_EQ(answer_code<caf::optional<pointer_record>>(), errc::none);
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  sched.run();
+}
+
+TEST_F(store_actor_test, a_bad_upload_is_refused_and_leaves_nothing) {
+  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
+  self->send(actor, atom::put_begin_v, pool, v0.m.ref);
+  settle();
+  uint64_t id = 0;
+  self->receive([&](uint64_t upload) { id = upload; }, caf::after(0s) >> [] {});
+  ASSERT_NE(id, 0u);
+  self->send(actor, atom::put_shard_v, id, std::string{"../evil.safetensors"}, uint64_t{10});
+  settle();
+  EXPECT_EQ(answer_code<bool>(), errc::invalid_argument);
+  self->send(actor, atom::put_end_v, id, v0.m);
+  settle();
+  EXPECT_EQ(answer_code<bool>(), errc::not_found) << "the upload ended with its failure";
+  // Nothing of it is on disk.
+  size_t files = 0;
+  for (const auto& e :
+       std::filesystem::recursive_directory_iterator(dir.path() / "db" / "versions"))
+    files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 0u);
+}
+
+TEST_F(store_actor_test, a_shard_that_does_not_match_the_manifest_fails_the_commit) {
+  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
+  auto wrong = v0.m;
+  wrong.checksums["w"] ^= 1;
+  self->send(actor, atom::put_begin_v, pool, v0.m.ref);
+  settle();
+  uint64_t id = 0;
+  self->receive([&](uint64_t upload) { id = upload; }, caf::after(0s) >> [] {});
+  const auto& bytes = v0.shards[0].second;
+  self->send(actor, atom::put_shard_v, id, v0.shards[0].first, uint64_t{bytes.size()});
+  self->send(actor, atom::put_chunk_v, id,
+             std::vector<char>(reinterpret_cast<const char*>(bytes.data()),
+                               reinterpret_cast<const char*>(bytes.data() + bytes.size())));
+  self->send(actor, atom::put_end_v, id, wrong);
+  settle();
+  EXPECT_EQ(answer_code<bool>(), errc::none);
+  EXPECT_EQ(answer_code<uint64_t>(), errc::none);
+  EXPECT_EQ(answer_code<bool>(), errc::checksum_mismatch);
+  EXPECT_FALSE(backend->claim(pool, v0.m.ref)) << "nothing was stored";
+}
+
+TEST_F(store_actor_test, an_idle_upload_is_dropped_with_what_it_wrote) {
+  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
+  self->send(actor, atom::put_begin_v, pool, v0.m.ref);
+  settle();
+  uint64_t id = 0;
+  self->receive([&](uint64_t upload) { id = upload; }, caf::after(0s) >> [] {});
+  const auto& bytes = v0.shards[0].second;
+  self->send(actor, atom::put_shard_v, id, v0.shards[0].first, uint64_t{bytes.size()});
+  self->send(actor, atom::put_chunk_v, id,
+             std::vector<char>(reinterpret_cast<const char*>(bytes.data()),
+                               reinterpret_cast<const char*>(bytes.data()) + 10));
+  settle();
+  EXPECT_EQ(answer_code<bool>(), errc::none);
+  EXPECT_EQ(answer_code<uint64_t>(), errc::none);
+  // The sweep runs every 30 s; the upload was idle past its 60 s.
+  sched.advance_time(std::chrono::seconds{91});
+  settle();
+  self->send(actor, atom::put_chunk_v, id, std::vector<char>(10, 'x'));
+  settle();
+  EXPECT_EQ(answer_code<uint64_t>(), errc::not_found);
+  size_t files = 0;
+  for (const auto& e :
+       std::filesystem::recursive_directory_iterator(dir.path() / "db" / "versions"))
+    files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 0u) << "its half-written shard is gone";
+}
+
+TEST_F(store_actor_test, dead_listeners_are_forgotten) {
   auto sub = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
     return {[](atom::pointer_moved, const std::string&, const pointer_record&) {}};
   });
-  self->send(actor, atom::subscribe_v, pool, sub);
-  sched.run();
+  self->send(actor, atom::subscribe_v, pool, caf::actor_cast<pointer_listener_actor>(sub));
+  settle();
   caf::anon_send_exit(sub, caf::exit_reason::user_shutdown);
-  sched.run();
-  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
-  ASSERT_TRUE(put(*backend, pool, v0));
-  ASSERT_TRUE(backend->claim(pool, v0.m.ref));
+  settle();
+  published(pool, "r", 1);
   self->send(actor, atom::notify_v, pool);
-  EXPECT_EQ(sched.run(), 1u) << "nothing is delivered to the dead subscriber";
+  sched.run();
+  fast->run_all();
+  EXPECT_EQ(sched.run(), 1u) << "only the lane's report: nothing goes to the dead listener";
 }
 
 } // namespace

@@ -56,3 +56,31 @@ TEST(retention, nothing_to_delete_when_everything_is_kept) {
 
 } // namespace
 } // namespace stitch
+
+namespace stitch {
+namespace {
+
+TEST(retention_plan, says_why_each_version_is_kept) {
+  // 0F boot, 1..3 deltas, 4F, 5 delta; keep 1 (5), pinned 2.
+  auto plan = plan_retention(chain(5, {0, 4}), 0, 1, {2});
+  ASSERT_EQ(plan.size(), 6u);
+  EXPECT_EQ(plan[0], (retention_verdict{0, keep_reason::boot, 0}));
+  EXPECT_EQ(plan[1], (retention_verdict{1, keep_reason::chain, 2}));
+  EXPECT_EQ(plan[2], (retention_verdict{2, keep_reason::pinned, 0}));
+  EXPECT_EQ(plan[3], (retention_verdict{3, keep_reason::none, 0}));
+  EXPECT_EQ(plan[4], (retention_verdict{4, keep_reason::chain, 5}));
+  EXPECT_EQ(plan[5], (retention_verdict{5, keep_reason::newest, 0}));
+  EXPECT_EQ(to_string(plan[3].why), "deleted");
+  EXPECT_EQ(to_string(plan[4].why), "chain");
+}
+
+TEST(retention_plan, first_reason_wins_and_pins_of_absent_versions_are_ignored) {
+  // The boot is also among the newest: it stays "boot".
+  auto plan = plan_retention(chain(1, {0}), 0, 5, {7});
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].why, keep_reason::boot);
+  EXPECT_EQ(plan[1].why, keep_reason::newest);
+}
+
+} // namespace
+} // namespace stitch

@@ -228,13 +228,13 @@ TEST_F(s3_store_test, retention_keeps_newest_their_anchors_the_pointer_and_the_b
     }
     w = next;
   }
-  auto report = s3->retain(pool, 2);
+  auto report = s3->retain(pool, {2, {}, false});
   ASSERT_TRUE(report) << to_string(report.error());
   std::vector<version_ref> deleted{{"r", 1}, {"r", 2}, {"r", 3}, {"r", 4}};
-  EXPECT_EQ(report->deleted, deleted);
+  EXPECT_EQ(refs_of(report->deleted), deleted);
   std::vector<version_ref> left{{"r", 0}, {"r", 5}, {"r", 6}, {"r", 7}, {"r", 8}, {"r", 9}};
   EXPECT_EQ(*s3->list_versions(pool, "r"), left);
-  EXPECT_EQ(report->kept, left);
+  EXPECT_EQ(refs_of(report->kept), left);
   EXPECT_FALSE(s3->read_manifest(pool, {"r", 3}));
   std::vector<std::byte> buf(4);
   EXPECT_FALSE(s3->read_range(pool, {"r", 3}, "a", 0, buf));
@@ -244,7 +244,7 @@ TEST_F(s3_store_test, retention_keeps_newest_their_anchors_the_pointer_and_the_b
   EXPECT_TRUE(raw->head_object(bucket, key("default/r/boot")));
   EXPECT_EQ((*s3->read_pointer(pool))->latest, (version_ref{"r", 9}));
   // Retention again changes nothing.
-  auto again = s3->retain(pool, 2);
+  auto again = s3->retain(pool, {2, {}, false});
   ASSERT_TRUE(again);
   EXPECT_TRUE(again->deleted.empty());
 }

@@ -36,7 +36,8 @@ public:
   explicit actor_backed_store(std::unique_ptr<store_backend> db, std::filesystem::path spool)
       : sys_(cfg_) {
     std::shared_ptr<store_backend> shared{std::move(db)};
-    actor_ = sys_.spawn<caf::detached>(store_service, shared, std::move(spool));
+    (void) spool;
+    actor_ = sys_.spawn(store_service, shared, store_lanes::make(), store_options{});
     client_ = std::make_unique<remote_store>(sys_, actor_);
   }
   ~actor_backed_store() override {
@@ -54,9 +55,9 @@ public:
                                                      const version_ref& proposed) override {
     return client_->compare_and_advance_pointer(pool, expected, proposed);
   }
-  status put_version(std::string_view pool, const manifest& m,
-                     std::span<const shard_upload> shards) override {
-    return client_->put_version(pool, m, shards);
+  result<std::unique_ptr<version_writer>> begin_version(std::string_view pool,
+                                                        const version_ref& ref) override {
+    return client_->begin_version(pool, ref);
   }
   result<manifest> read_manifest(std::string_view pool, const version_ref& ref) override {
     return client_->read_manifest(pool, ref);
@@ -69,8 +70,9 @@ public:
                                                  std::string_view run_id) override {
     return client_->list_versions(pool, run_id);
   }
-  result<retention_report> retain(std::string_view pool, size_t keep_last) override {
-    return client_->retain(pool, keep_last);
+  result<retention_report> retain(std::string_view pool,
+                                  const retention_request& request) override {
+    return client_->retain(pool, request);
   }
 
 private:
@@ -178,7 +180,8 @@ TEST_P(store_backend_test, anchor_round_trips_bytes_across_shards_and_pieces) {
             {"empty", {}},
             {"model.layers.0.mlp.up_proj.weight", random_bytes(4096, 9)}};
   auto version = full_version("r", 0, w, 2);
-  ASSERT_TRUE(put(*store, pool, version));
+  auto stored = put(*store, pool, version);
+  ASSERT_TRUE(stored) << to_string(stored.error());
   ASSERT_TRUE(store->claim(pool, version.m.ref));
   auto m = store->read_manifest(pool, {"r", 0});
   ASSERT_TRUE(m) << to_string(m.error());
@@ -381,7 +384,7 @@ TEST_P(store_backend_test, manifest_with_wrong_checksum_is_refused) {
 TEST_P(store_backend_test, shards_must_match_the_manifest) {
   auto version = full_version("r", 0, base_weights());
   std::vector<shard_upload> none;
-  auto missing = store->put_version(pool, version.m, none);
+  auto missing = put_version(*store, pool, version.m, none);
   ASSERT_FALSE(missing);
   EXPECT_EQ(missing.error().code, errc::invalid_argument);
   auto extra = version;
@@ -428,11 +431,11 @@ TEST_P(store_backend_test, retention_keeps_newest_their_anchors_and_the_boot) {
     }
     w = next;
   }
-  auto report = store->retain(pool, 2);
+  auto report = store->retain(pool, {2, {}, false});
   ASSERT_TRUE(report) << to_string(report.error());
   // Keep 8, 9 and their chain back to anchor 5, and boot 0.
   std::vector<version_ref> deleted{{"r", 1}, {"r", 2}, {"r", 3}, {"r", 4}};
-  EXPECT_EQ(report->deleted, deleted);
+  EXPECT_EQ(refs_of(report->deleted), deleted);
   auto listed = store->list_versions(pool, "r");
   ASSERT_TRUE(listed);
   std::vector<version_ref> left{{"r", 0}, {"r", 5}, {"r", 6}, {"r", 7}, {"r", 8}, {"r", 9}};
@@ -454,8 +457,8 @@ TEST(rocksdb_store, garbage_pointer_record_is_corrupt_data) {
     ASSERT_TRUE((*opened)->claim("default", v0.m.ref));
   }
   {
-    std::vector<rocksdb::ColumnFamilyDescriptor> cfs{
-      {rocksdb::kDefaultColumnFamilyName, {}}, {"manifests", {}}, {"chunks", {}}};
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs{{rocksdb::kDefaultColumnFamilyName, {}},
+                                                     {"manifests", {}}};
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     rocksdb::DB* raw = nullptr;
     ASSERT_TRUE(rocksdb::DB::Open({}, path, cfs, &handles, &raw).ok());
@@ -481,8 +484,8 @@ TEST(rocksdb_store, schema_mismatch_is_refused) {
   const auto path = (dir.path() / "db").string();
   { ASSERT_TRUE(store::open_rocksdb_store(path)); }
   {
-    std::vector<rocksdb::ColumnFamilyDescriptor> cfs{
-      {rocksdb::kDefaultColumnFamilyName, {}}, {"manifests", {}}, {"chunks", {}}};
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs{{rocksdb::kDefaultColumnFamilyName, {}},
+                                                     {"manifests", {}}};
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     rocksdb::DB* raw = nullptr;
     ASSERT_TRUE(rocksdb::DB::Open({}, path, cfs, &handles, &raw).ok());

@@ -78,7 +78,14 @@ struct upload_set {
 
 inline status put(store_backend& store, std::string_view pool, const built_version& v) {
   upload_set set{v};
-  return store.put_version(pool, v.m, set.uploads);
+  return put_version(store, pool, v.m, set.uploads);
+}
+
+inline std::vector<version_ref> refs_of(const std::vector<retention_entry>& entries) {
+  std::vector<version_ref> out;
+  for (const auto& e : entries)
+    out.push_back(e.ref);
+  return out;
 }
 
 inline std::vector<std::byte> shard_of(const weights& stored) {

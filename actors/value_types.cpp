@@ -1,4 +1,4 @@
-#include "actors/messages.hpp"
+#include "actors/value_types.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/message.hpp>

@@ -1,0 +1,25 @@
+#pragma once
+
+// Where each type-ID block of Stitch starts. Blocks have fixed, disjoint
+// ranges (each checks that it ends before the next begins) instead of a
+// chain, so a role's interface header includes only the blocks it uses and a
+// change to one role's messages rebuilds only that role's users.
+
+#include <caf/type_id.hpp>
+
+namespace stitch::type_ids {
+
+/// Shared value types (`actors/value_types.hpp`).
+inline constexpr caf::type_id_t values = caf::first_custom_type_id;
+/// Messages not yet moved into a role's own interface (`actors/messages.hpp`).
+inline constexpr caf::type_id_t shared = values + 100;
+/// Typed handles that travel between nodes (`actors/handle_types.hpp`).
+inline constexpr caf::type_id_t handles = values + 200;
+/// STORE (`actors/store_actor.hpp`).
+inline constexpr caf::type_id_t store = values + 220;
+/// PUBLISHER (`actors/publisher_actor.hpp`).
+inline constexpr caf::type_id_t publisher = values + 260;
+/// One past the last ID Stitch uses.
+inline constexpr caf::type_id_t end = values + 300;
+
+} // namespace stitch::type_ids

@@ -1,0 +1,121 @@
+#pragma once
+
+// The CAF face of the domain's shared values: the `stitch` error category,
+// `inspect` for the value types several roles exchange (version refs,
+// pointers, manifests, retention reports), the atoms every role uses, and
+// their type-ID block. Included by actor interfaces and implementations only.
+
+#include <caf/error.hpp>
+#include <caf/fwd.hpp>
+#include <caf/meta/load_callback.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/optional.hpp>
+#include <caf/type_id.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/type_id_ranges.hpp"
+#include "runtime/core/error.hpp"
+#include "runtime/core/manifest.hpp"
+#include "runtime/core/pointer_rules.hpp"
+#include "runtime/core/store_port.hpp"
+#include "runtime/core/version_ref.hpp"
+
+CAF_ERROR_CODE_ENUM(stitch::errc, "stitch")
+
+namespace stitch {
+
+/// A domain error as a CAF error: the code in category "stitch", the message
+/// as context.
+caf::error to_caf_error(const error& err);
+
+/// Back from CAF: our own category keeps its code and message; anything else
+/// becomes `backend_failure` with CAF's rendering of it.
+error from_caf_error(const caf::actor_system& sys, const caf::error& err);
+
+/// Largest byte payload one message carries (shard and tensor bytes travel
+/// in chunks of at most this; control messages never carry whole tensors).
+inline constexpr uint64_t max_chunk_bytes = uint64_t{8} << 20;
+
+/// `inspect` of a `std::optional` member through a `caf::optional` (CAF 0.17
+/// knows only its own): `field` is filled before saving, and `commit` writes
+/// it back after loading.
+template <class T>
+struct optional_proxy {
+  explicit optional_proxy(std::optional<T>& x) : target(x) {
+    if (x)
+      field = *x;
+  }
+  auto commit() {
+    return caf::meta::load_callback([this]() -> caf::error {
+      target = field ? std::optional<T>{*field} : std::nullopt;
+      return caf::none;
+    });
+  }
+  std::optional<T>& target;
+  caf::optional<T> field;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, version_ref& x) {
+  return f(caf::meta::type_name("stitch.version_ref"), x.run_id, x.version);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, pointer_record& x) {
+  return f(caf::meta::type_name("stitch.pointer_record"), x.latest, x.boot_version);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tensor_spec_entry& x) {
+  return f(caf::meta::type_name("stitch.tensor_spec"), x.dtype, x.shape);
+}
+
+/// A manifest crosses actor boundaries as a value; receivers from other
+/// nodes still `validate` it like any untrusted input.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, manifest& x) {
+  optional_proxy<uint64_t> base{x.base_version};
+  return f(caf::meta::type_name("stitch.manifest"), x.ref, x.kind, base.field, x.encoding, x.comp,
+           x.checksum_algorithm, x.touched, x.total_size, x.shards, x.weight_map, x.checksums,
+           x.tensor_specs, base.commit());
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, retention_request& x) {
+  return f(caf::meta::type_name("stitch.retention_request"), x.keep_last, x.in_use, x.dry_run);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, retention_entry& x) {
+  return f(caf::meta::type_name("stitch.retention_entry"), x.ref, x.why, x.needed_by);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, retention_report& x) {
+  return f(caf::meta::type_name("stitch.retention_report"), x.deleted, x.kept);
+}
+
+} // namespace stitch
+
+CAF_BEGIN_TYPE_ID_BLOCK(stitch_values, ::stitch::type_ids::values)
+CAF_ADD_TYPE_ID(stitch_values, (stitch::version_ref))
+CAF_ADD_TYPE_ID(stitch_values, (std::vector<stitch::version_ref>) )
+CAF_ADD_TYPE_ID(stitch_values, (stitch::pointer_record))
+CAF_ADD_TYPE_ID(stitch_values, (stitch::manifest))
+CAF_ADD_TYPE_ID(stitch_values, (stitch::retention_request))
+CAF_ADD_TYPE_ID(stitch_values, (stitch::retention_report))
+CAF_ADD_TYPE_ID(stitch_values, (std::vector<uint64_t>) )
+CAF_ADD_TYPE_ID(stitch_values, (std::vector<char>) )
+CAF_ADD_TYPE_ID(stitch_values, (std::vector<std::string>) )
+CAF_ADD_TYPE_ID(stitch_values, (std::vector<uint32_t>) )
+// A worker finished job `id` of its actor (see `actors/offload.hpp`).
+CAF_ADD_ATOM(stitch_values, stitch::atom, done, "done")
+CAF_ADD_ATOM(stitch_values, stitch::atom, subscribe, "stsub")
+CAF_ADD_ATOM(stitch_values, stitch::atom, tick, "tick")
+CAF_END_TYPE_ID_BLOCK(stitch_values)
+
+static_assert(caf::id_block::stitch_values::end <= stitch::type_ids::shared);

@@ -1,0 +1,50 @@
+#include "runtime/core/store_port.hpp"
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+namespace stitch {
+
+status put_version(store_backend& store, std::string_view pool, const manifest& m,
+                   std::span<const shard_upload> shards) {
+  if (auto ok = validate(m); !ok)
+    return ok;
+  std::map<std::string, byte_source*> by_name;
+  for (const auto& s : shards) {
+    if (!s.bytes)
+      return make_error(errc::invalid_argument, "shard " + quote_untrusted(s.name) + " has no bytes");
+    if (!by_name.emplace(s.name, s.bytes).second)
+      return make_error(errc::invalid_argument,
+                        "shard " + quote_untrusted(s.name) + " was given twice");
+    if (std::find(m.shards.begin(), m.shards.end(), s.name) == m.shards.end())
+      return make_error(errc::invalid_argument, "shard " + quote_untrusted(s.name)
+                                                  + " is not listed in the manifest of "
+                                                  + to_string(m.ref));
+  }
+  for (const auto& name : m.shards)
+    if (!by_name.contains(name))
+      return make_error(errc::invalid_argument,
+                        "shard '" + name + "' of " + to_string(m.ref) + " was not uploaded");
+  auto writer = store.begin_version(pool, m.ref);
+  if (!writer)
+    return std::move(writer).error();
+  std::vector<std::byte> buffer(size_t{4} << 20);
+  for (const auto& name : m.shards) {
+    byte_source& src = *by_name.at(name);
+    if (auto ok = (*writer)->begin_shard(name, src.size()); !ok)
+      return ok;
+    for (;;) {
+      auto n = src.read(buffer);
+      if (!n)
+        return std::move(n).error();
+      if (*n == 0)
+        break;
+      if (auto ok = (*writer)->write(std::span{buffer}.first(*n)); !ok)
+        return ok;
+    }
+  }
+  return (*writer)->commit(m);
+}
+
+} // namespace stitch

@@ -1,0 +1,301 @@
+#include "runtime/store/store_base.hpp"
+
+#include <algorithm>
+
+namespace stitch::store {
+
+namespace {
+
+std::string in_pool(std::string_view pool) {
+  return " in pool '" + std::string{pool} + "'";
+}
+
+status check_names(std::string_view pool, const version_ref& ref) {
+  if (auto ok = validate_pool(pool); !ok)
+    return ok;
+  return validate_run_id(ref.run_id);
+}
+
+} // namespace
+
+std::mutex& store_base::pool_lock(std::string_view pool) {
+  std::lock_guard guard{locks_mutex_};
+  auto it = pool_locks_.find(pool);
+  if (it == pool_locks_.end())
+    it = pool_locks_.emplace(std::string{pool}, std::make_unique<std::mutex>()).first;
+  return *it->second;
+}
+
+result<std::optional<pointer_record>> store_base::read_pointer(std::string_view pool) {
+  if (auto ok = validate_pool(pool); !ok)
+    return std::move(ok).error();
+  auto p = load_pointer(pool);
+  if (!p)
+    return std::move(p).error();
+  return std::move(p->record);
+}
+
+result<pointer_record> store_base::claim(std::string_view pool, const version_ref& boot) {
+  if (auto ok = check_names(pool, boot); !ok)
+    return std::move(ok).error();
+  std::lock_guard guard{pool_lock(pool)};
+  auto current = load_pointer(pool);
+  if (!current)
+    return std::move(current).error();
+  auto stored = load_manifest(pool, boot);
+  if (!stored)
+    return std::move(stored).error();
+  auto known = load_boot(pool, boot.run_id);
+  if (!known)
+    return std::move(known).error();
+  auto decision = decide_claim(current->record, boot, stored->is_full(), *known);
+  if (!decision)
+    return std::move(decision).error();
+  if (decision->move != pointer_move::unchanged)
+    if (auto ok = commit_move(pool, *current,
+                              {decision->next, boot, stored->is_full(), !known->has_value()});
+        !ok)
+      return std::move(ok).error();
+  return decision->next;
+}
+
+result<pointer_record> store_base::compare_and_advance_pointer(
+  std::string_view pool, const std::optional<version_ref>& expected, const version_ref& proposed) {
+  if (auto ok = check_names(pool, proposed); !ok)
+    return std::move(ok).error();
+  std::lock_guard guard{pool_lock(pool)};
+  auto current = load_pointer(pool);
+  if (!current)
+    return std::move(current).error();
+  std::optional<version_ref> actual;
+  if (current->record)
+    actual = current->record->latest;
+  if (auto ok = check_compare_and_swap(expected, actual, proposed); !ok)
+    return std::move(ok).error();
+  auto stored = load_manifest(pool, proposed);
+  if (!stored)
+    return std::move(stored).error();
+  auto known = load_boot(pool, proposed.run_id);
+  if (!known)
+    return std::move(known).error();
+  if (!stored->is_full()) {
+    // A delta is only publishable on top of its published base.
+    const version_ref base{proposed.run_id, proposed.version - 1};
+    auto published = is_published(pool, base);
+    if (!published)
+      return std::move(published).error();
+    if (!*published)
+      return make_error(errc::missing_link, "cannot publish " + to_string(proposed)
+                                              + ": its base version " + to_string(base)
+                                              + " is not published" + in_pool(pool));
+  }
+  // A stored version's content never changes once published, and a writer
+  // refuses other content for it, so the current version proposed again is
+  // identical by construction.
+  pointer_proposal proposal{proposed, stored->is_full(), *known,
+                            actual == proposed ? std::optional<bool>{true} : std::nullopt};
+  auto decision = decide_pointer_move(current->record, proposal);
+  if (!decision)
+    return std::move(decision).error();
+  if (decision->move != pointer_move::unchanged)
+    if (auto ok = commit_move(pool, *current,
+                              {decision->next, proposed, stored->is_full(), !known->has_value()});
+        !ok)
+      return std::move(ok).error();
+  return decision->next;
+}
+
+result<manifest> store_base::read_manifest(std::string_view pool, const version_ref& ref) {
+  if (auto ok = check_names(pool, ref); !ok)
+    return std::move(ok).error();
+  auto published = is_published(pool, ref);
+  if (!published)
+    return std::move(published).error();
+  if (!*published)
+    return make_error(errc::not_found, to_string(ref) + " is not published" + in_pool(pool));
+  auto m = load_manifest(pool, ref);
+  if (!m && m.error().code == errc::not_found)
+    return make_error(errc::corrupt_data,
+                      to_string(ref) + " is published" + in_pool(pool) + " but its manifest is gone");
+  return m;
+}
+
+result<std::vector<version_ref>> store_base::list_versions(std::string_view pool,
+                                                           std::string_view run_id) {
+  if (auto ok = check_names(pool, {std::string{run_id}, 0}); !ok)
+    return std::move(ok).error();
+  auto versions = published_versions(pool, run_id);
+  if (!versions)
+    return std::move(versions).error();
+  std::sort(versions->begin(), versions->end(),
+            [](const stored_version& a, const stored_version& b) { return a.version < b.version; });
+  std::vector<version_ref> out;
+  for (const auto& v : *versions)
+    out.push_back({std::string{run_id}, v.version});
+  return out;
+}
+
+/// Checks and stores one attempt; see `version_writer`.
+class store_base::writer final : public version_writer {
+public:
+  writer(store_base& store, std::string pool, version_ref ref, std::unique_ptr<shard_sink> sink)
+      : store_(store), pool_(std::move(pool)), ref_(std::move(ref)), sink_(std::move(sink)) {}
+
+  status begin_shard(std::string_view name, uint64_t size) override {
+    if (auto ok = usable(); !ok)
+      return ok;
+    if (auto ok = close_current(); !ok)
+      return fail(std::move(ok));
+    if (auto ok = check_.begin_shard(name, size); !ok)
+      return fail(std::move(ok));
+    if (sink_)
+      if (auto ok = sink_->open_shard(name, size); !ok)
+        return fail(std::move(ok));
+    open_ = true;
+    return {};
+  }
+
+  status write(std::span<const std::byte> bytes) override {
+    if (auto ok = usable(); !ok)
+      return ok;
+    if (auto ok = check_.feed(bytes); !ok)
+      return fail(std::move(ok));
+    if (sink_)
+      if (auto ok = sink_->append(bytes); !ok)
+        return fail(std::move(ok));
+    return {};
+  }
+
+  status commit(const manifest& m) override {
+    if (auto ok = usable(); !ok)
+      return ok;
+    if (m.ref != ref_)
+      return fail(make_error(errc::invalid_argument, "the manifest names " + to_string(m.ref)
+                                                       + ", but " + to_string(ref_)
+                                                       + " is being stored"));
+    if (auto ok = close_current(); !ok)
+      return fail(std::move(ok));
+    auto layout = check_.finish(m);
+    if (!layout)
+      return fail(std::move(layout).error());
+    std::lock_guard guard{store_.pool_lock(pool_)};
+    auto published = store_.is_published(pool_, ref_);
+    if (!published)
+      return fail(std::move(published).error());
+    if (*published) {
+      // Its bytes are immutable: only the same content is a success.
+      auto existing = store_.load_manifest(pool_, ref_);
+      if (!existing)
+        return fail(std::move(existing).error());
+      failed_ = true;
+      if (*existing == m)
+        return {};
+      return make_error(errc::version_exists, to_string(ref_) + " is already published"
+                                                + in_pool(pool_) + " with different content");
+    }
+    if (!sink_)
+      return fail(make_error(errc::conflict, to_string(ref_) + " was published" + in_pool(pool_)
+                                               + ", then deleted, while it was being stored"));
+    auto done = sink_->finish(m, std::move(*layout));
+    failed_ = true; // one commit per writer
+    return done;
+  }
+
+private:
+  status usable() const {
+    if (failed_)
+      return make_error(errc::invalid_argument,
+                        "this writer of " + to_string(ref_) + " already failed or committed");
+    return {};
+  }
+
+  status close_current() {
+    if (!open_)
+      return {};
+    open_ = false;
+    if (check_.remaining() != 0)
+      return make_error(errc::invalid_format, "a shard of " + to_string(ref_) + " is truncated: "
+                                                + std::to_string(check_.remaining())
+                                                + " bytes are missing");
+    return sink_ ? sink_->close_shard() : status{};
+  }
+
+  /// Any failure ends the attempt; its bytes go with the sink.
+  status fail(status outcome) {
+    failed_ = true;
+    sink_.reset();
+    return outcome;
+  }
+
+  store_base& store_;
+  std::string pool_;
+  version_ref ref_;
+  std::unique_ptr<shard_sink> sink_;
+  shard_stream_check check_;
+  bool open_ = false;
+  bool failed_ = false;
+};
+
+result<std::unique_ptr<version_writer>> store_base::begin_version(std::string_view pool,
+                                                                  const version_ref& ref) {
+  if (auto ok = check_names(pool, ref); !ok)
+    return std::move(ok).error();
+  auto published = is_published(pool, ref);
+  if (!published)
+    return std::move(published).error();
+  std::unique_ptr<shard_sink> sink;
+  if (!*published) {
+    auto opened = open_sink(pool, ref);
+    if (!opened)
+      return std::move(opened).error();
+    sink = std::move(*opened);
+  }
+  // A published version's bytes are checked but not stored again.
+  return std::unique_ptr<version_writer>{
+    std::make_unique<writer>(*this, std::string{pool}, ref, std::move(sink))};
+}
+
+result<retention_report> store_base::retain(std::string_view pool,
+                                            const retention_request& request) {
+  if (auto ok = validate_pool(pool); !ok)
+    return std::move(ok).error();
+  retention_report report;
+  {
+    // Decide under the lock; deleting (slow) needs none: a deleted version
+    // is neither the pointer nor anything a version published later needs.
+    std::lock_guard guard{pool_lock(pool)};
+    auto pointer = load_pointer(pool);
+    if (!pointer)
+      return std::move(pointer).error();
+    auto runs = claimed_runs(pool);
+    if (!runs)
+      return std::move(runs).error();
+    for (const auto& run : *runs) {
+      auto boot = load_boot(pool, run);
+      if (!boot)
+        return std::move(boot).error();
+      if (!*boot)
+        continue;
+      auto versions = published_versions(pool, run);
+      if (!versions)
+        return std::move(versions).error();
+      std::set<uint64_t> pinned;
+      if (pointer->record && pointer->record->latest.run_id == run)
+        pinned.insert(pointer->record->latest.version);
+      for (const auto& ref : request.in_use)
+        if (ref.run_id == run)
+          pinned.insert(ref.version);
+      for (const auto& v : plan_retention(*versions, **boot, request.keep_last, pinned)) {
+        retention_entry e{{run, v.version}, v.why, v.needed_by};
+        (v.kept() ? report.kept : report.deleted).push_back(std::move(e));
+      }
+    }
+  }
+  if (!request.dry_run)
+    for (const auto& e : report.deleted)
+      if (auto ok = delete_version(pool, e.ref); !ok)
+        return std::move(ok).error();
+  return report;
+}
+
+} // namespace stitch::store
