@@ -364,7 +364,8 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       auto effects = std::make_shared<std::vector<plan_effect>>(std::move(*fx));
       auto on_published = [self, promise, spec, effects](const publish_summary& s) mutable {
         log::info("coordinator", "experiment " + spec.run_id + ": boot checkpoint published ("
-                                   + s.kind + (s.claimed ? ", run claimed" : "") + ")");
+                                   + std::string{to_string(s.kind)}
+                                   + (s.claimed ? ", run claimed" : "") + ")");
         std::string where;
         for (const auto& e : *effects)
           if (e.what == plan_effect::kind::place_replica)

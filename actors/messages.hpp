@@ -22,30 +22,6 @@
 
 namespace stitch {
 
-/// What `stitch publish` asks for (DESIGN §7).
-struct publish_args {
-  std::string pool = "default";
-  std::string run_id;
-  uint64_t version = 0;
-  bool force_anchor = false;
-  bool dry_run = false;
-  /// The admin token, when the node requires one.
-  std::string token;
-};
-
-/// What a publish did.
-struct publish_summary {
-  std::string kind;
-  std::vector<std::string> touched;
-  uint64_t raw_bytes = 0;
-  uint64_t encoded_bytes = 0;
-  uint64_t stored_bytes = 0;
-  bool idempotent = false;
-  bool claimed = false;
-  caf::optional<pointer_record> pointer;
-  std::string reason_for_anchor;
-};
-
 /// A request to a replica's HTTP surface, as the gateway or the replica's own
 /// endpoint hands it over (the body travels as text, DESIGN §2).
 struct replica_call {
@@ -264,19 +240,6 @@ typename Inspector::result_type inspect(Inspector& f, placement& x) {
            x.retiring);
 }
 
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, publish_args& x) {
-  return f(caf::meta::type_name("stitch.publish_args"), x.pool, x.run_id, x.version, x.force_anchor,
-           x.dry_run, x.token);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, publish_summary& x) {
-  return f(caf::meta::type_name("stitch.publish_summary"), x.kind, x.touched, x.raw_bytes,
-           x.encoded_bytes, x.stored_bytes, x.idempotent, x.claimed, x.pointer,
-           x.reason_for_anchor);
-}
-
 namespace engine {
 
 template <class Inspector>
@@ -295,8 +258,6 @@ typename Inspector::result_type inspect(Inspector& f, rollout_result& x) {
 } // namespace stitch
 
 CAF_BEGIN_TYPE_ID_BLOCK(stitch, ::stitch::type_ids::shared)
-CAF_ADD_TYPE_ID(stitch, (stitch::publish_args))
-CAF_ADD_TYPE_ID(stitch, (stitch::publish_summary))
 CAF_ADD_TYPE_ID(stitch, (stitch::replica_call))
 CAF_ADD_TYPE_ID(stitch, (stitch::replica_answer))
 CAF_ADD_TYPE_ID(stitch, (stitch::replica_metrics))
@@ -313,10 +274,6 @@ CAF_ADD_TYPE_ID(stitch, (stitch::rollout_request))
 CAF_ADD_TYPE_ID(stitch, (stitch::engine::rollout_sample))
 CAF_ADD_TYPE_ID(stitch, (stitch::engine::rollout_result))
 CAF_ADD_TYPE_ID(stitch, (std::vector<stitch::engine::rollout_result>) )
-CAF_ADD_ATOM(stitch, stitch::atom, publish, "pubstart")
-CAF_ADD_ATOM(stitch, stitch::atom, tensor, "tensor")
-CAF_ADD_ATOM(stitch, stitch::atom, chunk, "chunk")
-CAF_ADD_ATOM(stitch, stitch::atom, finish, "finish")
 CAF_ADD_ATOM(stitch, stitch::atom, lookup, "lookup")
 CAF_ADD_ATOM(stitch, stitch::atom, enroll, "enroll")
 CAF_ADD_ATOM(stitch, stitch::atom, generate, "generate")
@@ -346,7 +303,6 @@ CAF_ADD_ATOM(stitch, stitch::atom, trained, "trained")
 CAF_ADD_ATOM(stitch, stitch::atom, spawn, "spawn")
 CAF_ADD_ATOM(stitch, stitch::atom, retire, "retire")
 CAF_ADD_ATOM(stitch, stitch::atom, train, "train")
-CAF_ADD_ATOM(stitch, stitch::atom, init_model, "initmodel")
 CAF_ADD_ATOM(stitch, stitch::atom, rollouts, "rollouts")
 CAF_END_TYPE_ID_BLOCK(stitch)
 

@@ -62,9 +62,9 @@ void deliver(caf::typed_response_promise<T>& promise, result<T>&& outcome) {
 /// actor's thread (to tell subscribers, say). A lane that refuses more work
 /// answers `limit_exceeded` at once, naming `lane_name`.
 template <class T, class Self, class Work>
-caf::typed_response_promise<T>
-offload(Self* self, job_table& jobs, executor& lane, const std::string& lane_name, Work work,
-        std::function<void(const result<T>&)> then = {}) {
+caf::typed_response_promise<T> offload(Self* self, job_table& jobs, executor& lane,
+                                       const std::string& lane_name, Work work,
+                                       std::function<void(const result<T>&)> then = {}) {
   auto promise = self->template make_response_promise<T>();
   auto slot = std::make_shared<std::optional<result<T>>>();
   const uint64_t id = jobs.add([promise, slot, then = std::move(then)]() mutable {
@@ -79,8 +79,8 @@ offload(Self* self, job_table& jobs, executor& lane, const std::string& lane_nam
   });
   if (!queued) {
     jobs.drop(id);
-    promise.deliver(to_caf_error(make_error(
-      errc::limit_exceeded, "the " + lane_name + " is full; retry in a moment")));
+    promise.deliver(to_caf_error(
+      make_error(errc::limit_exceeded, "the " + lane_name + " is full; retry in a moment")));
   }
   return promise;
 }

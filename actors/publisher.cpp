@@ -2,17 +2,18 @@
 
 #include <caf/all.hpp>
 
-#include <cstring>
-
-#include "runtime/core/safetensors.hpp"
+#include "actors/log.hpp"
 #include "runtime/core/token.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/store/hf_directory.hpp"
 
 namespace stitch {
 
 namespace {
+
+using self_ptr = publisher_actor::stateful_pointer<publisher_state>;
+
+constexpr auto sweep_every = std::chrono::seconds{30};
 
 store::publish_request to_request(const publish_args& args) {
   store::publish_request r;
@@ -24,22 +25,72 @@ store::publish_request to_request(const publish_args& args) {
   return r;
 }
 
-caf::result<publish_summary> run_publish(publisher_actor::stateful_pointer<publisher_state> self,
-                                         const publish_args& args,
-                                         const store::tensor_set& weights) {
-  auto report = self->state.impl->publish(to_request(args), weights);
-  if (!report)
-    return to_caf_error(report.error());
-  if (!args.dry_run && self->state.store)
-    caf::anon_send(self->state.store, atom::notify_v, args.pool);
-  return summarize(*report);
+/// A node with an admin token refuses publishes without it (constant time).
+status authorized(const publisher_state& st, const publish_args& args) {
+  if (!token_matches(st.admin_token, args.token))
+    return error{errc::unauthorized, "publishing needs the admin token (--token or STITCH_TOKEN)"};
+  return {};
+}
+
+/// The queue of `pool`'s publishes.
+executor& queue_of(self_ptr self, const std::string& pool) {
+  auto& q = self->state.pools[pool];
+  if (!q)
+    q = std::make_shared<strand>(self->state.workers);
+  return *q;
+}
+
+/// Runs `make_source()` and publishes what it gives on the pool's queue;
+/// tells the store when the pointer moved.
+template <class MakeSource>
+caf::typed_response_promise<publish_summary> run_publish(self_ptr self, const publish_args& args,
+                                                         MakeSource make_source) {
+  auto impl = self->state.impl;
+  return offload<publish_summary>(
+    self, self->state.jobs, queue_of(self, args.pool), "publisher's queue",
+    [impl, args, make_source = std::move(make_source)]() mutable -> result<publish_summary> {
+      auto source = make_source();
+      if (!source)
+        return std::move(source).error();
+      auto report = impl->publish(to_request(args), **source);
+      if (!report)
+        return std::move(report).error();
+      return summarize(*report);
+    },
+    [self, args](const result<publish_summary>& outcome) {
+      if (outcome && !args.dry_run && self->state.store)
+        self->send(self->state.store, atom::notify_v, args.pool);
+      if (!outcome)
+        log::warn("publisher", "publishing " + to_string(version_ref{args.run_id, args.version})
+                                 + " failed: " + to_string(outcome.error()));
+    });
+}
+
+/// A session's outcome went to its client (or nobody wants it): it goes.
+void settle(self_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto it = st.sessions.find(id);
+  if (it == st.sessions.end() || !it->second.outcome)
+    return;
+  if (it->second.waiting) {
+    deliver(*it->second.waiting, std::move(*it->second.outcome));
+  } else if (!it->second.aborted) {
+    return; // the client has yet to ask with `finish`
+  }
+  st.sessions.erase(it);
+}
+
+stitch::error no_session(uint64_t id) {
+  return {errc::not_found, "no publish session " + std::to_string(id)
+                             + " (it ended, failed, or was dropped after "
+                               "publisher.session_idle_timeout)"};
 }
 
 } // namespace
 
 publish_summary summarize(const store::publish_report& report) {
   publish_summary s;
-  s.kind = std::string{to_string(report.kind)};
+  s.kind = report.kind;
   s.touched = report.touched;
   s.raw_bytes = report.raw_bytes;
   s.encoded_bytes = report.encoded_bytes;
@@ -52,34 +103,35 @@ publish_summary summarize(const store::publish_report& report) {
   return s;
 }
 
-namespace {
-
-/// A node with an admin token refuses publishes without it (constant time).
-status authorized(const publisher_state& st, const publish_args& args) {
-  if (!token_matches(st.admin_token, args.token))
-    return error{errc::unauthorized, "publishing needs the admin token (--token or STITCH_TOKEN)"};
-  return {};
-}
-
-} // namespace
-
 publisher_actor::behavior_type
 publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   std::shared_ptr<store_backend> backend, store_actor store,
-                  store::publisher_options options, std::string admin_token) {
-  self->state.admin_token = std::move(admin_token);
-  self->state.backend = std::move(backend);
-  self->state.impl = std::make_unique<store::publisher>(*self->state.backend, options);
-  self->state.store = std::move(store);
+                  store::publisher_options options, std::shared_ptr<executor> workers,
+                  std::string admin_token, publisher_limits limits) {
+  auto& init = self->state;
+  init.admin_token = std::move(admin_token);
+  init.backend = std::move(backend);
+  init.impl = std::make_shared<store::publisher>(*init.backend, std::move(options));
+  init.store = std::move(store);
+  init.workers = std::move(workers);
+  init.limits = limits;
+  self->attach_functor([self] {
+    // Publishes waiting for bytes stop now.
+    for (auto& [id, s] : self->state.sessions)
+      s.stream->close(error{errc::engine_unavailable, "the publisher stopped"});
+  });
+  self->delayed_send(self, sweep_every, atom::tick_v);
   return {
     [self](atom::publish, const publish_args& args,
            const std::string& path) -> caf::result<publish_summary> {
       if (auto ok = authorized(self->state, args); !ok)
         return to_caf_error(ok.error());
-      auto weights = store::load_hf_directory(path);
-      if (!weights)
-        return to_caf_error(weights.error());
-      return run_publish(self, args, *weights);
+      return run_publish(self, args, [path]() -> result<std::unique_ptr<store::tensor_stream>> {
+        auto dir = store::directory_stream::open(path);
+        if (!dir)
+          return std::move(dir).error();
+        return std::unique_ptr<store::tensor_stream>{std::move(*dir)};
+      });
     },
     [self](atom::init_model, const publish_args& args, const std::string& preset,
            uint64_t seed) -> caf::result<publish_summary> {
@@ -88,96 +140,138 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       auto config = engine::preset(preset);
       if (!config)
         return to_caf_error(config.error());
-      auto weights = engine::random_init(*config, seed);
-      if (!weights)
-        return to_caf_error(weights.error());
-      return run_publish(self, args, *weights);
+      /// Owns the weights it streams.
+      struct owned_model final : store::tensor_stream {
+        explicit owned_model(store::tensor_set w) : weights(std::move(w)), inner(weights) {}
+        const std::vector<store::tensor_header>& tensors() const override {
+          return inner.tensors();
+        }
+        status read(size_t i, uint64_t off, std::span<std::byte> out) override {
+          return inner.read(i, off, out);
+        }
+        store::tensor_set weights;
+        store::memory_stream inner;
+      };
+      return run_publish(
+        self, args, [config = *config, seed]() -> result<std::unique_ptr<store::tensor_stream>> {
+          auto weights = engine::random_init(config, seed);
+          if (!weights)
+            return std::move(weights).error();
+          return std::unique_ptr<store::tensor_stream>{
+            std::make_unique<owned_model>(std::move(*weights))};
+        });
     },
-    [self](atom::publish, const publish_args& args) -> caf::result<uint64_t> {
-      if (auto ok = authorized(self->state, args); !ok)
+    [self](atom::publish, const publish_args& args,
+           std::vector<store::tensor_header>& tensors) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      if (auto ok = authorized(st, args); !ok)
         return to_caf_error(ok.error());
-      const auto now = std::chrono::steady_clock::now();
-      std::erase_if(self->state.sessions, [&](const auto& kv) {
-        return now - kv.second.last_seen > self->state.session_idle_timeout;
-      });
-      if (self->state.sessions.size() >= self->state.max_sessions)
-        return to_caf_error({errc::limit_exceeded, "too many publishes in progress"});
+      if (st.sessions.size() >= st.limits.max_sessions)
+        return to_caf_error({errc::limit_exceeded, "too many publishes in progress ("
+                                                     + std::to_string(st.limits.max_sessions)
+                                                     + "); retry later"});
       if (auto ok = validate_run_id(args.run_id); !ok)
         return to_caf_error(ok.error());
-      auto id = self->state.next_session++;
-      auto& session = self->state.sessions[id];
-      session.args = args;
-      session.last_seen = now;
+      if (auto ok = store::validate_headers(tensors); !ok)
+        return to_caf_error(ok.error());
+      auto stream = std::make_shared<store::fed_stream>(std::move(tensors));
+      if (stream->total() > st.limits.max_session_bytes)
+        return to_caf_error(
+          {errc::limit_exceeded, "the publish declares " + std::to_string(stream->total())
+                                   + " bytes, more than the "
+                                   + std::to_string(st.limits.max_session_bytes) + " allowed"});
+      const uint64_t id = st.next_session++;
+      auto& s = st.sessions[id];
+      s.args = args;
+      s.stream = stream;
+      s.last_seen = self->clock().now();
+      auto impl = st.impl;
+      auto handle = caf::actor_cast<caf::actor>(self);
+      auto slot = std::make_shared<std::optional<result<publish_summary>>>();
+      const uint64_t job = st.jobs.add([self, id, slot, args] {
+        if (**slot && !args.dry_run && self->state.store)
+          self->send(self->state.store, atom::notify_v, args.pool);
+        auto it = self->state.sessions.find(id);
+        if (it == self->state.sessions.end())
+          return;
+        it->second.outcome = std::move(*slot);
+        settle(self, id);
+      });
+      queue_of(self, args.pool).post([impl, args, stream, slot, handle, job] {
+        auto report = impl->publish(to_request(args), *stream);
+        if (report)
+          slot->emplace(summarize(*report));
+        else
+          slot->emplace(std::move(report).error());
+        // Bytes still queued for a publish that ended are dropped.
+        stream->close(error{errc::invalid_argument, "the publish already ended"});
+        caf::anon_send(handle, atom::done_v, job);
+      });
       return id;
     },
-    [self](atom::tensor, uint64_t id, const std::string& name, const std::string& dtype,
-           const std::vector<uint64_t>& shape) -> caf::result<uint64_t> {
-      auto it = self->state.sessions.find(id);
-      if (it == self->state.sessions.end())
-        return to_caf_error({errc::not_found, "no publish session " + std::to_string(id)});
+    [self](atom::chunk, uint64_t id, std::vector<char>& bytes) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      auto it = st.sessions.find(id);
+      if (it == st.sessions.end() || it->second.aborted)
+        return to_caf_error(no_session(id));
       auto& s = it->second;
-      s.last_seen = std::chrono::steady_clock::now();
-      auto fail = [&](error err) -> caf::result<uint64_t> {
-        self->state.sessions.erase(it);
-        return to_caf_error(err);
-      };
-      if (s.remaining != 0)
-        return fail({errc::invalid_argument, "tensor '" + s.current + "' is still missing "
-                                               + std::to_string(s.remaining) + " bytes"});
-      if (auto ok = validate_tensor_name(name); !ok)
-        return fail(ok.error());
-      if (s.weights.contains(name))
-        return fail({errc::invalid_argument, "tensor '" + name + "' was sent twice"});
-      auto type = safetensors::parse_dtype(dtype);
-      if (!type)
-        return fail(type.error());
-      auto size = safetensors::byte_length(*type, shape);
-      if (!size)
-        return fail(size.error());
-      if (*size > self->state.max_session_bytes - s.received)
-        return fail({errc::limit_exceeded, "the publish session exceeds "
-                                             + std::to_string(self->state.max_session_bytes)
-                                             + " bytes"});
-      auto& t = s.weights[name];
-      t.name = name;
-      t.type = *type;
-      t.shape = shape;
-      s.current = name;
-      s.remaining = *size;
-      return *size;
-    },
-    [self](atom::chunk, uint64_t id, const std::vector<char>& bytes) -> caf::result<uint64_t> {
-      auto it = self->state.sessions.find(id);
-      if (it == self->state.sessions.end())
-        return to_caf_error({errc::not_found, "no publish session " + std::to_string(id)});
-      auto& s = it->second;
-      s.last_seen = std::chrono::steady_clock::now();
-      if (bytes.size() > s.remaining || bytes.size() > max_chunk_bytes) {
-        auto current = s.current;
-        self->state.sessions.erase(it);
-        return to_caf_error(
-          {errc::invalid_argument, "more bytes than tensor '" + current + "' holds"});
+      s.last_seen = self->clock().now();
+      if (bytes.size() > max_chunk_bytes)
+        return to_caf_error({errc::limit_exceeded, "a publish chunk is limited to "
+                                                     + std::to_string(max_chunk_bytes) + " bytes"});
+      auto promise = self->make_response_promise<uint64_t>();
+      const uint64_t left = s.stream->total() - s.stream->pushed() - bytes.size();
+      const uint64_t ack = st.jobs.add([promise, left]() mutable { promise.deliver(left); });
+      auto handle = caf::actor_cast<caf::actor>(self);
+      if (auto ok = s.stream->push(std::move(bytes),
+                                   [handle, ack] { caf::anon_send(handle, atom::done_v, ack); });
+          !ok) {
+        st.jobs.drop(ack);
+        s.stream->close(ok.error());
+        promise.deliver(to_caf_error(ok.error()));
       }
-      auto& t = s.weights[s.current].bytes;
-      auto at = t.size();
-      t.resize(at + bytes.size());
-      std::memcpy(t.data() + at, bytes.data(), bytes.size());
-      s.remaining -= bytes.size();
-      s.received += bytes.size();
-      return s.remaining;
+      return promise;
     },
     [self](atom::finish, uint64_t id) -> caf::result<publish_summary> {
+      auto& st = self->state;
+      auto it = st.sessions.find(id);
+      if (it == st.sessions.end() || it->second.aborted || it->second.waiting)
+        return to_caf_error(no_session(id));
+      auto& s = it->second;
+      // No more bytes: a publish still missing some fails with "truncated".
+      s.stream->close();
+      s.waiting = self->make_response_promise<publish_summary>();
+      auto promise = *s.waiting;
+      settle(self, id);
+      return promise;
+    },
+    [self](atom::abort, uint64_t id) {
       auto it = self->state.sessions.find(id);
       if (it == self->state.sessions.end())
-        return to_caf_error({errc::not_found, "no publish session " + std::to_string(id)});
-      auto s = std::move(it->second);
-      self->state.sessions.erase(it);
-      if (s.remaining != 0)
-        return to_caf_error({errc::invalid_argument, "tensor '" + s.current + "' is missing "
-                                                       + std::to_string(s.remaining) + " bytes"});
-      if (s.weights.empty())
-        return to_caf_error({errc::invalid_argument, "the publish sent no tensors"});
-      return run_publish(self, s.args, s.weights);
+        return;
+      it->second.aborted = true;
+      it->second.stream->close(error{errc::invalid_argument, "the client aborted the publish"});
+      settle(self, id);
+    },
+    [self](atom::done, uint64_t id) { self->state.jobs.complete(id); },
+    [self](atom::tick) {
+      auto& st = self->state;
+      const auto now = self->clock().now();
+      for (auto& [id, s] : st.sessions)
+        if (!s.aborted && !s.waiting && now - s.last_seen > st.limits.session_idle_timeout) {
+          log::warn("publisher", "publish session " + std::to_string(id) + " was idle for "
+                                   + std::to_string(st.limits.session_idle_timeout.count())
+                                   + " s; dropping it");
+          s.aborted = true;
+          s.stream->close(
+            error{errc::invalid_argument, "no bytes arrived for publisher.session_idle_timeout"});
+        }
+      std::vector<uint64_t> ids;
+      for (const auto& [id, s] : st.sessions)
+        ids.push_back(id);
+      for (auto id : ids)
+        settle(self, id);
+      self->delayed_send(self, sweep_every, atom::tick_v);
     },
   };
 }

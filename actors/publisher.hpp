@@ -1,54 +1,69 @@
 #pragma once
 
+#include <caf/actor_clock.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
 
 #include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
 
+#include "actors/offload.hpp"
 #include "actors/publisher_actor.hpp"
 #include "actors/store_actor.hpp"
-#include "runtime/store/host_tensors.hpp"
+#include "actors/workers.hpp"
 #include "runtime/store/publisher.hpp"
+#include "runtime/store/tensor_stream.hpp"
 
 namespace stitch {
+
+struct publisher_limits {
+  /// Streamed publishes open at once.
+  size_t max_sessions = 4;
+  /// A session silent this long is dropped (its client went away).
+  std::chrono::seconds session_idle_timeout{600};
+  /// Most bytes one streamed publish may declare.
+  uint64_t max_session_bytes = uint64_t{4} << 40;
+};
 
 struct publisher_state {
   static inline const char* name = "publisher";
 
-  /// A streamed publish: tensors arrive one after the other in chunks.
+  /// A streamed publish: its bytes go to the publish running on a worker.
   struct session {
     publish_args args;
-    store::tensor_set weights;
-    std::string current;
-    uint64_t remaining = 0;
-    uint64_t received = 0;
-    std::chrono::steady_clock::time_point last_seen;
+    std::shared_ptr<store::fed_stream> stream;
+    std::optional<result<publish_summary>> outcome;
+    std::optional<caf::typed_response_promise<publish_summary>> waiting;
+    caf::actor_clock::time_point last_seen;
+    bool aborted = false;
   };
 
   std::shared_ptr<store_backend> backend;
-  std::unique_ptr<store::publisher> impl;
+  std::shared_ptr<store::publisher> impl;
   store_actor store;
+  /// The threads publishes run on (a streamed one holds a thread while it
+  /// waits for bytes).
+  std::shared_ptr<executor> workers;
+  /// One queue per pool: publishes to a pool run one at a time.
+  std::map<std::string, std::shared_ptr<strand>> pools;
+  job_table jobs;
   std::map<uint64_t, session> sessions;
   uint64_t next_session = 1;
-  /// Bytes one session may send (bounds the memory a client can pin).
-  uint64_t max_session_bytes = uint64_t{64} << 30;
-  size_t max_sessions = 4;
-  /// A session silent this long is dropped when room is needed (its client
-  /// went away mid-publish).
-  std::chrono::seconds session_idle_timeout{600};
+  publisher_limits limits;
   /// When set, every publish must carry it.
   std::string admin_token;
 };
 
-/// Publishes through `backend` (the store's own, or a `remote_store`), then
-/// tells `store` the pointer moved. Publishing blocks: spawn it detached.
+/// Publishes through `backend` (the store's own, or a `remote_store`) on
+/// `workers`, then tells `store` the pointer moved.
 publisher_actor::behavior_type
 publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   std::shared_ptr<store_backend> backend, store_actor store,
-                  store::publisher_options options, std::string admin_token = {});
+                  store::publisher_options options, std::shared_ptr<executor> workers,
+                  std::string admin_token = {}, publisher_limits limits = {});
 
 /// The wire form of a publish report.
 publish_summary summarize(const store::publish_report& report);

@@ -1,15 +1,87 @@
 #pragma once
 
+#include <caf/optional.hpp>
 #include <caf/replies_to.hpp>
+#include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
-#include "actors/messages.hpp"
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/value_types.hpp"
+#include "runtime/core/manifest.hpp"
+#include "runtime/store/tensor_stream.hpp"
+
+namespace stitch {
+
+/// What `stitch publish` asks for (DESIGN §7).
+struct publish_args {
+  std::string pool = "default";
+  std::string run_id;
+  uint64_t version = 0;
+  bool force_anchor = false;
+  bool dry_run = false;
+  /// The admin token, when the node requires one.
+  std::string token;
+};
+
+/// What a publish did.
+struct publish_summary {
+  version_kind kind = version_kind::full;
+  std::vector<std::string> touched;
+  uint64_t raw_bytes = 0;
+  uint64_t encoded_bytes = 0;
+  uint64_t stored_bytes = 0;
+  bool idempotent = false;
+  bool claimed = false;
+  /// The pool's pointer afterwards (none for a dry run).
+  caf::optional<pointer_record> pointer;
+  std::string reason_for_anchor;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, publish_args& x) {
+  return f(caf::meta::type_name("stitch.publish_args"), x.pool, x.run_id, x.version, x.force_anchor,
+           x.dry_run, x.token);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, publish_summary& x) {
+  return f(caf::meta::type_name("stitch.publish_summary"), x.kind, x.touched, x.raw_bytes,
+           x.encoded_bytes, x.stored_bytes, x.idempotent, x.claimed, x.pointer,
+           x.reason_for_anchor);
+}
+
+namespace store {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tensor_header& x) {
+  return f(caf::meta::type_name("stitch.tensor_header"), x.name, x.type, x.shape, x.size);
+}
+
+} // namespace store
+
+} // namespace stitch
+
+CAF_BEGIN_TYPE_ID_BLOCK(stitch_publisher, ::stitch::type_ids::publisher)
+CAF_ADD_TYPE_ID(stitch_publisher, (stitch::publish_args))
+CAF_ADD_TYPE_ID(stitch_publisher, (stitch::publish_summary))
+CAF_ADD_TYPE_ID(stitch_publisher, (stitch::store::tensor_header))
+CAF_ADD_TYPE_ID(stitch_publisher, (std::vector<stitch::store::tensor_header>) )
+CAF_ADD_ATOM(stitch_publisher, stitch::atom, publish, "pubstart")
+CAF_ADD_ATOM(stitch_publisher, stitch::atom, init_model, "initmodel")
+CAF_ADD_ATOM(stitch_publisher, stitch::atom, chunk, "chunk")
+CAF_ADD_ATOM(stitch_publisher, stitch::atom, finish, "finish")
+CAF_ADD_ATOM(stitch_publisher, stitch::atom, abort, "abort")
+CAF_END_TYPE_ID_BLOCK(stitch_publisher)
 
 namespace stitch {
 
 /// PUBLISHER: turns a trainer's full weights into versions in the store —
-/// delta against the last version it holds in memory, checksums, publish,
-/// pointer move (DESIGN §2, §7 `stitch publish`).
+/// delta against the last version it remembers, checksums, publish, pointer
+/// move (DESIGN §2, §7 `stitch publish`). Publishes run on worker threads,
+/// one at a time per pool; its handlers only hand work over.
 using publisher_actor = caf::typed_actor<
   // Publishes the Hugging Face directory at `path` (readable by this node).
   caf::replies_to<atom::publish, publish_args, std::string>::with<publish_summary>,
@@ -17,15 +89,24 @@ using publisher_actor = caf::typed_actor<
   // experiment's boot checkpoint; deterministic, so a trainer rebuilds the
   // same weights and re-publishing them is idempotent).
   caf::replies_to<atom::init_model, publish_args, std::string, uint64_t>::with<publish_summary>,
-  // Starts a streamed publish; answers a session id.
-  caf::replies_to<atom::publish, publish_args>::with<uint64_t>,
-  // Starts the next tensor of a session: name, dtype, shape; answers its byte size.
-  caf::replies_to<atom::tensor, uint64_t, std::string, std::string,
-                  std::vector<uint64_t>>::with<uint64_t>,
-  // Appends up to `max_chunk_bytes` to the session's current tensor;
-  // answers the bytes it still expects.
+  // Opens a streamed publish of these tensors (ascending names); answers a
+  // session id. Their bytes follow with `chunk`, tensor after tensor.
+  caf::replies_to<atom::publish, publish_args, std::vector<store::tensor_header>>::with<uint64_t>,
+  // The next bytes (at most `max_chunk_bytes`) of session `id`, answered
+  // once the publish consumed them (the window a client keeps in flight is
+  // all the memory it holds here) with the bytes the session still expects.
   caf::replies_to<atom::chunk, uint64_t, std::vector<char>>::with<uint64_t>,
-  // Ends a session and publishes what it received.
-  caf::replies_to<atom::finish, uint64_t>::with<publish_summary>>;
+  // Ends session `id`: answers what was published.
+  caf::replies_to<atom::finish, uint64_t>::with<publish_summary>,
+  // Gives session `id` up: nothing of it becomes visible.
+  caf::reacts_to<atom::abort, uint64_t>,
+  // INTERNAL: a worker finished job `id`; the idle-session sweep.
+  caf::reacts_to<atom::done, uint64_t>, caf::reacts_to<atom::tick>>;
 
 } // namespace stitch
+
+CAF_BEGIN_TYPE_ID_BLOCK(stitch_publisher_handles, caf::id_block::stitch_publisher::end)
+CAF_ADD_TYPE_ID(stitch_publisher_handles, (stitch::publisher_actor))
+CAF_END_TYPE_ID_BLOCK(stitch_publisher_handles)
+
+static_assert(caf::id_block::stitch_publisher_handles::end <= stitch::type_ids::end);

@@ -1,5 +1,6 @@
 #include "runtime/core/delta_codec.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -146,6 +147,168 @@ result<std::vector<std::byte>> decompress(std::span<const std::byte> frame,
   if (auto ok = decompress_into(frame, out); !ok)
     return std::move(ok).error();
   return out;
+}
+
+struct stream_compressor::state {
+  std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx{ZSTD_createCCtx(), &ZSTD_freeCCtx};
+  uint64_t total = 0;
+  uint64_t seen = 0;
+};
+
+stream_compressor::stream_compressor(std::unique_ptr<state> s) : s_(std::move(s)) {}
+stream_compressor::stream_compressor(stream_compressor&&) noexcept = default;
+stream_compressor& stream_compressor::operator=(stream_compressor&&) noexcept = default;
+stream_compressor::~stream_compressor() = default;
+
+result<stream_compressor> stream_compressor::start(uint64_t total_size, int level) {
+  if (level < min_level() || level > max_level())
+    return make_error(errc::invalid_argument, "zstd level " + std::to_string(level)
+                                                + " is outside [" + std::to_string(min_level())
+                                                + ", " + std::to_string(max_level()) + "]");
+  auto s = std::make_unique<state>();
+  if (!s->cctx)
+    return make_error(errc::limit_exceeded, "out of memory creating a zstd context");
+  ZSTD_CCtx_setParameter(s->cctx.get(), ZSTD_c_compressionLevel, level);
+  ZSTD_CCtx_setParameter(s->cctx.get(), ZSTD_c_checksumFlag, 1);
+  if (ZSTD_CCtx_setPledgedSrcSize(s->cctx.get(), total_size) != 0)
+    return make_error(errc::invalid_argument,
+                      "zstd refused a frame of " + std::to_string(total_size) + " bytes");
+  s->total = total_size;
+  return stream_compressor{std::move(s)};
+}
+
+namespace {
+
+/// Runs the compressor on `in` with `mode`, growing `out` as it needs room.
+status pump(ZSTD_CCtx* cctx, std::span<const std::byte> in, ZSTD_EndDirective mode,
+            std::vector<std::byte>& out) {
+  ZSTD_inBuffer src{in.data(), in.size(), 0};
+  for (;;) {
+    const size_t room = std::max<size_t>(ZSTD_CStreamOutSize(), in.size() / 8);
+    const size_t at = out.size();
+    out.resize(at + room);
+    ZSTD_outBuffer dst{out.data() + at, room, 0};
+    size_t left = ZSTD_compressStream2(cctx, &dst, &src, mode);
+    out.resize(at + dst.pos);
+    if (ZSTD_isError(left))
+      return make_error(errc::invalid_argument,
+                        std::string{"zstd compression failed: "} + ZSTD_getErrorName(left));
+    const bool drained = src.pos == src.size;
+    if (mode == ZSTD_e_continue ? drained : left == 0)
+      return {};
+  }
+}
+
+} // namespace
+
+status stream_compressor::update(std::span<const std::byte> in, std::vector<std::byte>& out) {
+  if (in.size() > s_->total - s_->seen)
+    return make_error(errc::invalid_argument,
+                      "more bytes than the frame's pledged " + std::to_string(s_->total));
+  s_->seen += in.size();
+  return pump(s_->cctx.get(), in, ZSTD_e_continue, out);
+}
+
+status stream_compressor::finish(std::vector<std::byte>& out) {
+  if (s_->seen != s_->total)
+    return make_error(errc::invalid_argument, "the frame got " + std::to_string(s_->seen)
+                                                + " of its " + std::to_string(s_->total)
+                                                + " bytes");
+  return pump(s_->cctx.get(), {}, ZSTD_e_end, out);
+}
+
+struct stream_decompressor::state {
+  std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> dctx{ZSTD_createDCtx(), &ZSTD_freeDCtx};
+  compressed_input input;
+  std::vector<std::byte> buffer;
+  ZSTD_inBuffer in{nullptr, 0, 0};
+  bool input_ended = false;
+  bool frame_ended = false;
+  uint64_t expected = 0;
+  uint64_t produced = 0;
+
+  status refill() {
+    if (in.pos < in.size || input_ended)
+      return {};
+    auto n = input(buffer);
+    if (!n)
+      return std::move(n).error();
+    if (*n == 0)
+      input_ended = true;
+    in = {buffer.data(), *n, 0};
+    return {};
+  }
+};
+
+stream_decompressor::stream_decompressor(std::unique_ptr<state> s) : s_(std::move(s)) {}
+stream_decompressor::stream_decompressor(stream_decompressor&&) noexcept = default;
+stream_decompressor& stream_decompressor::operator=(stream_decompressor&&) noexcept = default;
+stream_decompressor::~stream_decompressor() = default;
+
+result<stream_decompressor>
+stream_decompressor::start(uint64_t expected_size, compressed_input input, size_t input_buffer) {
+  auto s = std::make_unique<state>();
+  if (!s->dctx)
+    return make_error(errc::limit_exceeded, "out of memory creating a zstd context");
+  ZSTD_DCtx_setParameter(s->dctx.get(), ZSTD_d_windowLogMax, max_window_log);
+  s->input = std::move(input);
+  s->buffer.resize(input_buffer != 0 ? input_buffer : ZSTD_DStreamInSize());
+  s->expected = expected_size;
+  return stream_decompressor{std::move(s)};
+}
+
+status stream_decompressor::read(std::span<std::byte> out) {
+  auto& s = *s_;
+  if (out.size() > s.expected - s.produced)
+    return decode_error("asked for " + std::to_string(out.size()) + " bytes past the expected "
+                        + std::to_string(s.expected));
+  ZSTD_outBuffer dst{out.data(), out.size(), 0};
+  while (dst.pos < dst.size) {
+    if (auto ok = s.refill(); !ok)
+      return ok;
+    if (s.in.pos == s.in.size && s.input_ended)
+      return decode_error(s.frame_ended
+                            ? "zstd data holds " + std::to_string(s.produced + dst.pos)
+                                + " bytes, fewer than the expected " + std::to_string(s.expected)
+                            : "zstd data is truncated after " + std::to_string(s.produced + dst.pos)
+                                + " of " + std::to_string(s.expected) + " bytes");
+    // A finished frame followed by more input: the next frame begins.
+    size_t left = ZSTD_decompressStream(s.dctx.get(), &dst, &s.in);
+    if (ZSTD_isError(left))
+      return decode_error(std::string{"zstd data is corrupt: "} + ZSTD_getErrorName(left));
+    s.frame_ended = left == 0;
+  }
+  s.produced += out.size();
+  return {};
+}
+
+status stream_decompressor::finish() {
+  auto& s = *s_;
+  if (s.produced != s.expected)
+    return decode_error("zstd data was read to " + std::to_string(s.produced) + " of "
+                        + std::to_string(s.expected) + " bytes");
+  // The frame's epilogue (its checksum) may still be unread.
+  std::byte extra[1];
+  while (!s.frame_ended) {
+    if (auto ok = s.refill(); !ok)
+      return ok;
+    if (s.in.pos == s.in.size && s.input_ended)
+      return decode_error("zstd data is truncated at its end");
+    ZSTD_outBuffer dst{extra, sizeof extra, 0};
+    size_t left = ZSTD_decompressStream(s.dctx.get(), &dst, &s.in);
+    if (ZSTD_isError(left))
+      return decode_error(std::string{"zstd data is corrupt: "} + ZSTD_getErrorName(left));
+    if (dst.pos != 0)
+      return decode_error("zstd data holds more than the expected " + std::to_string(s.expected)
+                          + " bytes");
+    if (left == 0)
+      s.frame_ended = true;
+  }
+  if (auto ok = s.refill(); !ok)
+    return ok;
+  if (s.in.pos != s.in.size || !s.input_ended)
+    return decode_error("bytes follow the zstd frame");
+  return {};
 }
 
 } // namespace stitch::delta

@@ -1,5 +1,8 @@
 #pragma once
 
+#include <functional>
+#include <memory>
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -40,5 +43,59 @@ result<std::vector<std::byte>> decompress(std::span<const std::byte> frame, uint
 
 /// Like `decompress`, into a caller's buffer of exactly the expected size.
 status decompress_into(std::span<const std::byte> frame, std::span<std::byte> out);
+
+/// Largest zstd window a stream decompressor accepts (a hostile frame cannot
+/// make it allocate more).
+inline constexpr int max_window_log = 25;
+
+/// Compresses one tensor's bytes as they arrive into one zstd frame, in the
+/// format `compress` writes (content size and checksum recorded), holding
+/// only zstd's window. Appends output to the caller's buffer.
+class stream_compressor {
+public:
+  /// A frame of exactly `total_size` input bytes at `level`.
+  static result<stream_compressor> start(uint64_t total_size, int level);
+  stream_compressor(stream_compressor&&) noexcept;
+  stream_compressor& operator=(stream_compressor&&) noexcept;
+  ~stream_compressor();
+
+  status update(std::span<const std::byte> in, std::vector<std::byte>& out);
+  /// Ends the frame; `invalid_argument` unless `total_size` bytes arrived.
+  status finish(std::vector<std::byte>& out);
+
+private:
+  struct state;
+  explicit stream_compressor(std::unique_ptr<state> s);
+  std::unique_ptr<state> s_;
+};
+
+/// Where a stream decompressor pulls compressed bytes from: fills `into`
+/// (or less) and answers how many; 0 means the input ended.
+using compressed_input = std::function<result<size_t>(std::span<std::byte> into)>;
+
+/// Decompresses one frame's worth of `expected_size` bytes piece by piece
+/// into caller buffers, pulling input as it needs it; memory stays at zstd's
+/// window (at most 2^`max_window_log`) plus a small input buffer. Corrupt or
+/// truncated input, more or fewer bytes than expected, and input left over
+/// after the frame are `decode_failure`.
+class stream_decompressor {
+public:
+  /// Pulls input in pieces of `input_buffer` bytes (0: zstd's suggestion).
+  static result<stream_decompressor> start(uint64_t expected_size, compressed_input input,
+                                           size_t input_buffer = 0);
+  stream_decompressor(stream_decompressor&&) noexcept;
+  stream_decompressor& operator=(stream_decompressor&&) noexcept;
+  ~stream_decompressor();
+
+  /// Fills `out` exactly with the next decompressed bytes.
+  status read(std::span<std::byte> out);
+  /// Checks that every expected byte came out and the input is exhausted.
+  status finish();
+
+private:
+  struct state;
+  explicit stream_decompressor(std::unique_ptr<state> s);
+  std::unique_ptr<state> s_;
+};
 
 } // namespace stitch::delta

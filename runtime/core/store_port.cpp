@@ -13,7 +13,8 @@ status put_version(store_backend& store, std::string_view pool, const manifest& 
   std::map<std::string, byte_source*> by_name;
   for (const auto& s : shards) {
     if (!s.bytes)
-      return make_error(errc::invalid_argument, "shard " + quote_untrusted(s.name) + " has no bytes");
+      return make_error(errc::invalid_argument,
+                        "shard " + quote_untrusted(s.name) + " has no bytes");
     if (!by_name.emplace(s.name, s.bytes).second)
       return make_error(errc::invalid_argument,
                         "shard " + quote_untrusted(s.name) + " was given twice");

@@ -231,6 +231,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       tensors = *serving_tensors_;
     }
   }
+  std::vector<std::byte> scratch;
   for (const auto& ref : plan.deltas) {
     auto delta = source.manifest_of(ref);
     if (!delta)
@@ -240,10 +241,9 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       if (it == tensors.end())
         return fail(errc::corrupt_data,
                     to_string(ref) + " changes tensor '" + name + "', which its base lacks");
-      auto payload = store::read_delta_payload(read, *delta, name);
-      if (!payload)
-        return std::move(payload).error();
-      if (auto ok = store::apply_delta_payload(*delta, name, *payload, it->second.bytes); !ok)
+      if (scratch.empty())
+        scratch.resize(size_t{8} << 20);
+      if (auto ok = store::apply_delta(read, *delta, name, it->second.bytes, scratch); !ok)
         return ok;
     }
   }

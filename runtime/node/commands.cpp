@@ -19,6 +19,9 @@
 #include "runtime/node/remote.hpp"
 #include "runtime/store/hf_directory.hpp"
 #include "runtime/store/materialize.hpp"
+#include "runtime/store/tensor_stream.hpp"
+
+#include <deque>
 
 namespace stitch::node {
 
@@ -51,32 +54,65 @@ std::string human_bytes(uint64_t n) {
   return buf;
 }
 
+/// Chunks of a streamed publish in flight at once: what the node holds of
+/// this client is this many chunks.
+constexpr size_t publish_window = 4;
+
 result<publish_summary> stream_directory(caf::actor_system& sys, const publisher_actor& publisher,
                                          const publish_command& cmd) {
-  auto checkpoint = store::open_hf_directory(cmd.directory);
-  if (!checkpoint)
-    return std::move(checkpoint).error();
-  auto session = ask<uint64_t>(sys, publisher, atom::publish_v, cmd.args);
+  auto source = store::directory_stream::open(cmd.directory);
+  if (!source)
+    return std::move(source).error();
+  const auto& tensors = (*source)->tensors();
+  auto session = ask<uint64_t>(sys, publisher, atom::publish_v, cmd.args, tensors);
   if (!session)
     return std::move(session).error();
-  std::vector<std::byte> tensor;
+  caf::scoped_actor self{sys};
+  using handle = decltype(self->request(publisher, caf::duration{request_timeout}, atom::chunk_v,
+                                        uint64_t{}, std::vector<char>{}));
+  std::deque<handle> in_flight;
+  status outcome;
+  auto land_one = [&] {
+    in_flight.front().receive([](uint64_t) {},
+                              [&](caf::error& err) {
+                                if (outcome)
+                                  outcome = from_caf_error(sys, err);
+                              });
+    in_flight.pop_front();
+  };
+  // Chunks run across tensor boundaries: the session reads one stream.
   std::vector<char> chunk;
-  for (const auto& [name, t] : checkpoint->tensors) {
-    auto size = ask<uint64_t>(sys, publisher, atom::tensor_v, *session, name,
-                              std::string{safetensors::to_string(t.type)}, t.shape);
-    if (!size)
-      return std::move(size).error();
-    tensor.resize(t.size);
-    if (auto ok = store::read_tensor(*checkpoint, name, tensor); !ok)
-      return std::move(ok).error();
-    for (uint64_t at = 0; at < tensor.size(); at += max_chunk_bytes) {
-      auto n = std::min<uint64_t>(max_chunk_bytes, tensor.size() - at);
-      chunk.assign(reinterpret_cast<const char*>(tensor.data() + at),
-                   reinterpret_cast<const char*>(tensor.data() + at + n));
-      auto left = ask<uint64_t>(sys, publisher, atom::chunk_v, *session, chunk);
-      if (!left)
-        return std::move(left).error();
+  chunk.reserve(max_chunk_bytes);
+  auto send = [&] {
+    if (in_flight.size() >= publish_window)
+      land_one();
+    in_flight.push_back(self->request(publisher, caf::duration{request_timeout}, atom::chunk_v,
+                                      *session, std::move(chunk)));
+    chunk = {};
+    chunk.reserve(max_chunk_bytes);
+  };
+  for (size_t i = 0; i < tensors.size() && outcome; ++i) {
+    for (uint64_t at = 0; at < tensors[i].size && outcome;) {
+      const size_t room = max_chunk_bytes - chunk.size();
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(room, tensors[i].size - at));
+      const size_t before = chunk.size();
+      chunk.resize(before + n);
+      if (auto ok =
+            (*source)->read(i, at, std::as_writable_bytes(std::span{chunk}).subspan(before));
+          !ok)
+        outcome = std::move(ok).error();
+      at += n;
+      if (chunk.size() == max_chunk_bytes)
+        send();
     }
+  }
+  if (outcome && !chunk.empty())
+    send();
+  while (!in_flight.empty())
+    land_one();
+  if (!outcome) {
+    caf::anon_send(publisher, atom::abort_v, *session);
+    return std::move(outcome).error();
   }
   return ask<publish_summary>(sys, publisher, atom::finish_v, *session);
 }
@@ -105,7 +141,7 @@ result<publish_summary> run_publish(caf::actor_system& sys, const publish_comman
     "%s %s as a %s%s: %zu tensor(s) touched, %s of weights -> %s encoded -> %s "
     "stored\n",
     cmd.args.dry_run ? "would publish" : (summary->idempotent ? "already published" : "published"),
-    ref.c_str(), summary->kind.c_str(),
+    ref.c_str(), std::string{to_string(summary->kind)}.c_str(),
     summary->reason_for_anchor.empty() ? "" : (" (" + summary->reason_for_anchor + ")").c_str(),
     summary->touched.size(), human_bytes(summary->raw_bytes).c_str(),
     human_bytes(summary->encoded_bytes).c_str(), human_bytes(summary->stored_bytes).c_str());

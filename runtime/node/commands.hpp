@@ -6,6 +6,7 @@
 #include <string>
 
 #include "actors/messages.hpp"
+#include "actors/publisher_actor.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/node/cli.hpp"
 #include "runtime/store/host_tensors.hpp"

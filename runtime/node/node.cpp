@@ -165,8 +165,11 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     n->backend_ = std::make_shared<remote_store>(sys, n->store_);
   }
   if (settings.has_role("publisher")) {
-    n->publisher_ = sys.spawn<caf::detached>(publisher_service, n->backend_, n->store_,
-                                             store::publisher_options{}, settings.admin_token);
+    store::publisher_options po;
+    po.scratch_dir = settings.data_dir / "publisher";
+    n->publisher_ = sys.spawn(publisher_service, n->backend_, n->store_, po,
+                              std::make_shared<worker_pool>(6, "publish"), settings.admin_token,
+                              publisher_limits{});
     caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"publisher"},
                    caf::actor_cast<caf::actor>(n->publisher_));
   }

@@ -9,6 +9,7 @@
 
 #include "actors/handle_types.hpp"
 #include "actors/messages.hpp"
+#include "actors/publisher_actor.hpp"
 #include "actors/store_actor.hpp"
 #include "actors/value_types.hpp"
 
@@ -20,6 +21,8 @@ void register_stitch_types(caf::actor_system_config& cfg) {
   cfg.add_message_types<caf::id_block::stitch_handles>();
   cfg.add_message_types<caf::id_block::stitch_store>();
   cfg.add_message_types<caf::id_block::stitch_store_handles>();
+  cfg.add_message_types<caf::id_block::stitch_publisher>();
+  cfg.add_message_types<caf::id_block::stitch_publisher_handles>();
   cfg.add_error_category(caf::atom("stitch"),
                          [](uint8_t code, caf::atom_value, const caf::message& ctx) -> std::string {
                            std::string out = "stitch::";

@@ -50,6 +50,7 @@ public:
   ~unique_fd() { reset(); }
 
   int get() const noexcept { return fd_; }
+  int release() noexcept { return std::exchange(fd_, -1); }
 
   /// Closes now, reporting the error a deferred write may surface only here.
   int close() noexcept {
@@ -283,6 +284,19 @@ result<open_file> reopen(const hf_checkpoint& ckpt, const std::string& name) {
 
 } // namespace
 
+result<int> open_checkpoint_file(const hf_checkpoint& ckpt, const std::string& file) {
+  auto opened = reopen(ckpt, file);
+  if (!opened)
+    return std::move(opened).error();
+  ::posix_fadvise(opened->fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  // Handed over: the caller closes it.
+  return opened->fd.release();
+}
+
+status read_file_range(int fd, uint64_t offset, std::span<std::byte> out, std::string_view shown) {
+  return pread_all(fd, out, offset, shown);
+}
+
 status read_tensor(const hf_checkpoint& ckpt, std::string_view name, std::span<std::byte> out) {
   auto it = ckpt.tensors.find(std::string{name});
   if (it == ckpt.tensors.end())
@@ -394,7 +408,7 @@ status write_all(int fd, std::span<const std::byte> bytes, const fs::path& path)
 /// Creates `path` (which must not exist), lets `fill` write it through the
 /// sink, then fsyncs and closes it.
 template <class Fill>
-status write_new_file(const fs::path& path, Fill&& fill) {
+status write_new_file(const fs::path& path, bool sync, Fill&& fill) {
   unique_fd fd{::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
   if (fd.get() < 0)
     return fail(errc::backend_failure, "cannot create " + path.string() + ": " + errno_text(errno));
@@ -403,7 +417,7 @@ status write_new_file(const fs::path& path, Fill&& fill) {
   };
   if (auto ok = fill(sink); !ok)
     return ok;
-  if (::fsync(fd.get()) != 0)
+  if (sync && ::fsync(fd.get()) != 0)
     return fail(errc::backend_failure, "cannot fsync " + path.string() + ": " + errno_text(errno));
   if (fd.close() != 0)
     return fail(errc::backend_failure, "cannot close " + path.string() + ": " + errno_text(errno));
@@ -444,29 +458,40 @@ std::string index_json(const shard_plan& plan) {
 }
 
 /// Writes every file of the checkpoint into `dir` (empty, ours).
-status write_files(const fs::path& dir, const tensor_set& tensors, const shard_plan& plan) {
+status write_files(const fs::path& dir, std::span<const safetensors::tensor_spec> tensors,
+                   const tensor_filler& fill, const shard_plan& plan, bool sync) {
   const safetensors::metadata_map metadata{{"format", "pt"}};
+  std::map<std::string, const safetensors::tensor_spec*> by_name;
+  for (const auto& t : tensors)
+    by_name.emplace(t.name, &t);
   for (size_t i = 0; i < plan.shards.size(); ++i) {
     std::vector<safetensors::tensor_spec> specs;
-    for (const auto& name : plan.shard_tensors[i]) {
-      const auto& t = tensors.at(name);
-      specs.push_back({t.name, t.type, t.shape});
-    }
+    for (const auto& name : plan.shard_tensors[i])
+      specs.push_back(*by_name.at(name));
     auto ok =
-      write_new_file(dir / plan.shards[i], [&](const safetensors::byte_sink& sink) -> status {
+      write_new_file(dir / plan.shards[i], sync, [&](const safetensors::byte_sink& sink) -> status {
         auto writer = safetensors::stream_writer::start(specs, metadata, sink);
         if (!writer)
           return std::move(writer).error();
-        for (const auto& name : plan.shard_tensors[i])
-          if (auto w = writer->write(tensors.at(name).bytes); !w)
+        for (const auto& name : plan.shard_tensors[i]) {
+          const uint64_t before = writer->remaining();
+          safetensors::byte_sink into = [&](std::span<const std::byte> bytes) {
+            return writer->write(bytes);
+          };
+          if (auto w = fill(name, into); !w)
             return w;
+          auto expected = safetensors::byte_length(by_name.at(name)->type, by_name.at(name)->shape);
+          if (!expected || before - writer->remaining() != *expected)
+            return fail(errc::invalid_argument,
+                        "tensor " + quote(name) + " did not get exactly its bytes");
+        }
         return writer->finish();
       });
     if (!ok)
       return ok;
   }
   const std::string index = index_json(plan);
-  return write_new_file(dir / hf_index_file, [&](const safetensors::byte_sink& sink) {
+  return write_new_file(dir / hf_index_file, sync, [&](const safetensors::byte_sink& sink) {
     return sink(std::as_bytes(std::span{index}));
   });
 }
@@ -480,6 +505,29 @@ std::string temp_suffix() {
 
 status write_hf_directory(const fs::path& directory, const tensor_set& tensors,
                           uint64_t max_shard_bytes) {
+  std::vector<safetensors::tensor_spec> specs;
+  for (const auto& [key, t] : tensors) {
+    if (key != t.name)
+      return fail(errc::invalid_argument,
+                  "tensor " + quote(t.name) + " is stored under the key " + quote(key));
+    auto size = safetensors::byte_length(t.type, t.shape);
+    if (!size)
+      return fail(errc::invalid_argument, "tensor " + quote(t.name) + ": " + size.error().message);
+    if (*size != t.bytes.size())
+      return fail(errc::invalid_argument,
+                  "tensor " + quote(t.name) + " holds " + std::to_string(t.bytes.size())
+                    + " bytes but its dtype and shape need " + std::to_string(*size));
+    specs.push_back({t.name, t.type, t.shape});
+  }
+  tensor_filler fill = [&](const std::string& name, const safetensors::byte_sink& sink) {
+    return sink(tensors.at(name).bytes);
+  };
+  return write_hf_directory(directory, specs, fill, max_shard_bytes, true);
+}
+
+status write_hf_directory(const fs::path& directory,
+                          std::span<const safetensors::tensor_spec> tensors,
+                          const tensor_filler& fill, uint64_t max_shard_bytes, bool sync) {
   fs::path target = directory.lexically_normal();
   if (!target.has_filename())
     target = target.parent_path();
@@ -489,21 +537,16 @@ status write_hf_directory(const fs::path& directory, const tensor_set& tensors,
                                           + " must name a directory, not '.' or '..'");
 
   std::vector<shard_input> inputs;
-  for (const auto& [key, t] : tensors) {
-    if (key != t.name)
-      return fail(errc::invalid_argument,
-                  "tensor " + quote(t.name) + " is stored under the key " + quote(key));
+  for (const auto& t : tensors) {
     if (auto ok = validate_tensor_name(t.name); !ok)
       return ok;
     auto size = safetensors::byte_length(t.type, t.shape);
     if (!size)
       return fail(errc::invalid_argument, "tensor " + quote(t.name) + ": " + size.error().message);
-    if (*size != t.bytes.size())
-      return fail(errc::invalid_argument,
-                  "tensor " + quote(t.name) + " holds " + std::to_string(t.bytes.size())
-                    + " bytes but its dtype and shape need " + std::to_string(*size));
-    inputs.push_back({t.name, t.bytes.size()});
+    inputs.push_back({t.name, *size});
   }
+  std::sort(inputs.begin(), inputs.end(),
+            [](const shard_input& a, const shard_input& b) { return a.name < b.name; });
   auto plan = plan_shards(inputs, max_shard_bytes);
   if (!plan)
     return std::move(plan).error();
@@ -524,10 +567,11 @@ status write_hf_directory(const fs::path& directory, const tensor_set& tensors,
     fs::remove_all(temp, ignored);
     return outcome;
   };
-  if (auto ok = write_files(temp, tensors, *plan); !ok)
+  if (auto ok = write_files(temp, tensors, fill, *plan, sync); !ok)
     return cleanup(std::move(ok));
-  if (auto ok = fsync_directory(temp); !ok)
-    return cleanup(std::move(ok));
+  if (sync)
+    if (auto ok = fsync_directory(temp); !ok)
+      return cleanup(std::move(ok));
 
   if (!exists_no_follow(target)) {
     if (::rename(temp.c_str(), target.c_str()) != 0)
@@ -549,6 +593,8 @@ status write_hf_directory(const fs::path& directory, const tensor_set& tensors,
     }
     fs::remove_all(old, ec);
   }
+  if (!sync)
+    return cleanup({});
   auto synced = fsync_directory(parent);
   return cleanup(std::move(synced));
 }

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -64,6 +65,15 @@ struct hf_checkpoint {
 /// directory, `limit_exceeded` for an oversized index.
 result<hf_checkpoint> open_hf_directory(const std::filesystem::path& directory);
 
+/// Opens one of the checkpoint's files for reading, refusing one that now
+/// resolves outside the directory or changed size since it was opened; the
+/// caller closes the descriptor.
+result<int> open_checkpoint_file(const hf_checkpoint& checkpoint, const std::string& file);
+
+/// Reads exactly `out.size()` bytes of `fd` at `offset`; a file that ends
+/// first is `invalid_format` naming `shown`.
+status read_file_range(int fd, uint64_t offset, std::span<std::byte> out, std::string_view shown);
+
 /// Reads tensor `name`'s bytes into `out`, which must be exactly its size.
 status read_tensor(const hf_checkpoint& checkpoint, std::string_view name,
                    std::span<std::byte> out);
@@ -82,5 +92,20 @@ result<tensor_set> load_hf_directory(const std::filesystem::path& directory);
 /// names above); anything else is refused with `invalid_argument`.
 status write_hf_directory(const std::filesystem::path& directory, const tensor_set& tensors,
                           uint64_t max_shard_bytes = default_max_shard_bytes);
+
+/// Writes tensor `name`'s bytes through `sink` when the checkpoint writer
+/// comes to it.
+using tensor_filler =
+  std::function<status(const std::string& name, const safetensors::byte_sink& sink)>;
+
+/// `write_hf_directory` for tensors whose bytes stream in: `fill` writes each
+/// one (in name order) when its turn comes, so a checkpoint of any size
+/// takes no more memory than `fill` uses. Same layout, same checks on the
+/// target, same atomic replacement; `sync` fsyncs every file and the
+/// directories before the checkpoint appears (the in-memory form always
+/// does).
+status write_hf_directory(const std::filesystem::path& directory,
+                          std::span<const safetensors::tensor_spec> tensors,
+                          const tensor_filler& fill, uint64_t max_shard_bytes, bool sync);
 
 } // namespace stitch::store

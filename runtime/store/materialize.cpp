@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
 #include <variant>
 
 #include "gpu/checksum.hpp"
+#include "gpu/host_buffer.hpp"
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/core/delta_codec.hpp"
 #include "runtime/store/hf_directory.hpp"
@@ -27,20 +27,6 @@ std::string quote(std::string_view text) {
   return "'" + std::string{text} + "'";
 }
 
-/// Largest single `read_range`, so one call never holds a backend for long.
-constexpr uint64_t read_chunk = uint64_t{64} << 20;
-
-status read_all(const range_reader& read, const version_ref& ref, std::string_view tensor,
-                uint64_t offset, std::span<std::byte> out) {
-  for (uint64_t done = 0; done < out.size();) {
-    uint64_t n = std::min<uint64_t>(read_chunk, out.size() - done);
-    if (auto ok = read(ref, tensor, offset + done, out.subspan(done, n)); !ok)
-      return ok;
-    done += n;
-  }
-  return {};
-}
-
 uint64_t load_le64(std::span<const std::byte, 8> bytes) {
   uint64_t value = 0;
   for (size_t i = 0; i < 8; ++i)
@@ -48,11 +34,8 @@ uint64_t load_le64(std::span<const std::byte, 8> bytes) {
   return value;
 }
 
-std::string mismatch(std::string_view tensor, const version_ref& ref, uint64_t got,
-                     uint64_t expected) {
-  return "tensor " + quote(tensor) + " of " + to_string(ref) + " has checksum "
-         + checksum::to_hex(got) + " but the manifest says " + checksum::to_hex(expected);
-}
+/// Compressed bytes pulled from the store per read.
+constexpr size_t input_piece = size_t{1} << 20;
 
 } // namespace
 
@@ -77,63 +60,126 @@ result<std::vector<safetensors::tensor_info>> read_tensor_specs(const manifest& 
   return specs;
 }
 
-result<std::vector<std::byte>> read_delta_payload(const range_reader& read, const manifest& delta,
-                                                  std::string_view tensor) {
+/// The payload bytes of one delta frame, read from the store piece by piece.
+struct delta_cursor::source {
+  range_reader read;
+  version_ref ref;
+  std::string tensor;
+  uint64_t next = delta_frame_prefix;
+  uint64_t end = 0;
+
+  result<size_t> pull(std::span<std::byte> into) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(into.size(), end - next));
+    if (n == 0)
+      return size_t{0};
+    if (auto ok = read(ref, tensor, next, into.first(n)); !ok)
+      return std::move(ok).error();
+    next += n;
+    return n;
+  }
+};
+
+status delta_cursor::failed(const stitch::error& e) const {
+  if (e.code != errc::decode_failure)
+    return e;
+  return fail(errc::decode_failure, "cannot apply the delta of tensor " + quote(tensor_) + " in "
+                                      + to_string(ref_) + ": " + e.message);
+}
+
+result<delta_cursor> delta_cursor::open(range_reader read, const manifest& delta,
+                                        std::string_view tensor, uint64_t tensor_size) {
+  delta_cursor c;
+  c.tensor_ = std::string{tensor};
+  c.ref_ = delta.ref;
+  c.encoding_ = delta.encoding;
+  if (c.encoding_ == delta_encoding::none)
+    return fail(errc::decode_failure, "cannot apply the delta of tensor " + quote(tensor) + " in "
+                                        + to_string(delta.ref) + ": a delta without an encoding");
   std::array<std::byte, delta_frame_prefix> prefix{};
   if (auto ok = read(delta.ref, tensor, 0, prefix); !ok)
     return std::move(ok).error();
-  uint64_t length = load_le64(prefix);
+  const uint64_t length = load_le64(prefix);
   if (delta.total_size < delta_frame_prefix || length > delta.total_size - delta_frame_prefix)
     return fail(errc::corrupt_data, "the delta frame of tensor " + quote(tensor) + " in "
                                       + to_string(delta.ref) + " claims " + std::to_string(length)
                                       + " bytes, more than the version stores");
-  std::vector<std::byte> payload(length);
-  if (auto ok = read_all(read, delta.ref, tensor, delta_frame_prefix, payload); !ok)
-    return std::move(ok).error();
-  return payload;
+  c.src_ = std::make_shared<source>(source{std::move(read), delta.ref, std::string{tensor},
+                                           delta_frame_prefix, delta_frame_prefix + length});
+  if (delta.comp == compression::zstd) {
+    auto src = c.src_;
+    auto z = delta::stream_decompressor::start(
+      tensor_size, [src](std::span<std::byte> into) { return src->pull(into); }, input_piece);
+    if (!z)
+      return std::move(z).error();
+    c.zstd_ = std::move(*z);
+  } else if (delta.comp != compression::none) {
+    return fail(errc::decode_failure, "the delta of tensor " + quote(tensor) + " in "
+                                        + to_string(delta.ref) + " has an unknown compression");
+  } else if (length != tensor_size) {
+    return fail(errc::decode_failure, "cannot apply the delta of tensor " + quote(tensor) + " in "
+                                        + to_string(delta.ref) + ": it holds "
+                                        + std::to_string(length) + " bytes for a tensor of "
+                                        + std::to_string(tensor_size));
+  }
+  return c;
 }
 
-status apply_delta_payload(const manifest& delta, std::string_view tensor,
-                           std::span<const std::byte> payload, std::span<std::byte> base) {
-  auto failed = [&](const std::string& why) {
-    return fail(errc::decode_failure, "cannot apply the delta of tensor " + quote(tensor) + " in "
-                                        + to_string(delta.ref) + ": " + why);
-  };
-  std::vector<std::byte> decoded;
-  std::span<const std::byte> bytes = payload;
-  if (delta.comp == compression::zstd) {
-    if (delta.encoding == delta_encoding::overwrite) {
-      // Straight into place: nothing of the old bytes is needed.
-      if (auto ok = delta::decompress_into(payload, base); !ok)
-        return failed(ok.error().message);
-      return {};
+status delta_cursor::apply(std::span<std::byte> base, std::span<std::byte> scratch) {
+  for (size_t done = 0; done < base.size();) {
+    const size_t n = std::min(base.size() - done, scratch.size());
+    auto into = base.subspan(done, n);
+    auto decoded = encoding_ == delta_encoding::overwrite ? into : scratch.first(n);
+    status got;
+    if (zstd_) {
+      got = zstd_->read(decoded);
+    } else {
+      auto pulled = src_->pull(decoded);
+      if (!pulled)
+        got = std::move(pulled).error();
+      else if (*pulled != n)
+        got = fail(errc::decode_failure, "the payload is short");
     }
-    auto out = delta::decompress(payload, base.size());
-    if (!out)
-      return failed(out.error().message);
-    decoded = std::move(*out);
-    bytes = decoded;
-  } else if (delta.comp != compression::none) {
-    return failed("unknown compression");
+    if (!got)
+      return failed(got.error());
+    if (encoding_ == delta_encoding::xor_bytes)
+      if (auto ok = gpu::parallel_xor_apply(into, decoded); !ok)
+        return failed(ok.error());
+    done += n;
   }
-  status ok;
-  switch (delta.encoding) {
-    case delta_encoding::xor_bytes: ok = gpu::parallel_xor_apply(base, bytes); break;
-    case delta_encoding::overwrite: ok = delta::overwrite_apply(base, bytes); break;
-    case delta_encoding::none: return failed("a delta without an encoding");
-  }
-  if (!ok)
-    return failed(ok.error().message);
   return {};
 }
 
-namespace {
+status delta_cursor::finish() {
+  if (zstd_) {
+    if (auto ok = zstd_->finish(); !ok)
+      return failed(ok.error());
+    return {};
+  }
+  if (src_->next != src_->end)
+    return failed(make_error(errc::decode_failure, "the payload is longer than the tensor"));
+  return {};
+}
 
-/// Reads manifests from the store as the planner asks for them.
-result<chain_plan> plan_from_store(store_backend& store, std::string_view pool,
-                                   const version_ref& ref, uint64_t boot,
-                                   std::map<uint64_t, manifest>& cache) {
+status apply_delta(const range_reader& read, const manifest& delta, std::string_view name,
+                   std::span<std::byte> bytes, std::span<std::byte> scratch) {
+  auto cursor = delta_cursor::open(read, delta, name, bytes.size());
+  if (!cursor)
+    return std::move(cursor).error();
+  if (auto ok = cursor->apply(bytes, scratch); !ok)
+    return ok;
+  return cursor->finish();
+}
+
+result<version_reader> version_reader::open(const manifest_reader& manifests, range_reader read,
+                                            const version_ref& target, uint64_t boot) {
+  if (auto ok = validate_run_id(target.run_id); !ok)
+    return std::move(ok).error();
+  std::map<uint64_t, manifest> cache;
   std::set<uint64_t> missing;
+  auto first = manifests(target);
+  if (!first)
+    return std::move(first).error();
+  cache.emplace(target.version, std::move(*first));
   manifest_lookup lookup = [&](const version_ref& r) -> manifest_lookup_result {
     if (auto it = cache.find(r.version); it != cache.end())
       return manifest_found{&it->second};
@@ -141,14 +187,17 @@ result<chain_plan> plan_from_store(store_backend& store, std::string_view pool,
       return manifest_missing{};
     return manifest_pending{};
   };
+  chain_plan plan;
   for (;;) {
-    auto outcome = plan_chain(std::nullopt, ref, boot, lookup);
+    auto outcome = plan_chain(std::nullopt, target, boot, lookup);
     if (!outcome)
       return std::move(outcome).error();
-    if (auto* plan = std::get_if<chain_plan>(&*outcome))
-      return std::move(*plan);
+    if (auto* p = std::get_if<chain_plan>(&*outcome)) {
+      plan = std::move(*p);
+      break;
+    }
     const version_ref need = std::get<needs_manifest>(*outcome).ref;
-    auto m = store.read_manifest(pool, need);
+    auto m = manifests(need);
     if (m)
       cache.emplace(need.version, std::move(*m));
     else if (m.error().code == errc::not_found)
@@ -156,102 +205,160 @@ result<chain_plan> plan_from_store(store_backend& store, std::string_view pool,
     else
       return std::move(m).error();
   }
+  if (!plan.anchor)
+    return fail(errc::missing_link, "no full anchor found for " + to_string(target));
+  version_reader r;
+  r.read_ = std::move(read);
+  r.target_ = cache.at(target.version);
+  r.anchor_ = cache.at(plan.anchor->version);
+  for (const auto& d : plan.deltas)
+    r.deltas_.push_back(cache.at(d.version));
+  auto specs = read_tensor_specs(r.anchor_);
+  if (!specs)
+    return std::move(specs).error();
+  r.tensors_ = std::move(*specs);
+  // Every tensor must be exactly what the target's manifest promises.
+  std::set<std::string> names;
+  for (const auto& t : r.tensors_) {
+    names.insert(t.name);
+    if (!r.target_.checksums.contains(t.name))
+      return fail(errc::invalid_manifest, "the manifest of " + to_string(target)
+                                            + " has no checksum for tensor " + quote(t.name));
+  }
+  for (const auto& [name, sum] : r.target_.checksums)
+    if (!names.contains(name))
+      return fail(errc::corrupt_data, "the manifest of " + to_string(target)
+                                        + " has a checksum for " + quote(name)
+                                        + ", which its chain does not build");
+  for (const auto& d : r.deltas_)
+    for (const auto& name : d.touched)
+      if (!names.contains(name))
+        return fail(errc::corrupt_data, to_string(d.ref) + " changes tensor " + quote(name)
+                                          + ", which its anchor " + to_string(r.anchor_.ref)
+                                          + " does not have");
+  return r;
 }
 
-} // namespace
-
-result<tensor_set> materialize(store_backend& store, std::string_view pool, const version_ref& ref,
-                               parallel_for* runner) {
+result<version_reader> version_reader::open(store_backend& store, std::string_view pool,
+                                            const version_ref& target) {
   if (auto ok = validate_pool(pool); !ok)
     return std::move(ok).error();
-  if (auto ok = validate_run_id(ref.run_id); !ok)
+  if (auto ok = validate_run_id(target.run_id); !ok)
     return std::move(ok).error();
   auto pointer = store.read_pointer(pool);
   if (!pointer)
     return std::move(pointer).error();
   uint64_t boot = 0;
-  if (*pointer && (*pointer)->latest.run_id == ref.run_id
-      && (*pointer)->boot_version <= ref.version)
+  if (*pointer && (*pointer)->latest.run_id == target.run_id
+      && (*pointer)->boot_version <= target.version)
     boot = (*pointer)->boot_version;
+  const std::string p{pool};
+  auto opened = open(
+    [&store, p](const version_ref& r) { return store.read_manifest(p, r); },
+    [&store, p](const version_ref& r, std::string_view tensor, uint64_t offset,
+                std::span<std::byte> out) { return store.read_range(p, r, tensor, offset, out); },
+    target, boot);
+  if (!opened && opened.error().code == errc::not_found)
+    return fail(errc::not_found, "pool " + quote(pool) + " holds no version " + to_string(target));
+  return opened;
+}
 
-  std::map<uint64_t, manifest> cache;
-  auto target = store.read_manifest(pool, ref);
-  if (!target) {
-    if (target.error().code == errc::not_found)
-      return fail(errc::not_found, "pool " + quote(pool) + " holds no version " + to_string(ref));
-    return std::move(target).error();
+status version_reader::verify(const safetensors::tensor_info& t, uint64_t got) const {
+  const uint64_t expected = target_.checksums.at(t.name);
+  if (got != expected)
+    return fail(errc::checksum_mismatch,
+                "tensor " + quote(t.name) + " of " + to_string(target_.ref) + " has checksum "
+                  + checksum::to_hex(got) + " but the manifest says " + checksum::to_hex(expected));
+  return {};
+}
+
+status version_reader::read_into(const safetensors::tensor_info& t, std::span<std::byte> out,
+                                 std::span<std::byte> scratch, parallel_for* runner) const {
+  if (out.size() != t.byte_size())
+    return fail(errc::invalid_argument, "tensor " + quote(t.name) + " is "
+                                          + std::to_string(t.byte_size()) + " bytes, not "
+                                          + std::to_string(out.size()));
+  if (auto ok = read_(anchor_.ref, t.name, 0, out); !ok)
+    return ok;
+  for (const auto& d : deltas_)
+    if (std::binary_search(d.touched.begin(), d.touched.end(), t.name))
+      if (auto ok = apply_delta(read_, d, t.name, out, scratch); !ok)
+        return ok;
+  return verify(t,
+                runner ? checksum::tree_checksum(out, *runner) : gpu::parallel_tree_checksum(out));
+}
+
+status version_reader::stream(const safetensors::tensor_info& t, std::span<std::byte> piece,
+                              std::span<std::byte> scratch,
+                              const std::function<status(std::span<const std::byte>)>& sink) const {
+  std::vector<delta_cursor> cursors;
+  for (const auto& d : deltas_)
+    if (std::binary_search(d.touched.begin(), d.touched.end(), t.name)) {
+      auto c = delta_cursor::open(read_, d, t.name, t.byte_size());
+      if (!c)
+        return std::move(c).error();
+      cursors.push_back(std::move(*c));
+    }
+  checksum::tree_hasher hasher;
+  for (uint64_t off = 0; off < t.byte_size();) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), t.byte_size() - off));
+    auto bytes = piece.first(n);
+    if (auto ok = read_(anchor_.ref, t.name, off, bytes); !ok)
+      return ok;
+    for (auto& c : cursors)
+      if (auto ok = c.apply(bytes, scratch); !ok)
+        return ok;
+    hasher.update(bytes);
+    if (auto ok = sink(bytes); !ok)
+      return ok;
+    off += n;
   }
-  cache.emplace(ref.version, std::move(*target));
-  auto plan = plan_from_store(store, pool, ref, boot, cache);
-  if (!plan)
-    return std::move(plan).error();
-  if (!plan->anchor)
-    return fail(errc::missing_link, "no full anchor found for " + to_string(ref));
+  for (auto& c : cursors)
+    if (auto ok = c.finish(); !ok)
+      return ok;
+  return verify(t, hasher.digest());
+}
 
-  range_reader read = [&](const version_ref& r, std::string_view tensor, uint64_t offset,
-                          std::span<std::byte> out) {
-    return store.read_range(pool, r, tensor, offset, out);
-  };
-  const manifest& anchor = cache.at(plan->anchor->version);
-  auto specs = read_tensor_specs(anchor);
-  if (!specs)
-    return std::move(specs).error();
+result<tensor_set> materialize(store_backend& store, std::string_view pool, const version_ref& ref,
+                               parallel_for* runner) {
+  auto reader = version_reader::open(store, pool, ref);
+  if (!reader)
+    return std::move(reader).error();
+  std::vector<std::byte> scratch(size_t{8} << 20);
   tensor_set weights;
-  for (auto& info : *specs) {
-    host_tensor t{info.name, info.type, std::move(info.shape), {}};
+  for (const auto& info : reader->tensors()) {
+    host_tensor t{info.name, info.type, info.shape, {}};
     t.bytes.resize(info.byte_size());
-    if (auto ok = read_all(read, anchor.ref, t.name, 0, t.bytes); !ok)
+    if (auto ok = reader->read_into(info, t.bytes, scratch, runner); !ok)
       return std::move(ok).error();
     weights.emplace(info.name, std::move(t));
-  }
-
-  for (const auto& delta_ref : plan->deltas) {
-    const manifest& delta = cache.at(delta_ref.version);
-    for (const auto& name : delta.touched) {
-      auto it = weights.find(name);
-      if (it == weights.end())
-        return fail(errc::corrupt_data, to_string(delta.ref) + " changes tensor " + quote(name)
-                                          + ", which its anchor " + to_string(anchor.ref)
-                                          + " does not have");
-      auto payload = read_delta_payload(read, delta, name);
-      if (!payload)
-        return std::move(payload).error();
-      if (auto ok = apply_delta_payload(delta, name, *payload, it->second.bytes); !ok)
-        return std::move(ok).error();
-    }
-  }
-
-  // Every tensor must be exactly what the target's manifest promises.
-  const manifest& m = cache.at(ref.version);
-  for (const auto& [name, sum] : m.checksums)
-    if (!weights.contains(name))
-      return fail(errc::corrupt_data, "the manifest of " + to_string(ref) + " has a checksum for "
-                                        + quote(name) + ", which its chain does not build");
-  std::vector<host_tensor*> tensors;
-  for (auto& [name, t] : weights) {
-    if (!m.checksums.contains(name))
-      return fail(errc::invalid_manifest, "the manifest of " + to_string(ref)
-                                            + " has no checksum for tensor " + quote(name));
-    tensors.push_back(&t);
-  }
-  std::vector<std::span<const std::byte>> spans;
-  for (const auto* t : tensors)
-    spans.push_back(t->bytes);
-  auto sums = tensor_checksums(spans, runner);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    uint64_t expected = m.checksums.at(tensors[i]->name);
-    if (sums[i] != expected)
-      return fail(errc::checksum_mismatch, mismatch(tensors[i]->name, ref, sums[i], expected));
   }
   return weights;
 }
 
 status export_version(store_backend& store, std::string_view pool, const version_ref& ref,
-                      const std::filesystem::path& out_dir, uint64_t max_shard_bytes) {
-  auto weights = materialize(store, pool, ref);
-  if (!weights)
-    return std::move(weights).error();
-  return write_hf_directory(out_dir, *weights, max_shard_bytes);
+                      const std::filesystem::path& out_dir, const export_options& options) {
+  auto reader = version_reader::open(store, pool, ref);
+  if (!reader)
+    return std::move(reader).error();
+  // Half for the piece being written, half for decoding deltas into.
+  const size_t half = static_cast<size_t>(
+    std::clamp<uint64_t>(options.buffer_bytes / 2, size_t{1} << 20, size_t{256} << 20));
+  auto buffer = gpu::staging_allocator().allocate(2 * half);
+  if (!buffer)
+    return std::move(buffer).error();
+  auto piece = buffer->bytes().first(half);
+  auto scratch = buffer->bytes().subspan(half, half);
+  std::vector<safetensors::tensor_spec> specs;
+  std::map<std::string, const safetensors::tensor_info*> by_name;
+  for (const auto& t : reader->tensors()) {
+    specs.push_back({t.name, t.type, t.shape});
+    by_name.emplace(t.name, &t);
+  }
+  tensor_filler fill = [&](const std::string& name, const safetensors::byte_sink& sink) {
+    return reader->stream(*by_name.at(name), piece, scratch, sink);
+  };
+  return write_hf_directory(out_dir, specs, fill, options.max_shard_bytes, options.sync);
 }
 
 } // namespace stitch::store

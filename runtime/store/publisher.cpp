@@ -1,16 +1,21 @@
 #include "runtime/store/publisher.hpp"
 
-#include <algorithm>
-#include <cstring>
-#include <memory>
+#include <fcntl.h>
+#include <unistd.h>
 
-#include "gpu/checksum.hpp"
-#include "gpu/cpu_parallel.hpp"
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+#include "gpu/host_buffer.hpp"
 #include "runtime/core/checksum.hpp"
 #include "runtime/core/delta_codec.hpp"
 #include "runtime/store/version_layout.hpp"
 
 namespace stitch::store {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -22,64 +27,311 @@ std::string quote(std::string_view text) {
   return "'" + std::string{text} + "'";
 }
 
-status validate_weights(const tensor_set& weights) {
-  if (weights.empty())
-    return fail(errc::invalid_argument, "no tensors to publish");
-  for (const auto& [key, t] : weights) {
-    if (key != t.name)
-      return fail(errc::invalid_argument,
-                  "tensor " + quote(t.name) + " is stored under the key " + quote(key));
-    if (auto ok = validate_tensor_name(t.name); !ok)
-      return ok;
-    auto size = safetensors::byte_length(t.type, t.shape);
-    if (!size)
-      return fail(errc::invalid_argument, "tensor " + quote(t.name) + ": " + size.error().message);
-    if (*size != t.bytes.size())
-      return fail(errc::invalid_argument,
-                  "tensor " + quote(t.name) + " holds " + std::to_string(t.bytes.size())
-                    + " bytes but its dtype and shape need " + std::to_string(*size));
+std::string errno_text(int err) {
+  return std::error_code{err, std::generic_category()}.message();
+}
+
+/// A file that exists only while it is open: created unlinked, so a crash
+/// leaves nothing behind.
+result<int> open_scratch_file(const fs::path& dir, uint64_t size) {
+  std::error_code ec;
+  fs::path where = dir.empty() ? fs::temp_directory_path(ec) : dir;
+  if (ec)
+    return fail(errc::backend_failure, "no temporary directory: " + ec.message());
+  fs::create_directories(where, ec);
+  int fd = ::open(where.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    // File systems without O_TMPFILE: create, then unlink at once.
+    std::string name = (where / "stitch-scratch-XXXXXX").string();
+    fd = ::mkostemp(name.data(), O_CLOEXEC);
+    if (fd >= 0)
+      ::unlink(name.c_str());
+  }
+  if (fd < 0)
+    return fail(errc::backend_failure,
+                "cannot create a scratch file in " + where.string() + ": " + errno_text(errno));
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int err = errno;
+    ::close(fd);
+    return fail(errc::backend_failure, "cannot size a scratch file in " + where.string() + " to "
+                                         + std::to_string(size) + " bytes: " + errno_text(err));
+  }
+  return fd;
+}
+
+status pwrite_all(int fd, uint64_t offset, std::span<const std::byte> bytes) {
+  while (!bytes.empty()) {
+    ssize_t n = ::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return fail(errc::backend_failure, "writing a scratch file: " + errno_text(errno));
+    }
+    bytes = bytes.subspan(static_cast<size_t>(n));
+    offset += static_cast<uint64_t>(n);
   }
   return {};
 }
 
-bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
+status pread_all(int fd, uint64_t offset, std::span<std::byte> out) {
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n =
+      ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return fail(errc::backend_failure,
+                  "reading a scratch file: " + (n < 0 ? errno_text(errno) : "it is short"));
+    done += static_cast<size_t>(n);
+  }
+  return {};
 }
 
-bool same_content(const tensor_set& a, const tensor_set& b) {
-  return a == b;
-}
+/// Bytes kept in host memory up to a bound, in an unlinked scratch file beyond.
+class spill_buffer {
+public:
+  spill_buffer(uint64_t memory_bound, fs::path dir) : bound_(memory_bound), dir_(std::move(dir)) {}
+  ~spill_buffer() {
+    if (fd_ >= 0)
+      ::close(fd_);
+  }
+  spill_buffer(const spill_buffer&) = delete;
+  spill_buffer& operator=(const spill_buffer&) = delete;
 
-/// Why two tensor sets cannot be related by a delta, or nullopt when they can.
-std::optional<std::string> layout_difference(const tensor_set& before, const tensor_set& after) {
+  /// Appends; returns where the bytes start.
+  result<uint64_t> append(std::span<const std::byte> bytes) {
+    const uint64_t at = size_;
+    if (fd_ < 0 && memory_.size() + bytes.size() <= bound_) {
+      memory_.insert(memory_.end(), bytes.begin(), bytes.end());
+    } else {
+      if (fd_ < 0) {
+        auto fd = open_scratch_file(dir_, 0);
+        if (!fd)
+          return std::move(fd).error();
+        fd_ = *fd;
+        if (auto ok = pwrite_all(fd_, 0, memory_); !ok)
+          return std::move(ok).error();
+        memory_.clear();
+        memory_.shrink_to_fit();
+      }
+      if (auto ok = pwrite_all(fd_, at, bytes); !ok)
+        return std::move(ok).error();
+    }
+    size_ += bytes.size();
+    return at;
+  }
+
+  status read(uint64_t offset, std::span<std::byte> out) const {
+    if (fd_ >= 0)
+      return pread_all(fd_, offset, out);
+    std::memcpy(out.data(), memory_.data() + offset, out.size());
+    return {};
+  }
+
+  /// Overwrites bytes appended earlier.
+  status patch(uint64_t offset, std::span<const std::byte> bytes) {
+    if (fd_ >= 0)
+      return pwrite_all(fd_, offset, bytes);
+    std::memcpy(memory_.data() + offset, bytes.data(), bytes.size());
+    return {};
+  }
+
+  void clear() {
+    memory_.clear();
+    if (fd_ >= 0)
+      ::close(fd_);
+    fd_ = -1;
+    size_ = 0;
+  }
+
+private:
+  uint64_t bound_;
+  fs::path dir_;
+  std::vector<std::byte> memory_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+/// A run's remembered last version: its tensors' bytes end to end, in host
+/// memory or in an unlinked scratch file.
+class version_copy {
+public:
+  static result<std::unique_ptr<version_copy>> make(uint64_t size, bool in_memory,
+                                                    const fs::path& scratch_dir) {
+    std::unique_ptr<version_copy> c{new version_copy()};
+    c->size_ = size;
+    if (in_memory) {
+      auto buffer = gpu::staging_allocator().allocate(size);
+      if (!buffer)
+        return std::move(buffer).error();
+      c->memory_ = std::move(*buffer);
+    } else {
+      auto fd = open_scratch_file(scratch_dir, size);
+      if (!fd)
+        return std::move(fd).error();
+      c->fd_ = *fd;
+    }
+    return c;
+  }
+  ~version_copy() {
+    if (fd_ >= 0)
+      ::close(fd_);
+  }
+
+  bool in_memory() const noexcept { return fd_ < 0; }
+  uint64_t size() const noexcept { return size_; }
+
+  /// `n` bytes at `offset`: a view of memory, or read into `scratch` (at
+  /// least `n` bytes; unused for a copy in memory).
+  result<std::span<const std::byte>> read(uint64_t offset, size_t n,
+                                          std::span<std::byte> scratch) const {
+    if (in_memory())
+      return std::span<const std::byte>{memory_.data() + offset, n};
+    if (auto ok = pread_all(fd_, offset, scratch.first(n)); !ok)
+      return std::move(ok).error();
+    return std::span<const std::byte>{scratch.first(n)};
+  }
+
+  status write(uint64_t offset, std::span<const std::byte> bytes) {
+    if (in_memory()) {
+      std::memcpy(memory_.data() + offset, bytes.data(), bytes.size());
+      return {};
+    }
+    return pwrite_all(fd_, offset, bytes);
+  }
+
+private:
+  version_copy() = default;
+  gpu::host_buffer memory_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+/// Why two tensor lists cannot be related by a delta, or nullopt when they can.
+std::optional<std::string> layout_difference(const std::vector<tensor_header>& before,
+                                             const std::vector<tensor_header>& after) {
   auto b = before.begin();
   auto a = after.begin();
   for (; b != before.end() && a != after.end(); ++a, ++b) {
-    if (a->first != b->first) {
-      const auto& gone = std::min(a->first, b->first);
-      return "tensor " + quote(gone) + (after.contains(gone) ? " was added" : " was removed");
+    if (a->name != b->name) {
+      const bool added = a->name < b->name;
+      return "tensor " + quote(added ? a->name : b->name) + (added ? " was added" : " was removed");
     }
-    if (a->second.type != b->second.type)
-      return "tensor " + quote(a->first) + " changed dtype from "
-             + std::string{safetensors::to_string(b->second.type)} + " to "
-             + std::string{safetensors::to_string(a->second.type)};
-    if (a->second.shape != b->second.shape)
-      return "tensor " + quote(a->first) + " changed shape";
+    if (a->type != b->type)
+      return "tensor " + quote(a->name) + " changed dtype from "
+             + std::string{safetensors::to_string(b->type)} + " to "
+             + std::string{safetensors::to_string(a->type)};
+    if (a->shape != b->shape)
+      return "tensor " + quote(a->name) + " changed shape";
   }
   if (a != after.end())
-    return "tensor " + quote(a->first) + " was added";
+    return "tensor " + quote(a->name) + " was added";
   if (b != before.end())
-    return "tensor " + quote(b->first) + " was removed";
+    return "tensor " + quote(b->name) + " was removed";
   return std::nullopt;
 }
 
-/// One stored tensor of a version being prepared.
-struct stored_tensor {
-  std::string name;
-  safetensors::dtype type = safetensors::dtype::u8;
-  std::vector<uint64_t> shape;
-  std::span<const std::byte> bytes;
+/// Feeds `count` zero bytes to `c` (untouched bytes of a touched tensor).
+status feed_zeros(delta::stream_compressor& c, uint64_t count, std::vector<std::byte>& out) {
+  static const std::vector<std::byte> zero(size_t{1} << 20, std::byte{0});
+  while (count > 0) {
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(count, zero.size()));
+    if (auto ok = c.update(std::span{zero}.first(k), out); !ok)
+      return ok;
+    count -= k;
+  }
+  return {};
+}
+
+/// Writes the shards of a version as its tensors stream in, in the order of
+/// `plan`: each shard's safetensors header before its first tensor.
+class shard_streamer {
+public:
+  struct item {
+    std::string name;
+    safetensors::dtype type;
+    std::vector<uint64_t> shape;
+    uint64_t size;
+  };
+
+  static result<shard_streamer> plan(std::vector<item> items, uint64_t max_shard_bytes,
+                                     const safetensors::metadata_map& metadata) {
+    shard_streamer s;
+    std::vector<shard_input> inputs;
+    for (const auto& it : items)
+      inputs.push_back({it.name, it.size});
+    auto p = plan_shards(inputs, max_shard_bytes);
+    if (!p)
+      return std::move(p).error();
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < items.size(); ++i)
+      index[items[i].name] = i;
+    for (size_t k = 0; k < p->shards.size(); ++k) {
+      const auto& names = p->shard_tensors[k];
+      if (!names.empty())
+        s.first_of_shard_[names.front()] = k;
+      std::vector<safetensors::tensor_spec> specs;
+      for (const auto& name : names) {
+        const auto& it = items[index.at(name)];
+        specs.push_back({it.name, it.type, it.shape});
+      }
+      auto header = safetensors::serialize_header(specs, metadata);
+      if (!header)
+        return std::move(header).error();
+      s.headers_.push_back(std::move(header->bytes));
+    }
+    s.plan_ = std::move(*p);
+    return s;
+  }
+
+  const shard_plan& layout() const noexcept { return plan_; }
+
+  /// Tensor `name` starts: its shard's header goes first when it opens one.
+  status begin_tensor(version_writer& w, const std::string& name) {
+    auto it = first_of_shard_.find(name);
+    if (it == first_of_shard_.end())
+      return {};
+    const size_t k = it->second;
+    if (auto ok = w.begin_shard(plan_.shards[k], headers_[k].size() + plan_.shard_bytes[k]); !ok)
+      return ok;
+    return w.write(headers_[k]);
+  }
+
+  /// Fills the manifest's shard fields.
+  void describe(manifest& m) const {
+    m.shards = plan_.shards;
+    m.weight_map = plan_.weight_map;
+    m.total_size = plan_.total_size;
+  }
+
+private:
+  shard_plan plan_;
+  std::vector<std::vector<std::byte>> headers_;
+  std::map<std::string, size_t> first_of_shard_;
 };
+
+std::vector<shard_streamer::item> anchor_items(const std::vector<tensor_header>& tensors) {
+  std::vector<shard_streamer::item> items;
+  for (const auto& t : tensors)
+    items.push_back({t.name, t.type, t.shape, t.size});
+  return items;
+}
+
+/// The manifest of a full anchor of `tensors` with checksums `sums`.
+manifest anchor_manifest(const version_ref& ref, const std::vector<tensor_header>& tensors,
+                         const shard_streamer& shards, std::map<std::string, uint64_t> sums) {
+  manifest m;
+  m.ref = ref;
+  m.kind = version_kind::full;
+  shards.describe(m);
+  m.checksums = std::move(sums);
+  for (const auto& t : tensors) {
+    m.touched.push_back(t.name);
+    m.tensor_specs[t.name] = {std::string{safetensors::to_string(t.type)}, t.shape};
+  }
+  return m;
+}
 
 } // namespace
 
@@ -93,352 +345,440 @@ std::vector<std::byte> encode_delta_frame(std::span<const std::byte> payload) {
   return frame;
 }
 
-std::vector<uint64_t> tensor_checksums(std::span<const std::span<const std::byte>> tensors,
-                                       parallel_for* runner) {
-  parallel_for& pool = runner ? *runner : gpu::shared_pool();
-  std::vector<uint64_t> sums(tensors.size());
-  std::vector<size_t> small;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].size() >= gpu::parallel_threshold)
-      sums[i] = checksum::tree_checksum(tensors[i], pool);
-    else
-      small.push_back(i);
-  }
-  pool.run(small.size(),
-           [&](size_t k) { sums[small[k]] = checksum::tree_checksum(tensors[small[k]]); });
-  return sums;
-}
-
-memory_source::memory_source(std::vector<std::span<const std::byte>> pieces)
-    : pieces_(std::move(pieces)) {
-  for (const auto& p : pieces_)
-    size_ += p.size();
-}
-
-result<size_t> memory_source::read(std::span<std::byte> out) {
-  size_t done = 0;
-  while (done < out.size() && piece_ < pieces_.size()) {
-    const auto& piece = pieces_[piece_];
-    size_t n = std::min(out.size() - done, piece.size() - offset_);
-    if (n > 0)
-      std::memcpy(out.data() + done, piece.data() + offset_, n);
-    done += n;
-    offset_ += n;
-    if (offset_ == piece.size()) {
-      ++piece_;
-      offset_ = 0;
-    }
-  }
-  return done;
-}
-
-/// A version ready to put: its manifest and the bytes of its shards.
-struct publisher::prepared {
-  struct shard {
-    std::string name;
-    std::vector<std::byte> header;
-    std::vector<std::span<const std::byte>> data;
-  };
-
-  manifest m;
-  std::vector<shard> shards;
-  /// Bytes the shards point into besides the caller's tensors (delta
-  /// frames); moving a vector keeps its buffer in place.
-  std::vector<std::vector<std::byte>> owned;
-  uint64_t raw_bytes = 0;
-  uint64_t encoded_bytes = 0;
-  std::string reason;
-  /// The remembered version again with identical weights: `m` is its
-  /// manifest and there are no shards.
-  bool reused = false;
+struct publisher::run_state {
+  uint64_t version = 0;
+  /// nullopt when unknown (adopted from the store): the next one anchors.
+  std::optional<uint64_t> last_anchor;
+  manifest published;
+  std::vector<tensor_header> tensors;
+  /// Where each tensor starts in `copy`.
+  std::vector<uint64_t> offsets;
+  std::unique_ptr<version_copy> copy;
+  /// `copy` holds `version`'s bytes (false while a publish rewrites it).
+  bool valid = false;
 };
 
-namespace {
-
-/// Lays `tensors` out in HF shards and fills the manifest's shard fields.
-status lay_out(std::vector<stored_tensor>& tensors, uint64_t max_shard_bytes,
-               const safetensors::metadata_map& metadata, manifest& m,
-               std::vector<std::string>& shard_names, std::vector<std::vector<std::byte>>& headers,
-               std::vector<std::vector<std::span<const std::byte>>>& data) {
-  std::vector<shard_input> inputs;
-  std::map<std::string, const stored_tensor*> by_name;
-  for (const auto& t : tensors) {
-    inputs.push_back({t.name, t.bytes.size()});
-    by_name.emplace(t.name, &t);
-  }
-  auto plan = plan_shards(inputs, max_shard_bytes);
-  if (!plan)
-    return std::move(plan).error();
-  for (size_t i = 0; i < plan->shards.size(); ++i) {
-    std::vector<safetensors::tensor_spec> specs;
-    std::vector<std::span<const std::byte>> pieces;
-    for (const auto& name : plan->shard_tensors[i]) {
-      const stored_tensor& t = *by_name.at(name);
-      specs.push_back({t.name, t.type, t.shape});
-      pieces.push_back(t.bytes);
-    }
-    auto header = safetensors::serialize_header(specs, metadata);
-    if (!header)
-      return std::move(header).error();
-    shard_names.push_back(plan->shards[i]);
-    headers.push_back(std::move(header->bytes));
-    data.push_back(std::move(pieces));
-  }
-  m.shards = plan->shards;
-  m.weight_map = plan->weight_map;
-  m.total_size = plan->total_size;
-  return {};
+publisher::publisher(store_backend& store, publisher_options options)
+    : store_(store), options_(std::move(options)) {
+  options_.chunk_bytes = std::clamp<uint64_t>(options_.chunk_bytes, 4096, uint64_t{256} << 20);
 }
 
-} // namespace
+publisher::~publisher() = default;
 
-publisher::publisher(store_backend& store, publisher_options options)
-    : store_(store), options_(options) {}
+std::shared_ptr<publisher::run_state>
+publisher::find(const std::pair<std::string, std::string>& key) const {
+  std::lock_guard guard{mutex_};
+  auto it = runs_.find(key);
+  if (it == runs_.end() || !it->second->valid)
+    return nullptr;
+  return it->second;
+}
+
+void publisher::forget(const std::pair<std::string, std::string>& key) {
+  std::lock_guard guard{mutex_};
+  auto it = runs_.find(key);
+  if (it == runs_.end())
+    return;
+  if (it->second->copy && it->second->copy->in_memory())
+    memory_in_use_ -= it->second->copy->size();
+  runs_.erase(it);
+}
 
 std::optional<uint64_t> publisher::last_version(std::string_view pool,
                                                 std::string_view run_id) const {
-  auto it = runs_.find({std::string{pool}, std::string{run_id}});
-  if (it == runs_.end())
+  auto s = find({std::string{pool}, std::string{run_id}});
+  if (!s)
     return std::nullopt;
-  return it->second.version;
+  return s->version;
 }
 
-result<publisher::prepared> publisher::prepare_anchor(const publish_request& request,
-                                                      const tensor_set& weights,
-                                                      std::string reason) const {
-  prepared out;
-  out.reason = std::move(reason);
-  std::vector<stored_tensor> tensors;
-  for (const auto& [name, t] : weights) {
-    tensors.push_back({name, t.type, t.shape, t.bytes});
-    out.raw_bytes += t.bytes.size();
-  }
-
-  manifest& m = out.m;
-  m.ref = {request.run_id, request.version};
-  m.kind = version_kind::full;
-  std::vector<std::string> names;
-  std::vector<std::vector<std::byte>> headers;
-  std::vector<std::vector<std::span<const std::byte>>> data;
-  if (auto ok =
-        lay_out(tensors, options_.max_shard_bytes, {{"format", "pt"}}, m, names, headers, data);
-      !ok)
-    return std::move(ok).error();
-  for (size_t i = 0; i < names.size(); ++i)
-    out.shards.push_back({std::move(names[i]), std::move(headers[i]), std::move(data[i])});
-  std::vector<std::span<const std::byte>> spans;
-  for (const auto& t : tensors)
-    spans.push_back(t.bytes);
-  auto sums = tensor_checksums(spans);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    m.touched.push_back(tensors[i].name);
-    m.checksums[tensors[i].name] = sums[i];
-  }
-  std::sort(m.touched.begin(), m.touched.end());
-  for (const auto& [name, t] : weights)
-    m.tensor_specs[name] = {std::string{safetensors::to_string(t.type)}, t.shape};
-  out.encoded_bytes = m.total_size;
-  return out;
-}
-
-result<publisher::prepared> publisher::prepare(const publish_request& request,
-                                               const tensor_set& weights,
-                                               const run_state* previous) const {
-  const uint64_t version = request.version;
-  if (request.force_anchor)
-    return prepare_anchor(request, weights, "requested (--anchor)");
-  if (!previous)
-    return prepare_anchor(request, weights,
-                          "first version of run " + quote(request.run_id) + " in pool "
-                            + quote(request.pool) + " this publisher has seen");
-  if (previous->version == version && same_content(previous->weights, weights)) {
-    prepared out;
-    out.m = previous->published;
-    out.reused = true;
-    out.reason = "re-publish of the remembered version " + std::to_string(version);
-    for (const auto& [name, t] : weights)
-      out.raw_bytes += t.bytes.size();
-    out.encoded_bytes = previous->published.total_size;
-    return out;
-  }
-  if (previous->version + 1 != version)
-    return prepare_anchor(request, weights,
-                          "the previous version in memory is " + std::to_string(previous->version)
-                            + ", not " + std::to_string(version - 1));
-  if (auto diff = layout_difference(previous->weights, weights))
-    return prepare_anchor(request, weights, "the tensor set changed: " + *diff);
-  if (!previous->last_anchor)
-    return prepare_anchor(request, weights, "the run's last anchor is unknown");
-  if (options_.anchor_every != 0 && version - *previous->last_anchor >= options_.anchor_every)
-    return prepare_anchor(request, weights,
-                          std::to_string(version - *previous->last_anchor)
-                            + " versions since anchor " + std::to_string(*previous->last_anchor)
-                            + " (anchor_every = " + std::to_string(options_.anchor_every) + ")");
-
-  prepared out;
-  std::vector<const host_tensor*> changed;
-  for (const auto& [name, t] : weights) {
-    out.raw_bytes += t.bytes.size();
-    if (!same_bytes(previous->weights.at(name).bytes, t.bytes))
-      changed.push_back(&t);
-  }
-
-  // Encode the changed tensors in parallel: XOR, compress, frame, checksum.
-  std::vector<std::vector<std::byte>> frames(changed.size());
-  std::vector<uint64_t> sums(changed.size());
-  std::vector<std::optional<stitch::error>> errors(changed.size());
-  gpu::shared_pool().run(changed.size(), [&](size_t i) {
-    const host_tensor& t = *changed[i];
-    std::vector<std::byte> xored(t.bytes.size());
-    if (auto ok = delta::xor_encode(previous->weights.at(t.name).bytes, t.bytes, xored); !ok) {
-      errors[i] = ok.error();
-      return;
-    }
-    auto packed = delta::compress(xored, options_.zstd_level);
-    if (!packed) {
-      errors[i] = packed.error();
-      return;
-    }
-    frames[i] = encode_delta_frame(*packed);
-    sums[i] = checksum::tree_checksum(t.bytes);
-  });
-  for (size_t i = 0; i < changed.size(); ++i)
-    if (errors[i])
-      return fail(errors[i]->code,
-                  "encoding tensor " + quote(changed[i]->name) + ": " + errors[i]->message);
-
-  uint64_t delta_bytes = 0;
-  for (size_t i = 0; i < changed.size(); ++i) {
-    delta_bytes += frames[i].size();
-    out.encoded_bytes += changed[i]->bytes.size();
-  }
-  if (delta_bytes >= out.raw_bytes)
-    return prepare_anchor(request, weights,
-                          "the delta's " + std::to_string(delta_bytes)
-                            + " bytes are not smaller than the full weights' "
-                            + std::to_string(out.raw_bytes) + " bytes");
-
-  std::vector<stored_tensor> tensors;
-  for (size_t i = 0; i < changed.size(); ++i) {
-    out.owned.push_back(std::move(frames[i]));
-    const auto& frame = out.owned.back();
-    tensors.push_back({changed[i]->name, safetensors::dtype::u8, {frame.size()}, frame});
-  }
-  manifest& m = out.m;
-  m.ref = {request.run_id, version};
-  m.kind = version_kind::delta;
-  m.base_version = version - 1;
-  m.encoding = delta_encoding::xor_bytes;
-  m.comp = compression::zstd;
-  std::vector<std::string> names;
-  std::vector<std::vector<std::byte>> headers;
-  std::vector<std::vector<std::span<const std::byte>>> data;
-  if (auto ok = lay_out(tensors, options_.max_shard_bytes, {}, m, names, headers, data); !ok)
-    return std::move(ok).error();
-  for (size_t i = 0; i < names.size(); ++i)
-    out.shards.push_back({std::move(names[i]), std::move(headers[i]), std::move(data[i])});
-  // Untouched tensors keep their checksums: the bytes are the same.
-  m.checksums = previous->published.checksums;
-  for (size_t i = 0; i < changed.size(); ++i) {
-    m.touched.push_back(changed[i]->name);
-    m.checksums[changed[i]->name] = sums[i];
-  }
-  return out;
+uint64_t publisher::memory_in_use() const {
+  std::lock_guard guard{mutex_};
+  return memory_in_use_;
 }
 
 result<publish_report> publisher::publish(const publish_request& request,
                                           const tensor_set& full_weights) {
+  for (const auto& [key, t] : full_weights)
+    if (key != t.name)
+      return fail(errc::invalid_argument,
+                  "tensor " + quote(t.name) + " is stored under the key " + quote(key));
+  memory_stream source{full_weights};
+  return publish(request, source);
+}
+
+/// What one publish works with.
+struct publisher::pass {
+  enum class mode : uint8_t {
+    /// The store (or, for a dry run, the remembered copy) already has this
+    /// version: check the bytes against it.
+    verify,
+    anchor,
+    delta,
+  };
+};
+
+result<publish_report> publisher::publish(const publish_request& request, tensor_stream& source) {
+  using mode = pass::mode;
   if (auto ok = validate_pool(request.pool); !ok)
     return std::move(ok).error();
   if (auto ok = validate_run_id(request.run_id); !ok)
     return std::move(ok).error();
-  if (auto ok = validate_weights(full_weights); !ok)
+  const auto& tensors = source.tensors();
+  if (auto ok = validate_headers(tensors); !ok)
     return std::move(ok).error();
 
   const auto key = std::make_pair(request.pool, request.run_id);
-  auto held = runs_.find(key);
-  const run_state* previous = held == runs_.end() ? nullptr : &held->second;
-  auto prep = prepare(request, full_weights, previous);
-  if (!prep)
-    return std::move(prep).error();
+  const version_ref ref{request.run_id, request.version};
+  auto prev = find(key);
+  // `prev` may be rewritten in place below: what it was, for later.
+  const bool had_prev = prev != nullptr;
+  const uint64_t prev_version = prev ? prev->version : 0;
+  const std::optional<uint64_t> prev_anchor = prev ? prev->last_anchor : std::nullopt;
+  uint64_t raw_bytes = 0;
+  for (const auto& t : tensors)
+    raw_bytes += t.size;
+
+  // What the store holds, and a rewind, before a byte is read.
+  std::optional<pointer_record> pointer;
+  std::optional<manifest> existing;
+  if (!request.dry_run) {
+    auto p = store_.read_pointer(request.pool);
+    if (!p)
+      return std::move(p).error();
+    pointer = *p;
+    auto m = store_.read_manifest(request.pool, ref);
+    if (m)
+      existing = std::move(*m);
+    else if (m.error().code != errc::not_found)
+      return std::move(m).error();
+    if (!existing && pointer && pointer->latest.run_id == ref.run_id
+        && ref.version < pointer->latest.version) {
+      auto decision = decide_pointer_move(
+        pointer, pointer_proposal{ref, true, pointer->boot_version, std::nullopt});
+      if (!decision)
+        return std::move(decision).error();
+    }
+  }
+
+  const bool copy_is_this_version = prev && prev->version == request.version;
+  mode how = mode::delta;
+  std::string reason;
+  const manifest* expected = nullptr;
+  if (existing) {
+    how = mode::verify;
+    expected = &*existing;
+  } else if (request.dry_run && copy_is_this_version) {
+    how = mode::verify;
+    expected = &prev->published;
+  } else if (request.force_anchor) {
+    reason = "requested (--anchor)";
+  } else if (!prev) {
+    reason = "first version of run " + quote(request.run_id) + " in pool " + quote(request.pool)
+             + " this publisher has seen";
+  } else if (copy_is_this_version) {
+    reason = "the store no longer holds the remembered version";
+  } else if (prev->version + 1 != request.version) {
+    reason = "the previous version in memory is " + std::to_string(prev->version) + ", not "
+             + std::to_string(request.version - 1);
+  } else if (auto diff = layout_difference(prev->tensors, tensors)) {
+    reason = "the tensor set changed: " + *diff;
+  } else if (!prev->last_anchor) {
+    reason = "the run's last anchor is unknown";
+  } else if (options_.anchor_every != 0
+             && request.version - *prev->last_anchor >= options_.anchor_every) {
+    reason = std::to_string(request.version - *prev->last_anchor) + " versions since anchor "
+             + std::to_string(*prev->last_anchor)
+             + " (anchor_every = " + std::to_string(options_.anchor_every) + ")";
+  }
+  if (how != mode::verify && !reason.empty())
+    how = mode::anchor;
+
+  // The remembered copy: read for a delta (and to verify against itself),
+  // rewritten in place by whatever will be remembered after this publish.
+  const bool compare_only = how == mode::verify && copy_is_this_version;
+  const bool write_copy = !request.dry_run && !compare_only;
+  std::shared_ptr<run_state> target;
+  if (write_copy) {
+    std::lock_guard guard{mutex_};
+    auto& slot = runs_[key];
+    if (slot && slot->copy && !layout_difference(slot->tensors, tensors)) {
+      target = slot;
+    } else {
+      if (slot && slot->copy && slot->copy->in_memory())
+        memory_in_use_ -= slot->copy->size();
+      slot.reset();
+      const bool fits = memory_in_use_ + raw_bytes <= options_.memory_limit;
+      auto copy = version_copy::make(raw_bytes, fits, options_.scratch_dir);
+      if (!copy) {
+        runs_.erase(key);
+        return std::move(copy).error();
+      }
+      if (fits)
+        memory_in_use_ += raw_bytes;
+      target = std::make_shared<run_state>();
+      target->tensors = tensors;
+      uint64_t at = 0;
+      for (const auto& t : tensors) {
+        target->offsets.push_back(at);
+        at += t.size;
+      }
+      target->copy = std::move(*copy);
+      slot = target;
+    }
+    // Until this publish succeeds the copy holds neither version for sure.
+    target->valid = false;
+  }
+  auto failed = [&](stitch::error err) -> result<publish_report> {
+    if (write_copy)
+      forget(key);
+    return err;
+  };
+  // The copy a delta or a comparison reads: the remembered one (which the
+  // pass also rewrites, chunk by chunk, after reading it).
+  const run_state* old = (how == mode::delta || compare_only) ? prev.get() : nullptr;
+
+  const uint64_t chunk = options_.chunk_bytes;
+  std::vector<std::byte> fresh(chunk);
+  std::vector<std::byte> scratch((old && !old->copy->in_memory()) ? chunk : 0);
+  std::vector<std::byte> xored(how == mode::delta ? chunk : 0);
+
+  std::unique_ptr<version_writer> writer;
+  std::optional<shard_streamer> anchor_shards;
+  if (how == mode::anchor) {
+    auto planned =
+      shard_streamer::plan(anchor_items(tensors), options_.max_shard_bytes, {{"format", "pt"}});
+    if (!planned)
+      return failed(std::move(planned).error());
+    anchor_shards = std::move(*planned);
+    if (!request.dry_run) {
+      auto w = store_.begin_version(request.pool, ref);
+      if (!w)
+        return failed(std::move(w).error());
+      writer = std::move(*w);
+    }
+  }
+
+  // The delta's frames (8-byte length, then the zstd payload) as they are
+  // produced, kept until it is clear whether the delta pays off.
+  struct frame_ref {
+    size_t tensor;
+    uint64_t at;
+    uint64_t size;
+  };
+  spill_buffer frames{chunk * 4, options_.scratch_dir};
+  std::vector<frame_ref> frame_refs;
+  uint64_t delta_bytes = 0;
+  bool delta_pays = how == mode::delta;
+  bool identical = true;
+  std::map<std::string, uint64_t> sums;
+  std::vector<std::byte> payload;
+  /// Moves compressed output into the frames.
+  auto spill = [&]() -> status {
+    if (payload.empty())
+      return {};
+    auto at = frames.append(payload);
+    delta_bytes += payload.size();
+    payload.clear();
+    if (!at)
+      return std::move(at).error();
+    return {};
+  };
+
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    checksum::tree_hasher hasher;
+    if (writer)
+      if (auto ok = anchor_shards->begin_tensor(*writer, t.name); !ok)
+        return failed(std::move(ok).error());
+    std::optional<delta::stream_compressor> compressor;
+    uint64_t zeros_pending = 0;
+    uint64_t frame_at = 0;
+    for (uint64_t off = 0; off < t.size; off += chunk) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, t.size - off));
+      auto now = std::span{fresh}.first(n);
+      if (auto ok = source.read(i, off, now); !ok)
+        return failed(std::move(ok).error());
+      hasher.update(now);
+      if (writer)
+        if (auto ok = writer->write(now); !ok)
+          return failed(std::move(ok).error());
+      bool same = false;
+      if (old && (delta_pays || compare_only)) {
+        auto before = old->copy->read(old->offsets[i] + off, n, scratch);
+        if (!before)
+          return failed(std::move(before).error());
+        same = std::memcmp(before->data(), now.data(), n) == 0;
+        identical = identical && same;
+        if (delta_pays) {
+          // Untouched bytes are zeros in the XOR; a tensor compresses only
+          // once its first change shows up.
+          if (same && !compressor) {
+            zeros_pending += n;
+          } else {
+            if (!compressor) {
+              auto started = delta::stream_compressor::start(t.size, options_.zstd_level);
+              if (!started)
+                return failed(std::move(started).error());
+              compressor = std::move(*started);
+              // The length prefix, filled in when the frame ends.
+              payload.assign(delta_frame_prefix, std::byte{0});
+              frame_at = delta_bytes;
+              if (auto ok = feed_zeros(*compressor, zeros_pending, payload); !ok)
+                return failed(std::move(ok).error());
+              zeros_pending = 0;
+            }
+            if (same) {
+              if (auto ok = feed_zeros(*compressor, n, payload); !ok)
+                return failed(std::move(ok).error());
+            } else {
+              auto x = std::span{xored}.first(n);
+              if (auto ok = delta::xor_encode(*before, now, x); !ok)
+                return failed(std::move(ok).error());
+              if (auto ok = compressor->update(x, payload); !ok)
+                return failed(std::move(ok).error());
+            }
+            if (auto ok = spill(); !ok)
+              return failed(std::move(ok).error());
+          }
+          if (delta_bytes >= raw_bytes) {
+            // Not smaller than the weights: stop encoding, stream on.
+            delta_pays = false;
+            compressor.reset();
+            frames.clear();
+            frame_refs.clear();
+          }
+        }
+      }
+      if (write_copy && !same)
+        if (auto ok = target->copy->write(target->offsets[i] + off, now); !ok)
+          return failed(std::move(ok).error());
+    }
+    sums[t.name] = hasher.digest();
+    if (compressor && delta_pays) {
+      if (auto ok = compressor->finish(payload); !ok)
+        return failed(std::move(ok).error());
+      if (auto ok = spill(); !ok)
+        return failed(std::move(ok).error());
+      const uint64_t size = delta_bytes - frame_at;
+      std::array<std::byte, delta_frame_prefix> prefix{};
+      for (size_t k = 0; k < delta_frame_prefix; ++k)
+        prefix[k] = static_cast<std::byte>(((size - delta_frame_prefix) >> (8 * k)) & 0xff);
+      if (auto ok = frames.patch(frame_at, prefix); !ok)
+        return failed(std::move(ok).error());
+      frame_refs.push_back({i, frame_at, size});
+      if (delta_bytes >= raw_bytes) {
+        delta_pays = false;
+        frames.clear();
+        frame_refs.clear();
+      }
+    }
+  }
 
   publish_report report;
-  auto fill = [&](const prepared& p) {
-    report.kind = p.m.kind;
-    report.touched = p.m.touched;
-    report.raw_bytes = p.raw_bytes;
-    report.encoded_bytes = p.encoded_bytes;
-    report.stored_bytes = p.m.total_size;
-    report.reason_for_anchor = p.m.is_full() ? p.reason : std::string{};
-    report.published = p.m;
-  };
-  fill(*prep);
-  if (request.dry_run) {
-    report.idempotent = prep->reused;
+  report.raw_bytes = raw_bytes;
+  manifest m;
+  if (how == mode::verify) {
+    if (sums != expected->checksums || !identical)
+      return failed(make_error(errc::version_exists, to_string(ref) + " is already stored in pool "
+                                                       + quote(request.pool)
+                                                       + " with different content"));
+    m = *expected;
+    report.idempotent = true;
+  } else if (how == mode::delta && delta_pays) {
+    std::vector<shard_streamer::item> items;
+    for (const auto& f : frame_refs)
+      items.push_back({tensors[f.tensor].name, safetensors::dtype::u8, {f.size}, f.size});
+    auto shards = shard_streamer::plan(items, options_.max_shard_bytes, {});
+    if (!shards)
+      return failed(std::move(shards).error());
+    m.ref = ref;
+    m.kind = version_kind::delta;
+    m.base_version = request.version - 1;
+    m.encoding = delta_encoding::xor_bytes;
+    m.comp = compression::zstd;
+    shards->describe(m);
+    m.checksums = sums;
+    for (const auto& f : frame_refs)
+      m.touched.push_back(tensors[f.tensor].name);
+    if (!request.dry_run) {
+      auto w = store_.begin_version(request.pool, ref);
+      if (!w)
+        return failed(std::move(w).error());
+      for (const auto& f : frame_refs) {
+        if (auto ok = shards->begin_tensor(**w, tensors[f.tensor].name); !ok)
+          return failed(std::move(ok).error());
+        for (uint64_t off = 0; off < f.size; off += chunk) {
+          auto piece = std::span{fresh}.first(std::min<uint64_t>(chunk, f.size - off));
+          if (auto ok = frames.read(f.at + off, piece); !ok)
+            return failed(std::move(ok).error());
+          if (auto ok = (*w)->write(piece); !ok)
+            return failed(std::move(ok).error());
+        }
+      }
+      if (auto ok = (*w)->commit(m); !ok)
+        return failed(std::move(ok).error());
+    }
+  } else {
+    if (how == mode::delta)
+      reason = "the delta's bytes are not smaller than the full weights' "
+               + std::to_string(raw_bytes) + " bytes";
+    if (!anchor_shards) {
+      auto planned =
+        shard_streamer::plan(anchor_items(tensors), options_.max_shard_bytes, {{"format", "pt"}});
+      if (!planned)
+        return failed(std::move(planned).error());
+      anchor_shards = std::move(*planned);
+    }
+    m = anchor_manifest(ref, tensors, *anchor_shards, sums);
+    if (how == mode::delta && !request.dry_run) {
+      // The second pass: the new bytes are in the remembered copy by now.
+      auto w = store_.begin_version(request.pool, ref);
+      if (!w)
+        return failed(std::move(w).error());
+      writer = std::move(*w);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if (auto ok = anchor_shards->begin_tensor(*writer, tensors[i].name); !ok)
+          return failed(std::move(ok).error());
+        for (uint64_t off = 0; off < tensors[i].size; off += chunk) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, tensors[i].size - off));
+          auto bytes = target->copy->read(target->offsets[i] + off, n, fresh);
+          if (!bytes)
+            return failed(std::move(bytes).error());
+          if (auto ok = writer->write(*bytes); !ok)
+            return failed(std::move(ok).error());
+        }
+      }
+    }
+    if (writer)
+      if (auto ok = writer->commit(m); !ok)
+        return failed(std::move(ok).error());
+  }
+  report.kind = m.kind;
+  report.touched = m.touched;
+  report.stored_bytes = m.total_size;
+  report.encoded_bytes = m.total_size;
+  if (!m.is_full()) {
+    report.encoded_bytes = 0;
+    for (const auto& t : tensors)
+      if (std::binary_search(m.touched.begin(), m.touched.end(), t.name))
+        report.encoded_bytes += t.size;
+  }
+  report.reason_for_anchor = m.is_full() && !report.idempotent ? reason : std::string{};
+  report.published = m;
+  if (request.dry_run)
     return report;
-  }
-
-  const version_ref ref{request.run_id, request.version};
-  auto pointer = store_.read_pointer(request.pool);
-  if (!pointer)
-    return std::move(pointer).error();
-
-  // The same weights already stored (a retry after a lost acknowledgement, or
-  // a restarted publisher) succeed without storing anything again.
-  auto existing = store_.read_manifest(request.pool, ref);
-  bool adopted = false;
-  bool differs = false;
-  if (existing) {
-    if (existing->checksums == prep->m.checksums) {
-      report.idempotent = true;
-      adopted = !(*existing == prep->m);
-      prep->m = *existing;
-      fill(*prep);
-    } else {
-      differs = true;
-    }
-  } else if (existing.error().code != errc::not_found) {
-    return std::move(existing).error();
-  } else if (prep->reused) {
-    auto fresh =
-      prepare_anchor(request, full_weights, "the store no longer holds the remembered version");
-    if (!fresh)
-      return std::move(fresh).error();
-    prep = std::move(fresh);
-    fill(*prep);
-  }
-  // A rewind fails before anything is stored (other content fails in the store).
-  if (!report.idempotent && !differs && *pointer && (*pointer)->latest.run_id == ref.run_id
-      && ref.version < (*pointer)->latest.version) {
-    auto decision = decide_pointer_move(
-      *pointer, pointer_proposal{ref, prep->m.is_full(), (*pointer)->boot_version, std::nullopt});
-    if (!decision)
-      return std::move(decision).error();
-  }
-  if (!report.idempotent) {
-    std::vector<std::unique_ptr<memory_source>> sources;
-    std::vector<shard_upload> uploads;
-    for (const auto& s : prep->shards) {
-      std::vector<std::span<const std::byte>> pieces{s.header};
-      pieces.insert(pieces.end(), s.data.begin(), s.data.end());
-      sources.push_back(std::make_unique<memory_source>(std::move(pieces)));
-      uploads.push_back({s.name, sources.back().get()});
-    }
-    if (auto ok = put_version(store_, request.pool, prep->m, uploads); !ok)
-      return std::move(ok).error();
-  }
 
   // Durable first, then visible: move the pointer.
-  const std::optional<version_ref> expected =
-    *pointer ? std::optional<version_ref>{(*pointer)->latest} : std::nullopt;
-  auto advance = [&] { return store_.compare_and_advance_pointer(request.pool, expected, ref); };
-  if (*pointer && (*pointer)->latest == ref) {
-    report.pointer = **pointer;
-  } else if (previous || !prep->m.is_full()
-             || (*pointer && (*pointer)->latest.run_id == ref.run_id)) {
+  const std::optional<version_ref> seen =
+    pointer ? std::optional<version_ref>{pointer->latest} : std::nullopt;
+  auto advance = [&] { return store_.compare_and_advance_pointer(request.pool, seen, ref); };
+  if (pointer && pointer->latest == ref) {
+    report.pointer = *pointer;
+  } else if (had_prev || !m.is_full() || (pointer && pointer->latest.run_id == ref.run_id)) {
     auto moved = advance();
     if (!moved)
-      return std::move(moved).error();
+      return failed(std::move(moved).error());
     report.pointer = *moved;
   } else {
     auto claimed = store_.claim(request.pool, ref);
@@ -449,32 +789,26 @@ result<publish_report> publisher::publish(const publish_request& request,
       // The run was claimed here before at another boot: switch back to it.
       auto moved = advance();
       if (!moved)
-        return std::move(moved).error();
+        return failed(std::move(moved).error());
       report.pointer = *moved;
     } else {
-      return std::move(claimed).error();
+      return failed(std::move(claimed).error());
     }
   }
 
-  // Remember the published weights for the next delta.
-  if (prep->reused)
-    return report;
-  const manifest& m = prep->m;
-  std::optional<uint64_t> anchor;
-  if (m.is_full())
-    anchor = ref.version;
-  else if (previous && previous->version + 1 == ref.version)
-    anchor = previous->last_anchor;
-  run_state& state = runs_[key];
-  if (!adopted && !m.is_full() && previous) {
-    for (const auto& name : m.touched)
-      state.weights[name] = full_weights.at(name);
-  } else {
-    state.weights = full_weights;
+  // Remember this version for the next delta.
+  if (write_copy) {
+    target->version = request.version;
+    target->published = m;
+    if (m.is_full())
+      target->last_anchor = request.version;
+    else if (had_prev && prev_version + 1 == request.version)
+      target->last_anchor = prev_anchor;
+    else
+      target->last_anchor = std::nullopt;
+    std::lock_guard guard{mutex_};
+    target->valid = true;
   }
-  state.version = ref.version;
-  state.last_anchor = anchor;
-  state.published = m;
   return report;
 }
 

@@ -2,7 +2,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,6 +21,7 @@
 #include "runtime/core/shard_plan.hpp"
 #include "runtime/core/store_port.hpp"
 #include "runtime/store/host_tensors.hpp"
+#include "runtime/store/tensor_stream.hpp"
 
 /// The trainer side of publishing (DESIGN §2, §7 `stitch publish`).
 ///
@@ -43,28 +47,6 @@ inline constexpr size_t delta_frame_prefix = 8;
 /// A delta frame: `payload.size()` as 8 little-endian bytes, then `payload`.
 std::vector<std::byte> encode_delta_frame(std::span<const std::byte> payload);
 
-/// The tree checksums of several tensors: a large tensor's chunks are hashed
-/// in parallel, small tensors are hashed side by side, all through `runner`
-/// (the shared thread pool when null).
-std::vector<uint64_t> tensor_checksums(std::span<const std::span<const std::byte>> tensors,
-                                       parallel_for* runner = nullptr);
-
-/// A `byte_source` over byte spans held elsewhere, read one after the other
-/// as one stream. The spans must outlive the source.
-class memory_source final : public byte_source {
-public:
-  explicit memory_source(std::vector<std::span<const std::byte>> pieces);
-
-  uint64_t size() const override { return size_; }
-  result<size_t> read(std::span<std::byte> out) override;
-
-private:
-  std::vector<std::span<const std::byte>> pieces_;
-  uint64_t size_ = 0;
-  size_t piece_ = 0;
-  size_t offset_ = 0;
-};
-
 struct publish_request {
   std::string pool = "default";
   std::string run_id;
@@ -83,6 +65,15 @@ struct publisher_options {
   int zstd_level = 1;
   /// Most tensor bytes per stored shard (a larger tensor gets its own).
   uint64_t max_shard_bytes = default_max_shard_bytes;
+  /// Host memory the remembered last versions of all runs may take
+  /// (`publisher.memory_limit`). A run whose copy does not fit keeps it in a
+  /// scratch file instead and reads it back chunk by chunk.
+  uint64_t memory_limit = uint64_t{4} << 30;
+  /// Bytes a publish streams per step; its buffers stay within a small
+  /// multiple of this whatever the model size.
+  uint64_t chunk_bytes = uint64_t{8} << 20;
+  /// Where scratch files go (empty: the system's temporary directory).
+  std::filesystem::path scratch_dir;
 };
 
 struct publish_report {
@@ -93,7 +84,7 @@ struct publish_report {
   /// Bytes of the full weights.
   uint64_t raw_bytes = 0;
   /// Bytes of the stored tensors before compression (for an anchor, the
-  /// stored bytes; for a delta, the XOR bytes of the touched tensors).
+  /// stored bytes; for a delta, the bytes of the touched tensors).
   uint64_t encoded_bytes = 0;
   /// Bytes of tensor data the version stores, after compression (the
   /// manifest's `total_size`).
@@ -113,39 +104,48 @@ struct publish_report {
 /// Turns a trainer's full weights into versions in a store: remembers the
 /// last version of each (pool, run) it published, stores the next one as a
 /// delta against it when that pays off and a full anchor otherwise, then
-/// moves the pool's pointer (claiming the run on its first version). Not
-/// thread-safe: one caller at a time (its actor).
+/// moves the pool's pointer (claiming the run on its first version).
+///
+/// Each publish is one pass over its tensors' bytes, in bounded memory: every
+/// chunk is hashed, compared with the remembered version, XORed and
+/// compressed (a delta) or written to the store (an anchor) as it streams
+/// past, and the remembered copy is updated in place. Only a delta that does
+/// not pay off reads the bytes a second time, from the remembered copy.
+///
+/// Thread-safety: publishes to different pools may run concurrently; those
+/// to one pool must come one at a time (the publisher actor serializes them).
 class publisher {
 public:
   publisher(store_backend& store, publisher_options options = {});
+  ~publisher();
 
-  /// Publishes `full_weights` as `request.version` of `request.run_id`.
-  /// Errors: `invalid_argument` for a bad request or malformed tensors,
-  /// `version_exists` when the version is stored with other content,
-  /// `rewind`, `conflict` and the store's errors as they come.
+  /// Publishes the tensors of `source` as `request.version` of
+  /// `request.run_id`. Errors: `invalid_argument` for a bad request or
+  /// malformed tensors, `version_exists` when the version is stored with
+  /// other content, `rewind`, `conflict` and the store's and the source's
+  /// errors as they come.
+  result<publish_report> publish(const publish_request& request, tensor_stream& source);
+  /// The same for weights in memory.
   result<publish_report> publish(const publish_request& request, const tensor_set& full_weights);
 
   /// The version remembered for (pool, run), if any.
   std::optional<uint64_t> last_version(std::string_view pool, std::string_view run_id) const;
+  /// Host memory the remembered versions take now.
+  uint64_t memory_in_use() const;
+
+  struct run_state;
 
 private:
-  struct run_state {
-    uint64_t version = 0;
-    /// nullopt when unknown (adopted from the store): the next one anchors.
-    std::optional<uint64_t> last_anchor;
-    tensor_set weights;
-    manifest published;
-  };
-  struct prepared;
+  struct pass;
 
-  result<prepared> prepare(const publish_request& request, const tensor_set& weights,
-                           const run_state* previous) const;
-  result<prepared> prepare_anchor(const publish_request& request, const tensor_set& weights,
-                                  std::string reason) const;
+  std::shared_ptr<run_state> find(const std::pair<std::string, std::string>& key) const;
+  void forget(const std::pair<std::string, std::string>& key);
 
   store_backend& store_;
   publisher_options options_;
-  std::map<std::pair<std::string, std::string>, run_state> runs_;
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<run_state>> runs_;
+  uint64_t memory_in_use_ = 0;
 };
 
 } // namespace stitch::store

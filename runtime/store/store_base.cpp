@@ -115,8 +115,8 @@ result<manifest> store_base::read_manifest(std::string_view pool, const version_
     return make_error(errc::not_found, to_string(ref) + " is not published" + in_pool(pool));
   auto m = load_manifest(pool, ref);
   if (!m && m.error().code == errc::not_found)
-    return make_error(errc::corrupt_data,
-                      to_string(ref) + " is published" + in_pool(pool) + " but its manifest is gone");
+    return make_error(errc::corrupt_data, to_string(ref) + " is published" + in_pool(pool)
+                                            + " but its manifest is gone");
   return m;
 }
 

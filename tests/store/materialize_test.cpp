@@ -64,7 +64,12 @@ protected:
 
   /// Publishes `count` versions of run r1 (anchor every 4) and remembers them.
   void publish_chain(size_t count, uint64_t max_shard_bytes = default_max_shard_bytes) {
-    publisher pub{store, publisher_options{.anchor_every = 4, .max_shard_bytes = max_shard_bytes}};
+    publisher pub{store, [&] {
+                    publisher_options o;
+                    o.anchor_every = 4;
+                    o.max_shard_bytes = max_shard_bytes;
+                    return o;
+                  }()};
     std::mt19937_64 rng{99};
     tensor_set w = make_weights(5);
     for (uint64_t v = 0; v < count; ++v) {
@@ -118,7 +123,9 @@ TEST_F(materialize_test, export_writes_a_directory_that_reads_back_identically) 
   publish_chain(6);
   for (uint64_t v : {uint64_t{0}, uint64_t{5}}) {
     fs::path out = dir / ("v" + std::to_string(v));
-    auto ok = export_version(store, "default", {"r1", v}, out, 4096);
+    export_options small;
+    small.max_shard_bytes = 4096;
+    auto ok = export_version(store, "default", {"r1", v}, out, small);
     ASSERT_TRUE(ok) << to_string(ok.error());
     auto loaded = load_hf_directory(out);
     ASSERT_TRUE(loaded) << to_string(loaded.error());
@@ -260,7 +267,12 @@ TEST_F(materialize_test, through_the_rocksdb_backend) {
   auto rocks = open_rocksdb_store((dir / "db").string());
   ASSERT_TRUE(rocks) << to_string(rocks.error());
   store_backend& db = **rocks;
-  publisher pub{db, publisher_options{.anchor_every = 3, .max_shard_bytes = 4096}};
+  publisher pub{db, [] {
+                  publisher_options o;
+                  o.anchor_every = 3;
+                  o.max_shard_bytes = 4096;
+                  return o;
+                }()};
   std::mt19937_64 rng{21};
   tensor_set w = make_weights(21);
   std::vector<tensor_set> published;

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "runtime/store/materialize.hpp"
 #include "store/memory_store.hpp"
 
@@ -112,7 +114,11 @@ TEST_F(publisher_test, deltas_store_only_changed_tensors) {
 }
 
 TEST_F(publisher_test, anchors_every_k_versions) {
-  publisher pub{store, publisher_options{.anchor_every = 3}};
+  publisher pub{store, [] {
+                  publisher_options o;
+                  o.anchor_every = 3;
+                  return o;
+                }()};
   std::mt19937_64 rng{7};
   tensor_set w = make_weights(3);
   std::vector<version_kind> kinds;
@@ -373,7 +379,11 @@ TEST_F(publisher_test, dry_run_touches_nothing) {
 }
 
 TEST_F(publisher_test, multi_shard_versions) {
-  publisher pub{store, publisher_options{.max_shard_bytes = 4096}};
+  publisher pub{store, [] {
+                  publisher_options o;
+                  o.max_shard_bytes = 4096;
+                  return o;
+                }()};
   std::mt19937_64 rng{14};
   tensor_set w = make_weights(14);
   auto first = pub.publish(req("r1", 0), w);
@@ -421,23 +431,45 @@ TEST_F(publisher_test, refuses_bad_requests_and_tensors) {
   EXPECT_EQ(store.calls(), 0u);
 }
 
-TEST(memory_source_test, reads_pieces_as_one_stream) {
-  std::vector<std::byte> a{std::byte{1}, std::byte{2}, std::byte{3}};
-  std::vector<std::byte> empty;
-  std::vector<std::byte> b{std::byte{4}, std::byte{5}};
-  memory_source src{{a, empty, b}};
-  EXPECT_EQ(src.size(), 5u);
-  std::vector<std::byte> out(2);
-  std::vector<std::byte> all;
-  for (;;) {
-    auto n = src.read(out);
-    ASSERT_TRUE(n);
-    if (*n == 0)
-      break;
-    all.insert(all.end(), out.begin(), out.begin() + static_cast<ptrdiff_t>(*n));
-  }
-  EXPECT_EQ(all, (std::vector<std::byte>{std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4},
-                                         std::byte{5}}));
+TEST(fed_stream_test, reads_what_another_thread_pushes_across_tensor_boundaries) {
+  std::vector<tensor_header> tensors{{"a", dtype::u8, {3}, 3}, {"b", dtype::u8, {4}, 4}};
+  fed_stream stream{tensors, 2};
+  std::vector<int> consumed;
+  std::vector<std::byte> a(3);
+  std::vector<std::byte> b(4);
+  std::thread feeder{[&] {
+    ASSERT_TRUE(stream.push({'1', '2'}, [&] { consumed.push_back(1); }));
+    ASSERT_TRUE(stream.push({'3', '4', '5', '6', '7'}, [&] { consumed.push_back(2); }));
+  }};
+  ASSERT_TRUE(stream.read(0, 0, a));
+  ASSERT_TRUE(stream.read(1, 0, b));
+  feeder.join();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(a.data()), 3), "123");
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(b.data()), 4), "4567");
+  EXPECT_EQ(consumed, (std::vector<int>{1, 2})) << "each piece reports once fully read";
+  EXPECT_FALSE(stream.push({'x'}, {})) << "nothing past the declared total";
+}
+
+TEST(fed_stream_test, bounds_waiting_pieces_and_fails_readers_when_closed) {
+  std::vector<tensor_header> tensors{{"a", dtype::u8, {10}, 10}};
+  fed_stream stream{tensors, 1};
+  ASSERT_TRUE(stream.push({'1'}, {}));
+  auto refused = stream.push({'2'}, {});
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, errc::limit_exceeded);
+  stream.close();
+  std::vector<std::byte> out(10);
+  auto truncated = stream.read(0, 0, out);
+  ASSERT_FALSE(truncated);
+  EXPECT_NE(truncated.error().message.find("1 of 10"), std::string::npos)
+    << truncated.error().message;
+
+  fed_stream aborted{tensors, 4};
+  ASSERT_TRUE(aborted.push({'1', '2'}, {}));
+  aborted.close(make_error(errc::invalid_argument, "aborted by the client"));
+  auto failed = aborted.read(0, 0, out);
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().message, "aborted by the client");
 }
 
 TEST(delta_frame_test, prefix_is_little_endian_length) {

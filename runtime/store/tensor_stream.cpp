@@ -1,0 +1,169 @@
+#include "runtime/store/tensor_stream.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/core/manifest.hpp"
+
+namespace stitch::store {
+
+status validate_headers(std::span<const tensor_header> tensors) {
+  if (tensors.empty())
+    return make_error(errc::invalid_argument, "no tensors to publish");
+  const std::string* previous = nullptr;
+  for (const auto& t : tensors) {
+    if (auto ok = validate_tensor_name(t.name); !ok)
+      return ok;
+    if (previous && !(*previous < t.name))
+      return make_error(errc::invalid_argument,
+                        "tensor '" + t.name + "' is out of order or repeated (tensors come in "
+                                              "ascending name order, each once)");
+    previous = &t.name;
+    auto size = safetensors::byte_length(t.type, t.shape);
+    if (!size)
+      return make_error(errc::invalid_argument, "tensor '" + t.name + "': " + size.error().message);
+    if (*size != t.size)
+      return make_error(errc::invalid_argument,
+                        "tensor '" + t.name + "' holds " + std::to_string(t.size)
+                          + " bytes but its dtype and shape need " + std::to_string(*size));
+  }
+  return {};
+}
+
+memory_stream::memory_stream(const tensor_set& weights) {
+  for (const auto& [name, t] : weights) {
+    headers_.push_back({t.name, t.type, t.shape, t.bytes.size()});
+    tensors_.push_back(&t);
+  }
+}
+
+status memory_stream::read(size_t index, uint64_t offset, std::span<std::byte> out) {
+  if (index >= tensors_.size() || offset > tensors_[index]->bytes.size()
+      || out.size() > tensors_[index]->bytes.size() - offset)
+    return make_error(errc::invalid_argument, "read past the end of a tensor");
+  if (!out.empty())
+    std::memcpy(out.data(), tensors_[index]->bytes.data() + offset, out.size());
+  return {};
+}
+
+result<std::unique_ptr<directory_stream>> directory_stream::open(const std::filesystem::path& dir) {
+  auto ckpt = open_hf_directory(dir);
+  if (!ckpt)
+    return std::move(ckpt).error();
+  std::unique_ptr<directory_stream> s{new directory_stream()};
+  s->checkpoint_ = std::move(*ckpt);
+  for (const auto& [name, t] : s->checkpoint_.tensors) {
+    s->headers_.push_back({t.name, t.type, t.shape, t.size});
+    s->tensors_.push_back(&t);
+  }
+  for (const auto& file : s->checkpoint_.files) {
+    auto fd = open_checkpoint_file(s->checkpoint_, file);
+    if (!fd)
+      return std::move(fd).error();
+    s->fds_[file] = *fd;
+  }
+  return s;
+}
+
+directory_stream::~directory_stream() {
+  for (const auto& [file, fd] : fds_)
+    ::close(fd);
+}
+
+status directory_stream::read(size_t index, uint64_t offset, std::span<std::byte> out) {
+  if (index >= tensors_.size() || offset > tensors_[index]->size
+      || out.size() > tensors_[index]->size - offset)
+    return make_error(errc::invalid_argument, "read past the end of a tensor");
+  const hf_tensor& t = *tensors_[index];
+  return read_file_range(fds_.at(t.file), t.offset + offset, out, t.file);
+}
+
+fed_stream::fed_stream(std::vector<tensor_header> tensors, size_t max_pending)
+    : headers_(std::move(tensors)), max_pending_(std::max<size_t>(max_pending, 1)) {
+  for (const auto& t : headers_) {
+    starts_.push_back(total_);
+    total_ += t.size;
+  }
+}
+
+uint64_t fed_stream::pushed() const {
+  std::lock_guard guard{mutex_};
+  return pushed_;
+}
+
+status fed_stream::push(std::vector<char> bytes, std::function<void()> consumed) {
+  {
+    std::lock_guard guard{mutex_};
+    if (closed_)
+      return make_error(errc::invalid_argument, "the stream was closed");
+    if (bytes.size() > total_ - pushed_)
+      return make_error(errc::invalid_argument,
+                        "more bytes than the tensors declare (" + std::to_string(total_) + ")");
+    if (pieces_.size() >= max_pending_)
+      return make_error(errc::limit_exceeded,
+                        "more than " + std::to_string(max_pending_)
+                          + " pieces are waiting to be read; wait for their acknowledgements");
+    pushed_ += bytes.size();
+    pieces_.push_back({std::move(bytes), 0, std::move(consumed)});
+  }
+  arrived_.notify_all();
+  return {};
+}
+
+void fed_stream::close(std::optional<stitch::error> why) {
+  {
+    std::lock_guard guard{mutex_};
+    if (closed_)
+      return;
+    closed_ = true;
+    why_ = std::move(why);
+  }
+  arrived_.notify_all();
+}
+
+status fed_stream::read(size_t index, uint64_t offset, std::span<std::byte> out) {
+  if (index >= headers_.size() || offset > headers_[index].size
+      || out.size() > headers_[index].size - offset)
+    return make_error(errc::invalid_argument, "read past the end of a tensor");
+  std::vector<std::function<void()>> done;
+  status outcome;
+  {
+    std::unique_lock lock{mutex_};
+    if (starts_[index] + offset != position_)
+      return make_error(errc::invalid_argument, "reads of a fed stream must be sequential");
+    size_t got = 0;
+    while (got < out.size()) {
+      arrived_.wait(lock, [&] { return !pieces_.empty() || closed_; });
+      if (why_) {
+        // Aborted: stop at once, whatever is still queued.
+        outcome = *why_;
+        break;
+      }
+      if (pieces_.empty()) {
+        outcome = why_ ? *why_
+                       : make_error(errc::invalid_format,
+                                    "the stream ended after " + std::to_string(position_ + got)
+                                      + " of " + std::to_string(total_) + " bytes");
+        break;
+      }
+      auto& p = pieces_.front();
+      const size_t take = std::min(out.size() - got, p.bytes.size() - p.used);
+      std::memcpy(out.data() + got, p.bytes.data() + p.used, take);
+      p.used += take;
+      got += take;
+      if (p.used == p.bytes.size()) {
+        if (p.consumed)
+          done.push_back(std::move(p.consumed));
+        pieces_.pop_front();
+      }
+    }
+    position_ += got;
+  }
+  for (auto& f : done)
+    f();
+  return outcome;
+}
+
+} // namespace stitch::store

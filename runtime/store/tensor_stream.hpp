@@ -1,0 +1,129 @@
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+#include "runtime/core/safetensors.hpp"
+#include "runtime/store/hf_directory.hpp"
+#include "runtime/store/host_tensors.hpp"
+
+/// Where the tensors of a version being published come from, one pass over
+/// their bytes (DESIGN §2: a checkpoint directory the node reads, tensors a
+/// client streams in, a model in memory).
+namespace stitch::store {
+
+/// One tensor of a stream: its name, dtype and shape, and its byte size.
+struct tensor_header {
+  std::string name;
+  safetensors::dtype type = safetensors::dtype::u8;
+  std::vector<uint64_t> shape;
+  uint64_t size = 0;
+
+  friend bool operator==(const tensor_header&, const tensor_header&) = default;
+};
+
+/// Checks a stream's tensor list: valid and unique names in ascending order,
+/// dtypes and shapes whose byte size is `size`. Errors name the tensor.
+status validate_headers(std::span<const tensor_header> tensors);
+
+/// The tensors of a publish and then their bytes, tensor after tensor in
+/// the order listed, each byte read once.
+class tensor_stream {
+public:
+  virtual ~tensor_stream() = default;
+  /// In ascending name order (the order of their bytes).
+  virtual const std::vector<tensor_header>& tensors() const = 0;
+  /// Fills `out` exactly with the next bytes: tensor `index` from `offset`.
+  /// Calls come in order, (index, offset) continuing where the last ended.
+  virtual status read(size_t index, uint64_t offset, std::span<std::byte> out) = 0;
+};
+
+/// Tensors held in memory (a built-in model, a test's weights).
+class memory_stream final : public tensor_stream {
+public:
+  /// `weights` must outlive the stream.
+  explicit memory_stream(const tensor_set& weights);
+  const std::vector<tensor_header>& tensors() const override { return headers_; }
+  status read(size_t index, uint64_t offset, std::span<std::byte> out) override;
+
+private:
+  std::vector<tensor_header> headers_;
+  std::vector<const host_tensor*> tensors_;
+};
+
+/// The tensors of an opened Hugging Face checkpoint directory, read from its
+/// files (large reads with read-ahead, the file handles kept open).
+class directory_stream final : public tensor_stream {
+public:
+  static result<std::unique_ptr<directory_stream>> open(const std::filesystem::path& directory);
+  ~directory_stream() override;
+  const std::vector<tensor_header>& tensors() const override { return headers_; }
+  status read(size_t index, uint64_t offset, std::span<std::byte> out) override;
+
+private:
+  directory_stream() = default;
+  hf_checkpoint checkpoint_;
+  std::vector<tensor_header> headers_;
+  std::vector<const hf_tensor*> tensors_;
+  /// One descriptor per file, by name.
+  std::map<std::string, int> fds_;
+};
+
+/// Tensors another thread feeds in as they arrive (a client streaming them to
+/// the publisher): `push` hands over the next bytes, the reading side blocks
+/// until it has what it asked for. Memory is bounded by what the feeder has
+/// pushed and the reader not yet consumed: each pushed piece reports when it
+/// was consumed, and more than `max_pending` pieces waiting is refused.
+class fed_stream final : public tensor_stream {
+public:
+  fed_stream(std::vector<tensor_header> tensors, size_t max_pending = 16);
+
+  const std::vector<tensor_header>& tensors() const override { return headers_; }
+  /// Blocks until the bytes are there, or fails when the stream was closed
+  /// (with its error; without one: "truncated").
+  status read(size_t index, uint64_t offset, std::span<std::byte> out) override;
+
+  /// The next bytes; `consumed` runs on the reading thread once every byte of
+  /// them was read. Refused past the declared total, past `max_pending`
+  /// waiting pieces, and after `close`.
+  status push(std::vector<char> bytes, std::function<void()> consumed);
+  /// No more bytes will come; with `why`, readers fail with it.
+  void close(std::optional<stitch::error> why = std::nullopt);
+
+  /// Bytes the tensors declare, and bytes pushed so far.
+  uint64_t total() const noexcept { return total_; }
+  uint64_t pushed() const;
+
+private:
+  struct piece {
+    std::vector<char> bytes;
+    size_t used = 0;
+    std::function<void()> consumed;
+  };
+
+  std::vector<tensor_header> headers_;
+  std::vector<uint64_t> starts_;
+  uint64_t total_ = 0;
+  size_t max_pending_;
+  mutable std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::deque<piece> pieces_;
+  uint64_t pushed_ = 0;
+  uint64_t position_ = 0;
+  bool closed_ = false;
+  std::optional<stitch::error> why_;
+};
+
+} // namespace stitch::store
