@@ -73,8 +73,8 @@ result<host_buffer> host_allocator::allocate(size_t bytes) {
     // Over-map by one huge page so the buffer can start on a 2 MiB boundary.
     const size_t want = (bytes + huge_page - 1) / huge_page * huge_page;
     const size_t span = want + huge_page;
-    void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                       -1, 0);
+    void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (raw == MAP_FAILED)
       return make_error(errc::limit_exceeded, "cannot map " + std::to_string(bytes)
                                                 + " bytes of host memory: " + std::strerror(errno));

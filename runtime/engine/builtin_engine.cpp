@@ -19,12 +19,6 @@ stitch::error fail(errc code, std::string message) {
   return make_error(code, std::move(message));
 }
 
-/// Reads a whole stored tensor through the port.
-status read_tensor(tensor_source& source, const version_ref& ref, const std::string& name,
-                   std::vector<std::byte>& out) {
-  return source.read(ref, name, 0, out);
-}
-
 } // namespace
 
 struct builtin_engine::job {
@@ -180,7 +174,7 @@ std::shared_ptr<const weights> builtin_engine::current() {
 
 status builtin_engine::prefetch(const chain_plan& plan) {
   std::lock_guard guard{mutex_};
-  if (!plan.anchor && !serving_tensors_ && !shadow_)
+  if (!plan.anchor && !serving_ && !shadow_)
     return fail(errc::invalid_argument, "cannot prepare " + to_string(plan.target)
                                           + ": the plan builds on weights this engine lacks");
   return {};
@@ -188,19 +182,22 @@ status builtin_engine::prefetch(const chain_plan& plan) {
 
 status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_source& source) {
   {
+    // What the last commit replaced is freed here, outside any pause.
     std::shared_ptr<const weights> old_weights;
-    std::shared_ptr<const store::tensor_set> old_tensors;
     std::lock_guard guard{mutex_};
     old_weights.swap(retired_weights_);
-    old_tensors.swap(retired_tensors_);
   }
   store::range_reader read = [&](const version_ref& ref, std::string_view tensor, uint64_t offset,
                                  std::span<std::byte> out) {
     return source.read(ref, tensor, offset, out);
   };
-  // The base: an anchor read afresh, the shadow staged so far, or a copy of
-  // the serving tensors. A failure below drops whatever was staged.
-  store::tensor_set tensors;
+  // The base: an anchor read afresh (straight into its buffers), the shadow
+  // staged so far, or the serving tensors, shared. Tensors a delta changes
+  // are copied first; the others stay shared with the serving weights. A
+  // failure below drops whatever was staged.
+  tensor_map tensors;
+  /// Buffers this stage made, which it may change in place.
+  std::map<std::string, std::shared_ptr<tensor_buffer>> own;
   if (plan.anchor) {
     auto anchor = source.manifest_of(*plan.anchor);
     if (!anchor)
@@ -209,11 +206,13 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     if (!specs)
       return std::move(specs).error();
     for (auto& info : *specs) {
-      store::host_tensor t{info.name, info.type, std::move(info.shape), {}};
-      t.bytes.resize(info.byte_size());
-      if (auto ok = read_tensor(source, anchor->ref, t.name, t.bytes); !ok)
+      auto t = make_tensor_buffer(info.name, info.type, std::move(info.shape));
+      if (!t)
+        return std::move(t).error();
+      if (auto ok = source.read(anchor->ref, info.name, 0, (*t)->bytes.bytes()); !ok)
         return ok;
-      tensors.emplace(info.name, std::move(t));
+      own.emplace(info.name, *t);
+      tensors.emplace(info.name, std::move(*t));
     }
   } else {
     std::lock_guard guard{mutex_};
@@ -221,14 +220,14 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       if (!shadow_)
         return fail(errc::invalid_argument,
                     "no staged shadow to continue to " + to_string(plan.target));
-      tensors = std::move(shadow_->tensors);
+      tensors = shadow_->prepared->tensors;
       shadow_.reset();
     } else {
-      if (!serving_tensors_)
+      if (!serving_)
         return fail(errc::invalid_argument,
                     "nothing is served to build " + to_string(plan.target) + " on");
       shadow_.reset();
-      tensors = *serving_tensors_;
+      tensors = serving_->tensors;
     }
   }
   std::vector<std::byte> scratch;
@@ -241,9 +240,21 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       if (it == tensors.end())
         return fail(errc::corrupt_data,
                     to_string(ref) + " changes tensor '" + name + "', which its base lacks");
+      auto mine = own.find(name);
+      if (mine == own.end()) {
+        const auto& base = *it->second;
+        auto copy = make_tensor_buffer(base.name, base.type, base.shape);
+        if (!copy)
+          return std::move(copy).error();
+        if (base.bytes.size() > 0)
+          std::memcpy((*copy)->bytes.data(), base.bytes.data(), base.bytes.size());
+        it->second = *copy;
+        mine = own.emplace(name, std::move(*copy)).first;
+      }
       if (scratch.empty())
         scratch.resize(size_t{8} << 20);
-      if (auto ok = store::apply_delta(read, *delta, name, it->second.bytes, scratch); !ok)
+      if (auto ok = store::apply_delta(read, *delta, name, mine->second->bytes.bytes(), scratch);
+          !ok)
         return ok;
     }
   }
@@ -258,7 +269,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
                                         + "', which the staged weights lack");
     if (!plan.anchor && !plan.touched.contains(name))
       continue; // unchanged bytes, verified when they were staged
-    uint64_t got = gpu::parallel_tree_checksum(it->second.bytes);
+    uint64_t got = gpu::parallel_tree_checksum(it->second->bytes.bytes());
     if (got != expected)
       return fail(errc::checksum_mismatch, "tensor '" + name + "' of " + to_string(plan.target)
                                              + " has checksum " + checksum::to_hex(got)
@@ -266,11 +277,11 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
                                              + checksum::to_hex(expected));
   }
   // The expensive part of activation happens here, while serving.
-  auto prepared = build_weights(config_, tensors);
+  auto prepared = build_weights(config_, std::move(tensors));
   if (!prepared)
     return std::move(prepared).error();
   std::lock_guard guard{mutex_};
-  shadow_ = shadow{std::move(tensors), std::move(*prepared)};
+  shadow_ = shadow{std::move(*prepared)};
   return {};
 }
 
@@ -284,11 +295,9 @@ status builtin_engine::commit() {
   std::lock_guard guard{mutex_};
   if (!shadow_)
     return fail(errc::invalid_argument, "nothing is staged to activate");
-  // Two pointer swaps; the replaced weights are freed later, outside the pause
-  // (requests still stepping on them keep them alive meanwhile).
+  // One pointer swap; the replaced weights are freed later, outside the
+  // pause (requests still stepping on them keep them alive meanwhile).
   retired_weights_ = std::exchange(serving_, std::move(shadow_->prepared));
-  retired_tensors_ = std::exchange(
-    serving_tensors_, std::make_shared<const store::tensor_set>(std::move(shadow_->tensors)));
   shadow_.reset();
   return {};
 }

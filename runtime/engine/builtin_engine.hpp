@@ -19,10 +19,11 @@
 namespace stitch::engine {
 
 /// The built-in engine behind the Engine port: the Llama-architecture model of
-/// this folder on the CPU. Staging rebuilds the target's tensors into a shadow
-/// (seeded from an anchor or copied from the serving tensors, deltas applied,
-/// every touched tensor's checksum verified) and prepares its weights; commit
-/// swaps two pointers, so the pause does not grow with model size. Requests
+/// this folder on the CPU. Staging builds the target's tensors into a shadow
+/// (an anchor read straight into staging buffers, or the serving tensors
+/// shared, with only the tensors a delta changes copied and patched; every
+/// touched tensor's checksum verified) and prepares its weights as views of
+/// them; commit swaps a pointer, so the pause does not grow with model size. Requests
 /// read the served weights at every step, so one in flight across an in_place
 /// commit continues on the new weights.
 ///
@@ -80,8 +81,8 @@ public:
 private:
   struct job;
 
+  /// Staged weights (they hold their tensors), waiting for `commit`.
   struct shadow {
-    store::tensor_set tensors;
     std::shared_ptr<const weights> prepared;
   };
 
@@ -102,12 +103,10 @@ private:
   std::condition_variable resumed_;
   bool paused_ = false;
   std::shared_ptr<const weights> serving_;
-  std::shared_ptr<const store::tensor_set> serving_tensors_;
   std::optional<shadow> shadow_;
   /// What the last commit replaced; freed by the next stage, not inside the
   /// pause (freeing a model's memory takes time that grows with its size).
   std::shared_ptr<const weights> retired_weights_;
-  std::shared_ptr<const store::tensor_set> retired_tensors_;
 
   options opts_;
   uint64_t seed_salt_;

@@ -1,6 +1,8 @@
 #include "runtime/engine/weights.hpp"
 
 #include <cstring>
+#include <mutex>
+#include <optional>
 
 #include "gpu/cpu_parallel.hpp"
 
@@ -81,20 +83,28 @@ safetensors::dtype tensor_dtype(weight_dtype type) {
   return type == weight_dtype::bfloat16 ? safetensors::dtype::bf16 : safetensors::dtype::f32;
 }
 
-std::vector<float> to_floats(const store::host_tensor& t) {
-  std::vector<float> out;
-  if (t.type == safetensors::dtype::f32) {
-    out.resize(t.bytes.size() / 4);
-    std::memcpy(out.data(), t.bytes.data(), out.size() * 4);
-  } else {
-    out.resize(t.bytes.size() / 2);
-    for (size_t i = 0; i < out.size(); ++i) {
-      uint16_t v;
-      std::memcpy(&v, t.bytes.data() + i * 2, 2);
-      out[i] = from_bf16(v);
-    }
+/// The tensor as floats: a view in place for fp32, widened into a new
+/// buffer (kept in `widened`) for bf16.
+result<std::span<const float>>
+floats_of(const tensor_buffer& t, std::vector<std::shared_ptr<const gpu::host_buffer>>& widened,
+          std::mutex& widened_mutex) {
+  if (t.type == safetensors::dtype::f32)
+    return std::span<const float>{reinterpret_cast<const float*>(t.bytes.data()),
+                                  t.bytes.size() / 4};
+  const size_t n = t.bytes.size() / 2;
+  auto out = gpu::staging_allocator().allocate(n * 4);
+  if (!out)
+    return std::move(out).error();
+  auto* dst = reinterpret_cast<float*>(out->data());
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t v;
+    std::memcpy(&v, t.bytes.data() + i * 2, 2);
+    dst[i] = from_bf16(v);
   }
-  return out;
+  auto shared = std::make_shared<const gpu::host_buffer>(std::move(*out));
+  std::lock_guard guard{widened_mutex};
+  widened.push_back(shared);
+  return std::span<const float>{reinterpret_cast<const float*>(shared->data()), n};
 }
 
 } // namespace
@@ -123,7 +133,7 @@ std::vector<tensor_spec> expected_tensors(const model_config& c) {
 }
 
 result<std::shared_ptr<const weights>> build_weights(const model_config& config,
-                                                     const store::tensor_set& tensors) {
+                                                     tensor_map tensors) {
   if (auto ok = validate(config); !ok) {
     return std::move(ok).error();
   }
@@ -135,7 +145,7 @@ result<std::shared_ptr<const weights>> build_weights(const model_config& config,
     if (it == tensors.end()) {
       return make_error(errc::invalid_argument, "weights: tensor " + spec.name + " is missing");
     }
-    const auto& t = it->second;
+    const auto& t = *it->second;
     if (t.type != want_type) {
       return make_error(errc::invalid_argument, "weights: tensor " + spec.name + " has dtype "
                                                   + std::string(safetensors::to_string(t.type))
@@ -172,12 +182,23 @@ result<std::shared_ptr<const weights>> build_weights(const model_config& config,
 
   auto w = std::make_shared<weights>();
   w->config = config;
-  auto mat = [&](const std::string& name) {
-    const auto& t = tensors.at(name);
-    return matrix{static_cast<uint32_t>(t.shape[0]), static_cast<uint32_t>(t.shape[1]),
-                  to_floats(t)};
+  std::mutex widened_mutex;
+  std::optional<stitch::error> failure;
+  std::mutex failure_mutex;
+  auto floats = [&](const std::string& name) -> std::span<const float> {
+    auto f = floats_of(*tensors.at(name), w->widened, widened_mutex);
+    if (!f) {
+      std::lock_guard guard{failure_mutex};
+      failure = f.error();
+      return {};
+    }
+    return *f;
   };
-  auto vec = [&](const std::string& name) { return to_floats(tensors.at(name)); };
+  auto mat = [&](const std::string& name) {
+    const auto& t = *tensors.at(name);
+    return matrix{static_cast<uint32_t>(t.shape[0]), static_cast<uint32_t>(t.shape[1]),
+                  floats(name)};
+  };
   w->embed_tokens = mat("model.embed_tokens.weight");
   w->layers.resize(config.num_hidden_layers);
   gpu::shared_pool().run(config.num_hidden_layers, [&](size_t l) {
@@ -190,12 +211,58 @@ result<std::shared_ptr<const weights>> build_weights(const model_config& config,
     layer.gate_proj = mat(p + "mlp.gate_proj.weight");
     layer.up_proj = mat(p + "mlp.up_proj.weight");
     layer.down_proj = mat(p + "mlp.down_proj.weight");
-    layer.input_layernorm = vec(p + "input_layernorm.weight");
-    layer.post_attention_layernorm = vec(p + "post_attention_layernorm.weight");
+    layer.input_layernorm = floats(p + "input_layernorm.weight");
+    layer.post_attention_layernorm = floats(p + "post_attention_layernorm.weight");
   });
-  w->norm = vec("model.norm.weight");
+  w->norm = floats("model.norm.weight");
   w->lm_head = mat("lm_head.weight");
+  if (failure)
+    return *failure;
+  w->tensors = std::move(tensors);
   return std::shared_ptr<const weights>(std::move(w));
+}
+
+result<std::shared_ptr<tensor_buffer>> make_tensor_buffer(std::string name, safetensors::dtype type,
+                                                          std::vector<uint64_t> shape) {
+  auto size = safetensors::byte_length(type, shape);
+  if (!size)
+    return make_error(errc::invalid_argument,
+                      "tensor " + quote_untrusted(name) + ": " + size.error().message);
+  auto bytes = gpu::staging_allocator().allocate(*size);
+  if (!bytes)
+    return std::move(bytes).error();
+  auto t = std::make_shared<tensor_buffer>();
+  t->name = std::move(name);
+  t->type = type;
+  t->shape = std::move(shape);
+  t->bytes = std::move(*bytes);
+  return t;
+}
+
+result<tensor_map> to_tensor_map(const store::tensor_set& tensors) {
+  tensor_map out;
+  for (const auto& [name, t] : tensors) {
+    auto b = make_tensor_buffer(name, t.type, t.shape);
+    if (!b)
+      return std::move(b).error();
+    if ((*b)->bytes.size() != t.bytes.size())
+      return make_error(errc::invalid_argument, "weights: tensor " + quote_untrusted(name)
+                                                  + " holds " + std::to_string(t.bytes.size())
+                                                  + " bytes, expected "
+                                                  + std::to_string((*b)->bytes.size()));
+    if (!t.bytes.empty())
+      std::memcpy((*b)->bytes.data(), t.bytes.data(), t.bytes.size());
+    out.emplace(name, std::move(*b));
+  }
+  return out;
+}
+
+result<std::shared_ptr<const weights>> build_weights(const model_config& config,
+                                                     const store::tensor_set& tensors) {
+  auto map = to_tensor_map(tensors);
+  if (!map)
+    return std::move(map).error();
+  return build_weights(config, std::move(*map));
 }
 
 result<store::tensor_set> random_init(const model_config& config, uint64_t seed) {

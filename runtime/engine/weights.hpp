@@ -1,21 +1,46 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "gpu/host_buffer.hpp"
 #include "runtime/core/error.hpp"
+#include "runtime/core/safetensors.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/store/host_tensors.hpp"
 
 namespace stitch::engine {
 
-/// A row-major fp32 matrix, `rows` x `cols` (Hugging Face `[out, in]`).
+/// One tensor of a model in host memory (from the staging allocator, so the
+/// transport and the GPU can register it in place). Immutable once built and
+/// shared between the versions that did not change it.
+struct tensor_buffer {
+  std::string name;
+  safetensors::dtype type = safetensors::dtype::u8;
+  std::vector<uint64_t> shape;
+  gpu::host_buffer bytes;
+};
+
+/// A model's tensors by name.
+using tensor_map = std::map<std::string, std::shared_ptr<const tensor_buffer>>;
+
+/// A fresh (uninitialized) tensor buffer of `type` and `shape`.
+result<std::shared_ptr<tensor_buffer>> make_tensor_buffer(std::string name, safetensors::dtype type,
+                                                          std::vector<uint64_t> shape);
+
+/// Copies tensors held in memory into tensor buffers.
+result<tensor_map> to_tensor_map(const store::tensor_set& tensors);
+
+/// A row-major fp32 matrix, `rows` x `cols` (Hugging Face `[out, in]`),
+/// viewing memory the `weights` own.
 struct matrix {
   uint32_t rows = 0;
   uint32_t cols = 0;
-  std::vector<float> data;
+  std::span<const float> data;
 
   const float* row(uint32_t r) const noexcept { return data.data() + size_t{r} * cols; }
 };
@@ -28,21 +53,25 @@ struct layer_weights {
   matrix gate_proj;
   matrix up_proj;
   matrix down_proj;
-  std::vector<float> input_layernorm;
-  std::vector<float> post_attention_layernorm;
+  std::span<const float> input_layernorm;
+  std::span<const float> post_attention_layernorm;
 };
 
-/// A model's weights ready for the forward pass. bf16 checkpoints are widened
-/// to fp32 once, when the weights are built (twice the memory of the
-/// checkpoint, but every kernel runs on one layout and the hot loop has no
-/// conversion). Immutable once built and shared as `std::shared_ptr<const
-/// weights>`, so activating a new version is a pointer swap.
+/// A model's weights ready for the forward pass: views of fp32 tensors in
+/// place (no copy), or of fp32 buffers widened once from bf16 checkpoints
+/// (twice the memory of the checkpoint, but every kernel runs on one layout
+/// and the hot loop has no conversion). Immutable once built and shared as
+/// `std::shared_ptr<const weights>`, so activating a new version is a pointer
+/// swap.
 struct weights {
   model_config config;
   matrix embed_tokens;
   std::vector<layer_weights> layers;
-  std::vector<float> norm;
+  std::span<const float> norm;
   matrix lm_head;
+  /// What the views point into.
+  tensor_map tensors;
+  std::vector<std::shared_ptr<const gpu::host_buffer>> widened;
 };
 
 /// The name and shape of one tensor a model needs.
@@ -55,9 +84,12 @@ struct tensor_spec {
 /// in a fixed order (embeddings, layers in order, final norm, lm_head).
 std::vector<tensor_spec> expected_tensors(const model_config& config);
 
-/// Builds the weights from checkpoint tensors. Every expected tensor must be
-/// present with the config's dtype and exactly its shape, and no other
-/// tensor may be present; errors name the tensor.
+/// Builds the weights from checkpoint tensors, which they keep and view.
+/// Every expected tensor must be present with the config's dtype and exactly
+/// its shape, and no other tensor may be present; errors name the tensor.
+result<std::shared_ptr<const weights>> build_weights(const model_config& config,
+                                                     tensor_map tensors);
+/// The same from tensors held in memory (copied into tensor buffers).
 result<std::shared_ptr<const weights>> build_weights(const model_config& config,
                                                      const store::tensor_set& tensors);
 

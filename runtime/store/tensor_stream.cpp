@@ -18,8 +18,9 @@ status validate_headers(std::span<const tensor_header> tensors) {
       return ok;
     if (previous && !(*previous < t.name))
       return make_error(errc::invalid_argument,
-                        "tensor '" + t.name + "' is out of order or repeated (tensors come in "
-                                              "ascending name order, each once)");
+                        "tensor '" + t.name
+                          + "' is out of order or repeated (tensors come in "
+                            "ascending name order, each once)");
     previous = &t.name;
     auto size = safetensors::byte_length(t.type, t.shape);
     if (!size)

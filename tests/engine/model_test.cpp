@@ -42,7 +42,7 @@ vec ref_matvec(const matrix& m, const vec& x) {
   return y;
 }
 
-vec ref_rms_norm(const vec& x, const std::vector<float>& w, double eps) {
+vec ref_rms_norm(const vec& x, std::span<const float> w, double eps) {
   double sq = 0;
   for (double v : x) {
     sq += v * v;
@@ -140,25 +140,34 @@ vec reference_logits(const weights& w, const std::vector<int32_t>& tokens) {
 // Random weights of std 0.02 give almost-flat logits; scale them up so the
 // comparison exercises real numerics (norms away from 1, peaked attention).
 std::shared_ptr<const weights> loud_weights(const model_config& c, uint64_t seed) {
-  auto w = std::make_shared<weights>(*make_weights(c, seed));
-  auto scale = [](matrix& m, float f) {
-    for (float& v : m.data) {
-      v *= f;
-    }
+  auto set = random_init(c, seed);
+  EXPECT_TRUE(set);
+  EXPECT_EQ(c.torch_dtype, weight_dtype::float32);
+  auto floats = [&](const std::string& name) {
+    auto& bytes = set->at(name).bytes;
+    return std::span<float>{reinterpret_cast<float*>(bytes.data()), bytes.size() / 4};
   };
-  scale(w->embed_tokens, 50.0F);
-  for (auto& l : w->layers) {
-    for (matrix* m :
-         {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      scale(*m, 20.0F);
-    }
-    for (size_t i = 0; i < l.input_layernorm.size(); ++i) {
-      l.input_layernorm[i] = 0.5F + 0.05F * static_cast<float>(i % 7);
-      l.post_attention_layernorm[i] = 1.5F - 0.03F * static_cast<float>(i % 5);
+  auto scale = [&](const std::string& name, float f) {
+    for (float& v : floats(name))
+      v *= f;
+  };
+  scale("model.embed_tokens.weight", 50.0F);
+  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const char* m : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+      scale(p + m + ".weight", 20.0F);
+    auto in = floats(p + "input_layernorm.weight");
+    auto post = floats(p + "post_attention_layernorm.weight");
+    for (size_t i = 0; i < in.size(); ++i) {
+      in[i] = 0.5F + 0.05F * static_cast<float>(i % 7);
+      post[i] = 1.5F - 0.03F * static_cast<float>(i % 5);
     }
   }
-  scale(w->lm_head, 20.0F);
-  return w;
+  scale("lm_head.weight", 20.0F);
+  auto w = build_weights(c, *set);
+  EXPECT_TRUE(w);
+  return *w;
 }
 
 void expect_close(const std::vector<float>& got, const vec& want, double tol) {
