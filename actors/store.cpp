@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include "actors/log.hpp"
+#include "runtime/core/token.hpp"
 
 namespace stitch {
 
@@ -140,6 +141,43 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
       return offload<std::vector<version_ref>>(
         self, self->state.jobs, fast, fast_name,
         [db, pool, run] { return db->list_versions(pool, run); });
+    },
+    [=, &fast](atom::list_pools, const std::string& run) {
+      return offload<std::vector<std::string>>(self, self->state.jobs, fast, fast_name,
+                                               [db, run]() -> result<std::vector<std::string>> {
+                                                 auto all = db->list_pools();
+                                                 if (!all || run.empty())
+                                                   return all;
+                                                 std::vector<std::string> holding;
+                                                 for (const auto& pool : *all) {
+                                                   auto versions = db->list_versions(pool, run);
+                                                   if (!versions)
+                                                     return std::move(versions).error();
+                                                   if (!versions->empty())
+                                                     holding.push_back(pool);
+                                                 }
+                                                 return holding;
+                                               });
+    },
+    [=, &bulk](atom::export_to, const std::string& pool, const version_ref& ref,
+               const std::string& path, bool sync, const std::string& token) -> caf::result<bool> {
+      if (!token_matches(self->state.opts.admin_token, token))
+        return to_caf_error({errc::unauthorized, "writing an export on the store's node needs the "
+                                                 "admin token (--token or STITCH_TOKEN)"});
+      if (!std::filesystem::path{path}.is_absolute())
+        return to_caf_error(
+          {errc::invalid_argument,
+           "an export path on the store's node must be absolute, not " + quote_untrusted(path)});
+      store::export_options options;
+      options.sync = sync;
+      options.buffer_bytes = self->state.opts.io_buffer_bytes;
+      return offload<bool>(self, self->state.jobs, bulk, bulk_name,
+                           [db, pool, ref, path, options]() -> result<bool> {
+                             auto ok = store::export_version(*db, pool, ref, path, options);
+                             if (!ok)
+                               return std::move(ok).error();
+                             return true;
+                           });
     },
     [=, &bulk](atom::retain, const std::string& pool, const retention_request& request) {
       return offload<retention_report>(self, self->state.jobs, bulk, bulk_name,

@@ -13,6 +13,7 @@
 #include "actors/store_actor.hpp"
 #include "actors/workers.hpp"
 #include "runtime/core/store_port.hpp"
+#include "runtime/store/materialize.hpp"
 
 namespace stitch {
 
@@ -28,6 +29,10 @@ struct store_lanes {
 };
 
 struct store_options {
+  /// When set, `export_to` must carry it (it writes files on this machine).
+  std::string admin_token;
+  /// Bytes buffered by an export (`io.buffer_bytes`).
+  uint64_t io_buffer_bytes = uint64_t{64} << 20;
   /// An upload silent this long is dropped with what it wrote (its client
   /// went away mid-publish).
   std::chrono::seconds upload_idle_timeout{600};

@@ -28,6 +28,8 @@ CAF_ADD_ATOM(stitch_store, stitch::atom, put_end, "putend")
 CAF_ADD_ATOM(stitch_store, stitch::atom, put_abort, "putabort")
 CAF_ADD_ATOM(stitch_store, stitch::atom, pointer_moved, "ptrmoved")
 CAF_ADD_ATOM(stitch_store, stitch::atom, notify, "notify")
+CAF_ADD_ATOM(stitch_store, stitch::atom, list_pools, "listpools")
+CAF_ADD_ATOM(stitch_store, stitch::atom, export_to, "exportto")
 CAF_END_TYPE_ID_BLOCK(stitch_store)
 
 namespace stitch {
@@ -59,6 +61,13 @@ using store_actor = caf::typed_actor<
                   uint64_t>::with<std::vector<char>>,
   // Lists a run's published versions.
   caf::replies_to<atom::list, std::string, std::string>::with<std::vector<version_ref>>,
+  // The pools holding published versions of `run` (every pool when empty).
+  caf::replies_to<atom::list_pools, std::string>::with<std::vector<std::string>>,
+  // Writes version `ref` of `pool` as a Hugging Face directory at `path`
+  // (absolute, on this node's machine; fsynced when `sync`); the last
+  // string is the admin token, which a node with one requires.
+  caf::replies_to<atom::export_to, std::string, version_ref, std::string, bool,
+                  std::string>::with<bool>,
   // Applies retention to a pool (or says what it would do).
   caf::replies_to<atom::retain, std::string, retention_request>::with<retention_report>,
   // Starts storing version `ref` of `pool`; answers an upload id.

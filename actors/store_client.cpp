@@ -214,6 +214,22 @@ result<std::vector<version_ref>> remote_store::list_versions(std::string_view po
   return call<std::vector<version_ref>>(atom::list_v, std::string{pool}, std::string{run_id});
 }
 
+result<std::vector<std::string>> remote_store::list_pools() {
+  return pools_of({});
+}
+
+result<std::vector<std::string>> remote_store::pools_of(std::string_view run) {
+  return call<std::vector<std::string>>(atom::list_pools_v, std::string{run});
+}
+
+status remote_store::export_to(std::string_view pool, const version_ref& ref,
+                               const std::string& path, bool sync, const std::string& token) {
+  auto done = call<bool>(atom::export_to_v, std::string{pool}, ref, path, sync, token);
+  if (!done)
+    return std::move(done).error();
+  return {};
+}
+
 result<retention_report> remote_store::retain(std::string_view pool,
                                               const retention_request& request) {
   return call<retention_report>(atom::retain_v, std::string{pool}, request);

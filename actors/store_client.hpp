@@ -36,7 +36,15 @@ public:
                     uint64_t offset, std::span<std::byte> out) override;
   result<std::vector<version_ref>> list_versions(std::string_view pool,
                                                  std::string_view run_id) override;
+  result<std::vector<std::string>> list_pools() override;
   result<retention_report> retain(std::string_view pool, const retention_request& request) override;
+  /// The pools holding published versions of `run` (every pool when empty).
+  result<std::vector<std::string>> pools_of(std::string_view run);
+  /// Has the store's node write version `ref` of `pool` as a Hugging Face
+  /// directory at `path` (absolute, on that node's machine); `token` is the
+  /// admin token when the node has one.
+  status export_to(std::string_view pool, const version_ref& ref, const std::string& path,
+                   bool sync, const std::string& token);
 
 private:
   class writer;

@@ -136,6 +136,31 @@ const std::vector<entry>& schema() {
     text("coordinator.address", &node_config::coordinator_address);
     number("coordinator.heartbeat_timeout", &node_config::heartbeat_timeout, 0.2, 600);
     text("store.uri", &node_config::store_uri);
+    e.push_back(
+      {"store.retain_versions",
+       kind::integer,
+       0,
+       1'000'000,
+       {},
+       [](node_config& c, const value& v) { c.retain_versions = static_cast<uint32_t>(v.number); },
+       [](const node_config& c) { return std::to_string(c.retain_versions); }});
+    e.push_back({"publisher.memory_limit",
+                 kind::integer,
+                 0,
+                 double(uint64_t{1} << 50),
+                 {},
+                 [](node_config& c, const value& v) {
+                   c.publisher_memory_limit = static_cast<uint64_t>(v.number);
+                 },
+                 [](const node_config& c) { return std::to_string(c.publisher_memory_limit); }});
+    e.push_back(
+      {"io.buffer_bytes",
+       kind::integer,
+       double(uint64_t{1} << 20),
+       double(uint64_t{4} << 30),
+       {},
+       [](node_config& c, const value& v) { c.io_buffer_bytes = static_cast<uint64_t>(v.number); },
+       [](const node_config& c) { return std::to_string(c.io_buffer_bytes); }});
     text("model.preset", &node_config::model_preset, {"tiny", "small", "medium"});
     text("replica.pool", &node_config::pool);
     listen("replica.listen", &node_config::replica_listen);

@@ -43,6 +43,14 @@ struct node_config {
   double heartbeat_timeout = 3;
   /// Empty: `rocksdb:<data_dir>/store`.
   std::string store_uri;
+  /// Versions of each run retention keeps (besides what they and the
+  /// replicas need); 0 keeps everything.
+  uint32_t retain_versions = 20;
+  /// Host memory for the publisher's copies of each run's last version;
+  /// copies beyond it go to scratch files.
+  uint64_t publisher_memory_limit = uint64_t{2} << 30;
+  /// Bytes buffered by streamed reads and writes of version bytes (export).
+  uint64_t io_buffer_bytes = uint64_t{64} << 20;
 
   uint32_t replicas = 2;
   std::string model_preset = "tiny";

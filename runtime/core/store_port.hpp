@@ -107,6 +107,8 @@ public:
   /// The published versions of a run, ascending.
   virtual result<std::vector<version_ref>> list_versions(std::string_view pool,
                                                          std::string_view run_id) = 0;
+  /// Every pool that ever had a run claimed, ascending.
+  virtual result<std::vector<std::string>> list_pools() = 0;
   /// Applies retention to every claimed run of `pool`: keeps the newest
   /// `keep_last` versions of each run, the boot, the pointer, `in_use` and
   /// every version their chains need; deletes the rest (unless `dry_run`). A

@@ -170,9 +170,42 @@ status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* 
   if (!handle)
     return std::move(handle).error();
   remote_store store{sys, caf::actor_cast<store_actor>(*handle)};
-  if (auto ok = store::export_version(store, cmd.pool, *ref, cmd.out_dir); !ok)
-    return ok;
-  std::fprintf(out, "exported %s to %s\n", to_string(*ref).c_str(), cmd.out_dir.c_str());
+  std::string pool = cmd.pool;
+  if (pool.empty()) {
+    auto pools = store.pools_of(ref->run_id);
+    if (!pools)
+      return std::move(pools).error();
+    if (pools->empty())
+      return make_error(errc::not_found, "no pool holds run '" + ref->run_id + "'");
+    if (pools->size() > 1) {
+      std::string names;
+      for (const auto& p : *pools)
+        names += (names.empty() ? "" : ", ") + p;
+      return make_error(errc::invalid_argument, "run '" + ref->run_id + "' is in several pools ("
+                                                  + names + "); choose one with --pool");
+    }
+    pool = pools->front();
+    std::fprintf(out, "run %s is in pool %s\n", ref->run_id.c_str(), pool.c_str());
+  }
+  bool written = false;
+  if (!cmd.stream && is_loopback(cmd.coordinator.host)) {
+    std::error_code ec;
+    auto path = std::filesystem::absolute(cmd.out_dir, ec);
+    auto local = store.export_to(pool, *ref, path.string(), cmd.sync, cmd.token);
+    if (local)
+      written = true;
+    else if (local.error().code != errc::unauthorized)
+      return local;
+  }
+  if (!written) {
+    store::export_options options;
+    options.sync = cmd.sync;
+    options.buffer_bytes = cmd.buffer_bytes;
+    if (auto ok = store::export_version(store, pool, *ref, cmd.out_dir, options); !ok)
+      return ok;
+  }
+  std::fprintf(out, "exported %s of pool %s to %s\n", to_string(*ref).c_str(), pool.c_str(),
+               cmd.out_dir.c_str());
   return {};
 }
 

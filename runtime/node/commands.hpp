@@ -31,13 +31,24 @@ result<publish_summary> run_publish(caf::actor_system& sys, const publish_comman
 
 struct export_command {
   host_port coordinator;
-  std::string pool = "default";
+  /// Empty: the pool that holds the run (refused when several do).
+  std::string pool;
   std::string version;
   std::string out_dir;
+  /// Stream the bytes here even when the store's node is on this machine.
+  bool stream = false;
+  /// fsync the files before the directory appears.
+  bool sync = false;
+  /// Bytes buffered while streaming.
+  uint64_t buffer_bytes = uint64_t{64} << 20;
+  std::string token;
 };
 
-/// `stitch export`: rebuilds a version from the store actor's chunks and
-/// writes a standard HF directory.
+/// `stitch export`: writes a version as a standard HF directory, byte for
+/// byte what was published. With the store's node on this machine, that node
+/// writes it (no bytes cross a connection); otherwise they stream from the
+/// store actor, a window of chunks in flight, in memory bounded by
+/// `buffer_bytes` whatever the model size.
 status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* out);
 
 struct status_command {

@@ -147,7 +147,10 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
       return std::move(opened).error();
     }
     n->backend_ = std::shared_ptr<store_backend>{std::move(*opened)};
-    n->store_ = sys.spawn(store_service, n->backend_, store_lanes::make(), store_options{});
+    store_options so;
+    so.admin_token = settings.admin_token;
+    so.io_buffer_bytes = settings.io_buffer_bytes;
+    n->store_ = sys.spawn(store_service, n->backend_, store_lanes::make(), so);
     n->owns_store_ = true;
     caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"store"},
                    caf::actor_cast<caf::actor>(n->store_));
@@ -167,6 +170,7 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
   if (settings.has_role("publisher")) {
     store::publisher_options po;
     po.scratch_dir = settings.data_dir / "publisher";
+    po.memory_limit = settings.publisher_memory_limit;
     n->publisher_ = sys.spawn(publisher_service, n->backend_, n->store_, po,
                               std::make_shared<worker_pool>(6, "publish"), settings.admin_token,
                               publisher_limits{});

@@ -52,7 +52,11 @@ int main(int argc, char** argv) {
   auto* exporter = app.add_subcommand("export", "write a version as a Hugging Face directory");
   exporter->add_option("--version", exp.version, "R/N or R/weight_v00000N")->required();
   exporter->add_option("--out", exp.out_dir, "output directory")->required();
-  exporter->add_option("--pool", exp.pool, "pool")->capture_default_str();
+  exporter->add_option("--pool", exp.pool, "pool (default: the one holding the run)");
+  exporter->add_flag("--stream", exp.stream, "stream the bytes even from a node on this machine");
+  exporter->add_flag("--sync", exp.sync, "fsync the files before the directory appears");
+  exporter->add_option("--buffer-bytes", exp.buffer_bytes, "bytes buffered while streaming")
+    ->capture_default_str();
 
   init_model_command init;
   auto* init_model = app.add_subcommand("init-model", "write a random-init boot checkpoint");
@@ -164,5 +168,6 @@ int main(int argc, char** argv) {
     return finish("publish", done ? stitch::status{} : stitch::status{done.error()});
   }
   exp.coordinator = *where;
-  return finish("export", run_export(sys, exp, stdout), false);
+  exp.token = token;
+  return finish("export", run_export(sys, exp, stdout));
 }

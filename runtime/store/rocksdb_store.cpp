@@ -388,6 +388,17 @@ protected:
     return runs;
   }
 
+  result<std::vector<std::string>> pools() override {
+    std::vector<std::string> out;
+    const auto prefix = "ptr" + std::string(1, sep);
+    std::unique_ptr<rocksdb::Iterator> it{db_->NewIterator({}, meta())};
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next())
+      out.push_back(it->key().ToString().substr(prefix.size()));
+    if (!it->status().ok())
+      return backend(it->status(), "listing the pools");
+    return out;
+  }
+
   result<std::vector<stored_version>> published_versions(std::string_view pool,
                                                          std::string_view run) override {
     std::vector<stored_version> out;

@@ -582,6 +582,33 @@ result<std::vector<std::string>> s3_store::claimed_runs(std::string_view pool) {
   return runs;
 }
 
+result<std::vector<std::string>> s3_store::pools() {
+  auto& s = *impl_;
+  // Pools are the "directories" under the prefix; those with a pointer count.
+  std::vector<std::string> candidates;
+  const auto prefix = s.where.prefix.empty() ? std::string{} : s.where.prefix + "/";
+  auto listed = s.list_all(prefix, "/", [&](const transport::s3_list_page& page) {
+    for (const auto& p : page.common_prefixes) {
+      if (!p.starts_with(prefix) || !p.ends_with('/'))
+        continue;
+      auto pool = p.substr(prefix.size(), p.size() - prefix.size() - 1);
+      if (validate_pool(pool))
+        candidates.push_back(std::move(pool));
+    }
+  });
+  if (!listed)
+    return std::move(listed).error();
+  std::vector<std::string> out;
+  for (auto& pool : candidates) {
+    auto latest = s.read_latest(pool);
+    if (!latest)
+      return std::move(latest).error();
+    if (*latest)
+      out.push_back(std::move(pool));
+  }
+  return out;
+}
+
 result<std::vector<stored_version>> s3_store::published_versions(std::string_view pool,
                                                                  std::string_view run) {
   auto refs = impl_->published_versions(pool, run);

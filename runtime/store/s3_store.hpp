@@ -57,6 +57,7 @@ protected:
   result<std::unique_ptr<shard_sink>> open_sink(std::string_view pool,
                                                 const version_ref& ref) override;
   result<std::vector<std::string>> claimed_runs(std::string_view pool) override;
+  result<std::vector<std::string>> pools() override;
   result<std::vector<stored_version>> published_versions(std::string_view pool,
                                                          std::string_view run) override;
   status delete_version(std::string_view pool, const version_ref& ref) override;

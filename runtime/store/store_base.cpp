@@ -135,6 +135,15 @@ result<std::vector<version_ref>> store_base::list_versions(std::string_view pool
   return out;
 }
 
+result<std::vector<std::string>> store_base::list_pools() {
+  auto all = pools();
+  if (!all)
+    return all;
+  std::sort(all->begin(), all->end());
+  all->erase(std::unique(all->begin(), all->end()), all->end());
+  return all;
+}
+
 /// Checks and stores one attempt; see `version_writer`.
 class store_base::writer final : public version_writer {
 public:

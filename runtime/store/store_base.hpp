@@ -67,6 +67,7 @@ public:
   result<manifest> read_manifest(std::string_view pool, const version_ref& ref) final;
   result<std::vector<version_ref>> list_versions(std::string_view pool,
                                                  std::string_view run_id) final;
+  result<std::vector<std::string>> list_pools() final;
   result<retention_report> retain(std::string_view pool, const retention_request& request) final;
 
 protected:
@@ -94,6 +95,8 @@ protected:
                                                         const version_ref& ref) = 0;
   /// The runs of `pool` with a boot record.
   virtual result<std::vector<std::string>> claimed_runs(std::string_view pool) = 0;
+  /// The pools with a pointer.
+  virtual result<std::vector<std::string>> pools() = 0;
   /// The published versions of a run, any order.
   virtual result<std::vector<stored_version>> published_versions(std::string_view pool,
                                                                  std::string_view run) = 0;

@@ -147,6 +147,15 @@ protected:
     return runs;
   }
 
+  result<std::vector<std::string>> pools() override {
+    ++calls_;
+    std::lock_guard guard{mutex_};
+    std::vector<std::string> out;
+    for (const auto& [pool, p] : pointers_)
+      out.push_back(pool);
+    return out;
+  }
+
   result<std::vector<stitch::stored_version>> published_versions(std::string_view pool,
                                                                  std::string_view run) override {
     ++calls_;

@@ -70,6 +70,7 @@ public:
                                                  std::string_view run_id) override {
     return client_->list_versions(pool, run_id);
   }
+  result<std::vector<std::string>> list_pools() override { return client_->list_pools(); }
   result<retention_report> retain(std::string_view pool,
                                   const retention_request& request) override {
     return client_->retain(pool, request);
