@@ -61,7 +61,7 @@ caf::result<T> on_upload(self_ptr self, uint64_t id, Work work) {
 
 store_lanes store_lanes::make() {
   return {std::make_shared<worker_pool>(2, "store-fast", 4096),
-          std::make_shared<worker_pool>(2, "store-bulk", 256)};
+          std::make_shared<worker_pool>(2, "store-bulk", 256, priority::background)};
 }
 
 store_actor::behavior_type store_service(store_actor::stateful_pointer<store_state> self,

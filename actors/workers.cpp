@@ -2,10 +2,12 @@
 
 #include <pthread.h>
 
+#include "runtime/store/pipeline.hpp"
+
 namespace stitch {
 
-worker_pool::worker_pool(size_t threads, std::string name, size_t max_queued)
-    : name_(std::move(name)), max_queued_(max_queued) {
+worker_pool::worker_pool(size_t threads, std::string name, size_t max_queued, priority prio)
+    : name_(std::move(name)), max_queued_(max_queued), priority_(prio) {
   threads_.reserve(std::max<size_t>(threads, 1));
   for (size_t i = 0; i < std::max<size_t>(threads, 1); ++i)
     threads_.emplace_back([this] { work(); });
@@ -48,6 +50,8 @@ size_t worker_pool::queued() const {
 void worker_pool::work() {
   // Thread names are at most 15 characters.
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
+  if (priority_ == priority::background)
+    store::run_as_background_thread();
   for (;;) {
     std::function<void()> job;
     {

@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -25,13 +26,19 @@ public:
   }
 };
 
+/// How a pool's threads are scheduled: bulk byte work (staging, publishing,
+/// store bytes) runs in the background so request and control threads get
+/// the cores first on a busy machine.
+enum class priority : uint8_t { normal, background };
+
 /// A fixed set of threads taking jobs in FIFO order. With one thread, jobs run
 /// one after the other in posting order. `max_queued` bounds the jobs waiting
 /// (0: unbounded) for `try_post`; `post` always queues. The destructor
 /// finishes the jobs already posted, then joins.
 class worker_pool final : public executor {
 public:
-  worker_pool(size_t threads, std::string name, size_t max_queued = 0);
+  worker_pool(size_t threads, std::string name, size_t max_queued = 0,
+              priority prio = priority::normal);
   ~worker_pool() override;
   worker_pool(const worker_pool&) = delete;
   worker_pool& operator=(const worker_pool&) = delete;
@@ -46,6 +53,7 @@ private:
 
   std::string name_;
   size_t max_queued_;
+  priority priority_;
   mutable std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<std::function<void()>> jobs_;

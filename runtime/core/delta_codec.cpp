@@ -160,7 +160,7 @@ stream_compressor::stream_compressor(stream_compressor&&) noexcept = default;
 stream_compressor& stream_compressor::operator=(stream_compressor&&) noexcept = default;
 stream_compressor::~stream_compressor() = default;
 
-result<stream_compressor> stream_compressor::start(uint64_t total_size, int level) {
+result<stream_compressor> stream_compressor::start(uint64_t total_size, int level, int workers) {
   if (level < min_level() || level > max_level())
     return make_error(errc::invalid_argument, "zstd level " + std::to_string(level)
                                                 + " is outside [" + std::to_string(min_level())
@@ -170,6 +170,8 @@ result<stream_compressor> stream_compressor::start(uint64_t total_size, int leve
     return make_error(errc::limit_exceeded, "out of memory creating a zstd context");
   ZSTD_CCtx_setParameter(s->cctx.get(), ZSTD_c_compressionLevel, level);
   ZSTD_CCtx_setParameter(s->cctx.get(), ZSTD_c_checksumFlag, 1);
+  if (workers > 0)
+    (void) ZSTD_CCtx_setParameter(s->cctx.get(), ZSTD_c_nbWorkers, workers);
   if (ZSTD_CCtx_setPledgedSrcSize(s->cctx.get(), total_size) != 0)
     return make_error(errc::invalid_argument,
                       "zstd refused a frame of " + std::to_string(total_size) + " bytes");

@@ -53,8 +53,10 @@ inline constexpr int max_window_log = 25;
 /// only zstd's window. Appends output to the caller's buffer.
 class stream_compressor {
 public:
-  /// A frame of exactly `total_size` input bytes at `level`.
-  static result<stream_compressor> start(uint64_t total_size, int level);
+  /// A frame of exactly `total_size` input bytes at `level`. With `workers`,
+  /// zstd compresses on that many threads of its own while the caller goes
+  /// on (same format; zstd builds without threads compress inline).
+  static result<stream_compressor> start(uint64_t total_size, int level, int workers = 0);
   stream_compressor(stream_compressor&&) noexcept;
   stream_compressor& operator=(stream_compressor&&) noexcept;
   ~stream_compressor();

@@ -56,7 +56,7 @@ std::string human_bytes(uint64_t n) {
 
 /// Chunks of a streamed publish in flight at once: what the node holds of
 /// this client is this many chunks.
-constexpr size_t publish_window = 4;
+constexpr size_t publish_window = 12;
 
 result<publish_summary> stream_directory(caf::actor_system& sys, const publisher_actor& publisher,
                                          const publish_command& cmd) {

@@ -172,8 +172,8 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     po.scratch_dir = settings.data_dir / "publisher";
     po.memory_limit = settings.publisher_memory_limit;
     n->publisher_ = sys.spawn(publisher_service, n->backend_, n->store_, po,
-                              std::make_shared<worker_pool>(6, "publish"), settings.admin_token,
-                              publisher_limits{});
+                              std::make_shared<worker_pool>(6, "publish", 0, priority::background),
+                              settings.admin_token, publisher_limits{});
     caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"publisher"},
                    caf::actor_cast<caf::actor>(n->publisher_));
   }

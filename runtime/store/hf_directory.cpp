@@ -13,6 +13,7 @@
 #include <system_error>
 #include <utility>
 
+#include "gpu/host_buffer.hpp"
 #include "runtime/core/manifest.hpp"
 
 namespace stitch::store {
@@ -405,18 +406,66 @@ status write_all(int fd, std::span<const std::byte> bytes, const fs::path& path)
   return {};
 }
 
+/// Large files are written with direct I/O: the page cache would only hold
+/// (and later write back, slower than the device takes direct writes) bytes
+/// nobody reads soon.
+constexpr uint64_t direct_threshold = uint64_t{1} << 20;
+constexpr size_t direct_block = 4096;
+constexpr size_t direct_buffer = size_t{8} << 20;
+
 /// Creates `path` (which must not exist), lets `fill` write it through the
-/// sink, then fsyncs and closes it.
+/// sink, then (with `sync`) fsyncs and closes it. A file of `expected_size`
+/// bytes or more goes through an aligned buffer with O_DIRECT where the file
+/// system allows it: whole blocks out, the tail padded, then the file cut to
+/// its size.
 template <class Fill>
-status write_new_file(const fs::path& path, bool sync, Fill&& fill) {
-  unique_fd fd{::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
+status write_new_file(const fs::path& path, bool sync, uint64_t expected_size, Fill&& fill) {
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+  bool direct = expected_size >= direct_threshold;
+  unique_fd fd{::open(path.c_str(), flags | (direct ? O_DIRECT : 0), 0644)};
+  if (fd.get() < 0 && direct && errno == EINVAL) {
+    direct = false;
+    fd = unique_fd{::open(path.c_str(), flags, 0644)};
+  }
   if (fd.get() < 0)
     return fail(errc::backend_failure, "cannot create " + path.string() + ": " + errno_text(errno));
-  safetensors::byte_sink sink = [&](std::span<const std::byte> bytes) {
-    return write_all(fd.get(), bytes, path);
+  gpu::host_buffer buffer;
+  size_t filled = 0;
+  uint64_t written = 0;
+  if (direct) {
+    auto b = gpu::staging_allocator().allocate(direct_buffer);
+    if (!b)
+      return std::move(b).error();
+    buffer = std::move(*b);
+  }
+  safetensors::byte_sink sink = [&](std::span<const std::byte> bytes) -> status {
+    if (!direct)
+      return write_all(fd.get(), bytes, path);
+    while (!bytes.empty()) {
+      const size_t take = std::min(bytes.size(), buffer.size() - filled);
+      std::memcpy(buffer.data() + filled, bytes.data(), take);
+      filled += take;
+      written += take;
+      bytes = bytes.subspan(take);
+      if (filled == buffer.size()) {
+        if (auto ok = write_all(fd.get(), buffer.bytes(), path); !ok)
+          return ok;
+        filled = 0;
+      }
+    }
+    return {};
   };
   if (auto ok = fill(sink); !ok)
     return ok;
+  if (direct && filled > 0) {
+    const size_t padded = (filled + direct_block - 1) / direct_block * direct_block;
+    std::memset(buffer.data() + filled, 0, padded - filled);
+    if (auto ok = write_all(fd.get(), buffer.bytes().first(padded), path); !ok)
+      return ok;
+    if (::ftruncate(fd.get(), static_cast<off_t>(written)) != 0)
+      return fail(errc::backend_failure,
+                  "cannot truncate " + path.string() + ": " + errno_text(errno));
+  }
   if (sync && ::fsync(fd.get()) != 0)
     return fail(errc::backend_failure, "cannot fsync " + path.string() + ": " + errno_text(errno));
   if (fd.close() != 0)
@@ -468,8 +517,9 @@ status write_files(const fs::path& dir, std::span<const safetensors::tensor_spec
     std::vector<safetensors::tensor_spec> specs;
     for (const auto& name : plan.shard_tensors[i])
       specs.push_back(*by_name.at(name));
-    auto ok =
-      write_new_file(dir / plan.shards[i], sync, [&](const safetensors::byte_sink& sink) -> status {
+    auto ok = write_new_file(
+      dir / plan.shards[i], sync, plan.shard_bytes[i],
+      [&](const safetensors::byte_sink& sink) -> status {
         auto writer = safetensors::stream_writer::start(specs, metadata, sink);
         if (!writer)
           return std::move(writer).error();
@@ -491,9 +541,9 @@ status write_files(const fs::path& dir, std::span<const safetensors::tensor_spec
       return ok;
   }
   const std::string index = index_json(plan);
-  return write_new_file(dir / hf_index_file, sync, [&](const safetensors::byte_sink& sink) {
-    return sink(std::as_bytes(std::span{index}));
-  });
+  return write_new_file(
+    dir / hf_index_file, sync, index.size(),
+    [&](const safetensors::byte_sink& sink) { return sink(std::as_bytes(std::span{index})); });
 }
 
 std::string temp_suffix() {

@@ -12,6 +12,7 @@
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/core/delta_codec.hpp"
 #include "runtime/store/hf_directory.hpp"
+#include "runtime/store/pipeline.hpp"
 #include "runtime/store/publisher.hpp"
 #include "runtime/store/version_layout.hpp"
 
@@ -288,9 +289,8 @@ status version_reader::read_into(const safetensors::tensor_info& t, std::span<st
                 runner ? checksum::tree_checksum(out, *runner) : gpu::parallel_tree_checksum(out));
 }
 
-status version_reader::stream(const safetensors::tensor_info& t, std::span<std::byte> piece,
-                              std::span<std::byte> scratch,
-                              const std::function<status(std::span<const std::byte>)>& sink) const {
+status version_reader::stream(const safetensors::tensor_info& t, std::span<std::byte> scratch,
+                              const piece_sink& out) const {
   std::vector<delta_cursor> cursors;
   for (const auto& d : deltas_)
     if (std::binary_search(d.touched.begin(), d.touched.end(), t.name)) {
@@ -301,15 +301,19 @@ status version_reader::stream(const safetensors::tensor_info& t, std::span<std::
     }
   checksum::tree_hasher hasher;
   for (uint64_t off = 0; off < t.byte_size();) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), t.byte_size() - off));
-    auto bytes = piece.first(n);
+    auto buffer = out.next();
+    if (!buffer)
+      return std::move(buffer).error();
+    const size_t n = static_cast<size_t>(
+      std::min<uint64_t>({buffer->size(), scratch.size(), t.byte_size() - off}));
+    auto bytes = buffer->first(n);
     if (auto ok = read_(anchor_.ref, t.name, off, bytes); !ok)
       return ok;
     for (auto& c : cursors)
       if (auto ok = c.apply(bytes, scratch); !ok)
         return ok;
     hasher.update(bytes);
-    if (auto ok = sink(bytes); !ok)
+    if (auto ok = out.done(n); !ok)
       return ok;
     off += n;
   }
@@ -317,6 +321,14 @@ status version_reader::stream(const safetensors::tensor_info& t, std::span<std::
     if (auto ok = c.finish(); !ok)
       return ok;
   return verify(t, hasher.digest());
+}
+
+status version_reader::stream(const safetensors::tensor_info& t, std::span<std::byte> piece,
+                              std::span<std::byte> scratch,
+                              const std::function<status(std::span<const std::byte>)>& sink) const {
+  return stream(t, scratch,
+                piece_sink{[piece]() -> result<std::span<std::byte>> { return piece; },
+                           [&](size_t n) { return sink(piece.first(n)); }});
 }
 
 result<tensor_set> materialize(store_backend& store, std::string_view pool, const version_ref& ref,
@@ -341,22 +353,36 @@ status export_version(store_backend& store, std::string_view pool, const version
   auto reader = version_reader::open(store, pool, ref);
   if (!reader)
     return std::move(reader).error();
-  // Half for the piece being written, half for decoding deltas into.
-  const size_t half = static_cast<size_t>(
-    std::clamp<uint64_t>(options.buffer_bytes / 2, size_t{1} << 20, size_t{256} << 20));
-  auto buffer = gpu::staging_allocator().allocate(2 * half);
-  if (!buffer)
-    return std::move(buffer).error();
-  auto piece = buffer->bytes().first(half);
-  auto scratch = buffer->bytes().subspan(half, half);
+  // A quarter of the buffer decodes deltas, the rest rotates between reading
+  // and writing: the next pieces are read and decoded while one is written.
+  const size_t piece = static_cast<size_t>(
+    std::clamp<uint64_t>(options.buffer_bytes / 4, size_t{1} << 20, size_t{256} << 20));
+  auto scratch = gpu::staging_allocator().allocate(piece);
+  if (!scratch)
+    return std::move(scratch).error();
+  const safetensors::byte_sink* current = nullptr;
+  auto pipeline = buffer_pipeline::start(
+    3, piece, [&](std::span<const std::byte> bytes) { return (*current)(bytes); });
+  if (!pipeline)
+    return std::move(pipeline).error();
   std::vector<safetensors::tensor_spec> specs;
   std::map<std::string, const safetensors::tensor_info*> by_name;
   for (const auto& t : reader->tensors()) {
     specs.push_back({t.name, t.type, t.shape});
     by_name.emplace(t.name, &t);
   }
-  tensor_filler fill = [&](const std::string& name, const safetensors::byte_sink& sink) {
-    return reader->stream(*by_name.at(name), piece, scratch, sink);
+  auto& p = **pipeline;
+  tensor_filler fill = [&](const std::string& name, const safetensors::byte_sink& sink) -> status {
+    current = &sink;
+    auto streamed =
+      reader->stream(*by_name.at(name), scratch->bytes(),
+                     version_reader::piece_sink{[&] { return p.acquire(); },
+                                                [&](size_t n) { return p.submit(n); }});
+    // The writes of this tensor end before its file may move on.
+    auto written = p.finish();
+    if (!streamed)
+      return streamed;
+    return written;
   };
   return write_hf_directory(out_dir, specs, fill, options.max_shard_bytes, options.sync);
 }

@@ -97,10 +97,20 @@ public:
   status read_into(const safetensors::tensor_info& t, std::span<std::byte> out,
                    std::span<std::byte> scratch, parallel_for* runner = nullptr) const;
 
-  /// Hands tensor `t` to `sink` in pieces of at most `piece.size()` bytes
-  /// (decoded in `piece`, deltas through `scratch`, as large); the checksum is
-  /// verified after the last piece, so a sink must not trust a tensor
-  /// before `stream` returned success.
+  /// Where `stream` decodes: `next` gives the buffer for the next piece (its
+  /// size is the piece's most), `done(n)` hands its first `n` bytes over.
+  struct piece_sink {
+    std::function<result<std::span<std::byte>>()> next;
+    std::function<status(size_t n)> done;
+  };
+
+  /// Hands tensor `t` over piece by piece (deltas decoded through `scratch`,
+  /// at least as large as a piece); the checksum is verified after the last
+  /// piece, so a sink must not trust a tensor before `stream` returned
+  /// success.
+  status stream(const safetensors::tensor_info& t, std::span<std::byte> scratch,
+                const piece_sink& out) const;
+  /// The same through one buffer, `piece`.
   status stream(const safetensors::tensor_info& t, std::span<std::byte> piece,
                 std::span<std::byte> scratch,
                 const std::function<status(std::span<const std::byte>)>& sink) const;

@@ -11,6 +11,7 @@
 #include "gpu/host_buffer.hpp"
 #include "runtime/core/checksum.hpp"
 #include "runtime/core/delta_codec.hpp"
+#include "runtime/store/pipeline.hpp"
 #include "runtime/store/version_layout.hpp"
 
 namespace stitch::store {
@@ -269,8 +270,6 @@ public:
       index[items[i].name] = i;
     for (size_t k = 0; k < p->shards.size(); ++k) {
       const auto& names = p->shard_tensors[k];
-      if (!names.empty())
-        s.first_of_shard_[names.front()] = k;
       std::vector<safetensors::tensor_spec> specs;
       for (const auto& name : names) {
         const auto& it = items[index.at(name)];
@@ -287,15 +286,28 @@ public:
 
   const shard_plan& layout() const noexcept { return plan_; }
 
-  /// Tensor `name` starts: its shard's header goes first when it opens one.
-  status begin_tensor(version_writer& w, const std::string& name) {
-    auto it = first_of_shard_.find(name);
-    if (it == first_of_shard_.end())
-      return {};
-    const size_t k = it->second;
-    if (auto ok = w.begin_shard(plan_.shards[k], headers_[k].size() + plan_.shard_bytes[k]); !ok)
-      return ok;
-    return w.write(headers_[k]);
+  /// The next bytes of the version's tensors, in order: each shard opens
+  /// (its safetensors header first) when its bytes begin.
+  status write(version_writer& w, std::span<const std::byte> bytes) {
+    while (!bytes.empty()) {
+      if (left_ == 0)
+        if (auto ok = open_next(w); !ok)
+          return ok;
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(left_, bytes.size()));
+      if (auto ok = w.write(bytes.first(take)); !ok)
+        return ok;
+      left_ -= take;
+      bytes = bytes.subspan(take);
+    }
+    return {};
+  }
+
+  /// Opens the shards still to come (those holding only empty tensors).
+  status finish(version_writer& w) {
+    while (next_ < plan_.shards.size())
+      if (auto ok = open_next(w); !ok)
+        return ok;
+    return {};
   }
 
   /// Fills the manifest's shard fields.
@@ -306,9 +318,20 @@ public:
   }
 
 private:
+  status open_next(version_writer& w) {
+    if (next_ >= plan_.shards.size())
+      return fail(errc::invalid_argument, "more bytes than the version's shards hold");
+    const size_t k = next_++;
+    if (auto ok = w.begin_shard(plan_.shards[k], headers_[k].size() + plan_.shard_bytes[k]); !ok)
+      return ok;
+    left_ = plan_.shard_bytes[k];
+    return w.write(headers_[k]);
+  }
+
   shard_plan plan_;
   std::vector<std::vector<std::byte>> headers_;
-  std::map<std::string, size_t> first_of_shard_;
+  size_t next_ = 0;
+  uint64_t left_ = 0;
 };
 
 std::vector<shard_streamer::item> anchor_items(const std::vector<tensor_header>& tensors) {
@@ -543,21 +566,44 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
   std::vector<std::byte> scratch((old && !old->copy->in_memory()) ? chunk : 0);
   std::vector<std::byte> xored(how == mode::delta ? chunk : 0);
 
+  // An anchor's bytes go to the store on a thread of their own, so the
+  // store's writes overlap reading and hashing the next pieces.
   std::unique_ptr<version_writer> writer;
   std::optional<shard_streamer> anchor_shards;
-  if (how == mode::anchor) {
-    auto planned =
-      shard_streamer::plan(anchor_items(tensors), options_.max_shard_bytes, {{"format", "pt"}});
-    if (!planned)
-      return failed(std::move(planned).error());
-    anchor_shards = std::move(*planned);
-    if (!request.dry_run) {
-      auto w = store_.begin_version(request.pool, ref);
-      if (!w)
-        return failed(std::move(w).error());
-      writer = std::move(*w);
+  std::unique_ptr<buffer_pipeline> to_store;
+  auto open_anchor = [&]() -> status {
+    if (!anchor_shards) {
+      auto planned =
+        shard_streamer::plan(anchor_items(tensors), options_.max_shard_bytes, {{"format", "pt"}});
+      if (!planned)
+        return std::move(planned).error();
+      anchor_shards = std::move(*planned);
     }
-  }
+    if (request.dry_run)
+      return {};
+    auto w = store_.begin_version(request.pool, ref);
+    if (!w)
+      return std::move(w).error();
+    writer = std::move(*w);
+    auto p = buffer_pipeline::start(3, chunk, [&](std::span<const std::byte> bytes) {
+      return anchor_shards->write(*writer, bytes);
+    });
+    if (!p)
+      return std::move(p).error();
+    to_store = std::move(*p);
+    return {};
+  };
+  /// Ends the anchor's stream and stores it.
+  auto commit_anchor = [&](const manifest& m) -> status {
+    if (auto ok = to_store->finish(); !ok)
+      return ok;
+    if (auto ok = anchor_shards->finish(*writer); !ok)
+      return ok;
+    return writer->commit(m);
+  };
+  if (how == mode::anchor)
+    if (auto ok = open_anchor(); !ok)
+      return failed(std::move(ok).error());
 
   // The delta's frames (8-byte length, then the zstd payload) as they are
   // produced, kept until it is clear whether the delta pays off.
@@ -588,21 +634,21 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     checksum::tree_hasher hasher;
-    if (writer)
-      if (auto ok = anchor_shards->begin_tensor(*writer, t.name); !ok)
-        return failed(std::move(ok).error());
     std::optional<delta::stream_compressor> compressor;
     uint64_t zeros_pending = 0;
     uint64_t frame_at = 0;
     for (uint64_t off = 0; off < t.size; off += chunk) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, t.size - off));
-      auto now = std::span{fresh}.first(n);
+      std::span<std::byte> now = std::span{fresh}.first(n);
+      if (to_store) {
+        auto buffer = to_store->acquire();
+        if (!buffer)
+          return failed(std::move(buffer).error());
+        now = buffer->first(n);
+      }
       if (auto ok = source.read(i, off, now); !ok)
         return failed(std::move(ok).error());
       hasher.update(now);
-      if (writer)
-        if (auto ok = writer->write(now); !ok)
-          return failed(std::move(ok).error());
       bool same = false;
       if (old && (delta_pays || compare_only)) {
         auto before = old->copy->read(old->offsets[i] + off, n, scratch);
@@ -617,7 +663,9 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
             zeros_pending += n;
           } else {
             if (!compressor) {
-              auto started = delta::stream_compressor::start(t.size, options_.zstd_level);
+              // zstd compresses on a thread of its own while this one reads,
+              // compares and hashes the next chunk.
+              auto started = delta::stream_compressor::start(t.size, options_.zstd_level, 1);
               if (!started)
                 return failed(std::move(started).error());
               compressor = std::move(*started);
@@ -652,6 +700,9 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
       }
       if (write_copy && !same)
         if (auto ok = target->copy->write(target->offsets[i] + off, now); !ok)
+          return failed(std::move(ok).error());
+      if (to_store)
+        if (auto ok = to_store->submit(n); !ok)
           return failed(std::move(ok).error());
     }
     sums[t.name] = hasher.digest();
@@ -705,17 +756,16 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
       auto w = store_.begin_version(request.pool, ref);
       if (!w)
         return failed(std::move(w).error());
-      for (const auto& f : frame_refs) {
-        if (auto ok = shards->begin_tensor(**w, tensors[f.tensor].name); !ok)
-          return failed(std::move(ok).error());
+      for (const auto& f : frame_refs)
         for (uint64_t off = 0; off < f.size; off += chunk) {
           auto piece = std::span{fresh}.first(std::min<uint64_t>(chunk, f.size - off));
           if (auto ok = frames.read(f.at + off, piece); !ok)
             return failed(std::move(ok).error());
-          if (auto ok = (*w)->write(piece); !ok)
+          if (auto ok = shards->write(**w, piece); !ok)
             return failed(std::move(ok).error());
         }
-      }
+      if (auto ok = shards->finish(**w); !ok)
+        return failed(std::move(ok).error());
       if (auto ok = (*w)->commit(m); !ok)
         return failed(std::move(ok).error());
     }
@@ -723,35 +773,28 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     if (how == mode::delta)
       reason = "the delta's bytes are not smaller than the full weights' "
                + std::to_string(raw_bytes) + " bytes";
-    if (!anchor_shards) {
-      auto planned =
-        shard_streamer::plan(anchor_items(tensors), options_.max_shard_bytes, {{"format", "pt"}});
-      if (!planned)
-        return failed(std::move(planned).error());
-      anchor_shards = std::move(*planned);
-    }
-    m = anchor_manifest(ref, tensors, *anchor_shards, sums);
-    if (how == mode::delta && !request.dry_run) {
+    if (how == mode::delta) {
       // The second pass: the new bytes are in the remembered copy by now.
-      auto w = store_.begin_version(request.pool, ref);
-      if (!w)
-        return failed(std::move(w).error());
-      writer = std::move(*w);
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        if (auto ok = anchor_shards->begin_tensor(*writer, tensors[i].name); !ok)
-          return failed(std::move(ok).error());
+      if (auto ok = open_anchor(); !ok)
+        return failed(std::move(ok).error());
+      for (size_t i = 0; to_store && i < tensors.size(); ++i)
         for (uint64_t off = 0; off < tensors[i].size; off += chunk) {
           const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, tensors[i].size - off));
-          auto bytes = target->copy->read(target->offsets[i] + off, n, fresh);
+          auto buffer = to_store->acquire();
+          if (!buffer)
+            return failed(std::move(buffer).error());
+          auto bytes = target->copy->read(target->offsets[i] + off, n, *buffer);
           if (!bytes)
             return failed(std::move(bytes).error());
-          if (auto ok = writer->write(*bytes); !ok)
+          if (bytes->data() != buffer->data())
+            std::memcpy(buffer->data(), bytes->data(), n);
+          if (auto ok = to_store->submit(n); !ok)
             return failed(std::move(ok).error());
         }
-      }
     }
+    m = anchor_manifest(ref, tensors, *anchor_shards, sums);
     if (writer)
-      if (auto ok = writer->commit(m); !ok)
+      if (auto ok = commit_anchor(m); !ok)
         return failed(std::move(ok).error());
   }
   report.kind = m.kind;

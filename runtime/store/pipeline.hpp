@@ -1,0 +1,66 @@
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "gpu/host_buffer.hpp"
+#include "runtime/core/error.hpp"
+
+namespace stitch::store {
+
+/// Lowers the calling thread's scheduling priority (SCHED_BATCH, nice 10):
+/// bulk byte work (staging, publishing, streaming) runs there, so on a busy
+/// machine the threads that answer control messages and requests get the
+/// cores first. Threads it starts inherit it.
+void run_as_background_thread() noexcept;
+
+/// Overlaps producing bytes with consuming them: the producer fills one of
+/// `depth` rotating buffers while a thread of its own hands the filled ones
+/// to `consume` in order (a disk write while the next piece is read and
+/// decoded, say). Memory is `depth` x `piece_bytes` whatever flows through.
+/// The consumer's first error stops it; `acquire`, `submit` and `finish`
+/// report it from then on. One producer thread.
+class buffer_pipeline {
+public:
+  using consumer = std::function<status(std::span<const std::byte>)>;
+
+  static result<std::unique_ptr<buffer_pipeline>> start(size_t depth, size_t piece_bytes,
+                                                        consumer consume);
+  ~buffer_pipeline();
+  buffer_pipeline(const buffer_pipeline&) = delete;
+  buffer_pipeline& operator=(const buffer_pipeline&) = delete;
+
+  /// A free buffer of `piece_bytes` to fill; waits for one.
+  result<std::span<std::byte>> acquire();
+  /// Hands the first `n` bytes of the buffer `acquire` gave to the consumer.
+  status submit(size_t n);
+  /// Waits until everything submitted was consumed.
+  status finish();
+
+private:
+  buffer_pipeline() = default;
+  void run();
+
+  consumer consume_;
+  std::vector<gpu::host_buffer> buffers_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<size_t> free_;
+  /// (buffer, bytes) waiting for the consumer.
+  std::deque<std::pair<size_t, size_t>> filled_;
+  std::optional<size_t> acquired_;
+  size_t busy_ = 0;
+  bool stopping_ = false;
+  status failure_;
+  std::thread thread_;
+};
+
+} // namespace stitch::store
