@@ -203,6 +203,16 @@ status pump(ZSTD_CCtx* cctx, std::span<const std::byte> in, ZSTD_EndDirective mo
 
 } // namespace
 
+status stream_compressor::restart(uint64_t total_size) {
+  ZSTD_CCtx_reset(s_->cctx.get(), ZSTD_reset_session_only);
+  if (ZSTD_CCtx_setPledgedSrcSize(s_->cctx.get(), total_size) != 0)
+    return make_error(errc::invalid_argument,
+                      "zstd refused a frame of " + std::to_string(total_size) + " bytes");
+  s_->total = total_size;
+  s_->seen = 0;
+  return {};
+}
+
 status stream_compressor::update(std::span<const std::byte> in, std::vector<std::byte>& out) {
   if (in.size() > s_->total - s_->seen)
     return make_error(errc::invalid_argument,

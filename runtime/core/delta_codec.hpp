@@ -64,6 +64,9 @@ public:
   status update(std::span<const std::byte> in, std::vector<std::byte>& out);
   /// Ends the frame; `invalid_argument` unless `total_size` bytes arrived.
   status finish(std::vector<std::byte>& out);
+  /// Starts the next frame, of `total_size` bytes, on the same context (its
+  /// buffers and threads are kept); any frame in progress is dropped.
+  status restart(uint64_t total_size);
 
 private:
   struct state;

@@ -54,9 +54,11 @@ std::string human_bytes(uint64_t n) {
   return buf;
 }
 
-/// Chunks of a streamed publish in flight at once: what the node holds of
-/// this client is this many chunks.
-constexpr size_t publish_window = 12;
+/// A streamed publish sends chunks of this size, this many in flight: what
+/// the node holds of this client. Small chunks keep each message's share of
+/// the node's network thread short (pointer reads and requests share it).
+constexpr size_t publish_chunk = max_chunk_bytes;
+constexpr size_t publish_window = 8;
 
 result<publish_summary> stream_directory(caf::actor_system& sys, const publisher_actor& publisher,
                                          const publish_command& cmd) {
@@ -82,18 +84,18 @@ result<publish_summary> stream_directory(caf::actor_system& sys, const publisher
   };
   // Chunks run across tensor boundaries: the session reads one stream.
   std::vector<char> chunk;
-  chunk.reserve(max_chunk_bytes);
+  chunk.reserve(publish_chunk);
   auto send = [&] {
     if (in_flight.size() >= publish_window)
       land_one();
     in_flight.push_back(self->request(publisher, caf::duration{request_timeout}, atom::chunk_v,
                                       *session, std::move(chunk)));
     chunk = {};
-    chunk.reserve(max_chunk_bytes);
+    chunk.reserve(publish_chunk);
   };
   for (size_t i = 0; i < tensors.size() && outcome; ++i) {
     for (uint64_t at = 0; at < tensors[i].size && outcome;) {
-      const size_t room = max_chunk_bytes - chunk.size();
+      const size_t room = publish_chunk - chunk.size();
       const size_t n = static_cast<size_t>(std::min<uint64_t>(room, tensors[i].size - at));
       const size_t before = chunk.size();
       chunk.resize(before + n);
@@ -102,7 +104,7 @@ result<publish_summary> stream_directory(caf::actor_system& sys, const publisher
           !ok)
         outcome = std::move(ok).error();
       at += n;
-      if (chunk.size() == max_chunk_bytes)
+      if (chunk.size() == publish_chunk)
         send();
     }
   }

@@ -138,6 +138,7 @@ public:
     return {};
   }
 
+  /// Empties it; memory keeps its capacity for the next use.
   void clear() {
     memory_.clear();
     if (fd_ >= 0)
@@ -381,6 +382,49 @@ struct publisher::run_state {
   bool valid = false;
 };
 
+/// The buffers one publish works in, kept between publishes (fresh memory
+/// costs page faults; a model's worth of publishes would fault in the same
+/// buffers again and again).
+struct publisher::work_buffers {
+  gpu::host_buffer fresh;
+  gpu::host_buffer old;
+  gpu::host_buffer xored;
+  /// The zstd context (and its thread), restarted per frame.
+  std::optional<delta::stream_compressor> zstd;
+  /// A delta's frames, and the compressed bytes on their way there.
+  spill_buffer frames;
+  std::vector<std::byte> payload;
+
+  work_buffers(uint64_t chunk, const std::filesystem::path& scratch_dir)
+      : frames(chunk * 4, scratch_dir) {}
+};
+
+result<std::unique_ptr<publisher::work_buffers>> publisher::take_work_buffers() {
+  {
+    std::lock_guard guard{mutex_};
+    if (!idle_buffers_.empty()) {
+      auto w = std::move(idle_buffers_.back());
+      idle_buffers_.pop_back();
+      return w;
+    }
+  }
+  auto w = std::make_unique<work_buffers>(options_.chunk_bytes, options_.scratch_dir);
+  for (auto* b : {&w->fresh, &w->old, &w->xored}) {
+    auto got = gpu::staging_allocator().allocate(options_.chunk_bytes);
+    if (!got)
+      return std::move(got).error();
+    *b = std::move(*got);
+  }
+  return w;
+}
+
+void publisher::give_back(std::unique_ptr<work_buffers> w) {
+  std::lock_guard guard{mutex_};
+  // One set per publish that may run at once is plenty.
+  if (idle_buffers_.size() < 4)
+    idle_buffers_.push_back(std::move(w));
+}
+
 publisher::publisher(store_backend& store, publisher_options options)
     : store_(store), options_(std::move(options)) {
   options_.chunk_bytes = std::clamp<uint64_t>(options_.chunk_bytes, 4096, uint64_t{256} << 20);
@@ -562,9 +606,15 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
   const run_state* old = (how == mode::delta || compare_only) ? prev.get() : nullptr;
 
   const uint64_t chunk = options_.chunk_bytes;
-  std::vector<std::byte> fresh(chunk);
-  std::vector<std::byte> scratch((old && !old->copy->in_memory()) ? chunk : 0);
-  std::vector<std::byte> xored(how == mode::delta ? chunk : 0);
+  auto work = take_work_buffers();
+  if (!work)
+    return failed(std::move(work).error());
+  // Back to the idle set whatever happens below.
+  std::shared_ptr<work_buffers> held{
+    work->release(), [this](work_buffers* w) { give_back(std::unique_ptr<work_buffers>{w}); }};
+  const std::span<std::byte> fresh = held->fresh.bytes();
+  const std::span<std::byte> scratch = held->old.bytes();
+  const std::span<std::byte> xored = held->xored.bytes();
 
   // An anchor's bytes go to the store on a thread of their own, so the
   // store's writes overlap reading and hashing the next pieces.
@@ -612,13 +662,15 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     uint64_t at;
     uint64_t size;
   };
-  spill_buffer frames{chunk * 4, options_.scratch_dir};
+  spill_buffer& frames = held->frames;
+  frames.clear();
   std::vector<frame_ref> frame_refs;
   uint64_t delta_bytes = 0;
   bool delta_pays = how == mode::delta;
   bool identical = true;
   std::map<std::string, uint64_t> sums;
-  std::vector<std::byte> payload;
+  std::vector<std::byte>& payload = held->payload;
+  payload.clear();
   /// Moves compressed output into the frames.
   auto spill = [&]() -> status {
     if (payload.empty())
@@ -634,12 +686,13 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     checksum::tree_hasher hasher;
-    std::optional<delta::stream_compressor> compressor;
+    /// This tensor changed: its frame is being compressed.
+    bool compressing = false;
     uint64_t zeros_pending = 0;
     uint64_t frame_at = 0;
     for (uint64_t off = 0; off < t.size; off += chunk) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, t.size - off));
-      std::span<std::byte> now = std::span{fresh}.first(n);
+      std::span<std::byte> now = fresh.first(n);
       if (to_store) {
         auto buffer = to_store->acquire();
         if (!buffer)
@@ -659,31 +712,37 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
         if (delta_pays) {
           // Untouched bytes are zeros in the XOR; a tensor compresses only
           // once its first change shows up.
-          if (same && !compressor) {
+          if (same && !compressing) {
             zeros_pending += n;
           } else {
-            if (!compressor) {
+            if (!compressing) {
               // zstd compresses on a thread of its own while this one reads,
               // compares and hashes the next chunk.
-              auto started = delta::stream_compressor::start(t.size, options_.zstd_level, 1);
-              if (!started)
-                return failed(std::move(started).error());
-              compressor = std::move(*started);
+              auto* compressor = &held->zstd;
+              if (!*compressor) {
+                auto started = delta::stream_compressor::start(t.size, options_.zstd_level, 1);
+                if (!started)
+                  return failed(std::move(started).error());
+                compressor->emplace(std::move(*started));
+              } else if (auto ok = (*compressor)->restart(t.size); !ok) {
+                return failed(std::move(ok).error());
+              }
+              compressing = true;
               // The length prefix, filled in when the frame ends.
               payload.assign(delta_frame_prefix, std::byte{0});
               frame_at = delta_bytes;
-              if (auto ok = feed_zeros(*compressor, zeros_pending, payload); !ok)
+              if (auto ok = feed_zeros(*held->zstd, zeros_pending, payload); !ok)
                 return failed(std::move(ok).error());
               zeros_pending = 0;
             }
             if (same) {
-              if (auto ok = feed_zeros(*compressor, n, payload); !ok)
+              if (auto ok = feed_zeros(*held->zstd, n, payload); !ok)
                 return failed(std::move(ok).error());
             } else {
-              auto x = std::span{xored}.first(n);
+              auto x = xored.first(n);
               if (auto ok = delta::xor_encode(*before, now, x); !ok)
                 return failed(std::move(ok).error());
-              if (auto ok = compressor->update(x, payload); !ok)
+              if (auto ok = held->zstd->update(x, payload); !ok)
                 return failed(std::move(ok).error());
             }
             if (auto ok = spill(); !ok)
@@ -692,7 +751,7 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
           if (delta_bytes >= raw_bytes) {
             // Not smaller than the weights: stop encoding, stream on.
             delta_pays = false;
-            compressor.reset();
+            compressing = false;
             frames.clear();
             frame_refs.clear();
           }
@@ -706,8 +765,8 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
           return failed(std::move(ok).error());
     }
     sums[t.name] = hasher.digest();
-    if (compressor && delta_pays) {
-      if (auto ok = compressor->finish(payload); !ok)
+    if (compressing && delta_pays) {
+      if (auto ok = held->zstd->finish(payload); !ok)
         return failed(std::move(ok).error());
       if (auto ok = spill(); !ok)
         return failed(std::move(ok).error());
@@ -758,7 +817,7 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
         return failed(std::move(w).error());
       for (const auto& f : frame_refs)
         for (uint64_t off = 0; off < f.size; off += chunk) {
-          auto piece = std::span{fresh}.first(std::min<uint64_t>(chunk, f.size - off));
+          auto piece = fresh.first(std::min<uint64_t>(chunk, f.size - off));
           if (auto ok = frames.read(f.at + off, piece); !ok)
             return failed(std::move(ok).error());
           if (auto ok = shards->write(**w, piece); !ok)

@@ -137,6 +137,10 @@ public:
 
 private:
   struct pass;
+  struct work_buffers;
+
+  result<std::unique_ptr<work_buffers>> take_work_buffers();
+  void give_back(std::unique_ptr<work_buffers> w);
 
   std::shared_ptr<run_state> find(const std::pair<std::string, std::string>& key) const;
   void forget(const std::pair<std::string, std::string>& key);
@@ -146,6 +150,7 @@ private:
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, std::string>, std::shared_ptr<run_state>> runs_;
   uint64_t memory_in_use_ = 0;
+  std::vector<std::unique_ptr<work_buffers>> idle_buffers_;
 };
 
 } // namespace stitch::store
