@@ -9,6 +9,7 @@
 #include "runtime/node/commands.hpp"
 #include "runtime/node/demo.hpp"
 #include "runtime/node/system_config.hpp"
+#include "runtime/store/pipeline.hpp"
 
 namespace {
 
@@ -127,6 +128,11 @@ int main(int argc, char** argv) {
       return exit_usage;
     }
   }
+  // Moving a model's bytes is bulk work: on a machine that also serves, the
+  // node's request and control threads go first (every thread the actor
+  // system starts inherits this).
+  if (chosen == publish || chosen == exporter)
+    stitch::store::run_as_background_thread();
   stitch::system_config cfg;
   if (tls_given == 3)
     cfg.use_tls(tls_cert, tls_key, tls_ca);

@@ -107,9 +107,12 @@ public:
   /// Hands tensor `t` over piece by piece (deltas decoded through `scratch`,
   /// at least as large as a piece); the checksum is verified after the last
   /// piece, so a sink must not trust a tensor before `stream` returned
-  /// success.
+  /// success. With `unverified`, the caller hashes what it was handed
+  /// instead (on another thread, say) and calls `verify` itself.
   status stream(const safetensors::tensor_info& t, std::span<std::byte> scratch,
-                const piece_sink& out) const;
+                const piece_sink& out, bool unverified = false) const;
+  /// Checks tensor `t`'s checksum (`checksum_mismatch` naming it).
+  status verify(const safetensors::tensor_info& t, uint64_t got) const;
   /// The same through one buffer, `piece`.
   status stream(const safetensors::tensor_info& t, std::span<std::byte> piece,
                 std::span<std::byte> scratch,
@@ -117,7 +120,6 @@ public:
 
 private:
   version_reader() = default;
-  status verify(const safetensors::tensor_info& t, uint64_t got) const;
 
   range_reader read_;
   manifest target_;

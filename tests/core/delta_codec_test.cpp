@@ -1,5 +1,7 @@
 #include "runtime/core/delta_codec.hpp"
 
+#include <algorithm>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -173,4 +175,115 @@ TEST(delta_zstd, decompress_into_a_caller_buffer) {
   EXPECT_EQ(out, data);
   std::vector<std::byte> small(2999);
   EXPECT_FALSE(dc::decompress_into(*packed, small));
+}
+
+namespace {
+
+/// Compresses `data` in pieces of `piece` bytes through a stream compressor.
+std::vector<std::byte> stream_compress(const std::vector<std::byte>& data, size_t piece,
+                                       int workers = 0) {
+  auto c = dc::stream_compressor::start(data.size(), 1, workers);
+  EXPECT_TRUE(c);
+  std::vector<std::byte> out;
+  for (size_t at = 0; at < data.size(); at += piece)
+    EXPECT_TRUE(c->update(std::span{data}.subspan(at, std::min(piece, data.size() - at)), out));
+  EXPECT_TRUE(c->finish(out));
+  return out;
+}
+
+/// An input of `bytes`, handed out `piece` bytes at a time.
+dc::compressed_input from(const std::vector<std::byte>& bytes, size_t piece) {
+  auto at = std::make_shared<size_t>(0);
+  return [&bytes, piece, at](std::span<std::byte> into) -> stitch::result<size_t> {
+    size_t n = std::min({into.size(), piece, bytes.size() - *at});
+    std::copy_n(bytes.begin() + static_cast<ptrdiff_t>(*at), n, into.begin());
+    *at += n;
+    return n;
+  };
+}
+
+} // namespace
+
+TEST(delta_zstd_stream, pieces_of_any_size_round_trip_with_the_one_shot_codec) {
+  auto data = random_bytes(100'000, 21);
+  for (size_t k = 0; k < data.size(); k += 7)
+    data[k] = std::byte{0}; // some structure to compress
+  for (size_t piece : {size_t{1}, size_t{777}, size_t{100'000}}) {
+    for (int workers : {0, 1}) {
+      auto frame = stream_compress(data, piece, workers);
+      auto whole = dc::decompress(frame, data.size());
+      ASSERT_TRUE(whole) << piece;
+      EXPECT_EQ(*whole, data) << "one-shot decode of a streamed frame, piece " << piece;
+      auto d = dc::stream_decompressor::start(data.size(), from(frame, piece), 333);
+      ASSERT_TRUE(d);
+      std::vector<std::byte> out(data.size());
+      for (size_t at = 0; at < out.size(); at += 4096)
+        ASSERT_TRUE(d->read(std::span{out}.subspan(at, std::min<size_t>(4096, out.size() - at))));
+      EXPECT_TRUE(d->finish());
+      EXPECT_EQ(out, data) << piece;
+    }
+  }
+  // And a one-shot frame decodes piecewise.
+  auto packed = dc::compress(data, 3);
+  ASSERT_TRUE(packed);
+  auto d = dc::stream_decompressor::start(data.size(), from(*packed, 100));
+  ASSERT_TRUE(d);
+  std::vector<std::byte> out(data.size());
+  ASSERT_TRUE(d->read(out));
+  EXPECT_TRUE(d->finish());
+  EXPECT_EQ(out, data);
+}
+
+TEST(delta_zstd_stream, a_context_restarts_for_the_next_frame) {
+  auto a = random_bytes(5000, 22);
+  auto b = random_bytes(7000, 23);
+  auto c = dc::stream_compressor::start(a.size(), 1, 1);
+  ASSERT_TRUE(c);
+  std::vector<std::byte> fa;
+  ASSERT_TRUE(c->update(a, fa));
+  ASSERT_TRUE(c->finish(fa));
+  ASSERT_TRUE(c->restart(b.size()));
+  std::vector<std::byte> fb;
+  ASSERT_TRUE(c->update(b, fb));
+  ASSERT_TRUE(c->finish(fb));
+  EXPECT_EQ(*dc::decompress(fa, a.size()), a);
+  EXPECT_EQ(*dc::decompress(fb, b.size()), b);
+  std::vector<std::byte> extra;
+  ASSERT_TRUE(c->restart(10));
+  EXPECT_FALSE(c->update(random_bytes(11, 1), extra)) << "more than pledged";
+  ASSERT_TRUE(c->restart(10));
+  ASSERT_TRUE(c->update(random_bytes(9, 1), extra));
+  EXPECT_FALSE(c->finish(extra)) << "fewer than pledged";
+}
+
+TEST(delta_zstd_stream, truncated_corrupt_short_and_trailing_input_are_decode_failures) {
+  auto data = random_bytes(20'000, 24);
+  auto frame = stream_compress(data, 999);
+  auto decode = [&](const std::vector<std::byte>& in, uint64_t expected) -> stitch::status {
+    auto d = dc::stream_decompressor::start(expected, from(in, 128));
+    if (!d)
+      return d.error();
+    std::vector<std::byte> out(expected);
+    if (auto ok = d->read(out); !ok)
+      return ok;
+    return d->finish();
+  };
+  ASSERT_TRUE(decode(frame, data.size()));
+  auto cut = frame;
+  cut.resize(frame.size() / 2);
+  auto t = decode(cut, data.size());
+  ASSERT_FALSE(t);
+  EXPECT_EQ(t.error().code, errc::decode_failure);
+  auto flipped = frame;
+  flipped[frame.size() / 2] ^= std::byte{0x10};
+  EXPECT_FALSE(decode(flipped, data.size()));
+  auto more = decode(frame, data.size() + 1);
+  ASSERT_FALSE(more) << "a frame holding fewer bytes than expected";
+  EXPECT_EQ(more.error().code, errc::decode_failure);
+  EXPECT_FALSE(decode(frame, data.size() - 1)) << "a frame holding more bytes than expected";
+  auto trailing = frame;
+  trailing.push_back(std::byte{0});
+  auto tr = decode(trailing, data.size());
+  ASSERT_FALSE(tr);
+  EXPECT_THAT(tr.error().message, HasSubstr("follow"));
 }

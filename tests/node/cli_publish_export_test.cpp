@@ -93,6 +93,36 @@ TEST_F(cli_test, publish_anchor_delta_then_export_is_byte_identical) {
   }
 }
 
+TEST_F(cli_test, export_finds_the_pool_of_a_run_and_streams_identically) {
+  auto w0 = model(3);
+  auto path = write("v0", w0);
+  ASSERT_EQ(run(stitch("publish --pool exp7 --run only --version 0 " + path)).code, 0);
+  // No --pool: the one pool holding the run, named.
+  auto local = run(stitch("export --version only/0 --out " + (dir.path() / "a").string()));
+  ASSERT_EQ(local.code, 0) << local.output;
+  EXPECT_NE(local.output.find("run only is in pool exp7"), std::string::npos) << local.output;
+  // Streamed to the CLI, with a buffer smaller than a tensor, and synced.
+  auto streamed = run(stitch("export --stream --sync --buffer-bytes 4096 --version only/0 --out "
+                             + (dir.path() / "b").string()));
+  ASSERT_EQ(streamed.code, 0) << streamed.output;
+  for (const char* out : {"a", "b"}) {
+    auto back = store::load_hf_directory(dir.path() / out);
+    ASSERT_TRUE(back) << to_string(back.error());
+    EXPECT_EQ(*back, w0) << out;
+  }
+  // Two pools hold the run: refused, naming both, as a usage error.
+  ASSERT_EQ(run(stitch("publish --pool other --run only --version 0 " + path)).code, 0);
+  auto ambiguous = run(stitch("export --version only/0 --out " + (dir.path() / "c").string()));
+  EXPECT_EQ(ambiguous.code, 2) << ambiguous.output;
+  EXPECT_NE(ambiguous.output.find("exp7, other"), std::string::npos) << ambiguous.output;
+  auto chosen =
+    run(stitch("export --pool other --version only/0 --out " + (dir.path() / "c").string()));
+  EXPECT_EQ(chosen.code, 0) << chosen.output;
+  auto nowhere = run(stitch("export --version ghost/0 --out " + (dir.path() / "d").string()));
+  EXPECT_EQ(nowhere.code, 1) << nowhere.output;
+  EXPECT_NE(nowhere.output.find("no pool holds run 'ghost'"), std::string::npos) << nowhere.output;
+}
+
 TEST_F(cli_test, republish_is_idempotent_and_different_content_is_refused) {
   auto w0 = model(1);
   auto path = write("v0", w0);

@@ -2,6 +2,8 @@
 #include "store/store_fixtures.hpp"
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -296,6 +298,47 @@ TEST_F(materialize_test, through_the_rocksdb_backend) {
   auto loaded = load_hf_directory(dir / "export");
   ASSERT_TRUE(loaded);
   EXPECT_TRUE(*loaded == published[4]);
+}
+
+} // namespace
+
+namespace {
+
+TEST_F(materialize_test, an_export_through_a_small_buffer_is_byte_identical) {
+  publish_chain(6);
+  export_options roomy;
+  export_options tight;
+  tight.buffer_bytes = 1; // clamped to the smallest piece: many pieces per tensor
+  for (uint64_t v : {uint64_t{0}, uint64_t{5}}) {
+    ASSERT_TRUE(export_version(store, "default", {"r1", v}, dir / "roomy", roomy));
+    ASSERT_TRUE(export_version(store, "default", {"r1", v}, dir / "tight", tight));
+    for (const auto& e : fs::directory_iterator(dir / "roomy")) {
+      std::ifstream a{e.path(), std::ios::binary};
+      std::ifstream b{dir / "tight" / e.path().filename(), std::ios::binary};
+      std::string x{std::istreambuf_iterator<char>(a), {}};
+      std::string y{std::istreambuf_iterator<char>(b), {}};
+      EXPECT_EQ(x, y) << e.path().filename() << " of version " << v;
+    }
+  }
+}
+
+TEST_F(materialize_test, streaming_a_tensor_in_pieces_equals_reading_it_whole) {
+  publish_chain(6);
+  auto reader = version_reader::open(store, "default", {"r1", 5});
+  ASSERT_TRUE(reader) << to_string(reader.error());
+  std::vector<std::byte> scratch(64);
+  std::vector<std::byte> piece(37); // odd, so pieces straddle everything
+  for (const auto& t : reader->tensors()) {
+    std::vector<std::byte> whole(t.byte_size());
+    ASSERT_TRUE(reader->read_into(t, whole, scratch));
+    std::vector<std::byte> streamed;
+    ASSERT_TRUE(reader->stream(t, piece, scratch, [&](std::span<const std::byte> b) {
+      streamed.insert(streamed.end(), b.begin(), b.end());
+      return status{};
+    }));
+    EXPECT_EQ(streamed, whole) << t.name;
+    EXPECT_EQ(whole, versions[5].at(t.name).bytes) << t.name;
+  }
 }
 
 } // namespace

@@ -483,3 +483,120 @@ TEST(delta_frame_test, prefix_is_little_endian_length) {
 }
 
 } // namespace
+
+namespace {
+
+using stitch::testing::temp_dir;
+
+/// Large enough that a 4 KiB chunk streams it in many pieces.
+tensor_set bigger_weights(uint64_t seed) {
+  std::mt19937_64 rng{seed};
+  tensor_set w;
+  auto add = [&](host_tensor t) { w.emplace(t.name, std::move(t)); };
+  add(make_tensor("a.weight", dtype::f32, {64, 100}, rng));
+  add(make_tensor("b.weight", dtype::bf16, {77, 33}, rng));
+  add(make_tensor("c.bias", dtype::f32, {13}, rng));
+  add(make_tensor("empty", dtype::f32, {0}, rng));
+  return w;
+}
+
+/// Publishes the same versions through a publisher whose remembered copies
+/// live in memory and one whose limit forces scratch files, small chunks and
+/// a delta that does not pay off; every stored version must be identical.
+TEST(publisher_bounded_memory, scratch_copies_give_the_same_versions_as_memory) {
+  memory_store in_memory;
+  memory_store on_disk;
+  publisher_options small;
+  small.memory_limit = 1024; // smaller than any model here
+  small.chunk_bytes = 4096;
+  temp_dir scratch;
+  small.scratch_dir = scratch.path();
+  publisher roomy{in_memory};
+  publisher bounded{on_disk, small};
+  std::mt19937_64 rng{5};
+  tensor_set w = bigger_weights(3);
+  for (uint64_t v = 0; v < 8; ++v) {
+    if (v == 5)
+      randomize_all(w, rng); // a delta as large as the weights: stored as an anchor
+    else if (v > 0)
+      mutate_sparse(w, rng);
+    auto a = roomy.publish(req("r", v), w);
+    auto b = bounded.publish(req("r", v), w);
+    ASSERT_TRUE(a) << to_string(a.error());
+    ASSERT_TRUE(b) << to_string(b.error());
+    EXPECT_EQ(a->kind, b->kind) << "version " << v;
+    EXPECT_EQ(a->published.checksums, b->published.checksums);
+    EXPECT_EQ(a->touched, b->touched);
+  }
+  EXPECT_EQ(bounded.memory_in_use(), 0u) << "nothing of the bounded publisher's copy is in memory";
+  EXPECT_GT(roomy.memory_in_use(), 0u);
+  for (uint64_t v = 0; v < 8; ++v) {
+    auto a = materialize(in_memory, "default", {"r", v});
+    auto b = materialize(on_disk, "default", {"r", v});
+    ASSERT_TRUE(a && b);
+    EXPECT_TRUE(*a == *b) << "version " << v;
+  }
+  // The scratch file is unlinked: nothing is left in the directory.
+  EXPECT_TRUE(std::filesystem::is_empty(scratch.path()));
+}
+
+TEST(publisher_bounded_memory, the_memory_limit_spans_runs) {
+  memory_store store;
+  publisher_options opts;
+  tensor_set w = bigger_weights(4);
+  uint64_t model = 0;
+  for (const auto& [n, t] : w)
+    model += t.bytes.size();
+  opts.memory_limit = model + model / 2; // room for one run's copy, not two
+  temp_dir scratch;
+  opts.scratch_dir = scratch.path();
+  publisher pub{store, opts};
+  ASSERT_TRUE(pub.publish(req("one", 0), w));
+  EXPECT_EQ(pub.memory_in_use(), model);
+  auto other = req("two", 0);
+  other.pool = "other";
+  ASSERT_TRUE(pub.publish(other, w));
+  EXPECT_EQ(pub.memory_in_use(), model) << "the second run's copy went to a scratch file";
+  // Both still publish deltas.
+  std::mt19937_64 rng{1};
+  mutate_sparse(w, rng);
+  w.at("a.weight").bytes[0] ^= std::byte{1};
+  auto d1 = pub.publish(req("one", 1), w);
+  other.version = 1;
+  auto d2 = pub.publish(other, w);
+  ASSERT_TRUE(d1 && d2);
+  EXPECT_EQ(d1->kind, version_kind::delta);
+  EXPECT_EQ(d2->kind, version_kind::delta);
+}
+
+TEST(publisher_bounded_memory, a_failed_delta_forgets_the_half_rewritten_copy) {
+  memory_store store;
+  publisher pub{store};
+  tensor_set w = bigger_weights(6);
+  ASSERT_TRUE(pub.publish(req("r", 0), w));
+  // The source fails half way through version 1.
+  struct failing final : tensor_stream {
+    explicit failing(const tensor_set& w) : inner(w) {}
+    const std::vector<tensor_header>& tensors() const override { return inner.tensors(); }
+    status read(size_t i, uint64_t off, std::span<std::byte> out) override {
+      if (i == 1)
+        return make_error(errc::backend_failure, "the disk went away");
+      return inner.read(i, off, out);
+    }
+    memory_stream inner;
+  };
+  w.at("a.weight").bytes[3] ^= std::byte{8};
+  failing source{w};
+  auto broken = pub.publish(req("r", 1), source);
+  ASSERT_FALSE(broken);
+  EXPECT_EQ(pub.last_version("default", "r"), std::nullopt)
+    << "the remembered copy was being rewritten: it is not trusted any more";
+  auto next = pub.publish(req("r", 1), w);
+  ASSERT_TRUE(next) << to_string(next.error());
+  EXPECT_EQ(next->kind, version_kind::full) << next->reason_for_anchor;
+  auto got = materialize(store, "default", {"r", 1});
+  ASSERT_TRUE(got);
+  EXPECT_TRUE(*got == w);
+}
+
+} // namespace
