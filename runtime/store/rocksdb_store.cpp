@@ -244,6 +244,13 @@ public:
       return make_error(errc::corrupt_data, "a shard file of " + to_string(ref) + " is short");
     if (got.data() != reinterpret_cast<const char*>(out.data()))
       std::memcpy(out.data(), got.data(), got.size());
+    // Readers stream a tensor in order: have the disk fetch the next range
+    // while this one is decoded.
+    const uint64_t next = loc.offset + offset + out.size();
+    const uint64_t end = loc.offset + loc.size;
+    if (out.size() >= (uint64_t{1} << 20) && next < end)
+      (void) (*file)->Prefetch(next, static_cast<size_t>(std::min<uint64_t>(out.size(), end - next)),
+                               {}, nullptr);
     return {};
   }
 
