@@ -78,7 +78,7 @@ void place(self_ptr self, const placement& p) {
         if (placed->second.retiring)
           return;
         now.replicas[p.replica_id] = replica;
-        self->send(replica, atom::subscribe_v, caf::actor_cast<caf::actor>(self));
+        self->send(replica, atom::subscribe_v, caf::actor_cast<replica_watcher_actor>(self));
         for (const auto& gw : now.roles["gateway"])
           caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::enroll_v, p.pool, replica);
         for (const auto& s : now.roles["status"])
@@ -189,8 +189,8 @@ ojson cluster_json(const coordinator_state& st) {
               {"up", st.replicas.contains(p.replica_id)}};
       if (auto info = st.infos.find(p.replica_id); info != st.infos.end()) {
         r["ready"] = info->second.ready;
-        r["applied"] = info->second.applied;
-        r["sync_state"] = info->second.sync_state;
+        r["applied"] = info->second.applied ? ojson(to_string(*info->second.applied)) : ojson();
+        r["sync_state"] = std::string{to_string(info->second.state)};
       }
       e["replicas"].push_back(std::move(r));
     }
@@ -206,9 +206,9 @@ ojson cluster_json(const coordinator_state& st) {
   // Which node holds which version's bytes (a replica's applied version).
   std::map<std::string, std::set<std::string>> holders;
   for (const auto& [id, info] : st.infos)
-    if (!info.applied.empty())
+    if (info.applied)
       if (auto p = st.plan.placements().find(id); p != st.plan.placements().end())
-        holders[p->second.pool + "/" + info.applied].insert(p->second.node);
+        holders[p->second.pool + "/" + to_string(*info.applied)].insert(p->second.node);
   out["directory"] = ojson::object();
   for (auto& [key, nodes] : holders)
     out["directory"][key] = nodes;
@@ -271,9 +271,8 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       auto& st = self->state;
       std::set<std::string> nodes;
       for (const auto& [id, info] : st.infos)
-        if (auto p = st.plan.placements().find(id); p != st.plan.placements().end()
-                                                    && p->second.pool == pool
-                                                    && info.applied == to_string(version))
+        if (auto p = st.plan.placements().find(id);
+            p != st.plan.placements().end() && p->second.pool == pool && info.applied == version)
           nodes.insert(p->second.node);
       return {nodes.begin(), nodes.end()};
     },

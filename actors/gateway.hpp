@@ -6,17 +6,22 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
 #include "actors/gateway_actor.hpp"
-#include "runtime/core/constraint.hpp"
+#include "runtime/core/router.hpp"
 
 namespace stitch {
 
 struct gateway_options {
   /// Replicas tried for one request before the last answer is returned.
   size_t max_attempts = 3;
+  /// Session routes remembered at most, and for how long after their last
+  /// use (the reference router keeps one for 4 h).
+  size_t max_sessions = 100'000;
+  std::chrono::milliseconds session_ttl = std::chrono::hours{4};
 };
 
 struct gateway_state {
@@ -24,10 +29,8 @@ struct gateway_state {
 
   struct member {
     replica_actor handle;
-    std::string pool;
-    replica_info info;
-    bool known = false;
-    uint64_t outstanding = 0;
+    /// What it last reported (routing reads the router's copy).
+    std::optional<replica_info> info;
   };
 
   /// One client request, possibly tried on several replicas.
@@ -38,9 +41,9 @@ struct gateway_state {
     std::string pool;
     std::string session;
     replica_call call;
-    std::set<caf::actor_addr> tried;
-    caf::actor_addr current;
-    uint64_t attempt_key = 0;
+    std::set<replica_slot> tried;
+    /// The replica trying it now (0 = none).
+    replica_slot current = 0;
     bool streamed = false;
     /// The client went away: no retry.
     bool cancelled = false;
@@ -48,9 +51,10 @@ struct gateway_state {
   };
 
   gateway_options opts;
-  std::map<caf::actor_addr, member> replicas;
-  /// (pool, session) -> replica.
-  std::map<std::pair<std::string, std::string>, caf::actor_addr> affinity;
+  replica_router router{{}};
+  std::map<replica_slot, member> replicas;
+  std::map<caf::actor_addr, replica_slot> slot_of;
+  replica_slot next_slot = 1;
   /// By attempt key.
   std::map<uint64_t, flight> flights;
   /// (client actor, client key) -> attempt key.
@@ -61,12 +65,5 @@ struct gateway_state {
 
 gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gateway_state> self,
                                              gateway_options opts);
-
-/// The replica a request goes to, or nothing. Pure: eligible replicas are
-/// ready, in `pool`, satisfy `c` and were not tried yet; the session's replica
-/// wins while eligible, then the least outstanding (ties: lowest address).
-const caf::actor_addr* choose_replica(const gateway_state& st, const std::string& pool,
-                                      const std::string& session, const constraint& c,
-                                      const std::set<caf::actor_addr>& tried);
 
 } // namespace stitch

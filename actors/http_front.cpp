@@ -18,19 +18,20 @@ std::string server_info_json(const replica_info& i) {
   j["replica_id"] = i.replica_id;
   j["pool"] = i.pool;
   j["ready"] = i.ready;
-  j["applied"] =
-    i.applied.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.applied);
-  j["applied_version"] = i.applied_version < 0 ? nlohmann::ordered_json(nullptr)
-                                               : nlohmann::ordered_json(i.applied_version);
+  auto text = [](const auto& x) {
+    return x ? nlohmann::ordered_json(to_string(*x)) : nlohmann::ordered_json(nullptr);
+  };
+  j["applied"] = text(i.applied);
+  j["applied_version"] =
+    i.serving ? nlohmann::ordered_json(*i.serving) : nlohmann::ordered_json(nullptr);
   j["run_id"] =
-    i.run_id.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.run_id);
-  j["pointer"] =
-    i.pointer.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(i.pointer);
-  j["sync_state"] = i.sync_state;
+    i.applied ? nlohmann::ordered_json(i.applied->run_id) : nlohmann::ordered_json(nullptr);
+  j["pointer"] = text(i.pointer);
+  j["sync_state"] = std::string{to_string(i.state)};
   j["reason"] = i.reason;
-  j["terminal_error"] = i.terminal_error.empty() ? nlohmann::ordered_json(nullptr)
-                                                 : nlohmann::ordered_json(i.terminal_error);
-  j["commit_mode"] = i.commit_mode;
+  j["terminal_error"] =
+    i.terminal_error ? nlohmann::ordered_json(*i.terminal_error) : nlohmann::ordered_json(nullptr);
+  j["commit_mode"] = std::string{to_string(i.mode)};
   j["active_requests"] = i.active_requests;
   j["queued_requests"] = i.queued_requests;
   const auto& m = i.metrics;
@@ -103,11 +104,9 @@ void relay_call(caf::actor_system& sys, const caf::actor& target, caf::message m
           self->quit();
         },
         [self, out, streaming](caf::error& err) {
-          replica_answer a;
-          a.status = 503;
-          a.body = error_json("EngineUnavailable",
-                              "the replica did not answer: " + self->system().render(err), true);
-          a.retry_after = 1;
+          auto a =
+            answer_of(make_http_error(http_failure::unavailable,
+                                      "the replica did not answer: " + self->system().render(err)));
           deliver(a, *out, *streaming);
           self->quit();
         });
@@ -128,8 +127,7 @@ replica_call call_of(transport::routed::versioned& d) {
   replica_call call;
   call.route = d.route;
   call.body = std::move(d.body);
-  call.min_version = d.c.min_version ? static_cast<int64_t>(*d.c.min_version) : -1;
-  call.exact_version = d.c.exact_version ? static_cast<int64_t>(*d.c.exact_version) : -1;
+  call.c = d.c;
   return call;
 }
 
@@ -156,7 +154,7 @@ void ask(caf::actor_system& sys, const caf::actor& target, std::shared_ptr<http_
         },
         [self, out](caf::error& err) {
           out->send(transport::error_response(
-            503, "Unavailable", "the actor did not answer: " + self->system().render(err), true));
+            http_failure::unavailable, "the actor did not answer: " + self->system().render(err)));
           self->quit();
         });
   });
@@ -223,7 +221,8 @@ void replica_http::handle(transport::server_request req, std::shared_ptr<http_re
               nlohmann::ordered_json j;
               j["ready"] = info.ready;
               j["reason"] = info.reason;
-              j["applied"] = info.applied;
+              j["applied"] = info.applied ? nlohmann::ordered_json(to_string(*info.applied))
+                                          : nlohmann::ordered_json(nullptr);
               r.status = info.ready ? 200 : 503;
               if (!info.ready)
                 r.headers.push_back({"Retry-After", "1"});
@@ -235,7 +234,7 @@ void replica_http::handle(transport::server_request req, std::shared_ptr<http_re
           },
           atom::server_info_v);
       } else {
-        out->send(transport::error_response(404, "NotFound", "no such route on a replica"));
+        out->send(transport::error_response(http_failure::not_found, "no such route on a replica"));
       }
     },
     decision);
@@ -251,7 +250,7 @@ std::string pool_json(const std::string& pool, const std::vector<replica_info>& 
     list.push_back(nlohmann::ordered_json::parse(server_info_json(r)));
     if (r.ready) {
       ++ready;
-      ++per_version[r.applied];
+      ++per_version[r.applied ? to_string(*r.applied) : std::string{}];
     }
   }
   j["replicas"] = std::move(list);
@@ -325,7 +324,8 @@ void gateway_http::handle(transport::server_request req, std::shared_ptr<http_re
           },
           atom::pool_view_v, d.pool);
       } else {
-        out->send(transport::error_response(404, "NotFound", "no such route on the gateway"));
+        out->send(
+          transport::error_response(http_failure::not_found, "no such route on the gateway"));
       }
     },
     decision);
@@ -341,12 +341,12 @@ status_http::~status_http() {
 
 void status_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
   if (req.path != "/" && req.path != "/status" && req.path != "/metrics" && req.path != "/health") {
-    out->send(
-      transport::error_response(404, "NotFound", "the status surface serves /, /status, /metrics"));
+    out->send(transport::error_response(http_failure::not_found,
+                                        "the status surface serves /, /status, /metrics"));
     return;
   }
   if (req.method != "GET" && req.method != "HEAD") {
-    auto r = transport::error_response(405, "MethodNotAllowed", req.path + " takes GET");
+    auto r = transport::error_response(http_failure::method_not_allowed, req.path + " takes GET");
     r.headers.push_back({"Allow", "GET"});
     out->send(std::move(r));
     return;

@@ -14,7 +14,7 @@ namespace {
 
 using self_ptr = replica_actor::stateful_pointer<replica_state>;
 namespace rfx = reconcile_effects;
-namespace gfx = gate_effects;
+namespace qfx = request_effects;
 
 clock_time now_of(self_ptr self) {
   return std::chrono::duration_cast<clock_time>(self->clock().now().time_since_epoch());
@@ -24,92 +24,32 @@ work_report report_of(uint64_t op, const status& outcome, std::chrono::nanosecon
   work_report r;
   r.op = op;
   r.nanos = took.count();
-  if (!outcome) {
-    r.code = static_cast<uint8_t>(outcome.error().code);
-    r.message = outcome.error().message;
-  }
+  if (!outcome)
+    r.err = to_caf_error(outcome.error());
   return r;
 }
 
-status status_of(const work_report& r) {
-  if (r.code == 0)
+status status_of(self_ptr self, const work_report& r) {
+  if (!r.err)
     return {};
-  return error{static_cast<errc>(r.code), r.message};
+  return from_caf_error(self->system(), r.err);
 }
 
 std::chrono::nanoseconds since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::steady_clock::now() - t0;
 }
 
-replica_answer failure(uint16_t http, std::string type, const std::string& message,
-                       bool retryable) {
-  replica_answer r;
-  r.status = http;
-  r.body = error_json(type, message, retryable);
-  r.error_type = std::move(type);
-  r.retryable = retryable;
-  if (retryable && (http == 409 || http == 503))
-    r.retry_after = 1;
-  return r;
-}
-
-replica_answer unavailable_reply(const std::string& reason) {
-  return failure(503, "EngineUnavailable", reason, true);
-}
-
-replica_answer conflict_reply(const rejection& body) {
-  replica_answer r;
-  r.status = 409;
-  r.body = rejection_json(body);
-  r.error_type = "WeightVersionNotReady";
-  r.retryable = body.retryable;
-  r.retry_after = body.retryable ? 1 : 0;
-  r.applied = body.applied ? static_cast<int64_t>(*body.applied) : -1;
-  return r;
-}
-
-/// The engine's answer (stamps are added by the actor).
-replica_answer answer_of(result<engine_reply> out) {
-  if (!out) {
-    const auto& e = out.error();
-    switch (e.code) {
-      case errc::invalid_argument:
-      case errc::limit_exceeded: return failure(400, "BadRequest", e.message, false);
-      case errc::engine_unavailable: return unavailable_reply(e.message);
-      default: return failure(500, "EngineError", to_string(e), true);
-    }
-  }
+/// What the engine answered; an engine error goes back as an error of its
+/// own so that the lifecycle decides the answer.
+std::pair<replica_answer, caf::error> answer_of(result<engine_reply> out) {
+  if (!out)
+    return {replica_answer{}, to_caf_error(out.error())};
   replica_answer r;
   r.status = out->status;
   r.content_type = std::move(out->content_type);
   r.body = std::move(out->body);
   r.stream = out->stream;
-  return r;
-}
-
-/// The call's constraint; bad values are refused naming the field.
-result<constraint> constraint_of(const replica_call& call) {
-  auto bound = [](int64_t v, const char* name) -> result<std::optional<uint64_t>> {
-    if (v == -1)
-      return std::optional<uint64_t>{};
-    if (v < 0)
-      return make_error(errc::invalid_argument,
-                        std::string{"weight_version."} + name + " must not be negative");
-    return std::optional<uint64_t>{static_cast<uint64_t>(v)};
-  };
-  constraint c;
-  auto min = bound(call.min_version, "min_version");
-  if (!min)
-    return std::move(min).error();
-  auto exact = bound(call.exact_version, "exact_version");
-  if (!exact)
-    return std::move(exact).error();
-  c.min_version = *min;
-  c.exact_version = *exact;
-  if (c.min_version && c.exact_version && *c.exact_version < *c.min_version)
-    return make_error(errc::invalid_argument,
-                      "weight_version.exact_version is below weight_version.min_version");
-  return c;
+  return {std::move(r), caf::error{}};
 }
 
 bool blocked(const std::vector<std::string>& routes, std::string_view route) {
@@ -117,7 +57,8 @@ bool blocked(const std::vector<std::string>& routes, std::string_view route) {
 }
 
 void apply(self_ptr self, std::vector<reconcile_effect> effects);
-void apply_gate(self_ptr self, std::vector<gate_effect> effects);
+void carry(self_ptr self, std::vector<request_effect> effects);
+void publish_state(self_ptr self);
 
 void answer(self_ptr self, request_id id, replica_answer reply) {
   reply.replica_id = self->state.opts.replica_id;
@@ -129,7 +70,7 @@ void answer(self_ptr self, request_id id, replica_answer reply) {
   st.by_key.erase({it->second.caller.address(), it->second.call.key});
   st.requests.erase(it);
   // A retiring replica leaves with its last answer, whichever path gave it.
-  if (st.retiring && st.requests.empty()) {
+  if (st.life.retiring() && st.requests.empty()) {
     log::info("replica", st.opts.replica_id + " drained; leaving");
     self->quit();
   }
@@ -139,13 +80,12 @@ void reconcile_now(self_ptr self, trigger why) {
   apply(self, self->state.rec.on_trigger(why));
 }
 
-void start_generation(self_ptr self, request_id id) {
+void start_generation(self_ptr self, request_id id, std::optional<uint64_t> served_version) {
   auto& st = self->state;
   auto it = st.requests.find(id);
   if (it == st.requests.end())
     return;
   auto& r = it->second;
-  r.running = true;
   engine_call call;
   call.id = id;
   call.tag = st.opts.replica_id + "-" + std::to_string(id);
@@ -153,8 +93,8 @@ void start_generation(self_ptr self, request_id id) {
   call.route = r.call.route;
   call.body = r.call.body;
   std::optional<version_ref> served;
-  if (r.gated && st.rec.applied() && st.gate.served_version())
-    served = version_ref{st.rec.applied()->run_id, *st.gate.served_version()};
+  if (served_version && st.rec.applied())
+    served = version_ref{st.rec.applied()->run_id, *served_version};
   auto handle = caf::actor_cast<replica_actor>(self);
   st.deps.request_workers->post([handle, id, engine = st.engine, call = std::move(call), served,
                                  caller = r.caller, key = r.call.key,
@@ -164,14 +104,14 @@ void start_generation(self_ptr self, request_id id) {
     event_sink sink;
     if (caller)
       sink = [&](std::string ev) { caf::anon_send(caller, atom::event_v, key, std::move(ev)); };
-    auto out = engine->forward(call, sink, [&] { return cancelled->load(); });
-    caf::anon_send(handle, atom::generated_v, id, answer_of(std::move(out)));
+    auto [reply, err] = answer_of(engine->forward(call, sink, [&] { return cancelled->load(); }));
+    caf::anon_send(handle, atom::generated_v, id, std::move(reply), std::move(err));
   });
 }
 
 void arm_drain_timer(self_ptr self) {
   auto& st = self->state;
-  auto deadline = st.gate.drain_deadline();
+  auto deadline = st.life.gate().drain_deadline();
   if (!deadline || st.drain_timer_armed)
     return;
   st.drain_timer_armed = true;
@@ -298,13 +238,13 @@ void carry_out(self_ptr self, rfx::stage e) {
 void carry_out(self_ptr self, rfx::commit e) {
   auto& st = self->state;
   st.pending_commit = e;
-  apply_gate(self, st.gate.begin_commit(st.opts.mode, e.drain_all, now_of(self)));
+  carry(self, st.life.begin_commit(st.opts.mode, e.drain_all, now_of(self)));
   arm_drain_timer(self);
 }
 
 void carry_out(self_ptr self, rfx::advance e) {
   auto& st = self->state;
-  if (auto ok = st.gate.advance(e.target.version); !ok)
+  if (auto ok = st.life.advance(e.target.version); !ok)
     log::warn("replica", st.opts.replica_id + " cannot advance to " + to_string(e.target) + ": "
                            + to_string(ok.error()));
   else
@@ -323,14 +263,14 @@ void carry_out(self_ptr self, rfx::rebuild_engine e) {
 
 void carry_out(self_ptr self, rfx::leave_rotation e) {
   log::warn("replica", self->state.opts.replica_id + " leaves rotation: " + e.reason);
-  self->state.gate.stop_serving(e.reason);
+  self->state.life.stop_serving(e.reason);
 }
 
 void carry_out(self_ptr self, rfx::enter_rotation e) {
   log::info("replica", self->state.opts.replica_id + " enters rotation at " + to_string(e.version));
-  auto& gate = self->state.gate;
-  if (gate.open())
-    gate.serve(e.version.version);
+  auto& life = self->state.life;
+  if (life.gate().open())
+    life.serve(e.version.version);
 }
 
 /// Tells subscribers when what routing depends on changed.
@@ -339,10 +279,9 @@ void publish_state(self_ptr self) {
   if (st.subscribers.empty())
     return;
   auto info = describe(st);
-  std::string key = std::to_string(info.ready) + "|" + info.applied + "|"
-                    + std::to_string(info.applied_version) + "|" + info.sync_state + "|"
-                    + info.reason + "|" + info.terminal_error;
-  if (key == st.last_published)
+  auto key = std::tuple{info.ready, info.applied, info.serving,
+                        info.state, info.reason,  info.terminal_error};
+  if (st.last_published == key)
     return;
   st.last_published = std::move(key);
   for (const auto& s : st.subscribers)
@@ -355,37 +294,38 @@ void apply(self_ptr self, std::vector<reconcile_effect> effects) {
   publish_state(self);
 }
 
-void apply_gate(self_ptr self, std::vector<gate_effect> effects) {
+/// Carries out what the request lifecycle decided, in order.
+void carry(self_ptr self, std::vector<request_effect> effects) {
   auto& st = self->state;
   for (auto& e : effects) {
-    if (auto* a = std::get_if<gfx::admit>(&e)) {
-      start_generation(self, a->id);
-    } else if (auto* r = std::get_if<gfx::reject>(&e)) {
-      answer(self, r->id, conflict_reply(r->body));
-      reconcile_now(self, trigger::rejected_request);
-    } else if (auto* f = std::get_if<gfx::refuse>(&e)) {
-      answer(self, f->id, unavailable_reply(f->reason));
-    } else if (auto* x = std::get_if<gfx::abort_request>(&e)) {
-      if (auto it = st.requests.find(x->id); it != st.requests.end()) {
-        it->second.aborted_for_drain = true;
+    if (auto* a = std::get_if<qfx::start>(&e)) {
+      start_generation(self, a->id, a->served);
+    } else if (auto* x = std::get_if<qfx::stop>(&e)) {
+      if (auto it = st.requests.find(x->id); it != st.requests.end())
         it->second.cancelled->store(true);
+    } else if (auto* d = std::get_if<qfx::deliver>(&e)) {
+      auto it = st.requests.find(d->id);
+      if (it == st.requests.end())
+        continue;
+      auto reply = std::move(it->second.reply);
+      if (d->stamped) {
+        reply.stamped = d->stamped;
+        reply.run_id = st.rec.applied() ? st.rec.applied()->run_id : std::string{};
+        reply.body =
+          st.engine->stamp_response(it->second.call.route, reply.body, *d->stamped, reply.run_id);
+        ++st.counters.requests_completed_total;
       }
-      ++st.counters.drain_timeouts_total;
-    } else if (auto* p = std::get_if<gfx::commit_may_proceed>(&e)) {
+      answer(self, d->id, std::move(reply));
+    } else if (auto* f = std::get_if<qfx::fail>(&e)) {
+      answer(self, f->id, answer_of(f->error));
+    } else if (std::holds_alternative<qfx::reconcile_now>(e)) {
+      reconcile_now(self, trigger::rejected_request);
+    } else if (auto* p = std::get_if<qfx::commit_may_proceed>(&e)) {
       st.counters.last_drain_ms = std::chrono::duration<double, std::milli>(p->drain).count();
       run_commit(self);
     }
   }
   publish_state(self);
-}
-
-/// The engine's weights are uncertain: nothing may finish on them.
-void abort_running(self_ptr self) {
-  for (auto& [id, r] : self->state.requests)
-    if (r.running) {
-      r.engine_failed = true;
-      r.cancelled->store(true);
-    }
 }
 
 void arm_backstop(self_ptr self) {
@@ -395,32 +335,40 @@ void arm_backstop(self_ptr self) {
 
 } // namespace
 
+replica_answer answer_of(const http_error& e) {
+  replica_answer a;
+  a.status = e.status;
+  a.body = e.body();
+  a.error_type = e.type;
+  a.retryable = e.retryable;
+  a.retry_after = e.retry_after;
+  return a;
+}
+
 replica_info describe(const replica_state& st) {
   replica_info info;
   info.replica_id = st.opts.replica_id;
   info.pool = st.opts.pool;
   auto snap = st.rec.snapshot();
+  const auto& gate = st.life.gate();
   // Ready means admitting: caught up, in rotation, not terminally failed.
-  info.ready = snap.ready && snap.terminal_error.empty() && st.gate.served_version().has_value()
-               && !st.retiring;
-  if (snap.applied) {
-    info.applied = to_string(*snap.applied);
-    info.run_id = snap.applied->run_id;
-    info.applied_version =
-      static_cast<int64_t>(st.gate.served_version().value_or(snap.applied->version));
-  }
-  if (snap.pointer)
-    info.pointer = to_string(*snap.pointer);
-  info.sync_state = std::string{to_string(snap.state)};
+  info.ready = snap.ready && snap.terminal_error.empty() && gate.served_version().has_value()
+               && !st.life.retiring();
+  info.applied = snap.applied;
+  if (snap.applied)
+    info.serving = gate.served_version().value_or(snap.applied->version);
+  info.pointer = snap.pointer;
+  info.state = snap.state;
   info.reason = snap.reason;
-  if (st.retiring)
+  if (st.life.retiring())
     info.reason = "retiring";
   if (info.reason.empty() && !info.ready)
     info.reason = "not ready";
-  info.terminal_error = snap.terminal_error;
-  info.commit_mode = std::string{to_string(st.opts.mode)};
-  info.active_requests = st.gate.active_requests();
-  info.queued_requests = st.gate.queued_requests();
+  if (!snap.terminal_error.empty())
+    info.terminal_error = snap.terminal_error;
+  info.mode = st.opts.mode;
+  info.active_requests = gate.active_requests();
+  info.queued_requests = gate.queued_requests();
   replica_metrics m = st.counters;
   m.last_stage_s = std::chrono::duration<double>(snap.metrics.last_stage).count();
   m.last_folded = snap.metrics.last_folded;
@@ -431,8 +379,9 @@ replica_info describe(const replica_state& st) {
   m.stage_failures_total = snap.metrics.stage_failures_total;
   m.activation_failures_total = snap.metrics.activation_failures_total;
   m.bytes_fetched_total = st.bytes ? st.bytes->bytes() : 0;
-  m.requests_admitted_total = st.gate.metrics().admitted_total;
-  m.requests_rejected_total = st.gate.metrics().rejected_total;
+  m.requests_admitted_total = gate.metrics().admitted_total;
+  m.requests_rejected_total = gate.metrics().rejected_total;
+  m.drain_timeouts_total = gate.metrics().drain_timeouts_total;
   info.metrics = m;
   return info;
 }
@@ -448,7 +397,7 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
   auto& init = self->state;
   init.opts = std::move(opts);
   init.deps = std::move(deps);
-  init.gate = admission_gate{admission_gate::options{
+  init.life = request_lifecycle{admission_gate::options{
     std::chrono::duration_cast<clock_time>(init.opts.drain_timeout), init.opts.max_queued}};
   init.bytes =
     std::make_shared<counting_source>(init.deps.bytes, [id = init.opts.replica_id](uint64_t total) {
@@ -464,7 +413,7 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
   init.engine = std::move(*made);
   self->set_down_handler([self](const caf::down_msg& down) {
     std::erase_if(self->state.subscribers,
-                  [&](const caf::actor& a) { return a.address() == down.source; });
+                  [&](const replica_watcher_actor& a) { return a.address() == down.source; });
   });
   self->attach_functor([self] {
     // Generations still running stop at their next step.
@@ -487,52 +436,35 @@ replica_actor::behavior_type behavior(self_ptr self) {
       // Before the promise: making it takes the sender out of the message.
       auto caller = caf::actor_cast<caf::actor>(self->current_sender());
       auto promise = self->make_response_promise<replica_answer>();
-      auto refuse = [&](replica_answer a) {
+      auto refuse = [&](http_failure why, std::string message) {
+        auto a = answer_of(make_http_error(why, std::move(message)));
         a.replica_id = st.opts.replica_id;
         promise.deliver(std::move(a));
         return promise;
       };
       if (st.by_key.contains({caller.address(), call.key}))
-        return refuse(failure(400, "BadRequest",
-                              "request key " + std::to_string(call.key) + " is already in flight",
-                              false));
-      if (st.retiring)
-        return refuse(unavailable_reply("replica " + st.opts.replica_id
-                                        + " is retiring (draining before it leaves); retry"));
-      const bool versioned = is_versioned_route(call.route);
-      constraint c;
-      if (versioned) {
-        auto parsed = constraint_of(call);
-        if (!parsed)
-          return refuse(failure(400, "BadRequest", parsed.error().message, false));
-        c = *parsed;
+        return refuse(http_failure::bad_request,
+                      "request key " + std::to_string(call.key) + " is already in flight");
+      const auto kind =
+        is_versioned_route(call.route) ? request_kind::versioned : request_kind::passthrough;
+      if (kind == request_kind::versioned) {
+        // Parsed by the surface that received it; checked again as input
+        // from another node.
+        if (auto ok = merge(call.c, constraint{}); !ok)
+          return refuse(http_failure::bad_request, ok.error().message);
       } else if (blocked(st.engine->blocked_routes(), call.route)) {
-        return refuse(failure(403, "RouteBlocked",
-                              "route " + call.route + " controls the engine; Stitch owns it",
-                              false));
+        return refuse(http_failure::route_blocked,
+                      "route " + call.route + " controls the engine; Stitch owns it");
       }
       request_id id = st.next_id++;
       st.by_key.emplace(std::pair{caller.address(), call.key}, id);
+      auto c = call.c;
       replica_state::request r;
       r.call = std::move(call);
       r.promise = promise;
-      r.gated = versioned;
       r.caller = std::move(caller);
       st.requests.emplace(id, std::move(r));
-      if (!versioned) {
-        start_generation(self, id);
-        return promise;
-      }
-      auto decision = st.gate.admit(id, c, now_of(self));
-      if (std::holds_alternative<admitted>(decision)) {
-        start_generation(self, id);
-      } else if (auto* no = std::get_if<rejected>(&decision)) {
-        answer(self, id, conflict_reply(no->body));
-        reconcile_now(self, trigger::rejected_request);
-      } else if (auto* down = std::get_if<unavailable>(&decision)) {
-        answer(self, id, unavailable_reply(down->reason));
-      }
-      // queued: decided when the gate reopens.
+      carry(self, st.life.arrive(id, kind, c, now_of(self)));
       return promise;
     },
     [self](atom::cancel, uint64_t key) {
@@ -540,27 +472,18 @@ replica_actor::behavior_type behavior(self_ptr self) {
       auto k = st.by_key.find({caf::actor_cast<caf::actor_addr>(self->current_sender()), key});
       if (k == st.by_key.end())
         return;
-      auto id = k->second;
-      auto& r = st.requests.at(id);
-      r.cancelled_by_client = true;
-      r.cancelled->store(true);
-      if (!r.running) {
-        // Still queued behind a commit: it never started.
-        auto [stamped, effects] = st.gate.finish(id, now_of(self));
-        answer(self, id, failure(499, "ClientClosedRequest", "the client went away", false));
-        apply_gate(self, std::move(effects));
-      }
+      carry(self, st.life.cancel(k->second, now_of(self)));
     },
     [self](atom::retire) {
       auto& st = self->state;
-      if (st.retiring) {
+      if (st.life.retiring()) {
         // The drain deadline passed (or a second retire): leave now.
         log::warn("replica", st.opts.replica_id + " leaves with "
                                + std::to_string(st.requests.size()) + " request(s) unfinished");
         self->quit(caf::exit_reason::user_shutdown);
         return;
       }
-      st.retiring = true;
+      st.life.retire();
       log::info("replica", st.opts.replica_id + " retiring: out of rotation, draining "
                              + std::to_string(st.requests.size()) + " request(s)");
       publish_state(self);
@@ -572,7 +495,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
     },
     [self](atom::wake) { reconcile_now(self, trigger::wake); },
     [self](atom::server_info) -> replica_info { return describe(self->state); },
-    [self](atom::subscribe, caf::actor& who) {
+    [self](atom::subscribe, replica_watcher_actor& who) {
       auto& st = self->state;
       self->monitor(who);
       st.subscribers.push_back(who);
@@ -589,12 +512,12 @@ replica_actor::behavior_type behavior(self_ptr self) {
     [self](atom::drain_check) {
       auto& st = self->state;
       st.drain_timer_armed = false;
-      apply_gate(self, st.gate.tick(now_of(self)));
+      carry(self, st.life.tick(now_of(self)));
       arm_drain_timer(self);
     },
     [self](atom::staged, const work_report& r) {
       auto& st = self->state;
-      auto outcome = status_of(r);
+      auto outcome = status_of(self, r);
       if (!outcome && outcome.error().code == errc::checksum_mismatch)
         ++st.counters.checksum_failures_total;
       if (!outcome)
@@ -609,14 +532,14 @@ replica_actor::behavior_type behavior(self_ptr self) {
       if (!st.pending_commit || st.pending_commit->op != r.op)
         return;
       st.pending_commit.reset();
-      auto outcome = status_of(r);
+      auto outcome = status_of(self, r);
       auto now = now_of(self);
       if (outcome) {
         double pause =
           std::chrono::duration<double, std::micro>(std::chrono::nanoseconds{r.nanos}).count();
         st.counters.last_pause_us = pause;
         st.counters.max_pause_us = std::max(st.counters.max_pause_us, pause);
-        apply_gate(self, st.gate.end_commit(r.version.version, now));
+        carry(self, st.life.end_commit(r.version.version, now));
         apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
         auto m = describe(st).metrics;
         char line[256];
@@ -629,13 +552,13 @@ replica_actor::behavior_type behavior(self_ptr self) {
       }
       log::error("replica", st.opts.replica_id + " activating " + to_string(r.version)
                               + " failed; rebuilding the engine: " + to_string(outcome.error()));
-      abort_running(self);
       apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
-      apply_gate(self, st.gate.abort_commit(now));
+      // The engine's weights are uncertain: nothing may finish on them.
+      carry(self, st.life.activation_failed(now));
     },
     [self](atom::rebuilt, const work_report& r) {
       auto& st = self->state;
-      auto outcome = status_of(r);
+      auto outcome = status_of(self, r);
       if (outcome && st.rebuilt_engine && *st.rebuilt_engine) {
         st.engine = std::move(*st.rebuilt_engine);
         st.rebuilt_engine.reset();
@@ -648,42 +571,18 @@ replica_actor::behavior_type behavior(self_ptr self) {
                     r.op, outcome ? error{errc::engine_unavailable, "rebuild produced no engine"}
                                   : outcome.error()));
     },
-    [self](atom::generated, uint64_t id, replica_answer& reply) {
+    [self](atom::generated, uint64_t id, replica_answer& reply, caf::error& err) {
       auto& st = self->state;
       auto it = st.requests.find(id);
       if (it == st.requests.end())
         return;
-      const auto& r = it->second;
-      if (!r.gated) {
-        answer(self, id,
-               r.cancelled_by_client
-                 ? failure(499, "ClientClosedRequest", "the client went away", false)
-                 : std::move(reply));
-        return;
-      }
-      auto [stamped, effects] = st.gate.finish(id, now_of(self));
-      if (r.engine_failed) {
-        reply = unavailable_reply("the engine failed while activating new weights; retry");
-      } else if (r.aborted_for_drain) {
-        reply =
-          failure(503, "DrainTimeout",
-                  "aborted: the request held a weight update past replica.drain_timeout", true);
-      } else if (r.cancelled_by_client) {
-        reply = failure(499, "ClientClosedRequest", "the client went away", false);
-      } else if (reply.status == 200) {
-        if (!stamped) {
-          reply = unavailable_reply("the request lost its admission; retry");
-        } else {
-          reply.stamped = true;
-          reply.weight_version_start = stamped->start;
-          reply.weight_version_end = stamped->end;
-          reply.run_id = st.rec.applied() ? st.rec.applied()->run_id : std::string{};
-          reply.body = st.engine->stamp_response(r.call.route, reply.body, *stamped, reply.run_id);
-          ++st.counters.requests_completed_total;
-        }
-      }
-      answer(self, id, std::move(reply));
-      apply_gate(self, std::move(effects));
+      engine_outcome outcome;
+      if (err)
+        outcome.failed = from_caf_error(self->system(), err);
+      else
+        outcome.ok = reply.status == 200;
+      it->second.reply = std::move(reply);
+      carry(self, st.life.engine_done(id, outcome, now_of(self)));
     },
   };
 }

@@ -10,13 +10,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 
 #include "actors/replica_actor.hpp"
 #include "actors/store_actor.hpp"
 #include "actors/workers.hpp"
-#include "runtime/core/admission_gate.hpp"
 #include "runtime/core/engine_port.hpp"
 #include "runtime/core/reconciler.hpp"
+#include "runtime/core/request_lifecycle.hpp"
 
 namespace stitch {
 
@@ -86,24 +87,21 @@ private:
 struct replica_state {
   static inline const char* name = "replica";
 
+  /// The host side of a request; the lifecycle owns its state.
   struct request {
     replica_call call;
     caf::typed_response_promise<replica_answer> promise;
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
     /// Who asked: streamed events go there.
     caf::actor caller;
-    /// Versioned: admitted through the gate and stamped.
-    bool gated = true;
-    bool running = false;
-    bool cancelled_by_client = false;
-    bool aborted_for_drain = false;
-    bool engine_failed = false;
+    /// The engine's answer, kept until the lifecycle decides the final one.
+    replica_answer reply;
   };
 
   replica_options opts;
   replica_deps deps;
   reconciler rec;
-  admission_gate gate;
+  request_lifecycle life;
   std::shared_ptr<engine_port> engine;
   std::shared_ptr<counting_source> bytes;
   std::map<request_id, request> requests;
@@ -116,13 +114,13 @@ struct replica_state {
   /// An engine built by a rebuild job, taken when its report arrives.
   std::shared_ptr<std::shared_ptr<engine_port>> rebuilt_engine;
   bool drain_timer_armed = false;
-  /// Asked to leave: out of rotation, refusing new requests, quitting once
-  /// the running ones finished (or after `drain_timeout`).
-  bool retiring = false;
   replica_metrics counters;
-  std::vector<caf::actor> subscribers;
-  /// What subscribers last heard (ready, applied, sync state, reason).
-  std::string last_published;
+  std::vector<replica_watcher_actor> subscribers;
+  /// What subscribers last heard (ready, applied, serving, sync state,
+  /// reason, terminal error).
+  std::optional<std::tuple<bool, std::optional<version_ref>, std::optional<uint64_t>, sync_state,
+                           std::string, std::optional<std::string>>>
+    last_published;
 };
 
 /// A replica over `deps`. Spawn it on the cooperative scheduler: everything

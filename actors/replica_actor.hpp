@@ -1,12 +1,187 @@
 #pragma once
 
+#include <caf/error.hpp>
 #include <caf/replies_to.hpp>
+#include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
-#include "actors/messages.hpp"
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "actors/store_actor.hpp"
+#include "actors/value_types.hpp"
+#include "runtime/core/http_errors.hpp"
+#include "runtime/core/reconciler.hpp"
 
 namespace stitch {
+
+/// A request to a replica's HTTP surface, as the gateway or the replica's own
+/// endpoint hands it over (the body travels as text, DESIGN §2).
+struct replica_call {
+  /// Chosen by the caller, unique among its requests in flight at this
+  /// replica: `cancel` names it, streamed events carry it.
+  uint64_t key = 0;
+  std::string method = "POST";
+  /// The path: a versioned route (`/generate`, `/v1/completions`,
+  /// `/v1/chat/completions`) or one passed through to the engine.
+  std::string route;
+  /// The body with its `weight_version` member removed.
+  std::string body;
+  /// The constraint (body and headers merged by the surface that received it).
+  constraint c;
+};
+
+/// A replica's (or the gateway's) answer. For a stream, `body` is the last
+/// event (stamped); the events before it went to the caller as
+/// `(event, key, json)` messages.
+struct replica_answer {
+  uint16_t status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  bool stream = false;
+  /// Seconds for `Retry-After` (0 = none).
+  uint32_t retry_after = 0;
+  /// Error answers: the `type` of the error body, and whether retrying helps.
+  std::string error_type;
+  bool retryable = false;
+  /// Versioned 200 answers: the stamps and the run.
+  std::optional<stamps> stamped;
+  std::string run_id;
+  std::string replica_id;
+};
+
+/// The answer for an error (the one mapping of `runtime/core/http_errors`).
+replica_answer answer_of(const http_error& e);
+
+/// Counters and timings of one replica (DESIGN §5 `server_info.metrics`).
+struct replica_metrics {
+  double last_stage_s = 0;
+  double last_drain_ms = 0;
+  /// The time the engine was stopped by the last activation.
+  double last_pause_us = 0;
+  double max_pause_us = 0;
+  uint64_t last_folded = 0;
+  uint64_t folded_versions_total = 0;
+  uint64_t activations_total = 0;
+  uint64_t skipped_activations_total = 0;
+  uint64_t stages_total = 0;
+  uint64_t stage_failures_total = 0;
+  uint64_t activation_failures_total = 0;
+  uint64_t checksum_failures_total = 0;
+  uint64_t rebuilds_total = 0;
+  uint64_t bytes_fetched_total = 0;
+  uint64_t requests_admitted_total = 0;
+  uint64_t requests_rejected_total = 0;
+  uint64_t requests_completed_total = 0;
+  uint64_t drain_timeouts_total = 0;
+};
+
+/// A replica's `server_info` (DESIGN §5).
+struct replica_info {
+  std::string replica_id;
+  std::string pool;
+  bool ready = false;
+  /// What the replica last activated; none before the first activation.
+  std::optional<version_ref> applied;
+  /// The version new requests start on (it leads `applied` while an
+  /// all-empty tail is skipped); none before the first activation.
+  std::optional<uint64_t> serving;
+  /// The pointer as last read; none before a run is claimed.
+  std::optional<version_ref> pointer;
+  sync_state state = sync_state::idle;
+  std::string reason;
+  /// Set after an activation failure the rebuild could not repair.
+  std::optional<std::string> terminal_error;
+  commit_mode mode = commit_mode::in_place;
+  uint64_t active_requests = 0;
+  uint64_t queued_requests = 0;
+  replica_metrics metrics;
+
+  std::string run_id() const { return applied ? applied->run_id : std::string{}; }
+};
+
+/// A replica worker's report on a slow step (stage, activation, rebuild).
+struct work_report {
+  uint64_t op = 0;
+  /// None on success; otherwise an error of the `stitch` category.
+  caf::error err;
+  int64_t nanos = 0;
+  version_ref version;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replica_call& x) {
+  return f(caf::meta::type_name("stitch.replica_call"), x.key, x.method, x.route, x.body, x.c);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replica_answer& x) {
+  optional_proxy<stamps> stamped{x.stamped};
+  return f(caf::meta::type_name("stitch.replica_answer"), x.status, x.content_type, x.body,
+           x.stream, x.retry_after, x.error_type, x.retryable, stamped.field, x.run_id,
+           x.replica_id, stamped.commit());
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replica_metrics& x) {
+  return f(caf::meta::type_name("stitch.replica_metrics"), x.last_stage_s, x.last_drain_ms,
+           x.last_pause_us, x.max_pause_us, x.last_folded, x.folded_versions_total,
+           x.activations_total, x.skipped_activations_total, x.stages_total, x.stage_failures_total,
+           x.activation_failures_total, x.checksum_failures_total, x.rebuilds_total,
+           x.bytes_fetched_total, x.requests_admitted_total, x.requests_rejected_total,
+           x.requests_completed_total, x.drain_timeouts_total);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replica_info& x) {
+  optional_proxy<version_ref> applied{x.applied};
+  optional_proxy<uint64_t> serving{x.serving};
+  optional_proxy<version_ref> pointer{x.pointer};
+  optional_proxy<std::string> terminal{x.terminal_error};
+  return f(caf::meta::type_name("stitch.replica_info"), x.replica_id, x.pool, x.ready,
+           applied.field, serving.field, pointer.field, x.state, x.reason, terminal.field, x.mode,
+           x.active_requests, x.queued_requests, x.metrics, applied.commit(), serving.commit(),
+           pointer.commit(), terminal.commit());
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, work_report& x) {
+  return f(caf::meta::type_name("stitch.work_report"), x.op, x.err, x.nanos, x.version);
+}
+
+} // namespace stitch
+
+CAF_BEGIN_TYPE_ID_BLOCK(stitch_replica, ::stitch::type_ids::replica)
+CAF_ADD_TYPE_ID(stitch_replica, (stitch::replica_call))
+CAF_ADD_TYPE_ID(stitch_replica, (stitch::replica_answer))
+CAF_ADD_TYPE_ID(stitch_replica, (stitch::replica_metrics))
+CAF_ADD_TYPE_ID(stitch_replica, (stitch::replica_info))
+CAF_ADD_TYPE_ID(stitch_replica, (std::vector<stitch::replica_info>) )
+CAF_ADD_TYPE_ID(stitch_replica, (stitch::work_report))
+CAF_ADD_ATOM(stitch_replica, stitch::atom, generate, "generate")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, cancel, "cancel")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, wake, "wake")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, retire, "retire")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, server_info, "srvinfo")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, replica_state, "replstate")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, event, "event")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, drain_check, "drainchk")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, staged, "staged")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, committed, "committed")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, rebuilt, "rebuilt")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, generated, "generated")
+CAF_END_TYPE_ID_BLOCK(stitch_replica)
+
+static_assert(caf::id_block::stitch_replica::end <= stitch::type_ids::gateway);
+
+namespace stitch {
+
+/// Whoever follows a replica's state (the gateway, status, the coordinator):
+/// `(replica_state, info)` now and whenever readiness, the applied version
+/// or the sync state change.
+using replica_watcher_actor = caf::typed_actor<caf::reacts_to<atom::replica_state, replica_info>>;
 
 /// REPLICA: one inference engine kept converged to its pool's pointer while it
 /// serves (DESIGN §1, §2): reconcile, stage, commit, admission, stamping,
@@ -26,10 +201,10 @@ using replica_actor = caf::typed_actor<
   caf::reacts_to<atom::retire>,
   // DESIGN §5 `server_info`.
   caf::replies_to<atom::server_info>::with<replica_info>,
-  // Sends `(replica_state, replica_info)` to the subscriber now and whenever
+  // Sends `(replica_state, replica_info)` to the watcher now and whenever
   // readiness, the applied version or the sync state change (the gateway and
   // status route and report from these, never polling per request).
-  caf::reacts_to<atom::subscribe, caf::actor>,
+  caf::reacts_to<atom::subscribe, replica_watcher_actor>,
   // The store's pointer subscription.
   caf::reacts_to<atom::pointer_moved, std::string, pointer_record>,
   // Internal: the backstop timer and the drain deadline.
@@ -37,6 +212,12 @@ using replica_actor = caf::typed_actor<
   // Internal: reports of the replica's worker threads.
   caf::reacts_to<atom::staged, work_report>, caf::reacts_to<atom::committed, work_report>,
   caf::reacts_to<atom::rebuilt, work_report>,
-  caf::reacts_to<atom::generated, uint64_t, replica_answer>>;
+  caf::reacts_to<atom::generated, uint64_t, replica_answer, caf::error>>;
 
 } // namespace stitch
+
+CAF_BEGIN_TYPE_ID_BLOCK(stitch_replica_handles, caf::id_block::stitch_replica::end)
+CAF_ADD_TYPE_ID(stitch_replica_handles, (stitch::replica_watcher_actor))
+CAF_END_TYPE_ID_BLOCK(stitch_replica_handles)
+
+static_assert(caf::id_block::stitch_replica_handles::end <= stitch::type_ids::gateway);

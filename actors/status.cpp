@@ -22,8 +22,8 @@ int64_t now_ms() {
     .count();
 }
 
-ojson nullable(const std::string& s) {
-  return s.empty() ? ojson(nullptr) : ojson(s);
+ojson nullable(const std::optional<version_ref>& v) {
+  return v ? ojson(to_string(*v)) : ojson(nullptr);
 }
 
 /// A Prometheus label value: backslash, quote and newline escaped.
@@ -70,20 +70,19 @@ void on_state(self_ptr self, replica_info info) {
     return;
   auto& e = it->second;
   int64_t now = now_ms();
-  bool moved =
-    !e.known || e.info.applied_version != info.applied_version || e.info.run_id != info.run_id;
+  bool moved = !e.known || e.info.serving != info.serving || e.info.run_id() != info.run_id();
   bool activated = e.known && info.metrics.activations_total > e.info.metrics.activations_total;
-  if (moved && info.applied_version >= 0) {
-    e.history.emplace_back(now, info.applied_version);
+  if (moved && info.serving) {
+    e.history.emplace_back(now, static_cast<int64_t>(*info.serving));
     while (e.history.size() > st.opts.history)
       e.history.pop_front();
   }
   if (activated) {
     st.stage_seconds.observe(info.metrics.last_stage_s);
     st.pause_seconds.observe(info.metrics.last_pause_us / 1e6);
-    st.recent.push_back({info.replica_id, info.applied, info.metrics.last_stage_s,
-                         info.metrics.last_pause_us, info.metrics.last_drain_ms,
-                         info.metrics.last_folded, now});
+    st.recent.push_back({info.replica_id, info.applied ? to_string(*info.applied) : std::string{},
+                         info.metrics.last_stage_s, info.metrics.last_pause_us,
+                         info.metrics.last_drain_ms, info.metrics.last_folded, now});
     while (st.recent.size() > 50)
       st.recent.pop_front();
   }
@@ -155,12 +154,13 @@ std::string status_json(const status_state& st) {
       history.push_back(ojson::array({t, v}));
     r["history"] = std::move(history);
     replicas.push_back(std::move(r));
-    if (i.sync_state == "FETCHING" || i.sync_state == "STAGING" || i.sync_state == "COMMITTING") {
+    if (i.state == sync_state::fetching || i.state == sync_state::staging
+        || i.state == sync_state::committing) {
       ojson t;
       t["replica_id"] = i.replica_id;
       t["from"] = nullable(i.applied);
       t["to"] = nullable(i.pointer);
-      t["state"] = i.sync_state;
+      t["state"] = std::string{to_string(i.state)};
       t["source"] = "store";
       transfers.push_back(std::move(t));
     }
@@ -228,9 +228,9 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
   };
   family("stitch_replica_applied_version", "gauge", "The version the replica serves.");
   for (const auto& [a, e] : st.replicas)
-    if (e.known && e.info.applied_version >= 0)
-      out += "stitch_replica_applied_version{" + labels_of(e) + ",run_id=\"" + label(e.info.run_id)
-             + "\"} " + std::to_string(e.info.applied_version) + "\n";
+    if (e.known && e.info.serving)
+      out += "stitch_replica_applied_version{" + labels_of(e) + ",run_id=\""
+             + label(e.info.run_id()) + "\"} " + std::to_string(*e.info.serving) + "\n";
   family("stitch_replica_ready", "gauge", "1 when the replica admits requests.");
   for (const auto& [a, e] : st.replicas)
     if (e.known)
@@ -328,7 +328,7 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
       if (!self->state.watched.contains(pool))
         watch_pool(self, pool);
       self->monitor(r);
-      self->send(r, atom::subscribe_v, caf::actor_cast<caf::actor>(self));
+      self->send(r, atom::subscribe_v, caf::actor_cast<replica_watcher_actor>(self));
     },
     [self](atom::enroll, const gateway_actor& g) {
       self->monitor(g);

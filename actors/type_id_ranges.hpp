@@ -19,7 +19,11 @@ inline constexpr caf::type_id_t handles = values + 200;
 inline constexpr caf::type_id_t store = values + 220;
 /// PUBLISHER (`actors/publisher_actor.hpp`).
 inline constexpr caf::type_id_t publisher = values + 260;
+/// REPLICA (`actors/replica_actor.hpp`).
+inline constexpr caf::type_id_t replica = values + 300;
+/// GATEWAY (`actors/gateway_actor.hpp`).
+inline constexpr caf::type_id_t gateway = values + 340;
 /// One past the last ID Stitch uses.
-inline constexpr caf::type_id_t end = values + 300;
+inline constexpr caf::type_id_t end = values + 400;
 
 } // namespace stitch::type_ids

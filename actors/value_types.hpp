@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "actors/type_id_ranges.hpp"
+#include "runtime/core/admission_gate.hpp"
+#include "runtime/core/constraint.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/core/manifest.hpp"
 #include "runtime/core/pointer_rules.hpp"
@@ -84,6 +86,22 @@ typename Inspector::result_type inspect(Inspector& f, manifest& x) {
            x.tensor_specs, base.commit());
 }
 
+/// A request's constraint, parsed once at the HTTP surface that received it
+/// (`strip_constraint`, `constraint_from_headers`, `merge`): every actor
+/// after it receives it typed.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, constraint& x) {
+  optional_proxy<uint64_t> min{x.min_version};
+  optional_proxy<uint64_t> exact{x.exact_version};
+  return f(caf::meta::type_name("stitch.constraint"), min.field, exact.field, min.commit(),
+           exact.commit());
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, stamps& x) {
+  return f(caf::meta::type_name("stitch.stamps"), x.start, x.end);
+}
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, retention_request& x) {
   return f(caf::meta::type_name("stitch.retention_request"), x.keep_last, x.in_use, x.dry_run);
@@ -106,6 +124,8 @@ CAF_ADD_TYPE_ID(stitch_values, (stitch::version_ref))
 CAF_ADD_TYPE_ID(stitch_values, (std::vector<stitch::version_ref>) )
 CAF_ADD_TYPE_ID(stitch_values, (stitch::pointer_record))
 CAF_ADD_TYPE_ID(stitch_values, (stitch::manifest))
+CAF_ADD_TYPE_ID(stitch_values, (stitch::constraint))
+CAF_ADD_TYPE_ID(stitch_values, (stitch::stamps))
 CAF_ADD_TYPE_ID(stitch_values, (stitch::retention_request))
 CAF_ADD_TYPE_ID(stitch_values, (stitch::retention_report))
 CAF_ADD_TYPE_ID(stitch_values, (std::vector<uint64_t>) )

@@ -8,13 +8,13 @@ namespace stitch::transport {
 
 namespace {
 
-routed::refuse refuse(unsigned status, std::string_view type, std::string_view message) {
-  return {error_response(status, type, message)};
+routed::refuse refuse(http_failure why, std::string message) {
+  return {error_response(why, std::move(message))};
 }
 
 routed::refuse wrong_method(std::string_view path, std::string_view allowed) {
-  auto r =
-    error_response(405, "MethodNotAllowed", std::string{path} + " takes " + std::string{allowed});
+  auto r = error_response(http_failure::method_not_allowed,
+                          std::string{path} + " takes " + std::string{allowed});
   r.headers.push_back({"Allow", std::string{allowed}});
   return {std::move(r)};
 }
@@ -53,7 +53,7 @@ route_decision route_request(surface where, const server_request& req,
     auto slash = rest.find('/');
     auto name = rest.substr(0, slash);
     if (!valid_pool_name(name))
-      return refuse(400, "BadRequest",
+      return refuse(http_failure::bad_request,
                     "pool name " + quote_untrusted(name) + " is not [A-Za-z0-9._-]{1,64}");
     pool = std::string{name};
     path = slash == std::string_view::npos ? "/" : std::string{rest.substr(slash)};
@@ -62,7 +62,7 @@ route_decision route_request(surface where, const server_request& req,
   if (where == surface::gateway && !pool_from_path) {
     if (const auto* header = req.header("X-Stitch-Pool")) {
       if (!valid_pool_name(*header))
-        return refuse(400, "BadRequest",
+        return refuse(http_failure::bad_request,
                       "X-Stitch-Pool " + quote_untrusted(*header) + " is not [A-Za-z0-9._-]{1,64}");
       pool = *header;
     }
@@ -86,7 +86,8 @@ route_decision route_request(surface where, const server_request& req,
       const auto* auth = req.header("Authorization");
       std::string_view given = auth ? std::string_view{*auth} : std::string_view{};
       if (!given.starts_with("Bearer ") || !token_matches(options.admin_token, given.substr(7)))
-        return refuse(401, "Unauthorized", "POST /wake needs Authorization: Bearer <admin token>");
+        return refuse(http_failure::unauthorized,
+                      "POST /wake needs Authorization: Bearer <admin token>");
     }
     return routed::wake{pool};
   }
@@ -104,22 +105,22 @@ route_decision route_request(surface where, const server_request& req,
     if (req.method != "POST")
       return wrong_method(path, "POST");
     if (!json_content_type(req.header("Content-Type")))
-      return refuse(415, "UnsupportedMediaType",
+      return refuse(http_failure::unsupported_media_type,
                     "Content-Type must be application/json, not "
                       + quote_untrusted(*req.header("Content-Type")));
     auto stripped = strip_constraint(req.body);
     if (!stripped)
-      return refuse(400, "BadRequest", stripped.error().message);
+      return refuse(http_failure::bad_request, stripped.error().message);
     const auto* min = req.header(min_version_header);
     const auto* exact = req.header(exact_version_header);
     auto from_headers =
       constraint_from_headers(min ? std::optional<std::string_view>{*min} : std::nullopt,
                               exact ? std::optional<std::string_view>{*exact} : std::nullopt);
     if (!from_headers)
-      return refuse(400, "BadRequest", from_headers.error().message);
+      return refuse(http_failure::bad_request, from_headers.error().message);
     auto merged = merge(stripped->c, *from_headers);
     if (!merged)
-      return refuse(400, "BadRequest", merged.error().message);
+      return refuse(http_failure::bad_request, merged.error().message);
     return routed::versioned{pool, path, *merged, std::move(stripped->body_without_constraint),
                              session};
   }

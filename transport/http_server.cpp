@@ -26,12 +26,17 @@ namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = net::ip::tcp;
 
-server_response error_response(unsigned status, std::string_view type, std::string_view message,
-                               bool retryable) {
+server_response response_of(const http_error& e) {
   server_response r;
-  r.status = status;
-  r.body = error_json(type, message, retryable);
+  r.status = e.status;
+  r.body = e.body();
+  if (e.retry_after > 0)
+    r.headers.push_back({"Retry-After", std::to_string(e.retry_after)});
   return r;
+}
+
+server_response error_response(http_failure why, std::string message) {
+  return response_of(make_http_error(why, std::move(message)));
 }
 
 namespace {
@@ -221,22 +226,22 @@ private:
     read_timer_.cancel();
     if (closed_)
       return;
-    unsigned status = 0;
+    std::optional<http_failure> why;
     std::string message;
     if (ec == bhttp::error::body_limit) {
-      status = 413;
+      why = http_failure::payload_too_large;
       message = "the request body exceeds the limit of " + std::to_string(server_->opts.body_limit)
                 + " bytes";
     } else if (ec == bhttp::error::header_limit) {
-      status = 431;
+      why = http_failure::headers_too_large;
       message = "the request header exceeds the limit of "
                 + std::to_string(server_->opts.header_limit) + " bytes";
     } else if (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category()
                && ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
-      status = 400;
+      why = http_failure::bad_request;
       message = "malformed HTTP request: " + ec.message();
     }
-    if (status == 0) {
+    if (!why) {
       // The client went away (or timed out): nobody waits for the answers.
       close();
       return;
@@ -244,7 +249,7 @@ private:
     stop_reading_ = true;
     auto s = std::make_shared<slot>(weak_from_this(), strand_, false, 11);
     s->answered = true;
-    s->whole = error_response(status, status == 413 ? "PayloadTooLarge" : "BadRequest", message);
+    s->whole = error_response(*why, std::move(message));
     slots_.push_back(std::move(s));
     pump();
   }
@@ -273,7 +278,7 @@ private:
     try {
       server_->handler(std::move(req), s);
     } catch (const std::exception& e) {
-      s->send(error_response(500, "InternalError", e.what(), true));
+      s->send(error_response(http_failure::internal_error, e.what()));
     }
     read_next();
   }

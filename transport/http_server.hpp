@@ -1,5 +1,6 @@
 #pragma once
 
+#include "runtime/core/http_errors.hpp"
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -103,9 +104,10 @@ private:
   std::shared_ptr<impl> impl_;
 };
 
-/// The body of a 4xx/5xx the HTTP layer itself answers, in the error shape
-/// of DESIGN §5.
-server_response error_response(unsigned status, std::string_view type, std::string_view message,
-                               bool retryable = false);
+/// The answer for an error: its status, the DESIGN §5 body and
+/// `Retry-After` (the one mapping of `runtime/core/http_errors`).
+server_response response_of(const http_error& e);
+/// `response_of(make_http_error(why, message))`.
+server_response error_response(http_failure why, std::string message);
 
 } // namespace stitch::transport

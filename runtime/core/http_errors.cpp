@@ -63,7 +63,8 @@ http_error http_error_of(const error& e) {
     case errc::unauthorized: return make_http_error(http_failure::unauthorized, e.message);
     case errc::route_blocked: return make_http_error(http_failure::route_blocked, e.message);
     case errc::not_found: return make_http_error(http_failure::not_found, e.message);
-    case errc::version_not_ready: return not_ready_error(rejection{0, std::nullopt, true, e.message});
+    case errc::version_not_ready:
+      return not_ready_error(rejection{0, std::nullopt, true, e.message});
     case errc::engine_unavailable:
     case errc::no_run_claimed:
     case errc::activation_failed: return make_http_error(http_failure::unavailable, e.message);

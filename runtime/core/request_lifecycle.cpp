@@ -20,9 +20,9 @@ std::vector<request_effect> request_lifecycle::arrive(request_id id, request_kin
                                                       const constraint& c, clock_time now) {
   std::vector<request_effect> out;
   if (requests_.contains(id)) {
-    out.emplace_back(fx::fail{id, make_http_error(http_failure::bad_request,
-                                                  "request " + std::to_string(id)
-                                                    + " is already in flight")});
+    out.emplace_back(
+      fx::fail{id, make_http_error(http_failure::bad_request,
+                                   "request " + std::to_string(id) + " is already in flight")});
     return out;
   }
   if (retiring_) {
@@ -52,9 +52,8 @@ std::vector<request_effect> request_lifecycle::arrive(request_id id, request_kin
   return out;
 }
 
-std::vector<request_effect> request_lifecycle::engine_done(request_id id,
-                                                           const engine_outcome& outcome,
-                                                           clock_time now) {
+std::vector<request_effect>
+request_lifecycle::engine_done(request_id id, const engine_outcome& outcome, clock_time now) {
   std::vector<request_effect> out;
   auto it = requests_.find(id);
   if (it == requests_.end() || !it->second.running)
@@ -74,15 +73,15 @@ std::vector<request_effect> request_lifecycle::engine_done(request_id id,
                                                   "aborted: the request held a weight update "
                                                   "past replica.drain_timeout")});
   else if (r.cancelled_by_client)
-    out.emplace_back(fx::fail{id, make_http_error(http_failure::client_closed,
-                                                  "the client went away")});
+    out.emplace_back(
+      fx::fail{id, make_http_error(http_failure::client_closed, "the client went away")});
   else if (outcome.failed)
     out.emplace_back(fx::fail{id, http_error_of(*outcome.failed)});
   else if (r.kind == request_kind::passthrough || !outcome.ok)
     out.emplace_back(fx::deliver{id, std::nullopt});
   else if (!stamped)
-    out.emplace_back(fx::fail{id, make_http_error(http_failure::unavailable,
-                                                  "the request lost its admission; retry")});
+    out.emplace_back(fx::fail{
+      id, make_http_error(http_failure::unavailable, "the request lost its admission; retry")});
   else
     out.emplace_back(fx::deliver{id, stamped});
   apply_gate(std::move(unblocked), out);

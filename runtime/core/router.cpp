@@ -33,8 +33,7 @@ const replica_view* replica_router::find(replica_slot slot) const {
   return it == members_.end() ? nullptr : &it->second.view;
 }
 
-bool replica_router::eligible(const member& m, const std::string& pool,
-                              const constraint& c) const {
+bool replica_router::eligible(const member& m, const std::string& pool, const constraint& c) const {
   return m.view.pool == pool && m.view.known && m.view.ready && m.view.applied
          && c.satisfied_by(*m.view.applied);
 }
@@ -72,9 +71,8 @@ std::optional<replica_slot> replica_router::choose(const std::string& pool,
   std::optional<replica_slot> chosen;
   if (!session.empty())
     if (auto s = sessions_.find({pool, session}); s != sessions_.end())
-      if (auto m = members_.find(s->second.slot); m != members_.end()
-                                                  && !tried.contains(m->first)
-                                                  && eligible(m->second, pool, c))
+      if (auto m = members_.find(s->second.slot);
+          m != members_.end() && !tried.contains(m->first) && eligible(m->second, pool, c))
         chosen = m->first;
   if (!chosen) {
     uint64_t least = 0;

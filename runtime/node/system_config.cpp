@@ -17,6 +17,8 @@ namespace stitch {
 
 void register_stitch_types(caf::actor_system_config& cfg) {
   cfg.add_message_types<caf::id_block::stitch_values>();
+  cfg.add_message_types<caf::id_block::stitch_replica>();
+  cfg.add_message_types<caf::id_block::stitch_replica_handles>();
   cfg.add_message_types<caf::id_block::stitch>();
   cfg.add_message_types<caf::id_block::stitch_handles>();
   cfg.add_message_types<caf::id_block::stitch_store>();

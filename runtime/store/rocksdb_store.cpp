@@ -249,8 +249,8 @@ public:
     const uint64_t next = loc.offset + offset + out.size();
     const uint64_t end = loc.offset + loc.size;
     if (out.size() >= (uint64_t{1} << 20) && next < end)
-      (void) (*file)->Prefetch(next, static_cast<size_t>(std::min<uint64_t>(out.size(), end - next)),
-                               {}, nullptr);
+      (void) (*file)->Prefetch(
+        next, static_cast<size_t>(std::min<uint64_t>(out.size(), end - next)), {}, nullptr);
     return {};
   }
 

@@ -236,7 +236,7 @@ protected:
     while (std::chrono::steady_clock::now() < deadline) {
       size_t ok = 0;
       for (const auto& i : pool())
-        if (i.ready && i.applied_version == version && i.run_id == run
+        if (i.ready && i.serving && static_cast<int64_t>(*i.serving) == version && i.run_id() == run
             && std::find(want.begin(), want.end(), i.replica_id) != want.end())
           ++ok;
       if (ok == want.size())

@@ -35,9 +35,8 @@ replica_actor::behavior_type fake_replica(replica_actor::stateful_pointer<fake_r
     i.replica_id = "fake";
     i.pool = "default";
     i.ready = true;
-    i.applied = "r/weight_v" + std::to_string(claims);
-    i.applied_version = claims;
-    i.run_id = "r";
+    i.applied = version_ref{"r", static_cast<uint64_t>(claims)};
+    i.serving = static_cast<uint64_t>(claims);
     return i;
   };
   return {
@@ -61,7 +60,7 @@ replica_actor::behavior_type fake_replica(replica_actor::stateful_pointer<fake_r
     [](atom::wake) {},
     [](atom::retire) {},
     [info](atom::server_info) { return info(); },
-    [self, info](atom::subscribe, caf::actor& who) {
+    [self, info](atom::subscribe, replica_watcher_actor& who) {
       caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, info());
     },
     [](atom::pointer_moved, const std::string&, const pointer_record&) {},
@@ -70,7 +69,7 @@ replica_actor::behavior_type fake_replica(replica_actor::stateful_pointer<fake_r
     [](atom::staged, const work_report&) {},
     [](atom::committed, const work_report&) {},
     [](atom::rebuilt, const work_report&) {},
-    [](atom::generated, uint64_t, const replica_answer&) {},
+    [](atom::generated, uint64_t, const replica_answer&, const caf::error&) {},
   };
 }
 

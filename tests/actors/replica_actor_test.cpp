@@ -215,21 +215,44 @@ protected:
     }
   }
 
-  replica_info info() {
+  /// `server_info` in the words of its JSON (DESIGN §5).
+  struct info_view {
+    bool ready = false;
+    std::string applied, pointer, run_id, sync_state, commit_mode, terminal_error, reason;
+    int64_t applied_version = -1;
+    uint64_t active_requests = 0;
+    replica_metrics metrics;
+  };
+
+  info_view info() {
     self->send(replica, atom::server_info_v);
     sched.run();
-    replica_info out;
-    self->receive([&](const replica_info& i) { out = i; },
+    replica_info i;
+    self->receive([&](const replica_info& r) { i = r; },
                   caf::after(0s) >> [&] { ADD_FAILURE() << "no server_info"; });
-    return out;
+    info_view v;
+    v.ready = i.ready;
+    v.applied = i.applied ? to_string(*i.applied) : "";
+    v.pointer = i.pointer ? to_string(*i.pointer) : "";
+    v.run_id = i.run_id();
+    v.sync_state = std::string{to_string(i.state)};
+    v.commit_mode = std::string{to_string(i.mode)};
+    v.terminal_error = i.terminal_error.value_or("");
+    v.reason = i.reason;
+    v.applied_version = i.serving ? static_cast<int64_t>(*i.serving) : -1;
+    v.active_requests = i.active_requests;
+    v.metrics = i.metrics;
+    return v;
   }
 
   static replica_call call(uint64_t key, int64_t min = -1, int64_t exact = -1,
                            std::string sampling = R"("temperature":0,"max_new_tokens":8)") {
     replica_call c;
     c.key = key;
-    c.min_version = min;
-    c.exact_version = exact;
+    if (min >= 0)
+      c.c.min_version = static_cast<uint64_t>(min);
+    if (exact >= 0)
+      c.c.exact_version = static_cast<uint64_t>(exact);
     c.route = "/generate";
     c.body =
       R"({"text":"policy says","sampling_params":{)" + sampling + R"(},"return_logprob":true})";
@@ -263,7 +286,6 @@ protected:
     v.status = a.status;
     v.error_type = a.error_type;
     v.retryable = a.retryable;
-    v.applied = a.applied;
     v.run_id = a.run_id;
     EXPECT_EQ(a.replica_id, "replica-0");
     auto body = nlohmann::json::parse(a.body, nullptr, false);
@@ -275,20 +297,24 @@ protected:
       v.message = body.value("message", "");
       EXPECT_EQ(body["type"], a.error_type);
       EXPECT_EQ(body["error"]["type"], a.error_type);
-      if (a.status == 409)
+      if (a.status == 409) {
         v.target_version = body["target_version"].get<uint64_t>();
+        v.applied = body["applied"].is_null() ? -1 : body["applied"].get<int64_t>();
+      }
       if (a.retryable) {
         EXPECT_EQ(a.retry_after, 1u);
       }
       return v;
     }
     EXPECT_TRUE(a.stamped);
-    v.weight_version_start = a.weight_version_start;
-    v.weight_version_end = a.weight_version_end;
+    if (!a.stamped)
+      return v;
+    v.weight_version_start = a.stamped->start;
+    v.weight_version_end = a.stamped->end;
     const auto& meta = body["meta_info"];
-    EXPECT_EQ(meta["weight_version_start"], a.weight_version_start);
-    EXPECT_EQ(meta["weight_version_end"], a.weight_version_end);
-    EXPECT_EQ(meta["weight_version"], std::to_string(a.weight_version_start));
+    EXPECT_EQ(meta["weight_version_start"], v.weight_version_start);
+    EXPECT_EQ(meta["weight_version_end"], v.weight_version_end);
+    EXPECT_EQ(meta["weight_version"], std::to_string(v.weight_version_start));
     EXPECT_EQ(meta["run_id"], a.run_id);
     v.tokens = body["output_ids"].get<std::vector<int32_t>>();
     for (const auto& lp : meta["output_token_logprobs"])
@@ -618,7 +644,7 @@ TEST_F(replica_actor_test, a_failed_activation_leaves_rotation_until_the_engine_
   *fail_commits = 1;
   publish("r", 1);
   // Step until the failure is reported, before the rebuild runs.
-  replica_info down;
+  info_view down;
   for (int i = 0; i < 20; ++i) {
     sched.run();
     down = info();
@@ -727,8 +753,8 @@ TEST_F(replica_actor_test, malformed_calls_are_refused_with_400) {
   auto r = reply();
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.message.find("exact_version"), std::string::npos);
-  send(call(2, -7));
-  EXPECT_EQ(reply().status, 400);
+  // (Negative bounds cannot be expressed: the constraint is typed, and its
+  // one parser at the HTTP surface refuses them; see the gateway tests.)
   send(call(3, -1, -1, R"("temperature":-1)"));
   requests->run_all();
   sched.run();

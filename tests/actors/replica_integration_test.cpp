@@ -76,8 +76,7 @@ protected:
                [&](const caf::error& e) { ADD_FAILURE() << sys.render(e); });
     ASSERT_EQ(alone.status, 200) << alone.body;
     EXPECT_EQ(alone.run_id, ref.run_id);
-    EXPECT_EQ(alone.weight_version_start, ref.version);
-    EXPECT_EQ(alone.weight_version_end, ref.version);
+    EXPECT_EQ(alone.stamped, (stamps{ref.version, ref.version}));
     EXPECT_EQ(tokens_of(alone), want.tokens);
     EXPECT_EQ(logprobs_of(alone), want.logprobs);
 
@@ -116,8 +115,7 @@ protected:
     EXPECT_EQ(logprobs_of(got[0]), want.logprobs);
     for (const auto& r : got) {
       EXPECT_EQ(r.status, 200);
-      EXPECT_EQ(r.weight_version_start, ref.version);
-      EXPECT_EQ(r.weight_version_end, ref.version);
+      EXPECT_EQ(r.stamped, (stamps{ref.version, ref.version}));
     }
   }
 

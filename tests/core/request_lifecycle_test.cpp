@@ -214,7 +214,8 @@ TEST(request_lifecycle, retiring_refuses_new_work_but_finishes_running) {
 }
 
 TEST(http_errors, every_failure_has_one_shape) {
-  auto e = make_http_error(http_failure::route_blocked, "route /update_weights controls the engine");
+  auto e =
+    make_http_error(http_failure::route_blocked, "route /update_weights controls the engine");
   EXPECT_EQ(e.status, 403);
   EXPECT_EQ(e.type, "RouteBlocked");
   EXPECT_FALSE(e.retryable);
