@@ -10,6 +10,7 @@
 #include "actors/log.hpp"
 #include "actors/publisher_actor.hpp"
 #include "actors/status_actor.hpp"
+#include "runtime/core/retention.hpp"
 #include "runtime/core/token.hpp"
 
 namespace stitch {
@@ -248,6 +249,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     auto& st = self->state;
     for (auto& [role, handles] : st.roles)
       std::erase_if(handles, [&](const caf::actor& a) { return a.address() == down.source; });
+    st.standalone_replicas.erase(down.source);
     for (const auto& [name, m] : st.members)
       if (m.agent.address() == down.source) {
         bool left =
@@ -278,6 +280,12 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     },
     [self](atom::replica_state, replica_info& info) {
       auto& st = self->state;
+      if (auto it =
+            st.standalone_replicas.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+          it != st.standalone_replicas.end()) {
+        it->second.info = std::move(info);
+        return;
+      }
       if (!st.plan.placements().contains(info.replica_id))
         return;
       auto& known = st.infos[info.replica_id];
@@ -302,6 +310,32 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       }
       if (role == "status")
         publish_view(self);
+    },
+    [self](atom::enroll, const std::string& pool, const replica_actor& replica) {
+      auto& st = self->state;
+      if (st.standalone_replicas.contains(replica.address()))
+        return;
+      st.standalone_replicas[replica.address()] = {pool, std::nullopt};
+      self->monitor(replica);
+      self->send(replica, atom::subscribe_v, caf::actor_cast<replica_watcher_actor>(self));
+    },
+    [self](atom::in_use, const std::string& pool) {
+      auto& st = self->state;
+      std::vector<replica_holdings> holdings;
+      auto add = [&](const replica_info& i) {
+        bool moving = i.state == sync_state::fetching || i.state == sync_state::staging
+                      || i.state == sync_state::committing;
+        holdings.push_back({i.applied, moving ? i.pointer : std::nullopt});
+      };
+      for (const auto& [id, info] : st.infos)
+        if (auto p = st.plan.placements().find(id);
+            p != st.plan.placements().end() && p->second.pool == pool)
+          add(info);
+      for (const auto& [addr, r] : st.standalone_replicas)
+        if (r.pool == pool && r.info)
+          add(*r.info);
+      auto used = versions_in_use(holdings);
+      return std::vector<version_ref>{used.begin(), used.end()};
     },
     [self](atom::join, member_info& info, const node_agent_actor& agent) -> caf::result<uint64_t> {
       auto& st = self->state;

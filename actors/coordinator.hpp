@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,13 @@ struct coordinator_state {
   /// which version's bytes.
   std::map<std::string, replica_info> infos;
   std::map<std::string, run_progress> runs;
+  /// Replicas nodes started from their own configuration, by address: their
+  /// pool and last reported state (none before the first report).
+  struct standalone {
+    std::string pool;
+    std::optional<replica_info> info;
+  };
+  std::map<caf::actor_addr, standalone> standalone_replicas;
 };
 
 coordinator_actor::behavior_type

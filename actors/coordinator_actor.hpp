@@ -20,6 +20,12 @@ using coordinator_actor = caf::typed_actor<
   // Records that `handle` serves `role` (several may: every gateway and
   // status actor learns of placed replicas).
   caf::reacts_to<atom::enroll, std::string, caf::actor>,
+  // A replica a node started from its own configuration (not placed): the
+  // coordinator follows its state like a placed one's, for the directory.
+  caf::reacts_to<atom::enroll, std::string, replica_actor>,
+  // The versions the replicas of `pool` serve or are moving to (what
+  // retention must keep, `versions_in_use`).
+  caf::replies_to<atom::in_use, std::string>::with<std::vector<version_ref>>,
   // A node joins with its roles and slots; answers the heartbeat interval in
   // milliseconds. Refused while a member of that name is alive.
   caf::replies_to<atom::join, member_info, node_agent_actor>::with<uint64_t>,

@@ -6,6 +6,7 @@
 #include "runtime/core/token.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
+#include "runtime/store/version_layout.hpp"
 
 namespace stitch {
 
@@ -40,6 +41,108 @@ executor& queue_of(self_ptr self, const std::string& pool) {
   return *q;
 }
 
+using report_handler = std::function<void(result<retention_report>)>;
+
+/// Applies retention to `pool` on the pool's queue (after its publishes),
+/// once the directory said which versions replicas use; a directory that
+/// does not answer means nothing is collected this time.
+void collect(self_ptr self, const std::string& pool, retention_request request,
+             report_handler done) {
+  auto& st = self->state;
+  auto run = [self, pool, done](retention_request req) {
+    auto& now = self->state;
+    auto slot = std::make_shared<std::optional<result<retention_report>>>();
+    const uint64_t job = now.jobs.add([slot, done] { done(std::move(**slot)); });
+    queue_of(self, pool)
+      .post([backend = now.backend, pool, req = std::move(req), slot,
+             handle = caf::actor_cast<caf::actor>(self), job] {
+        slot->emplace(backend->retain(pool, req));
+        caf::anon_send(handle, atom::done_v, job);
+      });
+  };
+  if (!st.retention.directory) {
+    run(std::move(request));
+    return;
+  }
+  self
+    ->request(st.retention.directory, caf::duration{st.retention.directory_timeout}, atom::in_use_v,
+              pool)
+    .then(
+      [run, request](std::vector<version_ref>& used) mutable {
+        request.in_use.insert(used.begin(), used.end());
+        run(std::move(request));
+      },
+      [self, done](caf::error& err) {
+        done(error{errc::backend_failure,
+                   "the coordinator did not say which versions replicas use ("
+                     + self->system().render(err) + "); nothing was collected"});
+      });
+}
+
+/// `stitch gc` over several pools: each in turn, their reports merged; the
+/// first failure ends it.
+struct gathered_collection {
+  std::vector<std::string> pools;
+  size_t next = 0;
+  retention_request request;
+  retention_report report;
+  caf::typed_response_promise<retention_report> promise;
+};
+
+void collect_next(self_ptr self, std::shared_ptr<gathered_collection> all) {
+  if (all->next == all->pools.size()) {
+    all->promise.deliver(std::move(all->report));
+    return;
+  }
+  const auto& pool = all->pools[all->next++];
+  collect(self, pool, all->request, [self, all](result<retention_report> r) {
+    if (!r) {
+      all->promise.deliver(to_caf_error(r.error()));
+      return;
+    }
+    for (auto& e : r->deleted)
+      all->report.deleted.push_back(std::move(e));
+    for (auto& e : r->kept)
+      all->report.kept.push_back(std::move(e));
+    collect_next(self, all);
+  });
+}
+
+/// Retention after a publish to `pool` (one collection per pool at a time).
+void collect_after_publish(self_ptr self, const std::string& pool) {
+  auto& st = self->state;
+  if (st.retention.keep_last == 0)
+    return;
+  if (st.collecting.contains(pool)) {
+    st.collect_again.insert(pool);
+    return;
+  }
+  st.collecting.insert(pool);
+  retention_request req;
+  req.keep_last = st.retention.keep_last;
+  collect(self, pool, std::move(req), [self, pool](result<retention_report> report) {
+    auto& now = self->state;
+    now.collecting.erase(pool);
+    if (!report)
+      log::warn("publisher", "retention in pool " + pool + ": " + to_string(report.error()));
+    else if (!report->deleted.empty())
+      log::info("publisher", "retention in pool " + pool + ": removed "
+                               + std::to_string(report->deleted.size()) + " version(s), kept "
+                               + std::to_string(report->kept.size()));
+    if (now.collect_again.erase(pool) > 0)
+      collect_after_publish(self, pool);
+  });
+}
+
+/// A publish ended well: the store tells subscribers, retention runs.
+void published(self_ptr self, const publish_args& args) {
+  if (args.dry_run)
+    return;
+  if (self->state.store)
+    self->send(self->state.store, atom::notify_v, args.pool);
+  collect_after_publish(self, args.pool);
+}
+
 /// Runs `make_source()` and publishes what it gives on the pool's queue;
 /// tells the store when the pointer moved.
 template <class MakeSource>
@@ -58,9 +161,9 @@ caf::typed_response_promise<publish_summary> run_publish(self_ptr self, const pu
       return summarize(*report);
     },
     [self, args](const result<publish_summary>& outcome) {
-      if (outcome && !args.dry_run && self->state.store)
-        self->send(self->state.store, atom::notify_v, args.pool);
-      if (!outcome)
+      if (outcome)
+        published(self, args);
+      else
         log::warn("publisher", "publishing " + to_string(version_ref{args.run_id, args.version})
                                  + " failed: " + to_string(outcome.error()));
     });
@@ -107,8 +210,9 @@ publisher_actor::behavior_type
 publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   std::shared_ptr<store_backend> backend, store_actor store,
                   store::publisher_options options, std::shared_ptr<executor> workers,
-                  std::string admin_token, publisher_limits limits) {
+                  std::string admin_token, publisher_limits limits, publisher_retention retention) {
   auto& init = self->state;
+  init.retention = std::move(retention);
   init.admin_token = std::move(admin_token);
   init.backend = std::move(backend);
   init.impl = std::make_shared<store::publisher>(*init.backend, std::move(options));
@@ -189,8 +293,8 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       auto handle = caf::actor_cast<caf::actor>(self);
       auto slot = std::make_shared<std::optional<result<publish_summary>>>();
       const uint64_t job = st.jobs.add([self, id, slot, args] {
-        if (**slot && !args.dry_run && self->state.store)
-          self->send(self->state.store, atom::notify_v, args.pool);
+        if (**slot)
+          published(self, args);
         auto it = self->state.sessions.find(id);
         if (it == self->state.sessions.end())
           return;
@@ -252,6 +356,45 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       it->second.aborted = true;
       it->second.stream->close(error{errc::invalid_argument, "the client aborted the publish"});
       settle(self, id);
+    },
+    [self](atom::collect, const std::string& pool, uint32_t keep, bool dry_run,
+           const std::string& token) -> caf::result<retention_report> {
+      auto& st = self->state;
+      if (!dry_run && !token_matches(st.admin_token, token))
+        return to_caf_error({errc::unauthorized,
+                             "collecting versions needs the admin token (--token or "
+                             "STITCH_TOKEN); --dry-run does not"});
+      if (!pool.empty())
+        if (auto ok = store::validate_pool(pool); !ok)
+          return to_caf_error(ok.error());
+      retention_request req;
+      req.keep_last = keep > 0 ? keep : st.retention.keep_last > 0 ? st.retention.keep_last : 20;
+      req.dry_run = dry_run;
+      auto promise = self->make_response_promise<retention_report>();
+      auto all = std::make_shared<gathered_collection>();
+      all->request = std::move(req);
+      all->promise = promise;
+      if (!pool.empty()) {
+        all->pools = {pool};
+        collect_next(self, all);
+        return promise;
+      }
+      // Listing pools reads the store: off the actor's thread.
+      auto slot = std::make_shared<std::optional<result<std::vector<std::string>>>>();
+      const uint64_t job = st.jobs.add([self, slot, all] {
+        if (!**slot) {
+          all->promise.deliver(to_caf_error((*slot)->error()));
+          return;
+        }
+        all->pools = std::move(***slot);
+        collect_next(self, all);
+      });
+      st.workers->post(
+        [backend = st.backend, slot, handle = caf::actor_cast<caf::actor>(self), job] {
+          slot->emplace(backend->list_pools());
+          caf::anon_send(handle, atom::done_v, job);
+        });
+      return promise;
     },
     [self](atom::done, uint64_t id) { self->state.jobs.complete(id); },
     [self](atom::tick) {

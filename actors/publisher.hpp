@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "actors/offload.hpp"
 #include "actors/publisher_actor.hpp"
@@ -26,6 +27,17 @@ struct publisher_limits {
   std::chrono::seconds session_idle_timeout{600};
   /// Most bytes one streamed publish may declare.
   uint64_t max_session_bytes = uint64_t{4} << 40;
+};
+
+/// Retention after publishes (DESIGN §4): `store.retain_versions`.
+struct publisher_retention {
+  /// Newest versions kept per run after every publish; 0 = only `stitch gc`.
+  size_t keep_last = 0;
+  /// Asked which versions replicas serve or are moving to before anything
+  /// is deleted (the coordinator). Without one nothing is pinned beyond the
+  /// pointer, the boots, the newest and their chains.
+  version_directory_actor directory;
+  std::chrono::milliseconds directory_timeout{10'000};
 };
 
 struct publisher_state {
@@ -55,15 +67,19 @@ struct publisher_state {
   publisher_limits limits;
   /// When set, every publish must carry it.
   std::string admin_token;
+  publisher_retention retention;
+  /// Pools with a collection running, and those that want another after it
+  /// (publishes faster than collections coalesce into one more).
+  std::set<std::string> collecting;
+  std::set<std::string> collect_again;
 };
 
 /// Publishes through `backend` (the store's own, or a `remote_store`) on
 /// `workers`, then tells `store` the pointer moved.
-publisher_actor::behavior_type
-publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
-                  std::shared_ptr<store_backend> backend, store_actor store,
-                  store::publisher_options options, std::shared_ptr<executor> workers,
-                  std::string admin_token = {}, publisher_limits limits = {});
+publisher_actor::behavior_type publisher_service(
+  publisher_actor::stateful_pointer<publisher_state> self, std::shared_ptr<store_backend> backend,
+  store_actor store, store::publisher_options options, std::shared_ptr<executor> workers,
+  std::string admin_token = {}, publisher_limits limits = {}, publisher_retention retention = {});
 
 /// The wire form of a publish report.
 publish_summary summarize(const store::publish_report& report);

@@ -74,6 +74,7 @@ CAF_ADD_ATOM(stitch_publisher, stitch::atom, init_model, "initmodel")
 CAF_ADD_ATOM(stitch_publisher, stitch::atom, chunk, "chunk")
 CAF_ADD_ATOM(stitch_publisher, stitch::atom, finish, "finish")
 CAF_ADD_ATOM(stitch_publisher, stitch::atom, abort, "abort")
+CAF_ADD_ATOM(stitch_publisher, stitch::atom, collect, "collect")
 CAF_END_TYPE_ID_BLOCK(stitch_publisher)
 
 namespace stitch {
@@ -100,6 +101,11 @@ using publisher_actor = caf::typed_actor<
   caf::replies_to<atom::finish, uint64_t>::with<publish_summary>,
   // Gives session `id` up: nothing of it becomes visible.
   caf::reacts_to<atom::abort, uint64_t>,
+  // `stitch gc`: applies retention to `pool` (empty = every pool) keeping the
+  // newest `keep` versions of each run (0 = `store.retain_versions`), every
+  // chain they need, the boot and what replicas use; a dry run only
+  // reports. The last string is the admin token (a dry run needs none).
+  caf::replies_to<atom::collect, std::string, uint32_t, bool, std::string>::with<retention_report>,
   // INTERNAL: a worker finished job `id`; the idle-session sweep.
   caf::reacts_to<atom::done, uint64_t>, caf::reacts_to<atom::tick>>;
 

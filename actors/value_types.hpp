@@ -10,7 +10,9 @@
 #include <caf/meta/load_callback.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/optional.hpp>
+#include <caf/replies_to.hpp>
 #include <caf/type_id.hpp>
+#include <caf/typed_actor.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -136,6 +138,16 @@ CAF_ADD_TYPE_ID(stitch_values, (std::vector<uint32_t>) )
 CAF_ADD_ATOM(stitch_values, stitch::atom, done, "done")
 CAF_ADD_ATOM(stitch_values, stitch::atom, subscribe, "stsub")
 CAF_ADD_ATOM(stitch_values, stitch::atom, tick, "tick")
+CAF_ADD_ATOM(stitch_values, stitch::atom, in_use, "inuse")
 CAF_END_TYPE_ID_BLOCK(stitch_values)
 
 static_assert(caf::id_block::stitch_values::end <= stitch::type_ids::shared);
+
+namespace stitch {
+
+/// Who knows which versions replicas use (the coordinator): retention asks
+/// it before deleting anything.
+using version_directory_actor =
+  caf::typed_actor<caf::replies_to<atom::in_use, std::string>::with<std::vector<version_ref>>>;
+
+} // namespace stitch

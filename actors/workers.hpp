@@ -34,7 +34,9 @@ enum class priority : uint8_t { normal, background };
 /// A fixed set of threads taking jobs in FIFO order. With one thread, jobs run
 /// one after the other in posting order. `max_queued` bounds the jobs waiting
 /// (0: unbounded) for `try_post`; `post` always queues. The destructor
-/// finishes the jobs already posted, then joins.
+/// finishes the jobs already posted, then joins — except a thread of its own
+/// (a job held the last reference to the pool), which finishes them and ends
+/// on its own.
 class worker_pool final : public executor {
 public:
   worker_pool(size_t threads, std::string name, size_t max_queued = 0,
@@ -49,15 +51,20 @@ public:
   size_t queued() const;
 
 private:
-  void work();
+  /// What the threads share; each holds it, so it outlives the pool object
+  /// for a thread that ends on its own.
+  struct shared {
+    std::string name;
+    size_t max_queued;
+    priority prio;
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<std::function<void()>> jobs;
+    bool stopping = false;
+  };
+  static void work(const std::shared_ptr<shared>& s);
 
-  std::string name_;
-  size_t max_queued_;
-  priority priority_;
-  mutable std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
+  std::shared_ptr<shared> s_;
   std::vector<std::thread> threads_;
 };
 

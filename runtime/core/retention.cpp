@@ -69,4 +69,25 @@ std::set<uint64_t> select_deletions(const std::vector<stored_version>& versions,
   return deletions;
 }
 
+std::set<version_ref> versions_in_use(const std::vector<replica_holdings>& replicas,
+                                      uint64_t max_span) {
+  std::set<version_ref> out;
+  for (const auto& r : replicas) {
+    if (r.applied)
+      out.insert(*r.applied);
+    if (!r.target)
+      continue;
+    out.insert(*r.target);
+    if (!r.applied || r.applied->run_id != r.target->run_id
+        || r.applied->version >= r.target->version)
+      continue;
+    uint64_t from = r.applied->version + 1;
+    if (r.target->version - from > max_span)
+      from = r.target->version - max_span;
+    for (uint64_t v = from; v < r.target->version; ++v)
+      out.insert(version_ref{r.target->run_id, v});
+  }
+  return out;
+}
+
 } // namespace stitch

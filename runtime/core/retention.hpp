@@ -2,9 +2,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "runtime/core/version_ref.hpp"
 
 namespace stitch {
 
@@ -55,5 +58,19 @@ std::vector<retention_verdict> plan_retention(const std::vector<stored_version>&
 std::set<uint64_t> select_deletions(const std::vector<stored_version>& versions,
                                     uint64_t boot_version, size_t keep_last,
                                     const std::set<uint64_t>& pinned = {});
+
+/// What one replica holds or fetches, as retention must respect it.
+struct replica_holdings {
+  /// The version it serves.
+  std::optional<version_ref> applied;
+  /// The version it is fetching, staging or activating (the pointer it read).
+  std::optional<version_ref> target;
+};
+
+/// Every version replicas use: what each serves, what each is moving to,
+/// and, for a move within one run, every version in between (its stage may
+/// fold those deltas; at most `max_span` of them per replica, the newest).
+std::set<version_ref> versions_in_use(const std::vector<replica_holdings>& replicas,
+                                      uint64_t max_span = 4096);
 
 } // namespace stitch

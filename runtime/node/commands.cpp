@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -208,6 +209,54 @@ status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* 
   }
   std::fprintf(out, "exported %s of pool %s to %s\n", to_string(*ref).c_str(), pool.c_str(),
                cmd.out_dir.c_str());
+  return {};
+}
+
+status run_gc(caf::actor_system& sys, const gc_command& cmd, std::FILE* out) {
+  auto handle = lookup(sys, cmd.coordinator, "publisher");
+  if (!handle)
+    return std::move(handle).error();
+  auto report = ask<retention_report>(sys, caf::actor_cast<publisher_actor>(*handle),
+                                      atom::collect_v, cmd.pool, cmd.keep, cmd.dry_run, cmd.token);
+  if (!report)
+    return std::move(report).error();
+  auto sorted = [](std::vector<retention_entry> v) {
+    std::sort(v.begin(), v.end(),
+              [](const retention_entry& a, const retention_entry& b) { return a.ref < b.ref; });
+    return v;
+  };
+  auto removed = sorted(report->deleted);
+  auto kept = sorted(report->kept);
+  if (cmd.json) {
+    nlohmann::ordered_json j;
+    auto list = [](const std::vector<retention_entry>& v) {
+      auto a = nlohmann::ordered_json::array();
+      for (const auto& e : v) {
+        nlohmann::ordered_json x;
+        x["version"] = to_string(e.ref);
+        x["why"] = to_string(e.why);
+        if (e.why == keep_reason::chain)
+          x["needed_by"] = e.needed_by;
+        a.push_back(std::move(x));
+      }
+      return a;
+    };
+    j["dry_run"] = cmd.dry_run;
+    j[cmd.dry_run ? "would_remove" : "removed"] = list(removed);
+    j["kept"] = list(kept);
+    std::fprintf(out, "%s\n", j.dump().c_str());
+    return {};
+  }
+  const char* verb = cmd.dry_run ? "would remove" : "removed";
+  for (const auto& e : removed)
+    std::fprintf(out, "%s %s\n", verb, to_string(e.ref).c_str());
+  for (const auto& e : kept) {
+    std::string why = to_string(e.why);
+    if (e.why == keep_reason::chain)
+      why += " (needed by version " + std::to_string(e.needed_by) + ")";
+    std::fprintf(out, "kept %s: %s\n", to_string(e.ref).c_str(), why.c_str());
+  }
+  std::fprintf(out, "%s %zu version(s), kept %zu\n", verb, removed.size(), kept.size());
   return {};
 }
 

@@ -44,6 +44,22 @@ struct export_command {
   std::string token;
 };
 
+struct gc_command {
+  host_port coordinator;
+  /// Empty: every pool.
+  std::string pool;
+  /// Newest versions kept per run; 0 = the publisher's `store.retain_versions`.
+  uint32_t keep = 0;
+  bool dry_run = false;
+  bool json = false;
+  std::string token;
+};
+
+/// `stitch gc`: applies retention through the publisher (the same rules as
+/// after every publish) and prints each version removed and each kept with
+/// the reason (boot, pinned, newest, chain).
+status run_gc(caf::actor_system& sys, const gc_command& cmd, std::FILE* out);
+
 /// `stitch export`: writes a version as a standard HF directory, byte for
 /// byte what was published. With the store's node on this machine, that node
 /// writes it (no bytes cross a connection); otherwise they stream from the

@@ -171,9 +171,12 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     store::publisher_options po;
     po.scratch_dir = settings.data_dir / "publisher";
     po.memory_limit = settings.publisher_memory_limit;
+    publisher_retention retention;
+    retention.keep_last = settings.retain_versions;
+    retention.directory = n->coordinator_; // checked: the coordinator answers in_use
     n->publisher_ = sys.spawn(publisher_service, n->backend_, n->store_, po,
                               std::make_shared<worker_pool>(6, "publish", 0, priority::background),
-                              settings.admin_token, publisher_limits{});
+                              settings.admin_token, publisher_limits{}, std::move(retention));
     caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"publisher"},
                    caf::actor_cast<caf::actor>(n->publisher_));
   }
@@ -391,6 +394,8 @@ status node::start_serving(const node_settings& settings) {
       caf::anon_send(gateway_, atom::enroll_v, settings.pool, *replica);
     if (status_)
       caf::anon_send(status_, atom::enroll_v, settings.pool, *replica);
+    // The coordinator's directory (retention keeps what replicas use).
+    caf::anon_send(coordinator_, atom::enroll_v, settings.pool, *replica);
   }
   if (gateway_) {
     gateway_front_ =

@@ -59,6 +59,17 @@ int main(int argc, char** argv) {
   exporter->add_option("--buffer-bytes", exp.buffer_bytes, "bytes buffered while streaming")
     ->capture_default_str();
 
+  gc_command gc;
+  auto* gc_cmd = app.add_subcommand(
+    "gc", "remove old versions: keep the newest of each run, their chains, the boot and what "
+          "replicas use");
+  gc_cmd->add_option("--pool", gc.pool, "pool (default: every pool)");
+  gc_cmd->add_option("--keep", gc.keep,
+                     "newest versions kept per run (default: the publisher "
+                     "node's store.retain_versions)");
+  gc_cmd->add_flag("--dry-run", gc.dry_run, "print what would be removed; remove nothing");
+  gc_cmd->add_flag("--json", gc.json, "print one JSON object");
+
   init_model_command init;
   auto* init_model = app.add_subcommand("init-model", "write a random-init boot checkpoint");
   init_model->add_option("--preset", init.preset, "tiny | small | medium")->capture_default_str();
@@ -166,6 +177,11 @@ int main(int argc, char** argv) {
   if (chosen == status) {
     stat.coordinator = *where;
     return finish("status", run_status(sys, stat, stdout), false);
+  }
+  if (chosen == gc_cmd) {
+    gc.coordinator = *where;
+    gc.token = token;
+    return finish("gc", run_gc(sys, gc, stdout));
   }
   if (chosen == publish) {
     pub.coordinator = *where;

@@ -300,9 +300,11 @@ result<retention_report> store_base::retain(std::string_view pool,
       }
     }
   }
+  // Newest first: a collection that dies half way leaves every version still
+  // listed with its chain back to its anchor (deltas go before their anchor).
   if (!request.dry_run)
-    for (const auto& e : report.deleted)
-      if (auto ok = delete_version(pool, e.ref); !ok)
+    for (auto it = report.deleted.rbegin(); it != report.deleted.rend(); ++it)
+      if (auto ok = delete_version(pool, it->ref); !ok)
         return std::move(ok).error();
   return report;
 }

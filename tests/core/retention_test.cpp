@@ -84,3 +84,29 @@ TEST(retention_plan, first_reason_wins_and_pins_of_absent_versions_are_ignored) 
 
 } // namespace
 } // namespace stitch
+
+namespace stitch {
+namespace {
+
+TEST(versions_in_use, serving_and_moving_replicas_pin_their_versions_and_the_span_between) {
+  std::vector<replica_holdings> replicas{
+    {version_ref{"r", 4}, std::nullopt},           // idle at 4
+    {version_ref{"r", 7}, version_ref{"r", 10}},   // staging 7 -> 10: 8, 9 may be folded
+    {version_ref{"old", 3}, version_ref{"r", 12}}, // run switch: the target only
+    {std::nullopt, version_ref{"r", 2}},           // first fetch
+  };
+  auto used = versions_in_use(replicas);
+  std::set<version_ref> want{{"r", 4},  {"r", 7},   {"r", 8},  {"r", 9},
+                             {"r", 10}, {"old", 3}, {"r", 12}, {"r", 2}};
+  EXPECT_EQ(used, want);
+}
+
+TEST(versions_in_use, the_span_of_a_far_behind_replica_is_bounded) {
+  auto used = versions_in_use({{version_ref{"r", 0}, version_ref{"r", 100000}}}, 10);
+  EXPECT_EQ(used.size(), 12u); // applied, target and the 10 below the target
+  EXPECT_TRUE(used.contains(version_ref{"r", 99990}));
+  EXPECT_FALSE(used.contains(version_ref{"r", 99989}));
+}
+
+} // namespace
+} // namespace stitch

@@ -11,10 +11,14 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "node/node_process.hpp"
 #include "runtime/store/hf_directory.hpp"
@@ -42,8 +46,7 @@ store::tensor_set model(uint32_t seed) {
 class cli_test : public ::testing::Test {
 protected:
   void SetUp() override {
-    // No replicas: these tests publish models of no engine's shape.
-    node = std::make_unique<node_process>(dir.path(), std::vector<std::string>{"replicas=0"});
+    node = std::make_unique<node_process>(dir.path(), sets());
     ASSERT_TRUE(node->started()) << "the node did not start: " << node->log();
     port = node->coordinator_port;
   }
@@ -51,6 +54,9 @@ protected:
   void TearDown() override {
     EXPECT_TRUE(node->stop()) << "the node did not stop cleanly: " << node->log();
   }
+
+  /// No replicas: these tests publish models of no engine's shape.
+  virtual std::vector<std::string> sets() const { return {"replicas=0"}; }
 
   std::string stitch(const std::string& args) {
     return std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + port + " " + args;
@@ -165,6 +171,88 @@ TEST_F(cli_test, bad_input_is_refused_with_the_reason) {
   EXPECT_EQ(no_node.code, 1);
   EXPECT_NE(no_node.output.find("cannot reach the coordinator"), std::string::npos)
     << no_node.output;
+}
+
+/// A node keeping the newest 3 versions of each run.
+class retention_cli_test : public cli_test {
+protected:
+  std::vector<std::string> sets() const override {
+    return {"replicas=0", "store.retain_versions=3"};
+  }
+
+  /// `stitch gc --dry-run --json`, read back.
+  nlohmann::json dry_gc(const std::string& extra = "") {
+    auto r = run(stitch("gc --dry-run --json " + extra));
+    EXPECT_EQ(r.code, 0) << r.output;
+    auto j = nlohmann::json::parse(r.output, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.output;
+    return j;
+  }
+};
+
+TEST_F(retention_cli_test, publishing_collects_and_gc_reports_what_it_keeps_and_why) {
+  // 14 versions: anchors at 0 (the boot) and 10 (every 10th), deltas between.
+  auto w = model(5);
+  std::vector<store::tensor_set> published;
+  for (uint64_t v = 0; v < 14; ++v) {
+    if (v > 0)
+      w["lm_head.weight"].bytes[v] ^= std::byte{0x11};
+    published.push_back(w);
+    auto p = run(stitch("publish --run r --version " + std::to_string(v) + " "
+                        + write("v" + std::to_string(v), w)));
+    ASSERT_EQ(p.code, 0) << p.output;
+  }
+  // Collections run after publishes, in the background: wait until nothing
+  // is left to remove.
+  nlohmann::json report;
+  for (int i = 0; i < 200; ++i) {
+    report = dry_gc();
+    if (report["would_remove"].empty())
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  }
+  ASSERT_TRUE(report["would_remove"].empty()) << report.dump();
+  std::map<std::string, std::string> kept;
+  for (const auto& e : report["kept"])
+    kept[e["version"].get<std::string>()] = e["why"].get<std::string>();
+  // The boot, the newest 3 (13 is also the pointer) and the anchor their chains need.
+  std::map<std::string, std::string> want{{"r/weight_v000000", "boot"},
+                                          {"r/weight_v000010", "chain"},
+                                          {"r/weight_v000011", "newest"},
+                                          {"r/weight_v000012", "newest"},
+                                          {"r/weight_v000013", "pinned"}};
+  EXPECT_EQ(kept, want) << report.dump();
+  // Every kept version exports byte-identical; a collected one is gone.
+  for (uint64_t v : {0, 10, 11, 12, 13}) {
+    auto out = dir.path() / ("kept-" + std::to_string(v));
+    auto e = run(stitch("export --version r/" + std::to_string(v) + " --out " + out.string()));
+    ASSERT_EQ(e.code, 0) << e.output;
+    auto back = store::load_hf_directory(out);
+    ASSERT_TRUE(back) << to_string(back.error());
+    EXPECT_EQ(*back, published[v]) << v;
+  }
+  auto gone = run(stitch("export --version r/5 --out " + (dir.path() / "gone").string()));
+  EXPECT_NE(gone.code, 0) << gone.output;
+  EXPECT_NE(gone.output.find("not_found"), std::string::npos) << gone.output;
+
+  // Keeping fewer: the dry run names what would go and keeps the chain with its reason.
+  auto fewer = dry_gc("--keep 1 --pool default");
+  std::set<std::string> would;
+  for (const auto& e : fewer["would_remove"])
+    would.insert(e["version"].get<std::string>());
+  EXPECT_TRUE(would.empty()) << fewer.dump(); // 13 needs 10, 11, 12
+  auto text = run(stitch("gc --dry-run --keep 1"));
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_NE(text.output.find("kept r/weight_v000011: chain (needed by version 13)"),
+            std::string::npos)
+    << text.output;
+  // A real collection removes nothing that export still needs.
+  auto real = run(stitch("gc --keep 1"));
+  ASSERT_EQ(real.code, 0) << real.output;
+  EXPECT_NE(real.output.find("removed 0 version(s), kept 5"), std::string::npos) << real.output;
+  auto bad_pool = run(stitch("gc --pool ../x"));
+  EXPECT_NE(bad_pool.code, 0);
+  EXPECT_NE(bad_pool.output.find("../x"), std::string::npos) << bad_pool.output;
 }
 
 TEST(stitch_cli, init_model_is_deterministic_and_hf_shaped) {

@@ -1,8 +1,12 @@
 // The crash test's victim: publishes versions of the crash workload in a loop
 // and prints "ack N" after each acknowledged publish, until it is killed.
-// Usage: store_crash_child DB_PATH
+// With `gc KEEP`, each publish is followed by a collection keeping the newest
+// KEEP versions (printed "gc N" when it finished).
+// Usage: store_crash_child DB_PATH [gc KEEP]
 
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 
 #include "crash_workload.hpp"
 #include "runtime/store/rocksdb_store.hpp"
@@ -10,10 +14,11 @@
 int main(int argc, char** argv) {
   using namespace stitch;
   using namespace stitch::testing;
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: store_crash_child DB_PATH\n");
+  if (argc != 2 && !(argc == 4 && std::string_view{argv[2]} == "gc")) {
+    std::fprintf(stderr, "usage: store_crash_child DB_PATH [gc KEEP]\n");
     return 2;
   }
+  const size_t keep = argc == 4 ? static_cast<size_t>(std::atoi(argv[3])) : 0;
   auto opened = store::open_rocksdb_store(argv[1]);
   if (!opened) {
     std::fprintf(stderr, "open: %s\n", to_string(opened.error()).c_str());
@@ -52,5 +57,15 @@ int main(int argc, char** argv) {
     }
     std::printf("ack %llu\n", static_cast<unsigned long long>(next));
     std::fflush(stdout);
+    if (keep > 0) {
+      retention_request req;
+      req.keep_last = keep;
+      if (auto report = db.retain(crash_pool, req); !report) {
+        std::fprintf(stderr, "retain: %s\n", to_string(report.error()).c_str());
+        return 1;
+      }
+      std::printf("gc %llu\n", static_cast<unsigned long long>(next));
+      std::fflush(stdout);
+    }
   }
 }

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "crash_workload.hpp"
 #include "runtime/core/checksum.hpp"
@@ -32,26 +33,32 @@ int env_int(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
-TEST(store_crash, sigkill_never_loses_acknowledged_or_exposes_half_written_versions) {
-  temp_dir dir;
-  const std::string path = (dir.path() / "db").string();
-  const std::string child_err = (dir.path() / "child.err").string();
-  const int kills = env_int("STITCH_CRASH_KILLS", 200);
-  const auto seed = static_cast<uint32_t>(env_int("STITCH_CRASH_SEED", 20261130));
+/// Starts the crash child on a store at `path` (with `extra` arguments) and
+/// kills it at random moments `kills` times, running `check(acked)` after
+/// each kill; answers the acknowledged versions.
+template <class Check>
+std::set<uint64_t> kill_repeatedly(const std::string& path, const std::string& child_err,
+                                   const std::vector<std::string>& extra, int kills, uint32_t seed,
+                                   Check check) {
   std::mt19937 rng{seed};
   std::set<uint64_t> acked;
   for (int i = 0; i < kills; ++i) {
     int fds[2];
-    ASSERT_EQ(pipe(fds), 0);
+    EXPECT_EQ(pipe(fds), 0);
     pid_t pid = fork();
-    ASSERT_GE(pid, 0);
+    EXPECT_GE(pid, 0);
     if (pid == 0) {
       dup2(fds[1], STDOUT_FILENO);
       int err = open(child_err.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (err >= 0)
         dup2(err, STDERR_FILENO);
       close(fds[0]);
-      execl(STITCH_CRASH_CHILD, STITCH_CRASH_CHILD, path.c_str(), static_cast<char*>(nullptr));
+      std::vector<char*> argv{const_cast<char*>(STITCH_CRASH_CHILD),
+                              const_cast<char*>(path.c_str())};
+      for (const auto& e : extra)
+        argv.push_back(const_cast<char*>(e.c_str()));
+      argv.push_back(nullptr);
+      execv(STITCH_CRASH_CHILD, argv.data());
       _exit(127);
     }
     close(fds[1]);
@@ -88,7 +95,8 @@ TEST(store_crash, sigkill_never_loses_acknowledged_or_exposes_half_written_versi
       std::ifstream err{child_err};
       std::stringstream text;
       text << err.rdbuf();
-      FAIL() << "the publisher exited on its own (kill " << i << "): " << text.str();
+      ADD_FAILURE() << "the child exited on its own (kill " << i << "): " << text.str();
+      return acked;
     }
     ssize_t n;
     while ((n = read(fds[0], buf, sizeof(buf))) > 0)
@@ -101,14 +109,46 @@ TEST(store_crash, sigkill_never_loses_acknowledged_or_exposes_half_written_versi
       if (word == "ack" && lines >> v)
         acked.insert(v);
     }
-    check_store(path, acked);
-    if (HasFatalFailure())
-      FAIL() << "after kill " << i << " (seed " << seed << ")";
+    check(acked);
+    if (::testing::Test::HasFatalFailure()) {
+      ADD_FAILURE() << "after kill " << i << " (seed " << seed << ")";
+      return acked;
+    }
   }
+  return acked;
+}
+
+TEST(store_crash, sigkill_never_loses_acknowledged_or_exposes_half_written_versions) {
+  temp_dir dir;
+  const std::string path = (dir.path() / "db").string();
+  const int kills = env_int("STITCH_CRASH_KILLS", 200);
+  const auto seed = static_cast<uint32_t>(env_int("STITCH_CRASH_SEED", 20261130));
+  auto acked = kill_repeatedly(path, (dir.path() / "child.err").string(), {}, kills, seed,
+                               [&](const std::set<uint64_t>& a) { check_store(path, a); });
   RecordProperty("acknowledged", static_cast<int>(acked.size()));
   std::printf("store_crash: %d kills, %zu acknowledged versions, seed %u\n", kills, acked.size(),
               seed);
   EXPECT_GT(acked.size(), 10u) << "the publisher made too little progress to prove anything";
+}
+
+TEST(store_crash, sigkill_during_collections_never_leaves_a_retained_version_unreadable) {
+  temp_dir dir;
+  const std::string path = (dir.path() / "db").string();
+  const int kills = env_int("STITCH_GC_CRASH_KILLS", 50);
+  const auto seed = static_cast<uint32_t>(env_int("STITCH_CRASH_SEED", 20261130));
+  constexpr size_t keep = 3;
+  auto acked = kill_repeatedly(
+    path, (dir.path() / "child.err").string(), {"gc", std::to_string(keep)}, kills, seed,
+    [&](const std::set<uint64_t>& a) { check_collected_store(path, a, keep); });
+  std::printf("store_crash (collecting): %d kills, %zu acknowledged versions, seed %u\n", kills,
+              acked.size(), seed);
+  EXPECT_GT(acked.size(), 10u) << "the publisher made too little progress to prove anything";
+  // Collections really ran: far fewer versions are left than were published.
+  auto opened = store::open_rocksdb_store(path);
+  ASSERT_TRUE(opened);
+  auto listed = (*opened)->list_versions(crash_pool, crash_run);
+  ASSERT_TRUE(listed);
+  EXPECT_LT(listed->size(), acked.size() / 2 + keep + crash_anchor_every + 1);
 }
 
 } // namespace

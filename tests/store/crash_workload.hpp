@@ -97,4 +97,46 @@ inline void check_store(const std::string& path, const std::set<uint64_t>& acked
   ASSERT_EQ(*w, crash_weights(latest));
 }
 
+/// The invariants after a crash of a publisher that collects, keeping the
+/// newest `keep`: the acknowledged versions' newest `keep` (up to the
+/// pointer), the boot and every anchor their chains need are listed; every
+/// listed version rebuilds exactly (nothing half deleted is visible).
+inline void check_collected_store(const std::string& path, const std::set<uint64_t>& acked,
+                                  size_t keep) {
+  auto opened = store::open_rocksdb_store(path);
+  ASSERT_TRUE(opened) << to_string(opened.error());
+  auto& db = **opened;
+  auto pointer = db.read_pointer(crash_pool);
+  ASSERT_TRUE(pointer) << to_string(pointer.error());
+  if (acked.empty() && !pointer->has_value())
+    return;
+  ASSERT_TRUE(pointer->has_value()) << "acknowledged versions but no pointer";
+  const uint64_t latest = (*pointer)->latest.version;
+  if (!acked.empty()) {
+    ASSERT_GE(latest, *acked.rbegin()) << "an acknowledged version was lost";
+  }
+  auto listed = db.list_versions(crash_pool, crash_run);
+  ASSERT_TRUE(listed) << to_string(listed.error());
+  std::set<uint64_t> present;
+  for (const auto& r : *listed)
+    present.insert(r.version);
+  // What a finished collection keeps can never be missing.
+  std::set<uint64_t> must{0};
+  for (uint64_t v = latest + 1 > keep ? latest + 1 - keep : 0; v <= latest; ++v)
+    for (uint64_t c = v - v % crash_anchor_every; c <= v; ++c)
+      must.insert(c);
+  for (auto v : must)
+    ASSERT_TRUE(present.contains(v))
+      << "retained version " << v << " is gone (pointer " << latest << ")";
+  for (auto v : present) {
+    auto w = rebuild(db, v);
+    ASSERT_TRUE(w) << "listed version " << v << ": " << to_string(w.error());
+    ASSERT_EQ(*w, crash_weights(v)) << "version " << v;
+    auto m = db.read_manifest(crash_pool, {crash_run, v});
+    ASSERT_TRUE(m);
+    for (const auto& [name, bytes] : *w)
+      ASSERT_EQ(checksum::tree_checksum(bytes), m->checksums.at(name)) << name << " @" << v;
+  }
+}
+
 } // namespace stitch::testing
