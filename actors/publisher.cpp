@@ -368,7 +368,11 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
         if (auto ok = store::validate_pool(pool); !ok)
           return to_caf_error(ok.error());
       retention_request req;
-      req.keep_last = keep > 0 ? keep : st.retention.keep_last > 0 ? st.retention.keep_last : 20;
+      req.keep_last = keep > 0 ? keep : st.retention.keep_last;
+      if (req.keep_last == 0)
+        return to_caf_error({errc::invalid_argument,
+                             "store.retain_versions is 0 on the publisher's node (keep every "
+                             "version): give --keep N to collect anyway"});
       req.dry_run = dry_run;
       auto promise = self->make_response_promise<retention_report>();
       auto all = std::make_shared<gathered_collection>();

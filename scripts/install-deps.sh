@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libcaf-dev libboost-dev libmsgpack-cxx-dev librocksdb-dev libucx-dev
   libgtest-dev libgmock-dev libxxhash-dev libzstd-dev libssl-dev
-  libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
+  libtomlplusplus-dev nlohmann-json3-dev libexpat1-dev libspdlog-dev libfmt-dev libcli11-dev
   clang-14 libclang-rt-14-dev clang-format-14
   chromium fonts-dejavu-core curl
 )

@@ -53,6 +53,7 @@ build/bin/codec_bench --mb 8 >/dev/null
 build/bin/gateway_bench --requests 200 --connections 2 >/dev/null
 build/bin/store_bench --mb 16 --json
 build/bin/activation_bench --mb 16 --json
+build/bin/retention_bench --versions 25 --keep 5 --json
 
 step "unit and integration tests (with a local S3 server for the S3 store)"
 STITCH_S3_ENDPOINT=$(scripts/s3-test-server.sh start)

@@ -1,5 +1,7 @@
 #include "transport/s3_client.hpp"
 
+#include <expat.h>
+
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
@@ -82,9 +84,9 @@ bool is_bucket_char(char c) {
 }
 
 // ---------------------------------------------------------------------------
-// A small XML reader for S3's responses: elements, text, CDATA, comments,
-// processing instructions and the five predefined entities plus character
-// references. DOCTYPEs (and so entity definitions) are refused outright.
+// S3's XML responses, read with expat as a stream of element events.
+// DOCTYPEs (and so entity definitions) are refused outright; depth, text
+// and document sizes are bounded.
 
 constexpr size_t max_xml_depth = 16;
 constexpr size_t max_xml_text = 64 << 10;
@@ -103,182 +105,100 @@ stitch::error xml_error(std::string why) {
   return make_error(errc::backend_failure, "malformed XML from S3: " + std::move(why));
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xc0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xe0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  } else {
-    out.push_back(static_cast<char>(0xf0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  }
-}
-
-status decode_text(std::string_view raw, std::string& out) {
-  size_t pos = 0;
-  while (pos < raw.size()) {
-    auto amp = raw.find('&', pos);
-    out.append(raw.substr(pos, amp - pos));
-    if (amp == raw.npos)
-      break;
-    auto semi = raw.find(';', amp);
-    if (semi == raw.npos || semi - amp > 12)
-      return xml_error("unterminated entity");
-    auto entity = raw.substr(amp + 1, semi - amp - 1);
-    if (entity == "lt")
-      out.push_back('<');
-    else if (entity == "gt")
-      out.push_back('>');
-    else if (entity == "amp")
-      out.push_back('&');
-    else if (entity == "quot")
-      out.push_back('"');
-    else if (entity == "apos")
-      out.push_back('\'');
-    else if (entity.starts_with("#")) {
-      bool hex = entity.starts_with("#x");
-      auto digits = entity.substr(hex ? 2 : 1);
-      uint32_t cp = 0;
-      auto [end, ec] =
-        std::from_chars(digits.data(), digits.data() + digits.size(), cp, hex ? 16 : 10);
-      if (digits.empty() || ec != std::errc{} || end != digits.data() + digits.size() || cp == 0
-          || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-        return xml_error("bad character reference " + quote_untrusted(entity, 16));
-      append_utf8(out, cp);
-    } else {
-      return xml_error("unknown entity " + quote_untrusted(entity, 16));
-    }
-    pos = semi + 1;
-  }
-  if (out.size() > max_xml_text)
-    return xml_error("an element's text is over " + std::to_string(max_xml_text) + " bytes");
-  return {};
-}
-
-bool is_space(char c) {
-  return c == ' ' || c == '\t' || c == '\r' || c == '\n';
-}
-
-bool all_space(std::string_view text) {
-  return std::all_of(text.begin(), text.end(), is_space);
-}
-
 /// Element names without a namespace prefix (`s3:Key` is `Key`).
 std::string local_name(std::string_view name) {
   auto colon = name.find(':');
   return std::string{colon == name.npos ? name : name.substr(colon + 1)};
 }
 
+/// One expat parse: its handlers feed `on` and stop at the first problem.
+class xml_scan {
+public:
+  explicit xml_scan(const xml_handler& on) : on_(on), parser_(XML_ParserCreate("UTF-8")) {}
+  ~xml_scan() {
+    if (parser_)
+      XML_ParserFree(parser_);
+  }
+  xml_scan(const xml_scan&) = delete;
+  xml_scan& operator=(const xml_scan&) = delete;
+
+  status run(std::string_view xml) {
+    if (!parser_)
+      return xml_error("cannot create an XML parser");
+    XML_SetUserData(parser_, this);
+    XML_SetElementHandler(parser_, &xml_scan::start, &xml_scan::end);
+    XML_SetCharacterDataHandler(parser_, &xml_scan::chars);
+    XML_SetStartDoctypeDeclHandler(parser_, &xml_scan::doctype);
+    XML_SetEntityDeclHandler(parser_, &xml_scan::entity);
+    auto done = XML_Parse(parser_, xml.data(), static_cast<int>(xml.size()), XML_TRUE);
+    if (failed_)
+      return *failed_;
+    if (done != XML_STATUS_OK)
+      return xml_error(std::string{XML_ErrorString(XML_GetErrorCode(parser_))} + " at line "
+                       + std::to_string(XML_GetCurrentLineNumber(parser_)));
+    return {};
+  }
+
+private:
+  static xml_scan& of(void* data) { return *static_cast<xml_scan*>(data); }
+
+  void fail(stitch::error e) {
+    if (!failed_)
+      failed_ = std::move(e);
+    XML_StopParser(parser_, XML_FALSE);
+  }
+
+  static void XMLCALL start(void* data, const XML_Char* name, const XML_Char**) {
+    auto& x = of(data);
+    if (x.failed_)
+      return;
+    if (x.stack_.size() >= max_xml_depth)
+      return x.fail(xml_error("nesting deeper than " + std::to_string(max_xml_depth)));
+    x.stack_.push_back(local_name(name));
+    x.texts_.emplace_back();
+    if (auto ok = x.on_(xml_event{true, x.stack_, {}}); !ok)
+      x.fail(ok.error());
+  }
+
+  static void XMLCALL end(void* data, const XML_Char*) {
+    auto& x = of(data);
+    if (x.failed_ || x.stack_.empty())
+      return;
+    if (auto ok = x.on_(xml_event{false, x.stack_, x.texts_.back()}); !ok)
+      return x.fail(ok.error());
+    x.stack_.pop_back();
+    x.texts_.pop_back();
+  }
+
+  static void XMLCALL chars(void* data, const XML_Char* text, int len) {
+    auto& x = of(data);
+    if (x.failed_ || x.texts_.empty())
+      return;
+    x.texts_.back().append(text, static_cast<size_t>(len));
+    if (x.texts_.back().size() > max_xml_text)
+      x.fail(xml_error("an element's text is over " + std::to_string(max_xml_text) + " bytes"));
+  }
+
+  static void XMLCALL doctype(void* data, const XML_Char*, const XML_Char*, const XML_Char*, int) {
+    of(data).fail(xml_error("DOCTYPE and other declarations are refused"));
+  }
+
+  static void XMLCALL entity(void* data, const XML_Char*, int, const XML_Char*, int,
+                             const XML_Char*, const XML_Char*, const XML_Char*, const XML_Char*) {
+    of(data).fail(xml_error("DOCTYPE and other declarations are refused"));
+  }
+
+  const xml_handler& on_;
+  XML_Parser parser_;
+  std::vector<std::string> stack_;
+  std::vector<std::string> texts_;
+  std::optional<stitch::error> failed_;
+};
+
 status scan_xml(std::string_view xml, const xml_handler& on) {
   if (xml.size() > max_s3_xml_bytes)
     return xml_error("the document is over " + std::to_string(max_s3_xml_bytes) + " bytes");
-  if (xml.starts_with("\xEF\xBB\xBF"))
-    xml.remove_prefix(3);
-  std::vector<std::string> stack;
-  std::vector<std::string> texts;
-  bool root_seen = false;
-  size_t pos = 0;
-  while (pos < xml.size()) {
-    auto lt = xml.find('<', pos);
-    auto text = xml.substr(pos, lt == xml.npos ? xml.npos : lt - pos);
-    if (!text.empty()) {
-      if (stack.empty()) {
-        if (!all_space(text))
-          return xml_error("text outside the root element");
-      } else if (auto ok = decode_text(text, texts.back()); !ok) {
-        return ok;
-      }
-    }
-    if (lt == xml.npos)
-      break;
-    auto rest = xml.substr(lt);
-    if (rest.starts_with("<?")) {
-      auto end = xml.find("?>", lt + 2);
-      if (end == xml.npos)
-        return xml_error("unterminated processing instruction");
-      pos = end + 2;
-    } else if (rest.starts_with("<!--")) {
-      auto end = xml.find("-->", lt + 4);
-      if (end == xml.npos)
-        return xml_error("unterminated comment");
-      pos = end + 3;
-    } else if (rest.starts_with("<![CDATA[")) {
-      auto end = xml.find("]]>", lt + 9);
-      if (end == xml.npos)
-        return xml_error("unterminated CDATA section");
-      if (stack.empty())
-        return xml_error("CDATA outside the root element");
-      texts.back().append(xml.substr(lt + 9, end - lt - 9));
-      if (texts.back().size() > max_xml_text)
-        return xml_error("an element's text is over " + std::to_string(max_xml_text) + " bytes");
-      pos = end + 3;
-    } else if (rest.starts_with("<!")) {
-      return xml_error("DOCTYPE and other declarations are refused");
-    } else if (rest.starts_with("</")) {
-      auto end = xml.find('>', lt + 2);
-      if (end == xml.npos)
-        return xml_error("unterminated end tag");
-      auto name = xml.substr(lt + 2, end - lt - 2);
-      while (!name.empty() && is_space(name.back()))
-        name.remove_suffix(1);
-      if (stack.empty() || local_name(name) != stack.back())
-        return xml_error("end tag " + quote_untrusted(name, 64) + " does not match");
-      if (auto ok = on(xml_event{false, stack, texts.back()}); !ok)
-        return ok;
-      stack.pop_back();
-      texts.pop_back();
-      pos = end + 1;
-    } else {
-      // A start tag: the name, then attributes up to '>' (quotes may hold '>').
-      size_t i = lt + 1;
-      while (i < xml.size() && !is_space(xml[i]) && xml[i] != '>' && xml[i] != '/')
-        ++i;
-      auto name = xml.substr(lt + 1, i - lt - 1);
-      if (name.empty())
-        return xml_error("a tag without a name");
-      char quote_char = 0;
-      while (i < xml.size() && (quote_char || xml[i] != '>')) {
-        if (quote_char && xml[i] == quote_char)
-          quote_char = 0;
-        else if (!quote_char && (xml[i] == '"' || xml[i] == '\''))
-          quote_char = xml[i];
-        else if (!quote_char && xml[i] == '<')
-          return xml_error("'<' inside a tag");
-        ++i;
-      }
-      if (i >= xml.size())
-        return xml_error("unterminated start tag");
-      const bool self_closing = xml[i - 1] == '/';
-      if (stack.empty() && root_seen)
-        return xml_error("a second root element");
-      if (stack.size() >= max_xml_depth)
-        return xml_error("nesting deeper than " + std::to_string(max_xml_depth));
-      root_seen = true;
-      stack.push_back(local_name(name));
-      texts.emplace_back();
-      if (auto ok = on(xml_event{true, stack, {}}); !ok)
-        return ok;
-      if (self_closing) {
-        if (auto ok = on(xml_event{false, stack, {}}); !ok)
-          return ok;
-        stack.pop_back();
-        texts.pop_back();
-      }
-      pos = i + 1;
-    }
-  }
-  if (!stack.empty())
-    return xml_error("the document ends inside <" + stack.back() + ">");
-  if (!root_seen)
-    return xml_error("no root element");
-  return {};
+  return xml_scan{on}.run(xml);
 }
 
 bool path_is(std::span<const std::string> path, std::initializer_list<std::string_view> want) {

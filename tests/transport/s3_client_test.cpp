@@ -252,6 +252,24 @@ TEST(list_objects_v2, refuses_hostile_and_malformed_input) {
   }
 }
 
+TEST(list_objects_v2, names_the_problem_and_reads_escapes_and_cdata) {
+  auto doctype = parse_list_objects_v2(
+    "<!DOCTYPE x [<!ENTITY a \"aaaa\">]><ListBucketResult>&a;</ListBucketResult>");
+  ASSERT_FALSE(doctype);
+  EXPECT_NE(doctype.error().message.find("DOCTYPE"), std::string::npos) << doctype.error().message;
+  auto junk = parse_list_objects_v2("<ListBucketResult></Other>");
+  ASSERT_FALSE(junk);
+  EXPECT_NE(junk.error().message.find("line 1"), std::string::npos) << junk.error().message;
+  auto page = parse_list_objects_v2(
+    "<s3:ListBucketResult xmlns:s3=\"x\"><s3:IsTruncated>false</s3:IsTruncated>"
+    "<s3:Contents><s3:Key>a&amp;b&#x263A;<![CDATA[<c>]]></s3:Key><s3:Size>7</s3:Size>"
+    "</s3:Contents></s3:ListBucketResult>");
+  ASSERT_TRUE(page) << page.error().message;
+  ASSERT_EQ(page->objects.size(), 1u);
+  EXPECT_EQ(page->objects[0].key, "a&b\xE2\x98\xBA<c>");
+  EXPECT_EQ(page->objects[0].size, 7u);
+}
+
 TEST(list_objects_v2, refuses_deep_nesting_huge_documents_and_huge_text) {
   std::string deep;
   for (int i = 0; i < 100; ++i)
