@@ -4,8 +4,6 @@
 
 #include <set>
 
-#include <nlohmann/json.hpp>
-
 #include "actors/gateway_actor.hpp"
 #include "actors/log.hpp"
 #include "actors/publisher_actor.hpp"
@@ -19,7 +17,6 @@ namespace {
 
 using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
 using clock = std::chrono::steady_clock;
-using ojson = nlohmann::ordered_json;
 
 constexpr auto spawn_timeout = std::chrono::seconds{60};
 constexpr auto boot_timeout = std::chrono::minutes{10};
@@ -158,61 +155,53 @@ void remove_member(self_ptr self, std::string name, const std::string& why) {
   carry_out(self, st.plan.leave(name));
 }
 
-ojson cluster_json(const coordinator_state& st) {
-  ojson out;
-  out["nodes"] = ojson::array();
+cluster_view view_of(const coordinator_state& st) {
+  cluster_view out;
   auto now = clock::now();
   for (const auto& [name, m] : st.plan.members()) {
-    ojson n;
-    n["name"] = name;
-    n["roles"] = m.roles;
-    n["slots"] = m.slots;
-    if (!m.gateway_http.empty())
-      n["gateway"] = m.gateway_http;
+    node_view n{name, m.roles, m.slots, m.gateway_http, std::nullopt};
     if (auto it = st.members.find(name); it != st.members.end())
-      n["last_heartbeat_ms"] =
+      n.last_heartbeat_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second.last_heartbeat)
           .count();
-    out["nodes"].push_back(std::move(n));
+    out.nodes.push_back(std::move(n));
   }
-  out["experiments"] = ojson::array();
   for (const auto& v : st.plan.experiments()) {
-    ojson e;
-    e["run_id"] = v.spec.run_id;
-    e["pool"] = v.spec.pool;
-    e["replicas_wanted"] = v.spec.replicas;
-    e["commit_mode"] = v.spec.commit_mode;
-    e["replicas"] = ojson::array();
+    experiment_status e;
+    e.run_id = v.spec.run_id;
+    e.pool = v.spec.pool;
+    e.replicas_wanted = v.spec.replicas;
+    e.commit_mode = v.spec.commit_mode;
     for (const auto& p : v.replicas) {
-      ojson r{{"replica_id", p.replica_id},
-              {"node", p.node},
-              {"slot", p.slot},
-              {"up", st.replicas.contains(p.replica_id)}};
+      placed_replica_view r;
+      r.replica_id = p.replica_id;
+      r.node = p.node;
+      r.slot = p.slot;
+      r.up = st.replicas.contains(p.replica_id);
       if (auto info = st.infos.find(p.replica_id); info != st.infos.end()) {
-        r["ready"] = info->second.ready;
-        r["applied"] = info->second.applied ? ojson(to_string(*info->second.applied)) : ojson();
-        r["sync_state"] = std::string{to_string(info->second.state)};
+        r.known = true;
+        r.ready = info->second.ready;
+        r.applied = info->second.applied;
+        r.state = info->second.state;
       }
-      e["replicas"].push_back(std::move(r));
+      e.replicas.push_back(std::move(r));
     }
-    e["trainer_node"] = v.trainer_node;
-    e["shortfall"] = v.shortfall;
+    e.trainer_node = v.trainer_node;
+    e.shortfall = v.shortfall;
     if (auto r = st.runs.find(v.spec.run_id); r != st.runs.end()) {
-      if (!r->second.last_step.empty())
-        e["last_step"] = ojson::parse(r->second.last_step, nullptr, false);
-      e["trainer_outcome"] = r->second.outcome;
+      e.last_step = r->second.last_step;
+      e.trainer_outcome = r->second.outcome;
     }
-    out["experiments"].push_back(std::move(e));
+    out.experiments.push_back(std::move(e));
   }
   // Which node holds which version's bytes (a replica's applied version).
-  std::map<std::string, std::set<std::string>> holders;
+  std::map<std::pair<std::string, version_ref>, std::set<std::string>> holders;
   for (const auto& [id, info] : st.infos)
     if (info.applied)
       if (auto p = st.plan.placements().find(id); p != st.plan.placements().end())
-        holders[p->second.pool + "/" + to_string(*info.applied)].insert(p->second.node);
-  out["directory"] = ojson::object();
+        holders[{p->second.pool, *info.applied}].insert(p->second.node);
   for (auto& [key, nodes] : holders)
-    out["directory"][key] = nodes;
+    out.directory.push_back({key.first, key.second, {nodes.begin(), nodes.end()}});
   return out;
 }
 
@@ -222,9 +211,9 @@ void publish_view(self_ptr self) {
   auto it = st.roles.find("status");
   if (it == st.roles.end() || it->second.empty())
     return;
-  auto text = cluster_json(st).dump();
+  auto view = view_of(st);
   for (const auto& s : it->second)
-    caf::anon_send(caf::actor_cast<status_actor>(s), atom::cluster_view_v, text);
+    caf::anon_send(caf::actor_cast<status_actor>(s), atom::cluster_view_v, view);
 }
 
 void rollback(self_ptr self, const std::string& run) {
@@ -461,7 +450,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       carry_out(self, std::move(*fx));
       return "stopped " + run + ": its replicas drain and leave";
     },
-    [self](atom::cluster_view) -> std::string { return cluster_json(self->state).dump(); },
+    [self](atom::cluster_view) { return view_of(self->state); },
     [self](atom::replica_down, const std::string& id) {
       auto& st = self->state;
       auto it = st.plan.placements().find(id);
@@ -473,7 +462,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       log::info("coordinator", id + (retiring ? " drained and left" : " is down; placing again"));
       carry_out(self, retiring ? st.plan.retired(id) : st.plan.replica_lost(id));
     },
-    [self](atom::progress, const std::string& run, const std::string& step) {
+    [self](atom::progress, const std::string& run, const step_report& step) {
       if (auto it = self->state.runs.find(run); it != self->state.runs.end())
         it->second.last_step = step;
       publish_view(self);

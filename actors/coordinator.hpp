@@ -29,8 +29,8 @@ struct coordinator_state {
     std::chrono::steady_clock::time_point last_heartbeat;
   };
   struct run_progress {
-    /// The trainer's last step report (JSON), and how it ended ("" while running).
-    std::string last_step;
+    /// The trainer's last step report, and how it ended ("" while running).
+    std::optional<step_report> last_step;
     std::string outcome;
     std::chrono::steady_clock::time_point submitted;
   };

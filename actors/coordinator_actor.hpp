@@ -1,10 +1,21 @@
 #pragma once
 
 #include <caf/replies_to.hpp>
+#include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
-#include "actors/messages.hpp"
+#include "actors/cluster_types.hpp"
 #include "actors/node_agent_actor.hpp"
+
+CAF_BEGIN_TYPE_ID_BLOCK(stitch_coordinator, ::stitch::type_ids::coordinator)
+CAF_ADD_ATOM(stitch_coordinator, stitch::atom, join, "join")
+CAF_ADD_ATOM(stitch_coordinator, stitch::atom, heartbeat, "heartbeat")
+CAF_ADD_ATOM(stitch_coordinator, stitch::atom, submit, "submit")
+CAF_ADD_ATOM(stitch_coordinator, stitch::atom, scale, "scale")
+CAF_ADD_ATOM(stitch_coordinator, stitch::atom, replica_down, "repldown")
+CAF_END_TYPE_ID_BLOCK(stitch_coordinator)
+
+static_assert(caf::id_block::stitch_coordinator::end <= stitch::type_ids::status);
 
 namespace stitch {
 
@@ -37,14 +48,14 @@ using coordinator_actor = caf::typed_actor<
   caf::replies_to<atom::submit, experiment_spec, std::string>::with<std::string>,
   caf::replies_to<atom::scale, std::string, uint32_t, std::string>::with<std::string>,
   caf::replies_to<atom::stop, std::string, std::string>::with<std::string>,
-  // Members and experiments as JSON (`stitch status`).
-  caf::replies_to<atom::cluster_view>::with<std::string>,
+  // Members, experiments and the version directory (`stitch status`).
+  caf::replies_to<atom::cluster_view>::with<cluster_view>,
   // From placed replicas (the coordinator subscribes): their state.
   caf::reacts_to<atom::replica_state, replica_info>,
   // From node agents: a placed replica is gone (`retired`: after a retire).
   caf::reacts_to<atom::replica_down, std::string>,
-  // From trainers: a step's report (JSON) and the end (empty = finished).
-  caf::reacts_to<atom::progress, std::string, std::string>,
+  // From trainers: a step's report and the end (empty = finished).
+  caf::reacts_to<atom::progress, std::string, step_report>,
   caf::reacts_to<atom::trained, std::string, std::string>,
   // Internal: the heartbeat check.
   caf::reacts_to<atom::tick>>;

@@ -1,10 +1,76 @@
 #pragma once
 
 #include <caf/replies_to.hpp>
+#include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
-#include "actors/messages.hpp"
+#include <cstdint>
+#include <vector>
+
 #include "actors/replica_actor.hpp"
+
+namespace stitch {
+
+/// A cumulative histogram in the Prometheus sense: `counts[i]` observations
+/// were at most `bounds[i]` (and above the previous bound); the last count is
+/// everything above the last bound.
+struct histogram {
+  std::vector<double> bounds;
+  std::vector<uint64_t> counts;
+  double sum = 0;
+  uint64_t count = 0;
+
+  static histogram with_bounds(std::vector<double> b) {
+    histogram h;
+    h.counts.assign(b.size() + 1, 0);
+    h.bounds = std::move(b);
+    return h;
+  }
+  void observe(double v) {
+    size_t i = 0;
+    while (i < bounds.size() && v > bounds[i])
+      ++i;
+    if (counts.size() != bounds.size() + 1)
+      counts.assign(bounds.size() + 1, 0);
+    ++counts[i];
+    sum += v;
+    ++count;
+  }
+};
+
+/// What the gateway measured: request latency, staleness of served samples
+/// (pointer version minus the start stamp) and answers by status code.
+struct gateway_stats {
+  histogram latency_seconds;
+  histogram staleness_versions;
+  std::vector<uint16_t> codes;
+  std::vector<uint64_t> code_counts;
+  uint64_t retries_total = 0;
+  /// Staleness of the last stamped answer (-1 before the first).
+  double last_staleness = -1;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, histogram& x) {
+  return f(caf::meta::type_name("stitch.histogram"), x.bounds, x.counts, x.sum, x.count);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, gateway_stats& x) {
+  return f(caf::meta::type_name("stitch.gateway_stats"), x.latency_seconds, x.staleness_versions,
+           x.codes, x.code_counts, x.retries_total, x.last_staleness);
+}
+
+} // namespace stitch
+
+CAF_BEGIN_TYPE_ID_BLOCK(stitch_gateway, ::stitch::type_ids::gateway)
+CAF_ADD_TYPE_ID(stitch_gateway, (stitch::histogram))
+CAF_ADD_TYPE_ID(stitch_gateway, (stitch::gateway_stats))
+CAF_ADD_ATOM(stitch_gateway, stitch::atom, pool_view, "poolview")
+CAF_ADD_ATOM(stitch_gateway, stitch::atom, stats, "stats")
+CAF_END_TYPE_ID_BLOCK(stitch_gateway)
+
+static_assert(caf::id_block::stitch_gateway::end <= stitch::type_ids::node_agent);
 
 namespace stitch {
 

@@ -6,7 +6,6 @@
 
 #include <caf/type_id.hpp>
 
-#include "actors/messages.hpp"
 #include "actors/node_agent_actor.hpp"
 #include "actors/replica_actor.hpp"
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "actors/messages.hpp"
+#include "actors/replica_actor.hpp"
 #include "transport/http_router.hpp"
 #include "transport/http_server.hpp"
 

@@ -123,7 +123,7 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
           });
       self->delayed_send(self, st.heartbeat, atom::tick_v);
     },
-    [self](atom::progress, const std::string& run, const std::string& step) {
+    [self](atom::progress, const std::string& run, const step_report& step) {
       self->send(self->state.coordinator, atom::progress_v, run, step);
     },
     [self](atom::trained, const std::string& run, const std::string& outcome) {

@@ -1,10 +1,19 @@
 #pragma once
 
 #include <caf/replies_to.hpp>
+#include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
-#include "actors/messages.hpp"
+#include "actors/cluster_types.hpp"
 #include "actors/replica_actor.hpp"
+
+CAF_BEGIN_TYPE_ID_BLOCK(stitch_node_agent, ::stitch::type_ids::node_agent)
+CAF_ADD_ATOM(stitch_node_agent, stitch::atom, spawn, "spawn")
+CAF_ADD_ATOM(stitch_node_agent, stitch::atom, train, "train")
+CAF_ADD_ATOM(stitch_node_agent, stitch::atom, stop, "stop")
+CAF_END_TYPE_ID_BLOCK(stitch_node_agent)
+
+static_assert(caf::id_block::stitch_node_agent::end <= stitch::type_ids::coordinator);
 
 namespace stitch {
 
@@ -23,7 +32,7 @@ using node_agent_actor = caf::typed_actor<
   // Stops the trainer of a run.
   caf::reacts_to<atom::stop, std::string>,
   // Internal: (re)join and heartbeat timer; a trainer's progress and end.
-  caf::reacts_to<atom::tick>, caf::reacts_to<atom::progress, std::string, std::string>,
+  caf::reacts_to<atom::tick>, caf::reacts_to<atom::progress, std::string, step_report>,
   caf::reacts_to<atom::trained, std::string, std::string>>;
 
 } // namespace stitch

@@ -29,11 +29,11 @@ rollout_driver(rollout_driver_actor::stateful_pointer<rollout_driver_state> self
       st.workers->post([self = caf::actor_cast<rollout_driver_actor>(self), id, req] {
         auto results = engine::rollout_batch({req.gateway_host, req.gateway_port, req.pool},
                                              req.min_version, req.count, req.seed_base);
-        caf::anon_send(self, atom::generated_v, id, std::move(results));
+        caf::anon_send(self, atom::done_v, id, std::move(results));
       });
       return promise;
     },
-    [self](atom::generated, uint64_t id, std::vector<engine::rollout_result>& results) {
+    [self](atom::done, uint64_t id, std::vector<engine::rollout_result>& results) {
       auto& st = self->state;
       auto it = st.pending.find(id);
       if (it == st.pending.end())

@@ -91,7 +91,68 @@ void on_state(self_ptr self, replica_info info) {
   e.updated_ms = now;
 }
 
+ojson step_json(const step_report& s) {
+  ojson j;
+  j["step"] = s.step;
+  j["version"] = s.version;
+  j["reward"] = s.reward;
+  j["samples"] = s.samples;
+  j["staleness_mean"] = s.staleness_mean;
+  j["staleness_max"] = s.staleness_max;
+  j["pause_us"] = s.pause_us;
+  j["constraint_violations"] = s.constraint_violations;
+  return j;
+}
+
+ojson cluster_ojson(const cluster_view& c) {
+  ojson out;
+  out["nodes"] = ojson::array();
+  for (const auto& n : c.nodes) {
+    ojson j;
+    j["name"] = n.name;
+    j["roles"] = n.roles;
+    j["slots"] = n.slots;
+    if (!n.gateway.empty())
+      j["gateway"] = n.gateway;
+    if (n.last_heartbeat_ms)
+      j["last_heartbeat_ms"] = *n.last_heartbeat_ms;
+    out["nodes"].push_back(std::move(j));
+  }
+  out["experiments"] = ojson::array();
+  for (const auto& e : c.experiments) {
+    ojson j;
+    j["run_id"] = e.run_id;
+    j["pool"] = e.pool;
+    j["replicas_wanted"] = e.replicas_wanted;
+    j["commit_mode"] = e.commit_mode;
+    j["replicas"] = ojson::array();
+    for (const auto& r : e.replicas) {
+      ojson x{{"replica_id", r.replica_id}, {"node", r.node}, {"slot", r.slot}, {"up", r.up}};
+      if (r.known) {
+        x["ready"] = r.ready;
+        x["applied"] = nullable(r.applied);
+        x["sync_state"] = std::string{to_string(r.state)};
+      }
+      j["replicas"].push_back(std::move(x));
+    }
+    j["trainer_node"] = e.trainer_node;
+    j["shortfall"] = e.shortfall;
+    if (e.last_step)
+      j["last_step"] = step_json(*e.last_step);
+    j["trainer_outcome"] = e.trainer_outcome;
+    out["experiments"].push_back(std::move(j));
+  }
+  out["directory"] = ojson::object();
+  for (const auto& h : c.directory)
+    out["directory"][h.pool + "/" + to_string(h.version)] = h.nodes;
+  return out;
+}
+
 } // namespace
+
+std::string cluster_json(const cluster_view& c) {
+  return cluster_ojson(c).dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
 
 std::string status_json(const status_state& st) {
   ojson j;
@@ -108,7 +169,8 @@ std::string status_json(const status_state& st) {
   // The cluster's other members and its experiments, as the coordinator
   // last told them.
   j["experiments"] = ojson::array();
-  if (auto cluster = ojson::parse(st.cluster, nullptr, false); cluster.is_object()) {
+  if (st.cluster) {
+    auto cluster = cluster_ojson(*st.cluster);
     for (auto& n : cluster["nodes"])
       if (n.value("name", "") != st.opts.node)
         j["nodes"].push_back(std::move(n));
@@ -338,7 +400,7 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
     [self](atom::pointer_moved, const std::string& pool, const pointer_record& p) {
       self->state.pointers[pool] = p;
     },
-    [self](atom::cluster_view, std::string& json) { self->state.cluster = std::move(json); },
+    [self](atom::cluster_view, cluster_view& view) { self->state.cluster = std::move(view); },
     [self](atom::status_view) { return status_json(self->state); },
     [self](atom::metrics) -> caf::result<std::string> {
       auto& now = self->state;

@@ -5,6 +5,7 @@
 
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -55,8 +56,8 @@ struct status_state {
   std::vector<gateway_actor> gateways;
   /// Pools whose pointer is followed.
   std::set<std::string> watched;
-  /// The coordinator's view (JSON): members and experiments.
-  std::string cluster;
+  /// The coordinator's last view: members, experiments, directory.
+  std::optional<cluster_view> cluster;
   std::deque<update> recent;
   histogram stage_seconds;
   histogram pause_seconds;
@@ -66,6 +67,8 @@ struct status_state {
 status_actor::behavior_type status_service(status_actor::stateful_pointer<status_state> self,
                                            status_options opts, store_actor store);
 
+/// The coordinator's view as JSON (`stitch status --json`'s `cluster`).
+std::string cluster_json(const cluster_view& c);
 /// The body of `GET /status` for a state.
 std::string status_json(const status_state& st);
 /// The body of `GET /metrics` for a state and the gateways' measurements.

@@ -11,8 +11,8 @@ namespace stitch::type_ids {
 
 /// Shared value types (`actors/value_types.hpp`).
 inline constexpr caf::type_id_t values = caf::first_custom_type_id;
-/// Messages not yet moved into a role's own interface (`actors/messages.hpp`).
-inline constexpr caf::type_id_t shared = values + 100;
+/// The cluster's shared values (`actors/cluster_types.hpp`).
+inline constexpr caf::type_id_t cluster = values + 100;
 /// Typed handles that travel between nodes (`actors/handle_types.hpp`).
 inline constexpr caf::type_id_t handles = values + 200;
 /// STORE (`actors/store_actor.hpp`).
@@ -23,7 +23,15 @@ inline constexpr caf::type_id_t publisher = values + 260;
 inline constexpr caf::type_id_t replica = values + 300;
 /// GATEWAY (`actors/gateway_actor.hpp`).
 inline constexpr caf::type_id_t gateway = values + 340;
+/// NODE AGENT (`actors/node_agent_actor.hpp`).
+inline constexpr caf::type_id_t node_agent = values + 360;
+/// COORDINATOR (`actors/coordinator_actor.hpp`).
+inline constexpr caf::type_id_t coordinator = values + 380;
+/// STATUS (`actors/status_actor.hpp`).
+inline constexpr caf::type_id_t status = values + 400;
+/// ROLLOUT DRIVER (`actors/rollout_driver_actor.hpp`).
+inline constexpr caf::type_id_t rollout = values + 420;
 /// One past the last ID Stitch uses.
-inline constexpr caf::type_id_t end = values + 400;
+inline constexpr caf::type_id_t end = values + 440;
 
 } // namespace stitch::type_ids

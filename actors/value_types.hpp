@@ -139,9 +139,12 @@ CAF_ADD_ATOM(stitch_values, stitch::atom, done, "done")
 CAF_ADD_ATOM(stitch_values, stitch::atom, subscribe, "stsub")
 CAF_ADD_ATOM(stitch_values, stitch::atom, tick, "tick")
 CAF_ADD_ATOM(stitch_values, stitch::atom, in_use, "inuse")
+// The coordinator's directory of roles: who serves a role, and enrolling in one.
+CAF_ADD_ATOM(stitch_values, stitch::atom, lookup, "lookup")
+CAF_ADD_ATOM(stitch_values, stitch::atom, enroll, "enroll")
 CAF_END_TYPE_ID_BLOCK(stitch_values)
 
-static_assert(caf::id_block::stitch_values::end <= stitch::type_ids::shared);
+static_assert(caf::id_block::stitch_values::end <= stitch::type_ids::cluster);
 
 namespace stitch {
 

@@ -58,6 +58,23 @@ struct experiment_spec {
   trainer_spec trainer;
 };
 
+/// One step of an experiment's trainer, as it reports it.
+struct step_report {
+  uint32_t step = 0;
+  /// The version the step published.
+  uint64_t version = 0;
+  double reward = 0;
+  uint64_t samples = 0;
+  double staleness_mean = 0;
+  uint64_t staleness_max = 0;
+  /// The largest activation pause a replica reported meanwhile.
+  double pause_us = 0;
+  /// Samples whose start stamp broke their constraint (must stay 0).
+  uint64_t constraint_violations = 0;
+
+  friend bool operator==(const step_report&, const step_report&) = default;
+};
+
 /// Checks what a spec alone can get wrong (empty or hostile run id, zero
 /// replicas, unknown commit mode); one line per problem.
 status validate(const experiment_spec& spec);

@@ -12,6 +12,7 @@
 
 #include "actors/coordinator_actor.hpp"
 #include "actors/publisher_actor.hpp"
+#include "actors/status.hpp"
 #include "actors/status_actor.hpp"
 #include "actors/store_client.hpp"
 #include "config/experiment.hpp"
@@ -344,12 +345,14 @@ status run_status(caf::actor_system& sys, const status_command& cmd, std::FILE* 
   if (j.is_discarded())
     return make_error(errc::decode_failure, "the status actor answered something that is not JSON");
   // Members and experiments come from the coordinator.
-  auto cluster_text = ask_coordinator_text(sys, cmd.coordinator, atom::cluster_view_v);
-  if (!cluster_text)
-    return std::move(cluster_text).error();
-  auto cluster = nlohmann::json::parse(*cluster_text, nullptr, false);
-  if (!cluster.is_discarded())
-    j["cluster"] = cluster;
+  auto coordinator = connect_coordinator(sys, cmd.coordinator);
+  if (!coordinator)
+    return std::move(coordinator).error();
+  auto view = ask<cluster_view>(sys, *coordinator, atom::cluster_view_v);
+  if (!view)
+    return std::move(view).error();
+  auto cluster = nlohmann::json::parse(cluster_json(*view));
+  j["cluster"] = cluster;
   if (cmd.json) {
     std::fprintf(out, "%s\n", j.dump().c_str());
     return {};
@@ -370,7 +373,7 @@ status run_status(caf::actor_system& sys, const status_command& cmd, std::FILE* 
                  r.value("reason", "").c_str());
   }
   std::fprintf(out, "transfers in flight: %zu\n", j["transfers"].size());
-  if (cluster.is_object()) {
+  {
     for (const auto& n : cluster["nodes"])
       std::fprintf(out, "node %-20s roles %-40s slots %zu\n", n.value("name", "?").c_str(),
                    n["roles"].dump().c_str(), n["slots"].size());

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "actors/messages.hpp"
+#include "actors/cluster_types.hpp"
 #include "actors/publisher_actor.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/node/cli.hpp"

@@ -193,15 +193,8 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     staleness_max = std::max(staleness_max, row.staleness_max);
     pause_max = std::max(pause_max, row.pause_us);
     if (cmd.on_step)
-      cmd.on_step(json{{"step", step},
-                       {"version", latest + 1},
-                       {"reward", row.reward},
-                       {"samples", row.samples},
-                       {"staleness_mean", row.staleness_mean},
-                       {"staleness_max", row.staleness_max},
-                       {"pause_us", row.pause_us},
-                       {"constraint_violations", violations}}
-                    .dump());
+      cmd.on_step(step_report{step, latest + 1, row.reward, row.samples, row.staleness_mean,
+                              row.staleness_max, row.pause_us, violations});
     if (!cmd.json) {
       std::fprintf(out, "%5u %8.3f %8zu %14.2f %14llu %12.1f\n", step, row.reward, row.samples,
                    row.staleness_mean, static_cast<unsigned long long>(row.staleness_max),

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "runtime/core/cluster_plan.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/engine/rollout_client.hpp"
 #include "runtime/node/cli.hpp"
@@ -51,7 +52,7 @@ struct demo_command {
                                                             uint64_t seed_base)>
     rollouts;
   /// Called after every step with its report as a JSON object.
-  std::function<void(const std::string&)> on_step;
+  std::function<void(const step_report&)> on_step;
 };
 
 status run_demo(caf::actor_system& sys, const demo_command& cmd, std::FILE* out);

@@ -301,8 +301,12 @@ status node::join_cluster(const node_settings& settings) {
     // Start from the run as stored: its boot (from a seed or a directory),
     // or where a trainer whose node died left it.
     cmd.resume = true;
-    cmd.on_step = [agent, run = spec.run_id](const std::string& step) {
-      log::info("trainer", run + " " + step);
+    cmd.on_step = [agent, run = spec.run_id](const step_report& step) {
+      char line[160];
+      std::snprintf(line, sizeof line, " step %u: version %llu, reward %.3f, %llu samples",
+                    step.step, static_cast<unsigned long long>(step.version), step.reward,
+                    static_cast<unsigned long long>(step.samples));
+      log::info("trainer", run + line);
       caf::anon_send(agent, atom::progress_v, run, step);
     };
     log::info("trainer", "training " + spec.run_id + " for " + std::to_string(cmd.steps)

@@ -13,7 +13,6 @@
 #include <string>
 
 #include "actors/coordinator_actor.hpp"
-#include "actors/messages.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/node/cli.hpp"
 

@@ -7,9 +7,14 @@
 #include <caf/openssl/manager.hpp>
 #include <fstream>
 
+#include "actors/cluster_types.hpp"
+#include "actors/coordinator_actor.hpp"
+#include "actors/gateway_actor.hpp"
 #include "actors/handle_types.hpp"
-#include "actors/messages.hpp"
+#include "actors/node_agent_actor.hpp"
 #include "actors/publisher_actor.hpp"
+#include "actors/rollout_driver_actor.hpp"
+#include "actors/status_actor.hpp"
 #include "actors/store_actor.hpp"
 #include "actors/value_types.hpp"
 
@@ -19,7 +24,12 @@ void register_stitch_types(caf::actor_system_config& cfg) {
   cfg.add_message_types<caf::id_block::stitch_values>();
   cfg.add_message_types<caf::id_block::stitch_replica>();
   cfg.add_message_types<caf::id_block::stitch_replica_handles>();
-  cfg.add_message_types<caf::id_block::stitch>();
+  cfg.add_message_types<caf::id_block::stitch_cluster>();
+  cfg.add_message_types<caf::id_block::stitch_gateway>();
+  cfg.add_message_types<caf::id_block::stitch_node_agent>();
+  cfg.add_message_types<caf::id_block::stitch_coordinator>();
+  cfg.add_message_types<caf::id_block::stitch_status>();
+  cfg.add_message_types<caf::id_block::stitch_rollout>();
   cfg.add_message_types<caf::id_block::stitch_handles>();
   cfg.add_message_types<caf::id_block::stitch_store>();
   cfg.add_message_types<caf::id_block::stitch_store_handles>();

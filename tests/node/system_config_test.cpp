@@ -3,7 +3,8 @@
 #include <caf/binary_serializer.hpp>
 #include <gtest/gtest.h>
 
-#include "actors/messages.hpp"
+#include "actors/cluster_types.hpp"
+#include "actors/replica_actor.hpp"
 #include "runtime/node/system_config.hpp"
 
 namespace {
@@ -43,6 +44,83 @@ TEST_F(caf_types_test, pointer_record_serializes_round_trip) {
   caf::binary_deserializer source{sys, buf};
   ASSERT_FALSE(source(out));
   EXPECT_EQ(in, out);
+}
+
+/// Serializes `in` the way CAF sends it to another node and reads it back.
+template <class T>
+T round_trip(caf::actor_system& sys, T in) {
+  std::vector<char> buf;
+  caf::binary_serializer sink{sys, buf};
+  EXPECT_FALSE(sink(in));
+  T out;
+  caf::binary_deserializer source{sys, buf};
+  EXPECT_FALSE(source(out));
+  return out;
+}
+
+TEST_F(caf_types_test, typed_values_keep_their_optionals_across_nodes) {
+  stitch::replica_call call;
+  call.key = 9;
+  call.route = "/generate";
+  call.c.exact_version = 4;
+  auto c = round_trip(sys, call);
+  EXPECT_EQ(c.c, call.c);
+  EXPECT_FALSE(c.c.min_version);
+  EXPECT_EQ(c.route, "/generate");
+
+  stitch::replica_info info;
+  info.replica_id = "r0";
+  info.applied = stitch::version_ref{"run", 3};
+  info.serving = 3;
+  info.state = stitch::sync_state::staging;
+  info.mode = stitch::commit_mode::quiesce;
+  info.metrics.max_pause_us = 12.5;
+  auto i = round_trip(sys, info);
+  EXPECT_EQ(i.applied, info.applied);
+  EXPECT_EQ(i.serving, info.serving);
+  EXPECT_FALSE(i.pointer);
+  EXPECT_FALSE(i.terminal_error);
+  EXPECT_EQ(i.state, stitch::sync_state::staging);
+  EXPECT_EQ(i.mode, stitch::commit_mode::quiesce);
+  EXPECT_EQ(i.metrics.max_pause_us, 12.5);
+  // An absent value overwrites a present one when read into a used object.
+  stitch::replica_info empty;
+  std::vector<char> buf;
+  caf::binary_serializer sink{sys, buf};
+  ASSERT_FALSE(sink(empty));
+  caf::binary_deserializer source{sys, buf};
+  ASSERT_FALSE(source(i));
+  EXPECT_FALSE(i.applied);
+  EXPECT_FALSE(i.serving);
+
+  stitch::replica_answer a;
+  a.stamped = stitch::stamps{2, 3};
+  EXPECT_EQ(round_trip(sys, a).stamped, a.stamped);
+
+  stitch::work_report r;
+  r.err = stitch::to_caf_error({stitch::errc::checksum_mismatch, "tensor 'x'"});
+  auto back = stitch::from_caf_error(sys, round_trip(sys, r).err);
+  EXPECT_EQ(back, (stitch::error{stitch::errc::checksum_mismatch, "tensor 'x'"}));
+
+  stitch::cluster_view view;
+  view.nodes.push_back({"n1", {"replica"}, {0, 1}, "", 17});
+  stitch::experiment_status e;
+  e.run_id = "run";
+  e.last_step = stitch::step_report{4, 5, 0.5, 16, 1.5, 2, 30.0, 0};
+  e.replicas.push_back({"n1-replica-0", "n1", 0, true, true, true, stitch::version_ref{"run", 5},
+                        stitch::sync_state::idle});
+  view.experiments.push_back(e);
+  stitch::version_holders holders;
+  holders.pool = "default";
+  holders.version = stitch::version_ref{"run", 5};
+  holders.nodes = {"n1"};
+  view.directory.push_back(holders);
+  auto v = round_trip(sys, view);
+  EXPECT_EQ(v.nodes[0].last_heartbeat_ms, 17);
+  ASSERT_EQ(v.experiments.size(), 1u);
+  EXPECT_EQ(v.experiments[0].last_step, e.last_step);
+  EXPECT_EQ(v.experiments[0].replicas[0].applied, e.replicas[0].applied);
+  EXPECT_EQ(v.directory[0].nodes, std::vector<std::string>{"n1"});
 }
 
 } // namespace
