@@ -89,8 +89,9 @@ fake_publisher(publisher_actor::stateful_pointer<fake_publisher_state> self,
       return to_caf_error({errc::not_found, "no session"});
     },
     [](atom::abort, uint64_t) {},
-    [](atom::collect, const std::string&, uint32_t, bool,
-       const std::string&) -> retention_report { return {}; },
+    [](atom::collect, const std::string&, uint32_t, bool, const std::string&) -> retention_report {
+      return {};
+    },
     [](atom::done, uint64_t) {},
     [](atom::tick) {},
   };
@@ -401,7 +402,7 @@ TEST_F(cluster_roles_test, a_member_missing_its_heartbeats_is_removed) {
 TEST_F(cluster_roles_test, a_node_agent_that_loses_its_coordinator_stops_rejoining) {
   start();
   auto& n1 = join("n1", {0});
-  (void)n1;
+  (void) n1;
   caf::anon_send_exit(coord, caf::exit_reason::kill);
   sched.run();
   // Its timers find the coordinator lost and send nothing; the agent lives on.

@@ -1,0 +1,438 @@
+// The publisher, status and rollout-driver actors on CAF's deterministic
+// scheduler, their failure paths stepped exactly: publishes that conflict,
+// rewind or lack the token, streamed sessions refused or dropped when idle,
+// collections pinned by (or waiting on) the version directory; replicas and
+// gateways that die under the status actor; rollout requests refused.
+
+#include <gtest/gtest.h>
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/executors.hpp"
+#include "actors/publisher.hpp"
+#include "actors/rollout_driver.hpp"
+#include "actors/status.hpp"
+#include "runtime/node/system_config.hpp"
+#include "runtime/store/hf_directory.hpp"
+#include "runtime/store/rocksdb_store.hpp"
+#include "store/store_fixtures.hpp"
+
+namespace stitch {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::manual_executor;
+using testing::random_bytes;
+using testing::temp_dir;
+
+caf::actor_system_config& deterministic(caf::actor_system_config& cfg) {
+  register_stitch_types(cfg);
+  cfg.set("scheduler.policy", caf::atom("testing"));
+  cfg.set("logger.file-verbosity", caf::atom("quiet"));
+  return cfg;
+}
+
+class actor_fixture : public ::testing::Test {
+protected:
+  actor_fixture()
+      : sys(deterministic(cfg)), self(sys, true),
+        sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {}
+
+  /// The next answer to `self`: its text, "error: ..." or "(none)".
+  template <class T>
+  std::optional<T> answer(std::string* error_text = nullptr) {
+    std::optional<T> out;
+    self->receive([&](T& x) { out = std::move(x); },
+                  [&](const caf::error& e) {
+                    if (error_text)
+                      *error_text = sys.render(e);
+                  },
+                  caf::after(0s) >> [&] {
+                    if (error_text)
+                      *error_text = "(none)";
+                  });
+    return out;
+  }
+
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  caf::scoped_actor self;
+  caf::scheduler::test_coordinator& sched;
+};
+
+// -- publisher ----------------------------------------------------------------
+
+store::tensor_set small_model(uint32_t seed) {
+  store::tensor_set w;
+  for (auto [name, n] : {std::pair{"a.weight", 4096}, std::pair{"b.weight", 2048}}) {
+    auto& t = w[name];
+    t.name = name;
+    t.type = safetensors::dtype::f32;
+    t.shape = {static_cast<uint64_t>(n) / 4};
+    t.bytes = random_bytes(static_cast<size_t>(n), seed++);
+  }
+  return w;
+}
+
+/// Answers `in_use` with a fixed set, or never (when `silent`).
+struct directory_state {
+  std::vector<version_ref> used;
+  bool silent = false;
+  std::vector<caf::typed_response_promise<std::vector<version_ref>>> held;
+};
+
+version_directory_actor::behavior_type
+fake_directory(version_directory_actor::stateful_pointer<directory_state> self,
+               std::vector<version_ref> used, bool silent) {
+  self->state.used = std::move(used);
+  self->state.silent = silent;
+  return {
+    [self](atom::in_use, const std::string&) -> caf::result<std::vector<version_ref>> {
+      if (self->state.silent) {
+        auto p = self->make_response_promise<std::vector<version_ref>>();
+        self->state.held.push_back(p);
+        return p;
+      }
+      return self->state.used;
+    },
+  };
+}
+
+class publisher_actor_test : public actor_fixture {
+protected:
+  publisher_actor_test() {
+    auto opened = store::open_rocksdb_store((dir.path() / "db").string());
+    EXPECT_TRUE(opened);
+    backend = std::shared_ptr<store_backend>{std::move(*opened)};
+  }
+  ~publisher_actor_test() override {
+    if (publisher)
+      caf::anon_send_exit(publisher, caf::exit_reason::user_shutdown);
+    if (directory)
+      caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+    sched.run();
+    workers->run_all();
+  }
+
+  void start(std::string token = {}, publisher_limits limits = {}, size_t keep = 0,
+             std::vector<version_ref> used = {}, bool silent = false, uint32_t anchor_every = 10) {
+    publisher_retention retention;
+    retention.keep_last = keep;
+    if (keep > 0 || silent) {
+      directory = sys.spawn(fake_directory, std::move(used), silent);
+      retention.directory = directory;
+    }
+    store::publisher_options po;
+    po.scratch_dir = dir.path() / "scratch";
+    po.anchor_every = anchor_every;
+    publisher = sys.spawn(publisher_service, backend, store_actor{}, po, workers, std::move(token),
+                          limits, retention);
+    sched.run();
+  }
+
+  /// Runs messages and worker jobs until both are idle.
+  void settle() {
+    for (;;) {
+      size_t n = sched.run();
+      n += workers->run_all();
+      if (n == 0)
+        return;
+    }
+  }
+
+  std::string write(uint64_t v, const store::tensor_set& w) {
+    auto path = dir.path() / ("v" + std::to_string(v));
+    EXPECT_TRUE(store::write_hf_directory(path, w));
+    return path.string();
+  }
+
+  /// Publishes `w` as `run`/`v` from a directory; the summary or the error text.
+  std::string publish(uint64_t v, const store::tensor_set& w, std::string token = {},
+                      std::string run = "r") {
+    publish_args args;
+    args.run_id = run;
+    args.version = v;
+    args.token = std::move(token);
+    self->send(publisher, atom::publish_v, args, write(v, w));
+    settle();
+    std::string err;
+    auto s = answer<publish_summary>(&err);
+    if (!s)
+      return "error: " + err;
+    return s->kind == version_kind::full ? "full" : "delta";
+  }
+
+  temp_dir dir;
+  std::shared_ptr<store_backend> backend;
+  std::shared_ptr<manual_executor> workers = std::make_shared<manual_executor>();
+  publisher_actor publisher;
+  version_directory_actor directory;
+};
+
+TEST_F(publisher_actor_test, conflicts_rewinds_and_missing_tokens_are_refused) {
+  start("secret");
+  auto w = small_model(1);
+  auto refused = publish(0, w);
+  EXPECT_NE(refused.find("unauthorized"), std::string::npos) << refused;
+  EXPECT_EQ(publish(0, w, "secret"), "full");
+  // The same version with other bytes: refused, naming it.
+  auto clash = publish(0, small_model(9), "secret");
+  EXPECT_NE(clash.find("version_exists"), std::string::npos) << clash;
+  auto w1 = w;
+  w1["a.weight"].bytes[3] ^= std::byte{1};
+  EXPECT_EQ(publish(1, w1, "secret"), "delta");
+  EXPECT_EQ(publish(2, w1, "secret"), "delta");
+  // Going back below the pointer is a rewind.
+  auto back = publish(1, small_model(4), "secret");
+  EXPECT_NE(back.find("error"), std::string::npos) << back;
+  auto listed = backend->list_versions("default", "r");
+  ASSERT_TRUE(listed);
+  EXPECT_EQ(listed->size(), 3u);
+  // A missing directory names itself.
+  publish_args args;
+  args.run_id = "r";
+  args.version = 3;
+  args.token = "secret";
+  self->send(publisher, atom::publish_v, args, (dir.path() / "nope").string());
+  settle();
+  std::string err;
+  EXPECT_FALSE(answer<publish_summary>(&err));
+  EXPECT_NE(err.find("nope"), std::string::npos) << err;
+}
+
+TEST_F(publisher_actor_test, streamed_sessions_are_bounded_checked_and_dropped_when_idle) {
+  publisher_limits limits;
+  limits.max_sessions = 1;
+  limits.session_idle_timeout = 0s;
+  start({}, limits);
+  publish_args args;
+  args.run_id = "r";
+  std::vector<store::tensor_header> bad{{"b", safetensors::dtype::f32, {2}, 8},
+                                        {"a", safetensors::dtype::f32, {2}, 8}};
+  self->send(publisher, atom::publish_v, args, bad);
+  settle();
+  std::string err;
+  EXPECT_FALSE(answer<uint64_t>(&err));
+  EXPECT_NE(err.find("invalid_argument"), std::string::npos) << err;
+  std::vector<store::tensor_header> good{{"a", safetensors::dtype::f32, {2}, 8}};
+  self->send(publisher, atom::publish_v, args, good);
+  sched.run();
+  auto id = answer<uint64_t>(&err);
+  ASSERT_TRUE(id) << err;
+  // One session at a time.
+  self->send(publisher, atom::publish_v, args, good);
+  sched.run();
+  EXPECT_FALSE(answer<uint64_t>(&err));
+  EXPECT_NE(err.find("too many publishes"), std::string::npos) << err;
+  // Its client goes silent: the sweep drops it, and nothing becomes visible.
+  sched.advance_time(1s);
+  self->send(publisher, atom::tick_v);
+  sched.run();
+  settle();
+  self->send(publisher, atom::finish_v, *id);
+  settle();
+  EXPECT_FALSE(answer<publish_summary>(&err));
+  EXPECT_NE(err.find("not_found"), std::string::npos) << err;
+  auto listed = backend->list_versions("default", "r");
+  EXPECT_TRUE(!listed || listed->empty());
+}
+
+TEST_F(publisher_actor_test, collections_after_publishes_keep_what_the_directory_pins) {
+  // Keep 1, an anchor every 2 versions; a replica still serves version 1.
+  start({}, {}, 1, {version_ref{"r", 1}}, false, 2);
+  auto w = small_model(1);
+  for (uint64_t v = 0; v < 5; ++v) {
+    w["b.weight"].bytes[v] ^= std::byte{2};
+    EXPECT_EQ(publish(v, w), v % 2 == 0 ? "full" : "delta") << v;
+  }
+  settle();
+  auto listed = backend->list_versions("default", "r");
+  ASSERT_TRUE(listed);
+  std::vector<uint64_t> left;
+  for (const auto& r : *listed)
+    left.push_back(r.version);
+  // The boot (0), the pinned 1 (whose chain is the boot) and the newest (4,
+  // an anchor); 2 and 3 are gone.
+  EXPECT_EQ(left, (std::vector<uint64_t>{0, 1, 4}));
+  // gc on demand says why each stays.
+  self->send(publisher, atom::collect_v, std::string{"default"}, uint32_t{0}, true,
+             std::string{});
+  settle();
+  auto report = answer<retention_report>();
+  ASSERT_TRUE(report);
+  EXPECT_TRUE(report->deleted.empty());
+  std::map<uint64_t, keep_reason> why;
+  for (const auto& e : report->kept)
+    why[e.ref.version] = e.why;
+  EXPECT_EQ(why, (std::map<uint64_t, keep_reason>{
+                   {0, keep_reason::boot}, {1, keep_reason::pinned}, {4, keep_reason::pinned}}));
+}
+
+TEST_F(publisher_actor_test, a_directory_that_does_not_answer_means_nothing_is_collected) {
+  start({}, {}, 1, {}, true);
+  auto w = small_model(1);
+  for (uint64_t v = 0; v < 3; ++v) {
+    w["b.weight"].bytes[v] ^= std::byte{2};
+    publish(v, w);
+  }
+  sched.trigger_timeouts();
+  settle();
+  auto listed = backend->list_versions("default", "r");
+  ASSERT_TRUE(listed);
+  EXPECT_EQ(listed->size(), 3u) << "nothing deleted without knowing what replicas use";
+  self->send(publisher, atom::collect_v, std::string{}, uint32_t{1}, false, std::string{});
+  settle();
+  sched.trigger_timeouts();
+  settle();
+  std::string err;
+  EXPECT_FALSE(answer<retention_report>(&err));
+  EXPECT_NE(err.find("nothing was collected"), std::string::npos) << err;
+}
+
+// -- status -------------------------------------------------------------------
+
+struct quiet_replica_state {
+  replica_info info;
+};
+
+replica_actor::behavior_type quiet_replica(replica_actor::stateful_pointer<quiet_replica_state> self,
+                                           replica_info info) {
+  self->state.info = std::move(info);
+  return {
+    [](atom::generate, replica_call&) -> replica_answer { return {}; },
+    [](atom::cancel, uint64_t) {},
+    [](atom::wake) {},
+    [self](atom::retire) { self->quit(); },
+    [self](atom::server_info) { return self->state.info; },
+    [self](atom::subscribe, replica_watcher_actor& who) {
+      self->send(who, atom::replica_state_v, self->state.info);
+    },
+    [](atom::pointer_moved, const std::string&, const pointer_record&) {},
+    [](atom::tick) {},
+    [](atom::drain_check) {},
+    [](atom::staged, const work_report&) {},
+    [](atom::committed, const work_report&) {},
+    [](atom::rebuilt, const work_report&) {},
+    [](atom::generated, uint64_t, const replica_answer&, const caf::error&) {},
+  };
+}
+
+class status_actor_test : public actor_fixture {
+protected:
+  ~status_actor_test() override {
+    caf::anon_send_exit(status, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+
+  nlohmann::json view() {
+    self->send(status, atom::status_view_v);
+    sched.run();
+    auto text = answer<std::string>();
+    EXPECT_TRUE(text);
+    return nlohmann::json::parse(text.value_or("{}"));
+  }
+
+  status_actor status = sys.spawn(status_service, status_options{}, store_actor{});
+};
+
+TEST_F(status_actor_test, follows_replicas_until_they_die_and_shows_the_cluster) {
+  replica_info info;
+  info.replica_id = "r0";
+  info.pool = "default";
+  info.ready = true;
+  info.applied = version_ref{"run", 4};
+  info.serving = 4;
+  info.state = sync_state::staging;
+  info.pointer = version_ref{"run", 6};
+  auto replica = sys.spawn(quiet_replica, info);
+  self->send(status, atom::enroll_v, std::string{"default"}, replica);
+  sched.run();
+  self->send(status, atom::pointer_moved_v, std::string{"default"},
+             pointer_record{version_ref{"run", 6}, 0});
+  cluster_view cluster;
+  experiment_status e;
+  e.run_id = "run";
+  e.last_step = step_report{3, 6, 0.25, 8, 1, 2, 40, 0};
+  cluster.experiments.push_back(e);
+  self->send(status, atom::cluster_view_v, cluster);
+  sched.run();
+  auto j = view();
+  ASSERT_EQ(j["replicas"].size(), 1u);
+  EXPECT_EQ(j["replicas"][0]["applied"], "run/weight_v000004");
+  EXPECT_EQ(j["replicas"][0]["sync_state"], "STAGING");
+  ASSERT_EQ(j["transfers"].size(), 1u);
+  EXPECT_EQ(j["transfers"][0]["to"], "run/weight_v000006");
+  EXPECT_EQ(j["pools"][0]["pointer"], "run/weight_v000006");
+  EXPECT_EQ(j["experiments"][0]["last_step"]["reward"], 0.25);
+  // The replica dies: the status forgets it.
+  caf::anon_send_exit(replica, caf::exit_reason::kill);
+  sched.run();
+  EXPECT_TRUE(view()["replicas"].empty());
+}
+
+TEST_F(status_actor_test, metrics_answer_even_when_a_gateway_died_or_hangs) {
+  auto hung = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](atom::stats) -> caf::result<gateway_stats> { return caf::delegated<gateway_stats>{}; }};
+  });
+  auto dead = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](atom::stats) { return gateway_stats{}; }};
+  });
+  self->send(status, atom::enroll_v, caf::actor_cast<gateway_actor>(hung));
+  self->send(status, atom::enroll_v, caf::actor_cast<gateway_actor>(dead));
+  sched.run();
+  caf::anon_send_exit(dead, caf::exit_reason::kill);
+  sched.run();
+  self->send(status, atom::metrics_v);
+  sched.run();
+  EXPECT_FALSE(answer<std::string>()) << "waits for the hung gateway";
+  // The hung gateway's request times out: the metrics come anyway.
+  sched.trigger_timeouts();
+  sched.run();
+  auto text = answer<std::string>();
+  ASSERT_TRUE(text);
+  EXPECT_NE(text->find("stitch_stage_seconds"), std::string::npos);
+  caf::anon_send_exit(hung, caf::exit_reason::kill);
+  sched.run();
+}
+
+// -- rollout driver -------------------------------------------------------------
+
+class rollout_driver_test : public actor_fixture {
+protected:
+  ~rollout_driver_test() override {
+    caf::anon_send_exit(driver, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+  std::shared_ptr<manual_executor> workers = std::make_shared<manual_executor>();
+  rollout_driver_actor driver = sys.spawn(rollout_driver, workers);
+};
+
+TEST_F(rollout_driver_test, refuses_bad_requests_and_reports_an_unreachable_gateway) {
+  std::string err;
+  self->send(driver, atom::rollouts_v, rollout_request{"127.0.0.1", 9, "default", 0, 0, 0});
+  sched.run();
+  EXPECT_FALSE(answer<std::vector<engine::rollout_result>>(&err));
+  EXPECT_NE(err.find("count"), std::string::npos) << err;
+  self->send(driver, atom::rollouts_v, rollout_request{"", 0, "default", 0, 4, 0});
+  sched.run();
+  EXPECT_FALSE(answer<std::vector<engine::rollout_result>>(&err));
+  EXPECT_NE(err.find("no gateway"), std::string::npos) << err;
+  self->send(driver, atom::rollouts_v, rollout_request{"127.0.0.1", 1, "default", 0, 2, 0});
+  sched.run();
+  EXPECT_EQ(workers->size(), 1u);
+  workers->run_all();
+  sched.run();
+  auto results = answer<std::vector<engine::rollout_result>>(&err);
+  ASSERT_TRUE(results) << err;
+  ASSERT_EQ(results->size(), 2u);
+  for (const auto& r : *results) {
+    EXPECT_FALSE(r.ok);
+    EXPECT_FALSE(r.error.empty());
+  }
+}
+
+} // namespace
+} // namespace stitch
