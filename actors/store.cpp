@@ -61,7 +61,8 @@ caf::result<T> on_upload(self_ptr self, uint64_t id, Work work) {
 
 store_lanes store_lanes::make() {
   return {std::make_shared<worker_pool>(2, "store-fast", 4096),
-          std::make_shared<worker_pool>(2, "store-bulk", 256, priority::background)};
+          std::make_shared<worker_pool>(2, "store-bulk", 256, priority::background),
+          std::make_shared<worker_pool>(2, "store-reads", 1024)};
 }
 
 store_actor::behavior_type store_service(store_actor::stateful_pointer<store_state> self,
@@ -80,8 +81,10 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
   auto db = init.backend;
   auto& fast = *init.lanes.fast;
   auto& bulk = *init.lanes.bulk;
+  auto& reads = *init.lanes.reads;
   const std::string fast_name = "store's fast lane";
   const std::string bulk_name = "store's bulk lane";
+  const std::string reads_name = "store's read lane";
   return {
     [=, &fast](atom::read_pointer, const std::string& pool) {
       return offload<caf::optional<pointer_record>>(
@@ -120,14 +123,14 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
       return offload<manifest>(self, self->state.jobs, fast, fast_name,
                                [db, pool, ref] { return db->read_manifest(pool, ref); });
     },
-    [=, &bulk](atom::read_range, const std::string& pool, const version_ref& ref,
-               const std::string& tensor, uint64_t offset,
-               uint64_t len) -> caf::result<std::vector<char>> {
+    [=, &reads](atom::read_range, const std::string& pool, const version_ref& ref,
+                const std::string& tensor, uint64_t offset,
+                uint64_t len) -> caf::result<std::vector<char>> {
       if (len > max_chunk_bytes)
         return to_caf_error({errc::limit_exceeded, "a range read is limited to "
                                                      + std::to_string(max_chunk_bytes) + " bytes"});
       return offload<std::vector<char>>(
-        self, self->state.jobs, bulk, bulk_name,
+        self, self->state.jobs, reads, reads_name,
         [db, pool, ref, tensor, offset, len]() -> result<std::vector<char>> {
           std::vector<char> out(len);
           auto ok = db->read_range(pool, ref, tensor, offset,

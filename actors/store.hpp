@@ -21,10 +21,15 @@ namespace stitch {
 /// manifest and listing calls; the bulk lane shard bytes and retention, so a
 /// large publish or read never delays a pointer read.
 struct store_lanes {
+  /// Pointer, claim, compare-and-swap, manifest, listing, subscriptions.
   std::shared_ptr<executor> fast;
+  /// Shard writes of uploads, exports, retention (background priority).
   std::shared_ptr<executor> bulk;
+  /// Tensor range reads (replicas staging): never behind an upload's writes.
+  std::shared_ptr<executor> reads;
 
-  /// Two threads each: fast with room for 4096 waiting calls, bulk for 256.
+  /// Two threads each: fast with room for 4096 waiting calls, bulk for 256,
+  /// reads for 1024.
   static store_lanes make();
 };
 

@@ -42,8 +42,10 @@ using pointer_listener_actor =
 
 /// STORE: the durable source of truth — version chains and pool pointers over
 /// a backend (DESIGN §2). Its handlers never touch the backend: pointer,
-/// manifest and listing calls run on a fast lane that bulk work (shard bytes
-/// in and out, retention) can never delay, bulk work on a lane of its own;
+/// manifest and listing calls run on a fast lane that bulk work (uploads'
+/// shard bytes, exports, retention) can never delay, bulk work on a lane of
+/// its own, and tensor range reads (replicas staging) on a third, so that no
+/// publish's writes hold up another pool's sync;
 /// both lanes are bounded and a full one answers `limit_exceeded`. Tensor
 /// bytes leave in chunks of at most `max_chunk_bytes` and arrive the same way.
 using store_actor = caf::typed_actor<

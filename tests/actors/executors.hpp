@@ -68,7 +68,8 @@ public:
 };
 
 inline store_lanes inline_lanes() {
-  return {std::make_shared<inline_executor>(), std::make_shared<inline_executor>()};
+  return {std::make_shared<inline_executor>(), std::make_shared<inline_executor>(),
+          std::make_shared<inline_executor>()};
 }
 
 } // namespace stitch::testing

@@ -50,10 +50,11 @@ protected:
                     if (error_text)
                       *error_text = sys.render(e);
                   },
-                  caf::after(0s) >> [&] {
-                    if (error_text)
-                      *error_text = "(none)";
-                  });
+                  caf::after(0s) >>
+                    [&] {
+                      if (error_text)
+                        *error_text = "(none)";
+                    });
     return out;
   }
 
@@ -258,8 +259,7 @@ TEST_F(publisher_actor_test, collections_after_publishes_keep_what_the_directory
   // an anchor); 2 and 3 are gone.
   EXPECT_EQ(left, (std::vector<uint64_t>{0, 1, 4}));
   // gc on demand says why each stays.
-  self->send(publisher, atom::collect_v, std::string{"default"}, uint32_t{0}, true,
-             std::string{});
+  self->send(publisher, atom::collect_v, std::string{"default"}, uint32_t{0}, true, std::string{});
   settle();
   auto report = answer<retention_report>();
   ASSERT_TRUE(report);
@@ -298,8 +298,8 @@ struct quiet_replica_state {
   replica_info info;
 };
 
-replica_actor::behavior_type quiet_replica(replica_actor::stateful_pointer<quiet_replica_state> self,
-                                           replica_info info) {
+replica_actor::behavior_type
+quiet_replica(replica_actor::stateful_pointer<quiet_replica_state> self, replica_info info) {
   self->state.info = std::move(info);
   return {
     [](atom::generate, replica_call&) -> replica_answer { return {}; },
@@ -375,7 +375,8 @@ TEST_F(status_actor_test, follows_replicas_until_they_die_and_shows_the_cluster)
 
 TEST_F(status_actor_test, metrics_answer_even_when_a_gateway_died_or_hangs) {
   auto hung = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
-    return {[](atom::stats) -> caf::result<gateway_stats> { return caf::delegated<gateway_stats>{}; }};
+    return {
+      [](atom::stats) -> caf::result<gateway_stats> { return caf::delegated<gateway_stats>{}; }};
   });
   auto dead = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
     return {[](atom::stats) { return gateway_stats{}; }};

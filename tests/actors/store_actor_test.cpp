@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
@@ -36,7 +38,7 @@ protected:
     backend = std::shared_ptr<store_backend>{std::move(*opened)};
     store_options opts;
     opts.upload_idle_timeout = 60s;
-    actor = sys.spawn(store_service, backend, store_lanes{fast, bulk}, opts);
+    actor = sys.spawn(store_service, backend, store_lanes{fast, bulk, reads}, opts);
     sched.run();
   }
 
@@ -45,6 +47,7 @@ protected:
     sched.run();
     fast->run_all();
     bulk->run_all();
+    reads->run_all();
   }
 
   /// Steps messages and lane jobs until neither has anything left.
@@ -53,6 +56,7 @@ protected:
       size_t n = sched.run();
       n += fast->run_all();
       n += bulk->run_all();
+      n += reads->run_all();
       if (n == 0)
         return;
     }
@@ -101,6 +105,7 @@ protected:
   caf::scheduler::test_coordinator& sched;
   std::shared_ptr<manual_executor> fast = std::make_shared<manual_executor>();
   std::shared_ptr<manual_executor> bulk = std::make_shared<manual_executor>();
+  std::shared_ptr<manual_executor> reads = std::make_shared<manual_executor>();
   std::shared_ptr<store_backend> backend;
   store_actor actor;
   const std::string pool = "default";
@@ -174,7 +179,7 @@ TEST_F(store_actor_test, range_reads_are_bounded) {
   EXPECT_EQ(std::memcmp(got.data(), shard.data() + shard.size() - 990, 20), 0);
 }
 
-TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_or_other_pool) {
+TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_read_or_other_pool) {
   auto v0 = published(pool, "r", 1);
   // A large upload is under way: its bytes sit on the bulk lane, not run.
   auto big = full_version("r", 1, {{"w", random_bytes(3 * max_chunk_bytes, 2)}});
@@ -203,8 +208,12 @@ TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_or_other_po
   self->send(actor, atom::read_manifest_v, pool, version_ref{"r", 0});
   self->send(actor, atom::list_v, pool, std::string{"r"});
   self->send(actor, atom::claim_v, std::string{"other"}, other.m.ref);
+  // ... and a replica of the other pool syncing: its manifest and bytes.
+  self->send(actor, atom::read_manifest_v, std::string{"other"}, other.m.ref);
+  self->send(actor, atom::read_range_v, std::string{"other"}, other.m.ref, std::string{"w"},
+             uint64_t{0}, uint64_t{100});
   for (;;) {
-    size_t n = sched.run() + fast->run_all();
+    size_t n = sched.run() + fast->run_all() + reads->run_all();
     if (n == 0)
       break;
   }
@@ -221,6 +230,15 @@ TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_or_other_po
   EXPECT_EQ(listed, (std::vector<version_ref>{{"r", 0}}));
   EXPECT_EQ(answer_code<pointer_record>(), errc::none);
   EXPECT_EQ((*backend->read_pointer("other"))->latest, (version_ref{"q", 0}));
+  manifest other_m;
+  self->receive([&](manifest& got) { other_m = std::move(got); }, caf::after(0s) >> [] {});
+  EXPECT_EQ(other_m, other.m);
+  std::vector<char> got_bytes;
+  self->receive([&](std::vector<char>& got) { got_bytes = std::move(got); },
+                caf::after(0s) >> [] {});
+  ASSERT_EQ(got_bytes.size(), 100u);
+  auto want = random_bytes(100, 3);
+  EXPECT_EQ(std::memcmp(got_bytes.data(), want.data(), 100), 0);
   EXPECT_GT(bulk->size(), 0u) << "all of it answered while the upload was still held";
 
   // Released, the upload completes.
@@ -234,7 +252,7 @@ TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_or_other_po
 
 TEST_F(store_actor_test, a_full_lane_answers_limit_exceeded) {
   auto small = std::make_shared<manual_executor>(1);
-  auto a = sys.spawn(store_service, backend, store_lanes{small, bulk}, store_options{});
+  auto a = sys.spawn(store_service, backend, store_lanes{small, bulk, reads}, store_options{});
   self->send(a, atom::read_pointer_v, pool);
   self->send(a, atom::read_pointer_v, pool);
   sched.run();
