@@ -278,7 +278,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
         return to_caf_error(ok.error());
       if (auto ok = store::validate_headers(tensors); !ok)
         return to_caf_error(ok.error());
-      auto stream = std::make_shared<store::fed_stream>(std::move(tensors));
+      auto stream = std::make_shared<store::fed_stream>(std::move(tensors), 64);
       if (stream->total() > st.limits.max_session_bytes)
         return to_caf_error(
           {errc::limit_exceeded, "the publish declares " + std::to_string(stream->total())

@@ -59,8 +59,8 @@ std::string human_bytes(uint64_t n) {
 /// A streamed publish sends chunks of this size, this many in flight: what
 /// the node holds of this client. Small chunks keep each message's share of
 /// the node's network thread short (pointer reads and requests share it).
-constexpr size_t publish_chunk = max_chunk_bytes;
-constexpr size_t publish_window = 8;
+constexpr size_t publish_chunk = size_t{1} << 20;
+constexpr size_t publish_window = 16;
 
 result<publish_summary> stream_directory(caf::actor_system& sys, const publisher_actor& publisher,
                                          const publish_command& cmd) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "actors/coordinator.hpp"
+#include "actors/fakes.hpp"
 #include "actors/gateway_actor.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/publisher_actor.hpp"
@@ -24,41 +25,7 @@ namespace stitch {
 namespace {
 
 using namespace std::chrono_literals;
-
-caf::actor_system_config& deterministic(caf::actor_system_config& cfg) {
-  register_stitch_types(cfg);
-  cfg.set("scheduler.policy", caf::atom("testing"));
-  cfg.set("logger.file-verbosity", caf::atom("quiet"));
-  return cfg;
-}
-
-/// A replica that reports `applied` to whoever subscribes and leaves when
-/// asked to retire.
-struct fake_replica_state {
-  replica_info info;
-};
-
-replica_actor::behavior_type fake_replica(replica_actor::stateful_pointer<fake_replica_state> self,
-                                          replica_info info) {
-  self->state.info = std::move(info);
-  return {
-    [](atom::generate, replica_call&) -> replica_answer { return {}; },
-    [](atom::cancel, uint64_t) {},
-    [](atom::wake) {},
-    [self](atom::retire) { self->quit(); },
-    [self](atom::server_info) { return self->state.info; },
-    [self](atom::subscribe, replica_watcher_actor& who) {
-      self->send(who, atom::replica_state_v, self->state.info);
-    },
-    [](atom::pointer_moved, const std::string&, const pointer_record&) {},
-    [](atom::tick) {},
-    [](atom::drain_check) {},
-    [](atom::staged, const work_report&) {},
-    [](atom::committed, const work_report&) {},
-    [](atom::rebuilt, const work_report&) {},
-    [](atom::generated, uint64_t, const replica_answer&, const caf::error&) {},
-  };
-}
+using testing::deterministic;
 
 /// A publisher whose boot publishes succeed or fail as told.
 struct fake_publisher_state {
@@ -179,7 +146,8 @@ protected:
       info.applied = log->applied;
       if (log->applied)
         info.serving = log->applied->version;
-      return sys.spawn(fake_replica, info);
+      return sys.spawn(testing::scripted_replica, info, testing::generate_script{},
+                       std::function<void(uint64_t)>{});
     };
     hooks.replica_gone = [log](const std::string& id) { log->gone.push_back(id); };
     hooks.start_trainer = [log](const experiment_spec& spec, const std::string&,

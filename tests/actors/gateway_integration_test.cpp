@@ -2,6 +2,7 @@
 // replicas at different versions (DESIGN §5).
 
 #include "cluster_fixture.hpp"
+#include "fakes.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -18,59 +19,33 @@ using namespace std::chrono_literals;
 /// request with a retryable 409 (the gateway must retry elsewhere, never
 /// duplicate work) or, with `hold`, takes requests and never answers (its
 /// node hung or died behind another node's route). Counts calls and cancels.
-struct fake_replica_state {
-  std::vector<caf::typed_response_promise<replica_answer>> held;
-};
-
 struct fake_counts {
   std::atomic<int> calls{0};
   std::atomic<int> cancels{0};
 };
 
-replica_actor::behavior_type fake_replica(replica_actor::stateful_pointer<fake_replica_state> self,
-                                          std::shared_ptr<fake_counts> counts, int64_t claims,
-                                          bool hold) {
-  auto info = [claims] {
-    replica_info i;
-    i.replica_id = "fake";
-    i.pool = "default";
-    i.ready = true;
-    i.applied = version_ref{"r", static_cast<uint64_t>(claims)};
-    i.serving = static_cast<uint64_t>(claims);
-    return i;
+replica_actor spawn_fake_replica(caf::actor_system& sys, std::shared_ptr<fake_counts> counts,
+                                 uint64_t claims, bool hold) {
+  replica_info i;
+  i.replica_id = "fake";
+  i.pool = "default";
+  i.ready = true;
+  i.applied = version_ref{"r", claims};
+  i.serving = claims;
+  auto script = [counts, hold](scripted_replica_ptr self,
+                               replica_call&) -> caf::result<replica_answer> {
+    ++counts->calls;
+    if (hold) {
+      auto p = self->make_response_promise<replica_answer>();
+      self->state.held.push_back(p);
+      return p;
+    }
+    auto a = answer_of(not_ready_error(rejection{0, 0, true, "fake says no"}));
+    a.replica_id = "fake";
+    return a;
   };
-  return {
-    [self, counts, hold](atom::generate, replica_call&) -> caf::result<replica_answer> {
-      ++counts->calls;
-      if (hold) {
-        auto p = self->make_response_promise<replica_answer>();
-        self->state.held.push_back(p);
-        return p;
-      }
-      replica_answer a;
-      a.status = 409;
-      a.error_type = "WeightVersionNotReady";
-      a.retryable = true;
-      a.retry_after = 1;
-      a.replica_id = "fake";
-      a.body = rejection_json(rejection{0, 0, true, "fake says no"});
-      return a;
-    },
-    [counts](atom::cancel, uint64_t) { ++counts->cancels; },
-    [](atom::wake) {},
-    [](atom::retire) {},
-    [info](atom::server_info) { return info(); },
-    [self, info](atom::subscribe, replica_watcher_actor& who) {
-      caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, info());
-    },
-    [](atom::pointer_moved, const std::string&, const pointer_record&) {},
-    [](atom::tick) {},
-    [](atom::drain_check) {},
-    [](atom::staged, const work_report&) {},
-    [](atom::committed, const work_report&) {},
-    [](atom::rebuilt, const work_report&) {},
-    [](atom::generated, uint64_t, const replica_answer&, const caf::error&) {},
-  };
+  return sys.spawn(scripted_replica, i, generate_script{script},
+                   std::function<void(uint64_t)>{[counts](uint64_t) { ++counts->cancels; }});
 }
 
 using gateway_test = cluster_test;
@@ -172,7 +147,7 @@ TEST_F(gateway_test, a_refusing_replica_is_retried_elsewhere_without_duplicate_g
   publish(0);
   start_replica("a");
   auto counts = std::make_shared<fake_counts>();
-  auto fake = sys.spawn(fake_replica, counts, int64_t{7}, false);
+  auto fake = spawn_fake_replica(sys, counts, 7, false);
   caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, fake);
   serve_gateway();
   await_ready({"a"}, 0);
@@ -194,7 +169,7 @@ TEST_F(gateway_test, a_refusing_replica_is_retried_elsewhere_without_duplicate_g
 TEST_F(gateway_test, a_dropped_replicas_requests_in_flight_are_cancelled_and_retried) {
   publish(0);
   auto counts = std::make_shared<fake_counts>();
-  auto silent = sys.spawn(fake_replica, counts, int64_t{0}, true);
+  auto silent = spawn_fake_replica(sys, counts, 0, true);
   caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, silent);
   serve_gateway();
   // The silent replica is the only one: it takes the request and hangs.

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/executors.hpp"
+#include "actors/fakes.hpp"
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
 #include "runtime/engine/builtin_engine.hpp"
@@ -28,13 +29,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using stitch::testing::temp_dir;
-
-caf::actor_system_config& deterministic(caf::actor_system_config& cfg) {
-  register_stitch_types(cfg);
-  cfg.set("scheduler.policy", caf::atom("testing"));
-  cfg.set("logger.file-verbosity", caf::atom("quiet"));
-  return cfg;
-}
+using testing::deterministic;
 
 /// Jobs wait until the test runs them.
 class stepped_executor final : public executor {

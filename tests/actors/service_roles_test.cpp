@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/executors.hpp"
+#include "actors/fakes.hpp"
 #include "actors/publisher.hpp"
 #include "actors/rollout_driver.hpp"
 #include "actors/status.hpp"
@@ -24,16 +25,10 @@ namespace stitch {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::deterministic;
 using testing::manual_executor;
 using testing::random_bytes;
 using testing::temp_dir;
-
-caf::actor_system_config& deterministic(caf::actor_system_config& cfg) {
-  register_stitch_types(cfg);
-  cfg.set("scheduler.policy", caf::atom("testing"));
-  cfg.set("logger.file-verbosity", caf::atom("quiet"));
-  return cfg;
-}
 
 class actor_fixture : public ::testing::Test {
 protected:
@@ -294,32 +289,6 @@ TEST_F(publisher_actor_test, a_directory_that_does_not_answer_means_nothing_is_c
 
 // -- status -------------------------------------------------------------------
 
-struct quiet_replica_state {
-  replica_info info;
-};
-
-replica_actor::behavior_type
-quiet_replica(replica_actor::stateful_pointer<quiet_replica_state> self, replica_info info) {
-  self->state.info = std::move(info);
-  return {
-    [](atom::generate, replica_call&) -> replica_answer { return {}; },
-    [](atom::cancel, uint64_t) {},
-    [](atom::wake) {},
-    [self](atom::retire) { self->quit(); },
-    [self](atom::server_info) { return self->state.info; },
-    [self](atom::subscribe, replica_watcher_actor& who) {
-      self->send(who, atom::replica_state_v, self->state.info);
-    },
-    [](atom::pointer_moved, const std::string&, const pointer_record&) {},
-    [](atom::tick) {},
-    [](atom::drain_check) {},
-    [](atom::staged, const work_report&) {},
-    [](atom::committed, const work_report&) {},
-    [](atom::rebuilt, const work_report&) {},
-    [](atom::generated, uint64_t, const replica_answer&, const caf::error&) {},
-  };
-}
-
 class status_actor_test : public actor_fixture {
 protected:
   ~status_actor_test() override {
@@ -347,7 +316,8 @@ TEST_F(status_actor_test, follows_replicas_until_they_die_and_shows_the_cluster)
   info.serving = 4;
   info.state = sync_state::staging;
   info.pointer = version_ref{"run", 6};
-  auto replica = sys.spawn(quiet_replica, info);
+  auto replica = sys.spawn(testing::scripted_replica, info, testing::generate_script{},
+                           std::function<void(uint64_t)>{});
   self->send(status, atom::enroll_v, std::string{"default"}, replica);
   sched.run();
   self->send(status, atom::pointer_moved_v, std::string{"default"},

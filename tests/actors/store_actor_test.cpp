@@ -10,6 +10,7 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include "actors/executors.hpp"
+#include "actors/fakes.hpp"
 #include "actors/store.hpp"
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/rocksdb_store.hpp"
@@ -20,13 +21,6 @@ namespace {
 
 using namespace stitch::testing;
 using namespace std::chrono_literals;
-
-caf::actor_system_config& deterministic(caf::actor_system_config& cfg) {
-  register_stitch_types(cfg);
-  cfg.set("scheduler.policy", caf::atom("testing"));
-  cfg.set("logger.file-verbosity", caf::atom("quiet"));
-  return cfg;
-}
 
 class store_actor_test : public ::testing::Test {
 protected:

@@ -1,22 +1,15 @@
 #include <gtest/gtest.h>
 
+#include "core/constraint_helpers.hpp"
+
 #include "runtime/core/admission_gate.hpp"
 
 namespace stitch {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace stitch::testing;
 namespace ge = gate_effects;
-
-constraint any() {
-  return {};
-}
-constraint min_v(uint64_t v) {
-  return {v, std::nullopt};
-}
-constraint exact_v(uint64_t v) {
-  return {std::nullopt, v};
-}
 
 admission_gate serving(uint64_t version, clock_time drain_timeout = 300s) {
   admission_gate g{admission_gate::options{drain_timeout, 4096}};

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "core/constraint_helpers.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/request_lifecycle.hpp"
@@ -8,20 +10,11 @@ namespace stitch {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace stitch::testing;
 namespace fx = request_effects;
 
 constexpr auto versioned = request_kind::versioned;
 constexpr auto passthrough = request_kind::passthrough;
-
-constraint any() {
-  return {};
-}
-constraint min_v(uint64_t v) {
-  return {v, std::nullopt};
-}
-constraint exact_v(uint64_t v) {
-  return {std::nullopt, v};
-}
 
 request_lifecycle serving(uint64_t version, clock_time drain_timeout = 300s) {
   request_lifecycle l{admission_gate::options{drain_timeout, 4096}};

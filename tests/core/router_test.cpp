@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "core/constraint_helpers.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/router.hpp"
@@ -8,16 +10,10 @@ namespace stitch {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace stitch::testing;
 
 replica_view ready_at(uint64_t v, std::string pool = "default") {
   return {std::move(pool), true, true, v};
-}
-
-constraint min_v(uint64_t v) {
-  return {v, std::nullopt};
-}
-constraint exact_v(uint64_t v) {
-  return {std::nullopt, v};
 }
 
 TEST(replica_router, least_outstanding_among_those_satisfying_the_constraint) {

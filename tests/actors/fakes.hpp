@@ -1,0 +1,71 @@
+#pragma once
+
+// Shared by the actor tests: CAF's deterministic scheduler, and a scripted
+// replica that stands in for a real one where only its protocol matters.
+
+#include <caf/actor_system_config.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include <functional>
+#include <vector>
+
+#include "actors/replica_actor.hpp"
+#include "runtime/node/system_config.hpp"
+
+namespace stitch::testing {
+
+/// Stitch's types, the testing scheduler (the test runs every message), no log file.
+inline caf::actor_system_config& deterministic(caf::actor_system_config& cfg) {
+  register_stitch_types(cfg);
+  cfg.set("scheduler.policy", caf::atom("testing"));
+  cfg.set("logger.file-verbosity", caf::atom("quiet"));
+  return cfg;
+}
+
+struct scripted_replica_state {
+  replica_info info;
+  /// Requests the script kept unanswered.
+  std::vector<caf::typed_response_promise<replica_answer>> held;
+};
+
+using scripted_replica_ptr = replica_actor::stateful_pointer<scripted_replica_state>;
+/// How a scripted replica answers `generate` (default: an empty 200).
+using generate_script = std::function<caf::result<replica_answer>(scripted_replica_ptr, replica_call&)>;
+
+/// A replica that reports `info` to every watcher at once, answers
+/// `server_info` with it, answers requests by `script`, tells `on_cancel` of
+/// cancels and leaves when asked to retire. Everything else it ignores.
+inline replica_actor::behavior_type scripted_replica(scripted_replica_ptr self, replica_info info,
+                                                     generate_script script = {},
+                                                     std::function<void(uint64_t)> on_cancel = {}) {
+  self->state.info = std::move(info);
+  return {
+    [self, script](atom::generate, replica_call& call) -> caf::result<replica_answer> {
+      if (script)
+        return script(self, call);
+      return replica_answer{};
+    },
+    [on_cancel](atom::cancel, uint64_t key) {
+      if (on_cancel)
+        on_cancel(key);
+    },
+    [](atom::wake) {},
+    [self](atom::retire) { self->quit(); },
+    [self](atom::server_info) { return self->state.info; },
+    [self](atom::subscribe, replica_watcher_actor& who) {
+      caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v,
+                   self->state.info);
+    },
+    [](atom::pointer_moved, const std::string&, const pointer_record&) {},
+    [](atom::tick) {},
+    [](atom::drain_check) {},
+    [](atom::staged, const work_report&) {},
+    [](atom::committed, const work_report&) {},
+    [](atom::rebuilt, const work_report&) {},
+    [](atom::generated, uint64_t, const replica_answer&, const caf::error&) {},
+  };
+}
+
+} // namespace stitch::testing
