@@ -1,5 +1,7 @@
 #include "runtime/store/hf_directory.hpp"
 
+#include "runtime/store/tensor_stream.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -556,19 +558,18 @@ std::string temp_suffix() {
 status write_hf_directory(const fs::path& directory, const tensor_set& tensors,
                           uint64_t max_shard_bytes) {
   std::vector<safetensors::tensor_spec> specs;
+  std::vector<tensor_header> headers;
   for (const auto& [key, t] : tensors) {
     if (key != t.name)
       return fail(errc::invalid_argument,
                   "tensor " + quote(t.name) + " is stored under the key " + quote(key));
-    auto size = safetensors::byte_length(t.type, t.shape);
-    if (!size)
-      return fail(errc::invalid_argument, "tensor " + quote(t.name) + ": " + size.error().message);
-    if (*size != t.bytes.size())
-      return fail(errc::invalid_argument,
-                  "tensor " + quote(t.name) + " holds " + std::to_string(t.bytes.size())
-                    + " bytes but its dtype and shape need " + std::to_string(*size));
+    headers.push_back({t.name, t.type, t.shape, t.bytes.size()});
     specs.push_back({t.name, t.type, t.shape});
   }
+  // The same checks as every published stream's (names, order, sizes).
+  if (!headers.empty())
+    if (auto ok = validate_headers(headers); !ok)
+      return ok;
   tensor_filler fill = [&](const std::string& name, const safetensors::byte_sink& sink) {
     return sink(tensors.at(name).bytes);
   };
