@@ -32,7 +32,8 @@ struct scripted_replica_state {
 
 using scripted_replica_ptr = replica_actor::stateful_pointer<scripted_replica_state>;
 /// How a scripted replica answers `generate` (default: an empty 200).
-using generate_script = std::function<caf::result<replica_answer>(scripted_replica_ptr, replica_call&)>;
+using generate_script =
+  std::function<caf::result<replica_answer>(scripted_replica_ptr, replica_call&)>;
 
 /// A replica that reports `info` to every watcher at once, answers
 /// `server_info` with it, answers requests by `script`, tells `on_cancel` of
@@ -55,8 +56,7 @@ inline replica_actor::behavior_type scripted_replica(scripted_replica_ptr self, 
     [self](atom::retire) { self->quit(); },
     [self](atom::server_info) { return self->state.info; },
     [self](atom::subscribe, replica_watcher_actor& who) {
-      caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v,
-                   self->state.info);
+      caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, self->state.info);
     },
     [](atom::pointer_moved, const std::string&, const pointer_record&) {},
     [](atom::tick) {},
