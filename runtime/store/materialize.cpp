@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <array>
+#include <condition_variable>
+#include <deque>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <variant>
 
 #include "gpu/checksum.hpp"
@@ -349,51 +354,168 @@ result<tensor_set> materialize(store_backend& store, std::string_view pool, cons
   return weights;
 }
 
+namespace {
+
+/// Reads and decodes a version's tensors ahead of the writer, on a thread of
+/// its own and across tensor boundaries: `reader->stream` for each tensor in
+/// turn, its pieces into a ring of buffers, each tensor's checksum verified
+/// on that thread. The writer takes the pieces of one tensor at a time; a
+/// tensor whose checksum does not match fails the export before its file
+/// can appear. (Hashing on the writer instead measured no faster here.)
+class read_ahead {
+public:
+  static result<std::unique_ptr<read_ahead>>
+  start(const version_reader& reader, std::vector<const safetensors::tensor_info*> order,
+        size_t buffers, size_t piece) {
+    std::unique_ptr<read_ahead> r{new read_ahead(reader, std::move(order))};
+    auto scratch = gpu::staging_allocator().allocate(piece);
+    if (!scratch)
+      return std::move(scratch).error();
+    r->scratch_ = std::move(*scratch);
+    for (size_t i = 0; i < std::max<size_t>(buffers, 2); ++i) {
+      auto b = gpu::staging_allocator().allocate(piece);
+      if (!b)
+        return std::move(b).error();
+      r->buffers_.push_back(std::move(*b));
+      r->free_.push_back(i);
+    }
+    r->thread_ = std::thread{[raw = r.get()] { raw->run(); }};
+    return r;
+  }
+
+  ~read_ahead() {
+    {
+      std::lock_guard lock{mutex_};
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  read_ahead(const read_ahead&) = delete;
+  read_ahead& operator=(const read_ahead&) = delete;
+
+  /// Hands tensor `name`'s bytes to `sink`, piece by piece as they are read
+  /// and decoded; verifies its checksum after the last.
+  status take(const std::string& name, const safetensors::byte_sink& sink) {
+    const size_t index = next_++;
+    if (index >= order_.size() || order_[index]->name != name)
+      return make_error(errc::invalid_argument, "the export asked for tensor '" + name
+                                                  + "' out of the order it reads them in");
+    for (;;) {
+      item it;
+      {
+        std::unique_lock lock{mutex_};
+        changed_.wait(lock, [&] { return !ready_.empty(); });
+        it = std::move(ready_.front());
+        ready_.pop_front();
+      }
+      if (it.end) {
+        if (it.tensor != index)
+          return make_error(errc::backend_failure, "export: the read-ahead lost its place");
+        // The pieces went out already; a checksum failure fails the export.
+        return it.outcome;
+      }
+      auto written = sink(buffers_[it.buffer].bytes().first(it.bytes));
+      {
+        std::lock_guard lock{mutex_};
+        free_.push_back(it.buffer);
+      }
+      changed_.notify_all();
+      if (!written)
+        return written;
+    }
+  }
+
+private:
+  struct item {
+    size_t tensor = 0;
+    bool end = false;
+    size_t buffer = 0;
+    size_t bytes = 0;
+    status outcome;
+  };
+
+  read_ahead(const version_reader& reader, std::vector<const safetensors::tensor_info*> order)
+      : reader_(reader), order_(std::move(order)) {}
+
+  void push(item it) {
+    {
+      std::lock_guard lock{mutex_};
+      ready_.push_back(std::move(it));
+    }
+    changed_.notify_all();
+  }
+
+  void run() {
+    for (size_t i = 0; i < order_.size(); ++i) {
+      std::optional<size_t> held;
+      auto next = [&]() -> result<std::span<std::byte>> {
+        std::unique_lock lock{mutex_};
+        changed_.wait(lock, [&] { return stopping_ || !free_.empty(); });
+        if (stopping_)
+          return make_error(errc::invalid_argument, "the export stopped");
+        held = free_.front();
+        free_.pop_front();
+        return buffers_[*held].bytes();
+      };
+      auto done = [&, i](size_t n) -> status {
+        push(item{i, false, *held, n, {}});
+        held.reset();
+        return {};
+      };
+      auto outcome =
+        reader_.stream(*order_[i], scratch_.bytes(), version_reader::piece_sink{next, done});
+      if (held) {
+        std::lock_guard lock{mutex_};
+        free_.push_back(*held);
+      }
+      push(item{i, true, 0, 0, outcome});
+      if (!outcome)
+        return;
+      std::lock_guard lock{mutex_};
+      if (stopping_)
+        return;
+    }
+  }
+
+  const version_reader& reader_;
+  std::vector<const safetensors::tensor_info*> order_;
+  size_t next_ = 0;
+  gpu::host_buffer scratch_;
+  std::vector<gpu::host_buffer> buffers_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<size_t> free_;
+  std::deque<item> ready_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+} // namespace
+
 status export_version(store_backend& store, std::string_view pool, const version_ref& ref,
                       const std::filesystem::path& out_dir, const export_options& options) {
   auto reader = version_reader::open(store, pool, ref);
   if (!reader)
     return std::move(reader).error();
-  // A quarter of the buffer decodes deltas, the rest rotates between reading
-  // and writing: the next pieces are read and decoded while one is written.
+  // The buffer: a quarter decodes deltas, the rest rotates between the
+  // reading thread (read, decode, verify) and the writer (this thread).
   const size_t piece = static_cast<size_t>(
     std::clamp<uint64_t>(options.buffer_bytes / 4, size_t{1} << 20, size_t{256} << 20));
-  auto scratch = gpu::staging_allocator().allocate(piece);
-  if (!scratch)
-    return std::move(scratch).error();
-  // The writing thread also hashes what it writes: decoding is the
-  // reading thread's, the slower, share.
-  const safetensors::byte_sink* current = nullptr;
-  checksum::tree_hasher hasher;
-  auto pipeline = buffer_pipeline::start(3, piece, [&](std::span<const std::byte> bytes) {
-    hasher.update(bytes);
-    return (*current)(bytes);
-  });
-  if (!pipeline)
-    return std::move(pipeline).error();
   std::vector<safetensors::tensor_spec> specs;
-  std::map<std::string, const safetensors::tensor_info*> by_name;
+  std::vector<const safetensors::tensor_info*> order;
   for (const auto& t : reader->tensors()) {
     specs.push_back({t.name, t.type, t.shape});
-    by_name.emplace(t.name, &t);
+    order.push_back(&t);
   }
-  auto& p = **pipeline;
-  tensor_filler fill = [&](const std::string& name, const safetensors::byte_sink& sink) -> status {
-    current = &sink;
-    hasher.reset();
-    const auto& t = *by_name.at(name);
-    auto streamed =
-      reader->stream(t, scratch->bytes(),
-                     version_reader::piece_sink{[&] { return p.acquire(); },
-                                                [&](size_t n) { return p.submit(n); }},
-                     true);
-    // The writes of this tensor end before its file may move on.
-    auto written = p.finish();
-    if (!streamed)
-      return streamed;
-    if (!written)
-      return written;
-    return reader->verify(t, hasher.digest());
+  // The files are written in name order, shard after shard: read in that order.
+  std::sort(order.begin(), order.end(),
+            [](const auto* a, const auto* b) { return a->name < b->name; });
+  auto ahead = read_ahead::start(*reader, std::move(order), 3, piece);
+  if (!ahead)
+    return std::move(ahead).error();
+  tensor_filler fill = [&](const std::string& name, const safetensors::byte_sink& sink) {
+    return (*ahead)->take(name, sink);
   };
   return write_hf_directory(out_dir, specs, fill, options.max_shard_bytes, options.sync);
 }

@@ -342,3 +342,23 @@ TEST_F(materialize_test, streaming_a_tensor_in_pieces_equals_reading_it_whole) {
 }
 
 } // namespace
+
+namespace {
+
+TEST_F(materialize_test, an_export_of_corrupt_bytes_fails_and_leaves_no_directory) {
+  publish_chain(3);
+  ASSERT_TRUE(store.corrupt("default", {"r1", 0}, "layers.1.weight", 17));
+  for (uint64_t v : {uint64_t{0}, uint64_t{2}}) {
+    auto out = dir / ("corrupt-" + std::to_string(v));
+    auto ok = export_version(store, "default", {"r1", v}, out, {});
+    ASSERT_FALSE(ok) << v;
+    EXPECT_EQ(ok.error().code, errc::checksum_mismatch) << to_string(ok.error());
+    EXPECT_NE(ok.error().message.find("layers.1.weight"), std::string::npos) << ok.error().message;
+    EXPECT_FALSE(fs::exists(out)) << "a failed export leaves nothing where it was going";
+  }
+  // Nothing of the failed exports is left beside it either.
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".corrupt-"), std::string::npos) << e.path();
+}
+
+} // namespace
