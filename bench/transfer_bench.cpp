@@ -1,0 +1,265 @@
+// transfer_bench: reading a version's bytes from a peer over UCX. A child
+// process holds N MB (default 1024) in a registered region; this process
+// reads all of it with the same transport, operation (RMA get), chunk size
+// and window (best of three each, interleaved): once with a bare UCP loop written here (the raw
+// limit, busy-progressing its worker), once with `transport::ucx::worker::read` (the
+// thread-progressed worker every fetch uses). Prints both bandwidths and `fetch_ratio` = ours / raw
+// (target >= 0.8), for each transport list given (default: "tcp" and "shm,self,tcp").
+//
+//   transfer_bench [--mb N] [--chunk KB] [--window W] [--tls LIST]... [--json]
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "transport/ucx.hpp"
+
+namespace {
+
+using namespace stitch;
+using namespace stitch::transport::ucx;
+using clock_type = std::chrono::steady_clock;
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "transfer_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+/// Forks a holder of `bytes` bytes over `tls`; answers its pid and descriptor.
+std::pair<pid_t, region_descriptor> spawn_holder(const std::string& tls, size_t bytes) {
+  int fds[2];
+  if (::pipe(fds) != 0)
+    die("pipe failed");
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    auto ctx = context::create({tls});
+    if (!ctx)
+      die("holder: " + to_string(ctx.error()));
+    auto w = worker::start(*ctx);
+    if (!w)
+      die("holder: " + to_string(w.error()));
+    std::vector<std::byte> data(bytes);
+    for (size_t i = 0; i < bytes; i += 4096)
+      data[i] = static_cast<std::byte>(i / 4096);
+    auto r = region::map(*ctx, data);
+    if (!r)
+      die("holder: " + to_string(r.error()));
+    auto desc = (*w)->describe(**r).encode();
+    uint64_t n = desc.size();
+    (void) !::write(fds[1], &n, sizeof n);
+    (void) !::write(fds[1], desc.data(), desc.size());
+    for (;;)
+      ::pause();
+  }
+  ::close(fds[1]);
+  uint64_t n = 0;
+  if (::read(fds[0], &n, sizeof n) != static_cast<ssize_t>(sizeof n) || n > (1 << 20))
+    die("the holder did not start");
+  std::vector<std::byte> desc(n);
+  size_t got = 0;
+  while (got < n) {
+    auto r = ::read(fds[0], desc.data() + got, n - got);
+    if (r <= 0)
+      die("the holder's descriptor was cut short");
+    got += static_cast<size_t>(r);
+  }
+  ::close(fds[0]);
+  auto d = region_descriptor::decode(desc);
+  if (!d)
+    die(to_string(d.error()));
+  return {pid, *d};
+}
+
+/// The raw limit: a bare UCP get loop, `window` requests in flight, the
+/// worker progressed by this thread without pause, over an endpoint with
+/// the same peer-failure handling as ours (`peer_errors`) — or without it,
+/// to show what shared memory alone would give.
+double raw_gbps(const std::string& tls, const region_descriptor& d, std::vector<std::byte>& out,
+                size_t chunk, size_t window, bool peer_errors = true) {
+  ucp_config_t* config = nullptr;
+  ucp_config_read(nullptr, nullptr, &config);
+  if (!tls.empty())
+    ucp_config_modify(config, "TLS", tls.c_str());
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_RMA;
+  ucp_context_h ctx = nullptr;
+  if (ucp_init(&params, config, &ctx) != UCS_OK)
+    die("raw: ucp_init failed");
+  ucp_config_release(config);
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h worker = nullptr;
+  if (ucp_worker_create(ctx, &wp, &worker) != UCS_OK)
+    die("raw: ucp_worker_create failed");
+  ucp_ep_params_t ep_params{};
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep_params.address = reinterpret_cast<const ucp_address_t*>(d.worker_address.data());
+  ep_params.err_mode = peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  ucp_ep_h ep = nullptr;
+  if (ucp_ep_create(worker, &ep_params, &ep) != UCS_OK)
+    die("raw: ucp_ep_create failed");
+  ucp_rkey_h rkey = nullptr;
+  if (ucp_ep_rkey_unpack(ep, d.rkey.data(), &rkey) != UCS_OK)
+    die("raw: ucp_ep_rkey_unpack failed");
+  struct state {
+    size_t in_flight = 0;
+    bool failed = false;
+  } st;
+  auto t0 = clock_type::now();
+  size_t next = 0;
+  while (next < out.size() || st.in_flight > 0) {
+    while (st.in_flight < window && next < out.size()) {
+      const size_t n = std::min(chunk, out.size() - next);
+      ucp_request_param_t rp{};
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      rp.user_data = &st;
+      rp.cb.send = [](void* req, ucs_status_t s, void* user) {
+        auto* x = static_cast<state*>(user);
+        --x->in_flight;
+        x->failed |= s != UCS_OK;
+        ucp_request_free(req);
+      };
+      auto req = ucp_get_nbx(ep, out.data() + next, n, d.address + next, rkey, &rp);
+      if (UCS_PTR_IS_ERR(req))
+        die("raw: ucp_get_nbx failed");
+      if (req != nullptr)
+        ++st.in_flight;
+      next += n;
+    }
+    ucp_worker_progress(worker);
+  }
+  double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  if (st.failed)
+    die("raw: a get failed");
+  ucp_rkey_destroy(rkey);
+  ucp_request_param_t cp{};
+  cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  cp.flags = peer_errors ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  auto req = ucp_ep_close_nbx(ep, &cp);
+  if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
+    while (ucp_request_check_status(req) == UCS_INPROGRESS)
+      ucp_worker_progress(worker);
+    ucp_request_free(req);
+  }
+  ucp_worker_destroy(worker);
+  ucp_cleanup(ctx);
+  return static_cast<double>(out.size()) / s / 1e9;
+}
+
+double ours_gbps(const std::string& tls, const region_descriptor& d, std::vector<std::byte>& out,
+                 size_t chunk, size_t window) {
+  auto ctx = context::create({tls});
+  if (!ctx)
+    die(to_string(ctx.error()));
+  auto w = worker::start(*ctx);
+  if (!w)
+    die(to_string(w.error()));
+  read_options ro;
+  ro.chunk = chunk;
+  ro.window = window;
+  ro.deadline = std::chrono::minutes{5};
+  auto t0 = clock_type::now();
+  auto ok = (*w)->read(d, 0, out, ro);
+  double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  if (!ok)
+    die(to_string(ok.error()));
+  return static_cast<double>(out.size()) / s / 1e9;
+}
+
+bool checks(const std::vector<std::byte>& out) {
+  for (size_t i = 0; i < out.size(); i += 4096)
+    if (out[i] != static_cast<std::byte>(i / 4096))
+      return false;
+  return true;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  size_t mb = 1024;
+  size_t chunk = size_t{1} << 20;
+  size_t window = 8;
+  bool json = false;
+  std::vector<std::string> lists;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--mb" && i + 1 < argc)
+      mb = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--chunk" && i + 1 < argc)
+      chunk = std::strtoull(argv[++i], nullptr, 10) << 10;
+    else if (a == "--window" && i + 1 < argc)
+      window = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--tls" && i + 1 < argc)
+      lists.push_back(argv[++i]);
+    else if (a == "--json")
+      json = true;
+    else {
+      std::fprintf(stderr, "usage: transfer_bench [--mb N] [--chunk KB] [--window W] "
+                           "[--tls LIST]... [--json]\n");
+      return 2;
+    }
+  }
+  if (mb == 0 || chunk == 0 || window == 0)
+    die("--mb, --chunk and --window must be positive");
+  if (lists.empty())
+    lists = {"tcp", "shm,self,tcp"};
+  const size_t bytes = mb << 20;
+  std::vector<std::byte> out(bytes);
+  // Touch the destination once so that neither run pays for its first faults.
+  std::memset(out.data(), 0, out.size());
+  std::string rows;
+  bool met = true;
+  for (const auto& tls : lists) {
+    auto [pid, desc] = spawn_holder(tls, bytes);
+    // Best of three each, interleaved: this machine is shared and noisy.
+    double raw = 0, ours = 0;
+    for (int round = 0; round < 3; ++round) {
+      std::memset(out.data(), 0, out.size());
+      raw = std::max(raw, raw_gbps(tls, desc, out, chunk, window));
+      if (!checks(out))
+        die("raw: the bytes read differ from the holder's");
+      std::memset(out.data(), 0, out.size());
+      ours = std::max(ours, ours_gbps(tls, desc, out, chunk, window));
+      if (!checks(out))
+        die("fetch: the bytes read differ from the holder's");
+    }
+    // What the same transports give without peer-failure handling: UCX
+    // 1.13 has none over shared memory, so it is not used (a holder that
+    // dies leaves such a read hanging); shown for reference.
+    std::memset(out.data(), 0, out.size());
+    const double unguarded = raw_gbps(tls, desc, out, chunk, window, false);
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    const double ratio = ours / raw;
+    met &= ratio >= 0.8;
+    if (json) {
+      char row[256];
+      std::snprintf(row, sizeof row,
+                    "%s{\"tls\":\"%s\",\"raw_gbps\":%.3f,\"fetch_gbps\":%.3f,\"fetch_ratio\":%.3f,"
+                    "\"raw_without_peer_errors_gbps\":%.3f}",
+                    rows.empty() ? "" : ",", tls.c_str(), raw, ours, ratio, unguarded);
+      rows += row;
+    } else {
+      std::printf("%-16s raw get %.3f GB/s, fetch %.3f GB/s: fetch_ratio %.2f (target >= 0.8); "
+                  "raw without peer-failure handling %.3f GB/s\n",
+                  tls.c_str(), raw, ours, ratio, unguarded);
+    }
+  }
+  if (json)
+    std::printf("{\"mb\":%zu,\"chunk\":%zu,\"window\":%zu,\"rows\":[%s]}\n", mb, chunk, window,
+                rows.c_str());
+  return met ? 0 : 1;
+}
