@@ -425,6 +425,11 @@ status worker::read(const region_descriptor& from, uint64_t offset, std::span<st
                                                 + " of a region of " + std::to_string(from.size));
   if (from.worker_address.empty() || from.rkey.empty())
     return make_error(errc::invalid_argument, "ucx: the region descriptor names no peer or key");
+  // UCX trusts a packed address: one this build did not make (its header
+  // byte carries the format version) would abort the process in UCX.
+  if (from.worker_address.size() < 9 || from.worker_address[0] != address_.front())
+    return make_error(errc::invalid_argument,
+                      "ucx: the peer's worker address is not in this UCX build's format");
   auto op = std::make_shared<impl::read_op>();
   op->owner = impl_.get();
   op->peer.assign(reinterpret_cast<const char*>(from.worker_address.data()),

@@ -106,6 +106,8 @@ public:
 
   /// This worker's address, for descriptors of the regions it serves.
   const std::vector<std::byte>& address() const noexcept { return address_; }
+  /// The context its regions are registered with.
+  const std::shared_ptr<context>& ctx() const noexcept { return ctx_; }
 
   /// The descriptor of `r` served by this worker.
   region_descriptor describe(const region& r) const;

@@ -3,6 +3,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -12,18 +14,28 @@
 
 namespace stitch {
 
-/// A tensor's bytes a holder offers to peers.
+/// A tensor's full bytes a holder offers to peers.
 struct exposed_tensor {
   std::string name;
   std::span<const std::byte> bytes;
-  uint64_t checksum;
 };
 
-/// Where a fetched tensor goes.
+/// The full weights of one version in host memory, as a holder exposes them:
+/// `keep` keeps the bytes alive (a holder holds it while any reader has a
+/// lease, so weights an engine replaced stay readable until then).
+struct host_weights {
+  version_ref version;
+  std::vector<exposed_tensor> tensors;
+  std::shared_ptr<const void> keep;
+};
+
+/// Where a fetched tensor goes: the full bytes of tensor `name` of the
+/// fetched version, verified against `expected_checksum` (the version's
+/// manifest, DESIGN §1 `xxh3-64-tree-1MiB`).
 struct fetch_target {
   std::string name;
   std::span<std::byte> destination;
-  uint64_t expected_checksum;
+  uint64_t expected_checksum = 0;
 };
 
 struct transfer_progress {
@@ -31,17 +43,36 @@ struct transfer_progress {
   uint64_t bytes_total = 0;
 };
 
+/// What a fetch did. A target not `fetched` holds unspecified bytes: the
+/// caller builds it from the store instead.
+struct fetch_report {
+  std::vector<bool> fetched;
+  /// Verified bytes by the holder that served them.
+  std::map<std::string, uint64_t> bytes_by_source;
+  /// One line per thing that went wrong (a holder that vanished, a chunk
+  /// whose digest failed, a deadline), for the log.
+  std::vector<std::string> problems;
+
+  bool complete() const {
+    for (bool f : fetched)
+      if (!f)
+        return false;
+    return true;
+  }
+};
+
 /// The transfer port (DESIGN §4): weight bytes move host to host, peer to
-/// peer, not through shared storage. Implemented over UCX in `transport/`.
+/// peer, not through shared storage. A holder exposes a version's full
+/// weights (`transport/ucx_peer.hpp`); a receiver fetches the tensors it
+/// needs from the holders of exactly that version, each chunk verified, and
+/// builds whatever no holder could give from the store. Implemented over UCX.
 class transfer {
 public:
   virtual ~transfer() = default;
-  /// Offers a version's bytes to peers until `withdraw`.
-  virtual status expose(const version_ref& ref, std::vector<exposed_tensor> tensors) = 0;
-  virtual void withdraw(const version_ref& ref) = 0;
-  /// Fetches tensors of `ref` into the targets, verifying each checksum.
-  virtual status fetch(const version_ref& ref, std::span<const fetch_target> targets,
-                       const std::function<void(const transfer_progress&)>& progress) = 0;
+  /// Fetches the full bytes of `targets` of version `ref` from its holders;
+  /// never fails as a whole: what could not be fetched is reported.
+  virtual fetch_report fetch(const version_ref& ref, std::span<const fetch_target> targets,
+                             const std::function<void(const transfer_progress&)>& progress) = 0;
 };
 
 } // namespace stitch

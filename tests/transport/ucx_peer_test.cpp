@@ -1,0 +1,353 @@
+// Peer-to-peer fetches over UCX: holders lease a version's tensors, a
+// receiver stripes its reads across them and verifies every 1 MiB chunk;
+// corrupt holders, holders whose bytes differ from the manifest, holders
+// that die mid-fetch (another process, SIGKILLed) and unreachable holders
+// end in a fetch from the others or a clear report, never a hang.
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "runtime/core/checksum.hpp"
+#include "transport/ucx_peer.hpp"
+
+namespace stitch::transport::ucx {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<std::byte> pattern(size_t n, uint64_t seed) {
+  std::vector<std::byte> out(n);
+  std::mt19937_64 rng{seed};
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t v = rng();
+    std::memcpy(out.data() + i, &v, 8);
+  }
+  for (size_t i = n / 8 * 8; i < n; ++i)
+    out[i] = static_cast<std::byte>(i * 7 + seed);
+  return out;
+}
+
+/// A version of three tensors (one large, one of a few chunks and a bit,
+/// one tiny) and one empty tensor.
+struct model {
+  version_ref ref{"run", 3};
+  std::vector<std::string> names{"a.weight", "b.bias", "c.norm", "d.empty"};
+  std::vector<size_t> sizes{(40 << 20) + 5, (3 << 20) + 1, 17, 0};
+  std::vector<std::vector<std::byte>> bytes;
+
+  explicit model(uint64_t seed = 11) {
+    for (size_t i = 0; i < sizes.size(); ++i)
+      bytes.push_back(pattern(sizes[i], seed + i));
+  }
+  host_weights weights() {
+    host_weights w;
+    w.version = ref;
+    for (size_t i = 0; i < names.size(); ++i)
+      w.tensors.push_back({names[i], bytes[i]});
+    return w;
+  }
+};
+
+std::shared_ptr<worker> start_worker(const std::string& tls) {
+  auto ctx = context::create({tls});
+  EXPECT_TRUE(ctx) << (ctx ? "" : to_string(ctx.error()));
+  auto w = worker::start(*ctx);
+  EXPECT_TRUE(w) << (w ? "" : to_string(w.error()));
+  return std::shared_ptr<worker>{std::move(*w)};
+}
+
+/// Destinations for every tensor of `m`, and their targets.
+struct receive {
+  std::vector<std::vector<std::byte>> out;
+  std::vector<fetch_target> targets;
+  explicit receive(const model& m) {
+    for (size_t i = 0; i < m.names.size(); ++i)
+      out.emplace_back(m.sizes[i], std::byte{0});
+    for (size_t i = 0; i < m.names.size(); ++i)
+      targets.push_back({m.names[i], out[i], checksum::tree_checksum(m.bytes[i])});
+  }
+  bool equals(const model& m) const {
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i] != m.bytes[i])
+        return false;
+    return true;
+  }
+};
+
+std::string problems_of(const fetch_report& r) {
+  std::string all;
+  for (const auto& p : r.problems)
+    all += p + "\n";
+  return all;
+}
+
+class peer_transports : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(peer_transports, stripes_a_version_across_two_holders_bit_exact) {
+  model m;
+  auto wa = start_worker(GetParam());
+  auto wb = start_worker(GetParam());
+  auto wr = start_worker(GetParam());
+  holder a{wa, "holder-a", 60s}, b{wb, "holder-b", 60s};
+  ASSERT_TRUE(a.expose(m.weights()));
+  ASSERT_TRUE(b.expose(m.weights()));
+  auto oa = a.lease(m.ref), ob = b.lease(m.ref);
+  ASSERT_TRUE(oa && ob);
+  EXPECT_EQ(a.leases(), 1u);
+  receive r{m};
+  fetch_options fo;
+  fo.stripe = 2 << 20;
+  uint64_t last_done = 0, total = 0;
+  std::vector<offer> sources{*oa, *ob};
+  auto report = fetch(*wr, m.ref, sources, r.targets, fo, [&](const transfer_progress& p) {
+    EXPECT_GE(p.bytes_done, last_done);
+    last_done = p.bytes_done;
+    total = p.bytes_total;
+  });
+  EXPECT_TRUE(report.complete()) << problems_of(report);
+  EXPECT_TRUE(r.equals(m));
+  EXPECT_EQ(last_done, total);
+  uint64_t all = 0;
+  for (auto s : m.sizes)
+    all += s;
+  EXPECT_EQ(total, all);
+  // Both holders served a share of the stripes.
+  EXPECT_GT(report.bytes_by_source["holder-a"], 0u);
+  EXPECT_GT(report.bytes_by_source["holder-b"], 0u);
+  EXPECT_EQ(report.bytes_by_source["holder-a"] + report.bytes_by_source["holder-b"], all);
+  a.release(oa->lease);
+  EXPECT_EQ(a.leases(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(ucx, peer_transports, ::testing::Values("tcp", "shm,self,tcp"));
+
+TEST(ucx_peer, a_corrupt_chunk_is_fetched_again_from_another_holder) {
+  model m;
+  model corrupt = m;
+  auto wa = start_worker("tcp"), wb = start_worker("tcp"), wr = start_worker("tcp");
+  holder a{wa, "holder-a", 60s}, b{wb, "holder-b", 60s};
+  ASSERT_TRUE(a.expose(corrupt.weights()));
+  ASSERT_TRUE(b.expose(m.weights()));
+  // After its digests were taken: a bit flips in holder a's memory.
+  corrupt.bytes[0][(5 << 20) + 3] ^= std::byte{0x10};
+  std::vector<offer> sources{*a.lease(m.ref), *b.lease(m.ref)};
+  receive r{m};
+  fetch_options fo;
+  fo.stripe = 1 << 20;
+  auto report = fetch(*wr, m.ref, sources, r.targets, fo);
+  EXPECT_TRUE(report.complete()) << problems_of(report);
+  EXPECT_TRUE(r.equals(m));
+  // Unless holder b happened to serve chunk 5 first, the digest caught it.
+  if (report.bytes_by_source["holder-a"] > 0 && !report.problems.empty()) {
+    EXPECT_NE(problems_of(report).find("chunk 5 of tensor 'a.weight' from holder-a failed"),
+              std::string::npos)
+      << problems_of(report);
+  }
+
+  // With the corrupt holder alone, the chunk cannot be had: not fetched.
+  std::vector<offer> only_a{*a.lease(m.ref)};
+  receive alone{m};
+  auto partial = fetch(*wr, m.ref, only_a, alone.targets, fo);
+  EXPECT_FALSE(partial.fetched[0]);
+  EXPECT_TRUE(partial.fetched[1]);
+  EXPECT_TRUE(partial.fetched[2]);
+  EXPECT_NE(problems_of(partial).find("chunk 5 of tensor 'a.weight'"), std::string::npos)
+    << problems_of(partial);
+  EXPECT_NE(problems_of(partial).find("could not be fetched"), std::string::npos);
+}
+
+TEST(ucx_peer, a_holder_whose_bytes_differ_from_the_manifest_is_not_asked) {
+  model m;
+  model other{99};
+  auto wa = start_worker("tcp"), wr = start_worker("tcp");
+  holder a{wa, "holder-a", 60s};
+  ASSERT_TRUE(a.expose(other.weights()));
+  std::vector<offer> sources{*a.lease(m.ref)};
+  receive r{m};
+  auto report = fetch(*wr, m.ref, sources, r.targets);
+  EXPECT_FALSE(report.fetched[0]);
+  EXPECT_FALSE(report.fetched[1]);
+  EXPECT_FALSE(report.fetched[2]);
+  EXPECT_TRUE(report.fetched[3]) << "an empty tensor needs no holder";
+  EXPECT_EQ(report.bytes_by_source["holder-a"], 0u);
+  EXPECT_NE(problems_of(report).find("holder-a offers tensor 'a.weight' with other bytes"),
+            std::string::npos)
+    << problems_of(report);
+}
+
+TEST(ucx_peer, leases_keep_a_replaced_version_readable_and_name_only_the_exposed_one) {
+  model v3;
+  model v4{21};
+  v4.ref = {"run", 4};
+  auto wa = start_worker("tcp"), wr = start_worker("tcp");
+  holder a{wa, "holder-a", 60s};
+  EXPECT_FALSE(a.exposed());
+  auto none = a.lease(v3.ref);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code, errc::not_found);
+  ASSERT_TRUE(a.expose(v3.weights()));
+  auto old = a.lease(v3.ref);
+  ASSERT_TRUE(old);
+  ASSERT_TRUE(a.expose(v4.weights()));
+  EXPECT_EQ(a.exposed(), v4.ref);
+  EXPECT_FALSE(a.lease(v3.ref)) << "v3 is no longer offered";
+  // The lease taken before still reads v3.
+  receive r{v3};
+  std::vector<offer> sources{*old};
+  auto report = fetch(*wr, v3.ref, sources, r.targets);
+  EXPECT_TRUE(report.complete()) << problems_of(report);
+  EXPECT_TRUE(r.equals(v3));
+  a.release(old->lease);
+  a.withdraw();
+  EXPECT_FALSE(a.exposed());
+  // A source offering another version is not used for this one.
+  ASSERT_TRUE(a.expose(v4.weights()));
+  std::vector<offer> wrong{*a.lease(v4.ref)};
+  receive again{v3};
+  auto refused = fetch(*wr, v3.ref, wrong, again.targets);
+  EXPECT_FALSE(refused.fetched[0]);
+  EXPECT_NE(problems_of(refused).find("offers run/weight_v000004, not run/weight_v000003"),
+            std::string::npos)
+    << problems_of(refused);
+}
+
+TEST(ucx_peer, an_unreachable_holder_ends_in_a_report_within_the_deadline) {
+  model m;
+  auto wa = start_worker("tcp"), wr = start_worker("tcp");
+  offer o;
+  {
+    holder a{wa, "holder-a", 60s};
+    ASSERT_TRUE(a.expose(m.weights()));
+    o = *a.lease(m.ref);
+  }
+  // The holder's worker is gone: its address names nobody.
+  wa.reset();
+  receive r{m};
+  fetch_options fo;
+  fo.deadline = 5s;
+  fo.read.deadline = 2s;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<offer> sources{o};
+  auto report = fetch(*wr, m.ref, sources, r.targets, fo);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+  EXPECT_FALSE(report.fetched[0]);
+  EXPECT_FALSE(report.problems.empty());
+  // An address in no format this UCX build makes is refused before UCX
+  // parses it.
+  o.worker_address.assign(40, std::byte{0x5a});
+  std::vector<offer> garbage{o};
+  receive g{m};
+  auto bad = fetch(*wr, m.ref, garbage, g.targets, fo);
+  EXPECT_FALSE(bad.fetched[0]);
+  EXPECT_NE(problems_of(bad).find("not in this UCX build's format"), std::string::npos)
+    << problems_of(bad);
+}
+
+// -- across processes ----------------------------------------------------------
+
+/// A holder process: exposes `model(seed)` over TCP until killed; each
+/// tensor's descriptor comes back through a pipe.
+struct child {
+  pid_t pid = -1;
+  offer o;
+};
+
+child spawn_child(const std::string& name) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    model m;
+    auto w = start_worker("tcp");
+    holder h{w, name, 600s};
+    if (!h.expose(m.weights()))
+      ::_exit(3);
+    auto o = h.lease(m.ref);
+    for (const auto& t : o->tensors) {
+      region_descriptor d{o->worker_address, t.address, t.size, t.rkey};
+      auto bytes = d.encode();
+      uint64_t n = bytes.size();
+      (void) !::write(fds[1], &n, sizeof n);
+      (void) !::write(fds[1], bytes.data(), bytes.size());
+    }
+    ::close(fds[1]);
+    for (;;)
+      ::pause();
+  }
+  ::close(fds[1]);
+  child c;
+  c.pid = pid;
+  model m;
+  c.o.source = name;
+  c.o.version = m.ref;
+  for (size_t i = 0; i < m.names.size(); ++i) {
+    uint64_t n = 0;
+    EXPECT_EQ(::read(fds[0], &n, sizeof n), static_cast<ssize_t>(sizeof n));
+    std::vector<std::byte> bytes(n);
+    size_t got = 0;
+    while (got < n) {
+      auto r = ::read(fds[0], bytes.data() + got, n - got);
+      if (r <= 0)
+        break;
+      got += static_cast<size_t>(r);
+    }
+    auto d = region_descriptor::decode(bytes);
+    EXPECT_TRUE(d || m.sizes[i] == 0) << "tensor " << i;
+    offered_tensor t;
+    t.name = m.names[i];
+    t.size = m.sizes[i];
+    if (d) {
+      c.o.worker_address = d->worker_address;
+      t.address = d->address;
+      t.rkey = d->rkey;
+    }
+    for (size_t at = 0; at < t.size; at += checksum::chunk_size)
+      t.leaves.push_back(checksum::chunk_digest(
+        std::span{m.bytes[i]}.subspan(at, std::min(checksum::chunk_size, t.size - at))));
+    c.o.tensors.push_back(std::move(t));
+  }
+  ::close(fds[0]);
+  return c;
+}
+
+TEST(ucx_peer, three_processes_a_holder_killed_mid_fetch_the_other_finishes) {
+  // Both holders are forked before this process touches UCX.
+  auto a = spawn_child("holder-a");
+  auto b = spawn_child("holder-b");
+  auto wr = start_worker("tcp");
+  model m;
+  receive r{m};
+  fetch_options fo;
+  fo.stripe = 1 << 20;
+  // Small reads one at a time: the fetch outlasts the kill by far.
+  fo.read.chunk = 64 << 10;
+  fo.read.window = 1;
+  fo.read.deadline = 5s;
+  std::atomic<bool> killed{false};
+  std::vector<offer> sources{a.o, b.o};
+  auto report = fetch(*wr, m.ref, sources, r.targets, fo, [&](const transfer_progress& p) {
+    if (!killed && p.bytes_done > p.bytes_total / 8) {
+      killed = true;
+      ::kill(a.pid, SIGKILL);
+    }
+  });
+  EXPECT_TRUE(killed);
+  EXPECT_TRUE(report.complete()) << problems_of(report);
+  EXPECT_TRUE(r.equals(m));
+  EXPECT_GT(report.bytes_by_source["holder-b"], report.bytes_by_source["holder-a"]);
+  EXPECT_NE(problems_of(report).find("holder-a: "), std::string::npos) << problems_of(report);
+  ::kill(b.pid, SIGKILL);
+  ::waitpid(a.pid, nullptr, 0);
+  ::waitpid(b.pid, nullptr, 0);
+}
+
+} // namespace
+} // namespace stitch::transport::ucx
