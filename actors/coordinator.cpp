@@ -9,6 +9,7 @@
 #include "actors/publisher_actor.hpp"
 #include "actors/status_actor.hpp"
 #include "runtime/core/retention.hpp"
+#include "runtime/core/source_choice.hpp"
 #include "runtime/core/token.hpp"
 
 namespace stitch {
@@ -257,21 +258,45 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
         return refused(errc::not_found, "no actor serves the role '" + role + "'");
       return it->second.front();
     },
-    [self](atom::lookup, const std::string& pool,
-           const version_ref& version) -> std::vector<std::string> {
+    [self](atom::lookup, const std::string& pool, const version_ref& version,
+           const std::string& receiver, const std::string& receiver_node) {
       auto& st = self->state;
-      std::set<std::string> nodes;
+      std::vector<source_candidate> candidates;
+      std::vector<holder_entry> entries;
+      auto add = [&](const replica_info& info, const std::string& node,
+                     const replica_actor& handle) {
+        if (info.pool != pool || info.applied != version || !handle)
+          return;
+        candidates.push_back({info.replica_id, node, st.handed_out[info.replica_id]});
+        entries.push_back({info.replica_id, node, handle});
+      };
       for (const auto& [id, info] : st.infos)
-        if (auto p = st.plan.placements().find(id);
-            p != st.plan.placements().end() && p->second.pool == pool && info.applied == version)
-          nodes.insert(p->second.node);
-      return {nodes.begin(), nodes.end()};
+        if (auto p = st.plan.placements().find(id); p != st.plan.placements().end())
+          if (auto r = st.replicas.find(id); r != st.replicas.end())
+            add(info, p->second.node, r->second);
+      auto member_on = [&](const caf::node_id& where) {
+        for (const auto& [name, m] : st.members)
+          if (m.agent.node() == where)
+            return name;
+        return std::string{};
+      };
+      for (const auto& [addr, r] : st.standalone_replicas)
+        if (r.info)
+          add(*r.info, member_on(r.handle.node()), r.handle);
+      std::vector<holder_entry> chosen;
+      for (auto i : choose_sources(candidates, receiver, receiver_node, 4)) {
+        ++st.handed_out[entries[i].replica_id];
+        chosen.push_back(std::move(entries[i]));
+      }
+      return chosen;
     },
     [self](atom::replica_state, replica_info& info) {
       auto& st = self->state;
       if (auto it =
             st.standalone_replicas.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
           it != st.standalone_replicas.end()) {
+        if (!it->second.info || it->second.info->applied != info.applied)
+          st.handed_out.erase(info.replica_id);
         it->second.info = std::move(info);
         return;
       }
@@ -279,6 +304,8 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
         return;
       auto& known = st.infos[info.replica_id];
       bool moved = known.applied != info.applied || known.ready != info.ready;
+      if (known.applied != info.applied)
+        st.handed_out.erase(info.replica_id);
       known = std::move(info);
       if (moved)
         publish_view(self);
@@ -304,7 +331,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       auto& st = self->state;
       if (st.standalone_replicas.contains(replica.address()))
         return;
-      st.standalone_replicas[replica.address()] = {pool, std::nullopt};
+      st.standalone_replicas[replica.address()] = {pool, std::nullopt, replica};
       self->monitor(replica);
       self->send(replica, atom::subscribe_v, caf::actor_cast<replica_watcher_actor>(self));
     },

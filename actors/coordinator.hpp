@@ -50,8 +50,12 @@ struct coordinator_state {
   struct standalone {
     std::string pool;
     std::optional<replica_info> info;
+    replica_actor handle;
   };
   std::map<caf::actor_addr, standalone> standalone_replicas;
+  /// How often each replica was handed to a receiver as a holder since its
+  /// applied version last changed (source choice spreads over holders).
+  std::map<std::string, uint64_t> handed_out;
 };
 
 coordinator_actor::behavior_type

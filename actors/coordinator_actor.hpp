@@ -25,9 +25,12 @@ namespace stitch {
 using coordinator_actor = caf::typed_actor<
   // Answers the actor serving `role` ("store", "publisher", "status").
   caf::replies_to<atom::lookup, std::string>::with<caf::actor>,
-  // The directory of version bytes (for peer transfer): the nodes whose
-  // replicas of `pool` have `version` applied.
-  caf::replies_to<atom::lookup, std::string, version_ref>::with<std::vector<std::string>>,
+  // The directory of version bytes (peer transfer): replicas of `pool` that
+  // hold `version` (applied) and may serve it, chosen for the receiver named
+  // by the last two strings (replica id, node): the least used first, at
+  // most four.
+  caf::replies_to<atom::lookup, std::string, version_ref, std::string,
+                  std::string>::with<std::vector<holder_entry>>,
   // Records that `handle` serves `role` (several may: every gateway and
   // status actor learns of placed replicas).
   caf::reacts_to<atom::enroll, std::string, caf::actor>,

@@ -1,4 +1,5 @@
 #include "actors/replica.hpp"
+#include "actors/peer_offer.hpp"
 
 #include <caf/all.hpp>
 
@@ -37,6 +38,43 @@ status status_of(self_ptr self, const work_report& r) {
 
 std::chrono::nanoseconds since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::steady_clock::now() - t0;
+}
+
+/// Offers the engine's served weights to peers, on the reconcile worker
+/// (registering memory and taking chunk digests take time that grows with
+/// the model): the next job after an activation or a rebuild.
+void expose_served(replica_state& st, const std::shared_ptr<engine_port>& engine) {
+  if (!st.deps.holder)
+    return;
+  st.deps.reconcile_worker->post([holder = st.deps.holder, engine, id = st.opts.replica_id] {
+    auto view = engine->host_view();
+    if (!view) {
+      holder->withdraw();
+      return;
+    }
+    auto ref = view->version;
+    if (auto ok = holder->expose(std::move(*view)); !ok) {
+      holder->withdraw();
+      log::warn("replica", id + " cannot offer " + to_string(ref)
+                             + " to peers (they read the store instead): " + to_string(ok.error()));
+    }
+  });
+}
+
+/// Where the bytes between two snapshots came from.
+fetch_summary fetched_between(const counting_source::counts& before,
+                              const counting_source::counts& after) {
+  fetch_summary f;
+  f.from_store = after.from_store - before.from_store;
+  for (const auto& [source, n] : after.from_peers) {
+    auto was = before.from_peers.find(source);
+    uint64_t d = n - (was == before.from_peers.end() ? 0 : was->second);
+    if (d > 0)
+      f.from_peers[source] = d;
+  }
+  for (size_t i = before.problems.size(); i < after.problems.size() && f.problems.size() < 8; ++i)
+    f.problems.push_back(after.problems[i]);
+  return f;
 }
 
 /// What the engine answered; an engine error goes back as an error of its
@@ -226,11 +264,15 @@ void carry_out(self_ptr self, rfx::stage e) {
   auto handle = caf::actor_cast<replica_actor>(self);
   st.deps.reconcile_worker->post([handle, engine = st.engine, bytes = st.bytes, e] {
     auto t0 = std::chrono::steady_clock::now();
+    auto before = bytes->snapshot();
     status outcome = engine->prefetch(e.plan);
     if (outcome)
       outcome = engine->stage(e.plan, e.onto_shadow, *bytes);
     auto report = report_of(e.op, outcome, since(t0));
     report.version = e.plan.target;
+    report.fetched = fetched_between(before, bytes->snapshot());
+    report.fetched.version = e.plan.target;
+    report.fetched.seconds = std::chrono::duration<double>(since(t0)).count();
     caf::anon_send(handle, atom::staged_v, std::move(report));
   });
 }
@@ -379,6 +421,8 @@ replica_info describe(const replica_state& st) {
   m.stage_failures_total = snap.metrics.stage_failures_total;
   m.activation_failures_total = snap.metrics.activation_failures_total;
   m.bytes_fetched_total = st.bytes ? st.bytes->bytes() : 0;
+  info.transport = st.deps.transport;
+  info.last_fetch = st.last_fetch;
   m.requests_admitted_total = gate.metrics().admitted_total;
   m.requests_rejected_total = gate.metrics().rejected_total;
   m.drain_timeouts_total = gate.metrics().drain_timeouts_total;
@@ -501,6 +545,20 @@ replica_actor::behavior_type behavior(self_ptr self) {
       st.subscribers.push_back(who);
       caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, describe(st));
     },
+    [self](atom::offer, const version_ref& version) -> caf::result<peer_offer> {
+      auto& st = self->state;
+      if (!st.deps.holder)
+        return to_caf_error(error{errc::not_found, st.opts.replica_id + " serves no peers ("
+                                                     + st.deps.transport + ")"});
+      auto o = st.deps.holder->lease(version);
+      if (!o)
+        return to_caf_error(o.error());
+      return to_peer_offer(*o);
+    },
+    [self](atom::release, uint64_t lease) {
+      if (self->state.deps.holder)
+        self->state.deps.holder->release(lease);
+    },
     [self](atom::pointer_moved, const std::string& pool, const pointer_record&) {
       if (pool == self->state.opts.pool)
         reconcile_now(self, trigger::wake);
@@ -518,6 +576,20 @@ replica_actor::behavior_type behavior(self_ptr self) {
     [self](atom::staged, const work_report& r) {
       auto& st = self->state;
       auto outcome = status_of(self, r);
+      st.last_fetch = r.fetched;
+      for (const auto& [source, n] : r.fetched.from_peers)
+        st.counters.bytes_from_peers_total += n;
+      if (!r.fetched.from_peers.empty() || !r.fetched.problems.empty()) {
+        std::string from;
+        for (const auto& [source, n] : r.fetched.from_peers)
+          from += " " + source + " " + std::to_string(n >> 20) + " MiB;";
+        log::info("replica",
+                  st.opts.replica_id + " staged " + to_string(r.version)
+                    + " from peers:" + (from.empty() ? " none;" : from) + " store "
+                    + std::to_string(r.fetched.from_store >> 20) + " MiB"
+                    + (r.fetched.problems.empty() ? std::string{}
+                                                  : " (" + r.fetched.problems.front() + ")"));
+      }
       if (!outcome && outcome.error().code == errc::checksum_mismatch)
         ++st.counters.checksum_failures_total;
       if (!outcome)
@@ -540,6 +612,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
         st.counters.last_pause_us = pause;
         st.counters.max_pause_us = std::max(st.counters.max_pause_us, pause);
         carry(self, st.life.end_commit(r.version.version, now));
+        expose_served(st, st.engine);
         apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
         auto m = describe(st).metrics;
         char line[256];
@@ -564,6 +637,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
         st.rebuilt_engine.reset();
         ++st.counters.rebuilds_total;
         log::info("replica", st.opts.replica_id + " rebuilt its engine at " + to_string(r.version));
+        expose_served(st, st.engine);
         apply(self, st.rec.on_rebuilt(r.op, r.version));
         return;
       }

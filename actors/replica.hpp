@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <tuple>
 
@@ -18,6 +19,7 @@
 #include "runtime/core/engine_port.hpp"
 #include "runtime/core/reconciler.hpp"
 #include "runtime/core/request_lifecycle.hpp"
+#include "transport/ucx_peer.hpp"
 
 namespace stitch {
 
@@ -51,13 +53,25 @@ struct replica_deps {
   std::shared_ptr<tensor_source> bytes;
   std::shared_ptr<executor> reconcile_worker;
   std::shared_ptr<executor> request_workers;
+  /// Offers the served weights to peers (null: this replica serves none).
+  std::shared_ptr<transport::ucx::holder> holder;
+  /// How bytes move, for `server_info` ("ucx (tcp)", "store only: ...").
+  std::string transport = "store only";
 };
 
-/// A `tensor_source` that counts the bytes read through it and reports
-/// progress every `progress_every` bytes (the progress line of long transfers).
-class counting_source final : public tensor_source {
+/// A `tensor_source` that counts the bytes read through it (from the store,
+/// and from peers by holder) and reports progress every `progress_every`
+/// bytes (the progress line of long transfers).
+class counting_source final : public tensor_source, public transfer {
 public:
   using progress = std::function<void(uint64_t total_bytes)>;
+
+  /// Totals so far.
+  struct counts {
+    uint64_t from_store = 0;
+    std::map<std::string, uint64_t> from_peers;
+    std::vector<std::string> problems;
+  };
 
   explicit counting_source(std::shared_ptr<tensor_source> inner, progress on_progress = {},
                            uint64_t progress_every = uint64_t{256} << 20)
@@ -68,20 +82,56 @@ public:
               std::span<std::byte> out) override {
     auto ok = inner_->read(ref, tensor, offset, out);
     if (ok) {
-      uint64_t before = bytes_.fetch_add(out.size(), std::memory_order_relaxed);
-      uint64_t after = before + out.size();
-      if (on_progress_ && after / every_ != before / every_)
-        on_progress_(after);
+      store_bytes_.fetch_add(out.size(), std::memory_order_relaxed);
+      count(out.size());
     }
     return ok;
   }
+  transfer* peers() override { return inner_->peers() ? this : nullptr; }
+  fetch_report fetch(const version_ref& ref, std::span<const fetch_target> targets,
+                     const std::function<void(const transfer_progress&)>& on) override {
+    auto* peers = inner_->peers();
+    if (!peers)
+      return {std::vector<bool>(targets.size(), false), {}, {"no peer transport"}};
+    auto report = peers->fetch(ref, targets, on);
+    uint64_t got = 0;
+    {
+      std::lock_guard lock{mutex_};
+      for (const auto& [source, n] : report.bytes_by_source) {
+        counts_.from_peers[source] += n;
+        got += n;
+      }
+      for (const auto& p : report.problems)
+        if (counts_.problems.size() < 64)
+          counts_.problems.push_back(p);
+    }
+    count(got);
+    return report;
+  }
+  /// Bytes read from the store and fetched from peers.
   uint64_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
+  counts snapshot() const {
+    std::lock_guard lock{mutex_};
+    auto c = counts_;
+    c.from_store = store_bytes_.load(std::memory_order_relaxed);
+    return c;
+  }
 
 private:
+  void count(uint64_t n) {
+    uint64_t before = bytes_.fetch_add(n, std::memory_order_relaxed);
+    uint64_t after = before + n;
+    if (on_progress_ && after / every_ != before / every_)
+      on_progress_(after);
+  }
+
   std::shared_ptr<tensor_source> inner_;
   progress on_progress_;
   uint64_t every_;
   std::atomic<uint64_t> bytes_{0};
+  std::atomic<uint64_t> store_bytes_{0};
+  mutable std::mutex mutex_;
+  counts counts_;
 };
 
 struct replica_state {
@@ -115,6 +165,7 @@ struct replica_state {
   std::shared_ptr<std::shared_ptr<engine_port>> rebuilt_engine;
   bool drain_timer_armed = false;
   replica_metrics counters;
+  fetch_summary last_fetch;
   std::vector<replica_watcher_actor> subscribers;
   /// What subscribers last heard (ready, applied, serving, sync state,
   /// reason, terminal error).

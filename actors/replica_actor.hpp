@@ -6,6 +6,7 @@
 #include <caf/typed_actor.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,10 +73,26 @@ struct replica_metrics {
   uint64_t checksum_failures_total = 0;
   uint64_t rebuilds_total = 0;
   uint64_t bytes_fetched_total = 0;
+  /// Verified bytes fetched from peers that held the version.
+  uint64_t bytes_from_peers_total = 0;
   uint64_t requests_admitted_total = 0;
   uint64_t requests_rejected_total = 0;
   uint64_t requests_completed_total = 0;
   uint64_t drain_timeouts_total = 0;
+};
+
+/// Where the bytes of a replica's last stage came from (`/status`
+/// "transfers").
+struct fetch_summary {
+  /// The version staged; none before the first stage.
+  std::optional<version_ref> version;
+  /// Verified bytes from peers, by holder.
+  std::map<std::string, uint64_t> from_peers;
+  /// Stored bytes read from the store.
+  uint64_t from_store = 0;
+  double seconds = 0;
+  /// What went wrong with peers (the first few lines), if anything.
+  std::vector<std::string> problems;
 };
 
 /// A replica's `server_info` (DESIGN §5).
@@ -98,6 +115,10 @@ struct replica_info {
   uint64_t active_requests = 0;
   uint64_t queued_requests = 0;
   replica_metrics metrics;
+  /// How this replica moves weight bytes: "ucx (<transports>)" or why it
+  /// reads only from the store.
+  std::string transport;
+  fetch_summary last_fetch;
 
   std::string run_id() const { return applied ? applied->run_id : std::string{}; }
 };
@@ -109,6 +130,27 @@ struct work_report {
   caf::error err;
   int64_t nanos = 0;
   version_ref version;
+  /// Stages: where the bytes came from.
+  fetch_summary fetched;
+};
+
+/// One tensor a replica offers to peers (`transport::ucx::offered_tensor`):
+/// where its registered bytes are and its 1 MiB chunk digests.
+struct peer_tensor {
+  std::string name;
+  uint64_t address = 0;
+  uint64_t size = 0;
+  std::string rkey;
+  std::vector<uint64_t> leaves;
+};
+
+/// A replica's lease on the version it holds (`transport::ucx::offer`).
+struct peer_offer {
+  std::string source;
+  version_ref version;
+  std::string worker_address;
+  uint64_t lease = 0;
+  std::vector<peer_tensor> tensors;
 };
 
 template <class Inspector>
@@ -130,8 +172,26 @@ typename Inspector::result_type inspect(Inspector& f, replica_metrics& x) {
            x.last_pause_us, x.max_pause_us, x.last_folded, x.folded_versions_total,
            x.activations_total, x.skipped_activations_total, x.stages_total, x.stage_failures_total,
            x.activation_failures_total, x.checksum_failures_total, x.rebuilds_total,
-           x.bytes_fetched_total, x.requests_admitted_total, x.requests_rejected_total,
-           x.requests_completed_total, x.drain_timeouts_total);
+           x.bytes_fetched_total, x.bytes_from_peers_total, x.requests_admitted_total,
+           x.requests_rejected_total, x.requests_completed_total, x.drain_timeouts_total);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fetch_summary& x) {
+  optional_proxy<version_ref> version{x.version};
+  return f(caf::meta::type_name("stitch.fetch_summary"), version.field, x.from_peers, x.from_store,
+           x.seconds, x.problems, version.commit());
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_tensor& x) {
+  return f(caf::meta::type_name("stitch.peer_tensor"), x.name, x.address, x.size, x.rkey, x.leaves);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_offer& x) {
+  return f(caf::meta::type_name("stitch.peer_offer"), x.source, x.version, x.worker_address,
+           x.lease, x.tensors);
 }
 
 template <class Inspector>
@@ -142,13 +202,13 @@ typename Inspector::result_type inspect(Inspector& f, replica_info& x) {
   optional_proxy<std::string> terminal{x.terminal_error};
   return f(caf::meta::type_name("stitch.replica_info"), x.replica_id, x.pool, x.ready,
            applied.field, serving.field, pointer.field, x.state, x.reason, terminal.field, x.mode,
-           x.active_requests, x.queued_requests, x.metrics, applied.commit(), serving.commit(),
-           pointer.commit(), terminal.commit());
+           x.active_requests, x.queued_requests, x.metrics, x.transport, x.last_fetch,
+           applied.commit(), serving.commit(), pointer.commit(), terminal.commit());
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, work_report& x) {
-  return f(caf::meta::type_name("stitch.work_report"), x.op, x.err, x.nanos, x.version);
+  return f(caf::meta::type_name("stitch.work_report"), x.op, x.err, x.nanos, x.version, x.fetched);
 }
 
 } // namespace stitch
@@ -160,6 +220,7 @@ CAF_ADD_TYPE_ID(stitch_replica, (stitch::replica_metrics))
 CAF_ADD_TYPE_ID(stitch_replica, (stitch::replica_info))
 CAF_ADD_TYPE_ID(stitch_replica, (std::vector<stitch::replica_info>) )
 CAF_ADD_TYPE_ID(stitch_replica, (stitch::work_report))
+CAF_ADD_TYPE_ID(stitch_replica, (stitch::peer_offer))
 CAF_ADD_ATOM(stitch_replica, stitch::atom, generate, "generate")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, cancel, "cancel")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, wake, "wake")
@@ -172,6 +233,8 @@ CAF_ADD_ATOM(stitch_replica, stitch::atom, staged, "staged")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, committed, "committed")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, rebuilt, "rebuilt")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, generated, "generated")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, offer, "offer")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, release, "release")
 CAF_END_TYPE_ID_BLOCK(stitch_replica)
 
 static_assert(caf::id_block::stitch_replica::end <= stitch::type_ids::gateway);
@@ -207,6 +270,11 @@ using replica_actor = caf::typed_actor<
   caf::reacts_to<atom::subscribe, replica_watcher_actor>,
   // The store's pointer subscription.
   caf::reacts_to<atom::pointer_moved, std::string, pointer_record>,
+  // A peer's lease on the version this replica holds, to read its bytes
+  // (`not_found` when it holds another one or serves no peers); the peer
+  // releases it when done (an unreleased lease expires).
+  caf::replies_to<atom::offer, version_ref>::with<peer_offer>,
+  caf::reacts_to<atom::release, uint64_t>,
   // Internal: the backstop timer and the drain deadline.
   caf::reacts_to<atom::tick>, caf::reacts_to<atom::drain_check>,
   // Internal: reports of the replica's worker threads.
@@ -216,8 +284,26 @@ using replica_actor = caf::typed_actor<
 
 } // namespace stitch
 
+namespace stitch {
+
+/// A replica the coordinator's directory lists as a holder of a version.
+struct holder_entry {
+  std::string replica_id;
+  std::string node;
+  replica_actor handle;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, holder_entry& x) {
+  return f(caf::meta::type_name("stitch.holder_entry"), x.replica_id, x.node, x.handle);
+}
+
+} // namespace stitch
+
 CAF_BEGIN_TYPE_ID_BLOCK(stitch_replica_handles, caf::id_block::stitch_replica::end)
 CAF_ADD_TYPE_ID(stitch_replica_handles, (stitch::replica_watcher_actor))
+CAF_ADD_TYPE_ID(stitch_replica_handles, (stitch::holder_entry))
+CAF_ADD_TYPE_ID(stitch_replica_handles, (std::vector<stitch::holder_entry>) )
 CAF_END_TYPE_ID_BLOCK(stitch_replica_handles)
 
 static_assert(caf::id_block::stitch_replica_handles::end <= stitch::type_ids::gateway);

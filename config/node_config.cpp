@@ -161,6 +161,7 @@ const std::vector<entry>& schema() {
        {},
        [](node_config& c, const value& v) { c.io_buffer_bytes = static_cast<uint64_t>(v.number); },
        [](const node_config& c) { return std::to_string(c.io_buffer_bytes); }});
+    text("transfer.peers", &node_config::transfer_peers, {"ucx", "off"});
     text("model.preset", &node_config::model_preset, {"tiny", "small", "medium"});
     text("replica.pool", &node_config::pool);
     listen("replica.listen", &node_config::replica_listen);

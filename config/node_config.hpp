@@ -46,6 +46,10 @@ struct node_config {
   /// Versions of each run retention keeps (besides what they and the
   /// replicas need); 0 keeps everything.
   uint32_t retain_versions = 20;
+  /// How replicas fetch weights from peers that hold them: "ucx", or "off"
+  /// (the store only). UCX's own variables (`UCX_TLS`, `UCX_NET_DEVICES`)
+  /// choose its transports.
+  std::string transfer_peers = "ucx";
   /// Host memory for the publisher's copies of each run's last version;
   /// copies beyond it go to scratch files.
   uint64_t publisher_memory_limit = uint64_t{2} << 30;

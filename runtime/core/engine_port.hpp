@@ -12,6 +12,7 @@
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/core/manifest.hpp"
+#include "runtime/core/transfer_port.hpp"
 
 namespace stitch {
 
@@ -43,15 +44,19 @@ struct generation_result {
   uint32_t prompt_tokens = 0;
 };
 
-/// Where staged tensor bytes come from: the store's ranges today, a peer over
-/// the transport later. `read` fills `out` from the version's stored bytes of
-/// `tensor` at `offset`.
+/// Where staged tensor bytes come from. `read` fills `out` from the store's
+/// stored bytes of `tensor` of a version at `offset` (anchor bytes or delta
+/// frames); `peers`, when there are any, fetches a version's full tensors
+/// from replicas that hold it (the transfer port), and whatever they could
+/// not give is built from the stored bytes.
 class tensor_source {
 public:
   virtual ~tensor_source() = default;
   virtual result<manifest> manifest_of(const version_ref& ref) = 0;
   virtual status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
                       std::span<std::byte> out) = 0;
+  /// The peer transfer, or null (no transport, or store-only).
+  virtual transfer* peers() { return nullptr; }
 };
 
 /// An HTTP-level call a replica hands its engine: a versioned route's body
@@ -126,6 +131,10 @@ public:
   virtual std::string stamp_response(std::string_view route, std::string_view body, const stamps& s,
                                      std::string_view run_id) = 0;
   virtual engine_health health() = 0;
+  /// The served weights in host memory with their version, for peers to
+  /// read (`transport/ucx_peer.hpp`); none when the engine cannot expose
+  /// them (an external engine's weights live in its own process).
+  virtual std::optional<host_weights> host_view() { return std::nullopt; }
   /// Engine control routes clients may not call through Stitch (403).
   virtual std::vector<std::string> blocked_routes() const = 0;
 };

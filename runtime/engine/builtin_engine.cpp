@@ -10,6 +10,7 @@
 #include "runtime/store/materialize.hpp"
 #include <chrono>
 #include <random>
+#include <set>
 
 namespace stitch::engine {
 
@@ -198,6 +199,31 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
   tensor_map tensors;
   /// Buffers this stage made, which it may change in place.
   std::map<std::string, std::shared_ptr<tensor_buffer>> own;
+  auto target = source.manifest_of(plan.target);
+  if (!target)
+    return std::move(target).error();
+  // Tensors peers that hold the target gave in full, each chunk verified
+  // against the target's manifest: neither read from the store nor patched.
+  std::set<std::string> fetched;
+  auto from_peers = [&](std::vector<std::shared_ptr<tensor_buffer>> buffers) {
+    auto* peers = source.peers();
+    if (!peers || buffers.empty())
+      return;
+    std::vector<fetch_target> targets;
+    std::vector<std::shared_ptr<tensor_buffer>> asked;
+    for (auto& b : buffers)
+      if (auto c = target->checksums.find(b->name); c != target->checksums.end()) {
+        targets.push_back({b->name, b->bytes.bytes(), c->second});
+        asked.push_back(std::move(b));
+      }
+    auto report = peers->fetch(plan.target, targets, {});
+    for (size_t i = 0; i < asked.size(); ++i)
+      if (i < report.fetched.size() && report.fetched[i]) {
+        fetched.insert(asked[i]->name);
+        own[asked[i]->name] = asked[i];
+        tensors[asked[i]->name] = asked[i];
+      }
+  };
   if (plan.anchor) {
     auto anchor = source.manifest_of(*plan.anchor);
     if (!anchor)
@@ -205,14 +231,21 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     auto specs = store::read_tensor_specs(*anchor);
     if (!specs)
       return std::move(specs).error();
+    std::vector<std::shared_ptr<tensor_buffer>> buffers;
     for (auto& info : *specs) {
       auto t = make_tensor_buffer(info.name, info.type, std::move(info.shape));
       if (!t)
         return std::move(t).error();
-      if (auto ok = source.read(anchor->ref, info.name, 0, (*t)->bytes.bytes()); !ok)
+      buffers.push_back(std::move(*t));
+    }
+    from_peers(buffers);
+    for (auto& t : buffers) {
+      if (fetched.contains(t->name))
+        continue;
+      if (auto ok = source.read(anchor->ref, t->name, 0, t->bytes.bytes()); !ok)
         return ok;
-      own.emplace(info.name, *t);
-      tensors.emplace(info.name, std::move(*t));
+      own.emplace(t->name, t);
+      tensors.emplace(t->name, std::move(t));
     }
   } else {
     std::lock_guard guard{mutex_};
@@ -230,12 +263,26 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       tensors = serving_->tensors;
     }
   }
+  if (!plan.anchor && source.peers()) {
+    // The tensors the chain changes, whole, from holders of the target.
+    std::vector<std::shared_ptr<tensor_buffer>> buffers;
+    for (const auto& name : plan.touched)
+      if (auto it = tensors.find(name); it != tensors.end()) {
+        auto t = make_tensor_buffer(name, it->second->type, it->second->shape);
+        if (!t)
+          return std::move(t).error();
+        buffers.push_back(std::move(*t));
+      }
+    from_peers(std::move(buffers));
+  }
   std::vector<std::byte> scratch;
   for (const auto& ref : plan.deltas) {
     auto delta = source.manifest_of(ref);
     if (!delta)
       return std::move(delta).error();
     for (const auto& name : delta->touched) {
+      if (fetched.contains(name))
+        continue;
       auto it = tensors.find(name);
       if (it == tensors.end())
         return fail(errc::corrupt_data,
@@ -259,9 +306,6 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     }
   }
   // Nothing is activated unless it is exactly what was published.
-  auto target = source.manifest_of(plan.target);
-  if (!target)
-    return std::move(target).error();
   for (const auto& [name, expected] : target->checksums) {
     auto it = tensors.find(name);
     if (it == tensors.end())
@@ -269,6 +313,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
                                         + "', which the staged weights lack");
     if (!plan.anchor && !plan.touched.contains(name))
       continue; // unchanged bytes, verified when they were staged
+    if (fetched.contains(name))
+      continue; // every chunk verified as it landed
     uint64_t got = gpu::parallel_tree_checksum(it->second->bytes.bytes());
     if (got != expected)
       return fail(errc::checksum_mismatch, "tensor '" + name + "' of " + to_string(plan.target)
@@ -281,7 +327,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
   if (!prepared)
     return std::move(prepared).error();
   std::lock_guard guard{mutex_};
-  shadow_ = shadow{std::move(*prepared)};
+  shadow_ = shadow{std::move(*prepared), plan.target};
   return {};
 }
 
@@ -298,8 +344,21 @@ status builtin_engine::commit() {
   // One pointer swap; the replaced weights are freed later, outside the
   // pause (requests still stepping on them keep them alive meanwhile).
   retired_weights_ = std::exchange(serving_, std::move(shadow_->prepared));
+  serving_ref_ = shadow_->target;
   shadow_.reset();
   return {};
+}
+
+std::optional<host_weights> builtin_engine::host_view() {
+  std::lock_guard guard{mutex_};
+  if (!serving_ || !serving_ref_)
+    return std::nullopt;
+  host_weights out;
+  out.version = *serving_ref_;
+  for (const auto& [name, t] : serving_->tensors)
+    out.tensors.push_back({name, t->bytes.bytes()});
+  out.keep = serving_;
+  return out;
 }
 
 status builtin_engine::pause() {

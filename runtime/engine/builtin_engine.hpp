@@ -70,6 +70,7 @@ public:
                              std::string_view run_id) override;
   engine_health health() override;
   std::vector<std::string> blocked_routes() const override;
+  std::optional<host_weights> host_view() override;
 
   /// The weights served now (null before the first commit).
   std::shared_ptr<const weights> served() const;
@@ -84,6 +85,7 @@ private:
   /// Staged weights (they hold their tensors), waiting for `commit`.
   struct shadow {
     std::shared_ptr<const weights> prepared;
+    version_ref target;
   };
 
   /// Waits while paused, then returns the served weights.
@@ -103,6 +105,8 @@ private:
   std::condition_variable resumed_;
   bool paused_ = false;
   std::shared_ptr<const weights> serving_;
+  /// The version `serving_` holds (peers read it by this name).
+  std::optional<version_ref> serving_ref_;
   std::optional<shadow> shadow_;
   /// What the last commit replaced; freed by the next stage, not inside the
   /// pause (freeing a model's memory takes time that grows with its size).

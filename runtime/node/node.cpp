@@ -17,6 +17,7 @@
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/node/demo.hpp"
+#include "runtime/node/peer_source.hpp"
 #include "runtime/node/remote.hpp"
 #include "runtime/store/store_tensor_source.hpp"
 #include "runtime/store/store_uri.hpp"
@@ -167,6 +168,23 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     n->store_ = caf::actor_cast<store_actor>(*found);
     n->backend_ = std::make_shared<remote_store>(sys, n->store_);
   }
+  if (settings.has_role("replica")) {
+    if (settings.transfer_peers == "off") {
+      n->transport_ = "store only (transfer.peers = off)";
+    } else {
+      auto ctx = transport::ucx::context::create();
+      auto w = ctx ? transport::ucx::worker::start(*ctx)
+                   : result<std::unique_ptr<transport::ucx::worker>>{std::move(ctx).error()};
+      if (w) {
+        n->ucx_ = std::shared_ptr<transport::ucx::worker>{std::move(*w)};
+        n->transport_ = "ucx (" + n->ucx_->ctx()->transports() + ")";
+      } else {
+        n->transport_ = "store only (UCX unavailable: " + w.error().message + ")";
+        log::warn("node", settings.name
+                            + ": replicas read weights from the store only: " + w.error().message);
+      }
+    }
+  }
   if (settings.has_role("publisher")) {
     store::publisher_options po;
     po.scratch_dir = settings.data_dir / "publisher";
@@ -208,6 +226,18 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
     return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
   };
   d.bytes = std::make_shared<backend_source>(backend_, o.pool);
+  d.transport = transport_;
+  if (ucx_) {
+    peer_source_options po;
+    po.pool = o.pool;
+    po.replica_id = o.replica_id;
+    po.node = settings_.name;
+    // A stuck holder costs one stripe's read deadline, not the fetch.
+    po.fetch.deadline = std::chrono::minutes{10};
+    d.bytes = std::make_shared<peer_source>(sys_, coordinator_, std::move(d.bytes), ucx_, po);
+    d.holder =
+      std::make_shared<transport::ucx::holder>(ucx_, o.replica_id, std::chrono::minutes{15});
+  }
   d.reconcile_worker = std::make_shared<worker_pool>(1, "stage-" + o.replica_id);
   d.request_workers = std::make_shared<worker_pool>(64, "gen-" + o.replica_id);
   auto replica = sys_.spawn(replica_service, o, d);

@@ -81,6 +81,11 @@ private:
   std::unique_ptr<gateway_http> gateway_front_;
   std::unique_ptr<status_http> status_front_;
   std::unique_ptr<jobs> jobs_;
+  /// The UCX worker this node's replicas fetch and serve peers through
+  /// (null: `transfer.peers = "off"` or UCX unavailable).
+  std::shared_ptr<transport::ucx::worker> ucx_;
+  /// What replicas say about it in `server_info`.
+  std::string transport_ = "store only";
   uint16_t port_ = 0;
   listening http_;
 };
