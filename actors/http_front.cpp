@@ -50,11 +50,25 @@ std::string server_info_json(const replica_info& i) {
   mj["checksum_failures_total"] = m.checksum_failures_total;
   mj["rebuilds_total"] = m.rebuilds_total;
   mj["bytes_fetched_total"] = m.bytes_fetched_total;
+  mj["bytes_from_peers_total"] = m.bytes_from_peers_total;
   mj["requests_admitted_total"] = m.requests_admitted_total;
   mj["requests_rejected_total"] = m.requests_rejected_total;
   mj["requests_completed_total"] = m.requests_completed_total;
   mj["drain_timeouts_total"] = m.drain_timeouts_total;
   j["metrics"] = std::move(mj);
+  j["transport"] = i.transport;
+  nlohmann::ordered_json fetch;
+  const auto& f = i.last_fetch;
+  fetch["version"] =
+    f.version ? nlohmann::ordered_json(to_string(*f.version)) : nlohmann::ordered_json(nullptr);
+  nlohmann::ordered_json peers = nlohmann::ordered_json::object();
+  for (const auto& [source, n] : f.from_peers)
+    peers[source] = n;
+  fetch["from_peers"] = std::move(peers);
+  fetch["from_store"] = f.from_store;
+  fetch["seconds"] = f.seconds;
+  fetch["problems"] = f.problems;
+  j["last_fetch"] = std::move(fetch);
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 

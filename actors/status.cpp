@@ -223,7 +223,7 @@ std::string status_json(const status_state& st) {
       t["from"] = nullable(i.applied);
       t["to"] = nullable(i.pointer);
       t["state"] = std::string{to_string(i.state)};
-      t["source"] = "store";
+      t["source"] = i.transport.starts_with("ucx") ? "peers, then store" : "store";
       transfers.push_back(std::move(t));
     }
   }
@@ -276,6 +276,8 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
      &replica_metrics::rebuilds_total},
     {"stitch_replica_bytes_fetched_total", "Tensor bytes fetched for staging.",
      &replica_metrics::bytes_fetched_total},
+    {"stitch_replica_bytes_from_peers_total", "Verified tensor bytes fetched from peers.",
+     &replica_metrics::bytes_from_peers_total},
     {"stitch_replica_requests_admitted_total", "Requests admitted.",
      &replica_metrics::requests_admitted_total},
     {"stitch_replica_requests_rejected_total", "Requests answered 409.",

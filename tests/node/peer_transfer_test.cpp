@@ -1,0 +1,153 @@
+// Replicas fetch weights from the replicas that hold them, over UCX, across
+// stitch-node processes: a hub node (coordinator, store, publisher, one
+// replica) serves a version; a replica node started later stages it from the
+// hub's replica and reads none of its tensor bytes from the store; with
+// `transfer.peers = off` it reads them all from the store.
+
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "node/node_process.hpp"
+#include "store/store_fixtures.hpp"
+#include "transport/http_client.hpp"
+
+namespace stitch {
+namespace {
+
+using namespace stitch::testing;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+
+std::optional<json> get_json(uint16_t port, const std::string& target) {
+  transport::http_client c{transport::http_endpoint{"http", "127.0.0.1", port}};
+  transport::http_request req;
+  req.target = target;
+  auto r = c.send(req);
+  if (!r || r->status != 200)
+    return std::nullopt;
+  auto j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded())
+    return std::nullopt;
+  return j;
+}
+
+/// The HTTP port replica `id` serves, from its node's log.
+uint16_t replica_port(const node_process& n, const std::string& id) {
+  std::smatch m;
+  auto log = n.log();
+  if (std::regex_search(log, m, std::regex{id + " serves http://127\\.0\\.0\\.1:([0-9]+)"}))
+    return static_cast<uint16_t>(std::stoi(m[1]));
+  return 0;
+}
+
+/// Polls the replica's server_info until it serves `version`.
+std::optional<json> await_version(uint16_t port, int64_t version) {
+  for (int i = 0; i < 600; ++i) {
+    auto info = get_json(port, "/server_info");
+    if (info && (*info)["applied_version"].is_number()
+        && (*info)["applied_version"].get<int64_t>() == version)
+      return info;
+    std::this_thread::sleep_for(50ms);
+  }
+  return std::nullopt;
+}
+
+class peer_transfer : public ::testing::Test {
+protected:
+  void SetUp() override {
+    std::filesystem::create_directories(dir.path() / "hub");
+    hub = std::make_unique<node_process>(
+      dir.path() / "hub",
+      std::vector<std::string>{"replicas=1", "model.preset=tiny", "replica.backstop=1"});
+    ASSERT_TRUE(hub->started()) << hub->log();
+    auto boot = dir.path() / "boot";
+    ASSERT_EQ(run(stitch("init-model --preset tiny --seed 5 --out " + boot.string())).code, 0);
+    auto pub = run(stitch("publish --run r --version 0 " + boot.string()));
+    ASSERT_EQ(pub.code, 0) << pub.output;
+    hub_port = replica_port(*hub, "replica-0");
+    ASSERT_NE(hub_port, 0) << hub->log();
+    auto held = await_version(hub_port, 0);
+    ASSERT_TRUE(held) << hub->log();
+    EXPECT_EQ((*held)["transport"].get<std::string>().rfind("ucx (", 0), 0u) << held->dump();
+  }
+
+  void TearDown() override {
+    if (edge) {
+      EXPECT_TRUE(edge->stop()) << edge->log();
+    }
+    EXPECT_TRUE(hub->stop()) << hub->log();
+  }
+
+  std::string stitch(const std::string& args) {
+    return std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + hub->coordinator_port + " "
+           + args;
+  }
+
+  void start_edge(std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--data-dir", (dir.path() / "edge" / "data").string()};
+    std::vector<std::string> sets = {"name=edge",
+                                     "roles=replica",
+                                     "replicas=1",
+                                     "model.preset=tiny",
+                                     "replica.listen=127.0.0.1:0",
+                                     "replica.backstop=1",
+                                     "coordinator.address=127.0.0.1:" + hub->coordinator_port};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    for (auto& s : sets)
+      args.insert(args.end(), {"--set", s});
+    edge = std::make_unique<node_process>(dir.path() / "edge", args, "joined the coordinator; ");
+    ASSERT_TRUE(edge->started()) << edge->log();
+  }
+
+  temp_dir dir;
+  std::unique_ptr<node_process> hub, edge;
+  uint16_t hub_port = 0;
+};
+
+TEST_F(peer_transfer, a_new_replica_stages_from_the_replica_that_holds_the_version) {
+  start_edge({});
+  auto port = replica_port(*edge, "edge-replica-0");
+  ASSERT_NE(port, 0) << edge->log();
+  auto info = await_version(port, 0);
+  ASSERT_TRUE(info) << edge->log();
+  const auto& fetch = (*info)["last_fetch"];
+  EXPECT_EQ(fetch["version"], "r/weight_v000000") << info->dump();
+  // Every tensor byte came from the hub's replica; none from the store.
+  ASSERT_TRUE(fetch["from_peers"].contains("replica-0")) << info->dump() << edge->log();
+  EXPECT_GT(fetch["from_peers"]["replica-0"].get<uint64_t>(), 400'000u);
+  EXPECT_EQ(fetch["from_store"].get<uint64_t>(), 0u) << info->dump();
+  EXPECT_EQ((*info)["metrics"]["bytes_from_peers_total"],
+            fetch["from_peers"]["replica-0"].get<uint64_t>());
+  // It generates on those weights exactly as the holder does.
+  transport::http_request req;
+  req.method = "POST";
+  req.target = "/generate";
+  req.body = R"({"text": "hello", "sampling_params": {"max_new_tokens": 6, "temperature": 0}})";
+  transport::http_client a{transport::http_endpoint{"http", "127.0.0.1", hub_port}};
+  transport::http_client b{transport::http_endpoint{"http", "127.0.0.1", port}};
+  auto ra = a.send(req);
+  auto rb = b.send(req);
+  ASSERT_TRUE(ra && rb);
+  ASSERT_EQ(ra->status, 200) << ra->body;
+  ASSERT_EQ(rb->status, 200) << rb->body;
+  EXPECT_EQ(json::parse(ra->body)["text"], json::parse(rb->body)["text"]);
+  EXPECT_NE(edge->log().find("staged r/weight_v000000 from peers: replica-0"), std::string::npos)
+    << edge->log();
+}
+
+TEST_F(peer_transfer, with_peers_off_a_replica_reads_the_store_and_says_so) {
+  start_edge({"transfer.peers=off"});
+  auto port = replica_port(*edge, "edge-replica-0");
+  ASSERT_NE(port, 0) << edge->log();
+  auto info = await_version(port, 0);
+  ASSERT_TRUE(info) << edge->log();
+  EXPECT_EQ((*info)["transport"], "store only (transfer.peers = off)");
+  EXPECT_TRUE((*info)["last_fetch"]["from_peers"].empty()) << info->dump();
+  EXPECT_GT((*info)["last_fetch"]["from_store"].get<uint64_t>(), 400'000u);
+}
+
+} // namespace
+} // namespace stitch
