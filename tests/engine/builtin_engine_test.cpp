@@ -5,11 +5,13 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/chain_planner.hpp"
+#include "runtime/core/checksum.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/store/hf_directory.hpp"
@@ -381,6 +383,135 @@ TEST_F(builtin_engine_test, stamps_follow_the_reference_shapes) {
   EXPECT_EQ(openai["run_id"], "r1");
   EXPECT_EQ(e.stamp_response("/v1/models", R"({"a":1})", {1, 1}, "r"), R"({"a":1})");
   EXPECT_EQ(e.stamp_response("/generate", "not json", {1, 1}, "r"), "not json");
+}
+
+// -- peers ---------------------------------------------------------------------
+
+/// A tensor source whose peers are another engine's served weights (what a
+/// holder exposes), copied and verified as the UCX fetch does; it counts the
+/// stored bytes read and can refuse some tensors.
+class peer_backed_source final : public tensor_source, public transfer {
+public:
+  peer_backed_source(store_backend& db, builtin_engine& holder) : store_(db, "default") {
+    if (auto v = holder.host_view())
+      held_ = std::move(*v);
+  }
+  result<manifest> manifest_of(const version_ref& ref) override { return store_.manifest_of(ref); }
+  status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
+              std::span<std::byte> out) override {
+    stored_reads[std::string{tensor}] += out.size();
+    return store_.read(ref, tensor, offset, out);
+  }
+  transfer* peers() override { return this; }
+  fetch_report fetch(const version_ref& ref, std::span<const fetch_target> targets,
+                     const std::function<void(const transfer_progress&)>&) override {
+    fetch_report r;
+    r.fetched.assign(targets.size(), false);
+    if (ref != held_.version)
+      return r;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      if (refused.contains(targets[i].name))
+        continue;
+      for (const auto& t : held_.tensors)
+        if (t.name == targets[i].name && t.bytes.size() == targets[i].destination.size()) {
+          std::memcpy(targets[i].destination.data(), t.bytes.data(), t.bytes.size());
+          r.fetched[i] =
+            checksum::tree_checksum(targets[i].destination) == targets[i].expected_checksum;
+          r.bytes_by_source["holder"] += t.bytes.size();
+        }
+    }
+    return r;
+  }
+
+  std::map<std::string, uint64_t> stored_reads;
+  std::set<std::string> refused;
+
+private:
+  store::store_tensor_source store_;
+  host_weights held_;
+};
+
+TEST_F(builtin_engine_test, host_view_names_the_served_version_and_keeps_its_bytes) {
+  builtin_engine e{config};
+  EXPECT_FALSE(e.host_view()) << "nothing served yet";
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.stage(plan(std::nullopt, 2), false, src));
+  EXPECT_FALSE(e.host_view()) << "staged is not served";
+  ASSERT_TRUE(e.commit());
+  auto view = e.host_view();
+  ASSERT_TRUE(view);
+  EXPECT_EQ(view->version, (version_ref{"r", 2}));
+  ASSERT_EQ(view->tensors.size(), versions[2].size());
+  for (const auto& t : view->tensors) {
+    EXPECT_TRUE(std::equal(t.bytes.begin(), t.bytes.end(), versions[2].at(t.name).bytes.begin(),
+                           versions[2].at(t.name).bytes.end()))
+      << t.name;
+  }
+  // The next activation replaces the served weights; the view keeps its own.
+  ASSERT_TRUE(e.stage(plan(applied_state{{"r", 2}}, 3), false, src));
+  ASSERT_TRUE(e.commit());
+  EXPECT_EQ(e.host_view()->version, (version_ref{"r", 3}));
+  const auto& head = versions[2].at("lm_head.weight").bytes;
+  for (const auto& t : view->tensors) {
+    if (t.name == "lm_head.weight") {
+      EXPECT_TRUE(std::equal(t.bytes.begin(), t.bytes.end(), head.begin(), head.end()));
+    }
+  }
+}
+
+TEST_F(builtin_engine_test, a_cold_start_takes_every_tensor_whole_from_a_peer_holding_the_target) {
+  builtin_engine holder{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(holder.stage(plan(std::nullopt, 3), false, src));
+  ASSERT_TRUE(holder.commit());
+  builtin_engine e{config};
+  peer_backed_source peers{db, holder};
+  auto p = plan(std::nullopt, 3);
+  ASSERT_TRUE(p.anchor);
+  ASSERT_EQ(p.deltas.size(), 3u);
+  ASSERT_TRUE(e.stage(p, false, peers));
+  ASSERT_TRUE(e.commit());
+  EXPECT_TRUE(peers.stored_reads.empty()) << "no anchor byte or delta frame from the store";
+  auto got = e.generate(request("the policy"), {});
+  ASSERT_TRUE(got);
+  auto want = reference(versions[3], "the policy");
+  EXPECT_EQ(got->tokens, want.tokens);
+  EXPECT_EQ(got->logprobs, want.logprobs);
+}
+
+TEST_F(builtin_engine_test,
+       a_delta_takes_the_touched_tensors_from_peers_and_the_rest_from_the_store) {
+  builtin_engine holder{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(holder.stage(plan(std::nullopt, 3), false, src));
+  ASSERT_TRUE(holder.commit());
+  builtin_engine e{config};
+  ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE(e.commit());
+  peer_backed_source peers{db, holder};
+  // The holder cannot give lm_head: it is patched from the stored deltas.
+  peers.refused.insert("lm_head.weight");
+  auto p = plan(applied_state{{"r", 0}}, 3);
+  ASSERT_TRUE(p.touched.contains("lm_head.weight"));
+  ASSERT_TRUE(e.stage(p, false, peers));
+  ASSERT_TRUE(e.commit());
+  ASSERT_EQ(peers.stored_reads.size(), 1u);
+  EXPECT_TRUE(peers.stored_reads.contains("lm_head.weight"));
+  auto got = e.generate(request("the policy"), {});
+  ASSERT_TRUE(got);
+  auto want = reference(versions[3], "the policy");
+  EXPECT_EQ(got->tokens, want.tokens);
+  EXPECT_EQ(got->logprobs, want.logprobs);
+
+  // A peer holding another version gives nothing: all from the store.
+  builtin_engine fresh{config};
+  ASSERT_TRUE(fresh.stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE(fresh.commit());
+  peer_backed_source stale{db, fresh};
+  builtin_engine other{config};
+  ASSERT_TRUE(other.stage(plan(std::nullopt, 1), false, stale));
+  ASSERT_TRUE(other.commit());
+  EXPECT_FALSE(stale.stored_reads.empty());
 }
 
 } // namespace
