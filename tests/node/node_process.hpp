@@ -59,8 +59,8 @@ public:
 
   /// `stitch-node ARGS...`, waiting until its log matches `ready` (or it exits).
   node_process(const std::filesystem::path& dir, const std::vector<std::string>& args,
-               const std::string& ready)
-      : log_(dir / "node.log") {
+               const std::string& ready, std::vector<std::string> wrapper = {})
+      : log_(dir / "node.log"), wrapper_(std::move(wrapper)) {
     std::filesystem::create_directories(dir);
     launch(args);
     await_log(ready);
@@ -142,6 +142,8 @@ private:
     std::error_code ec;
     std::filesystem::remove(log_, ec);
     args.insert(args.begin(), STITCH_NODE_BIN);
+    // A wrapper (`ip netns exec NS env K=V`) execs the node in its place.
+    args.insert(args.begin(), wrapper_.begin(), wrapper_.end());
     pid_ = fork();
     if (pid_ == 0) {
       // Both in append mode: two offsets into one file would overwrite each other.
@@ -151,12 +153,13 @@ private:
       for (auto& a : args)
         argv.push_back(a.data());
       argv.push_back(nullptr);
-      execv(STITCH_NODE_BIN, argv.data());
+      execvp(argv[0], argv.data());
       _exit(127);
     }
   }
 
   std::filesystem::path log_;
+  std::vector<std::string> wrapper_;
   pid_t pid_ = -1;
   int exit_status_ = 0;
   bool ready_ = false;

@@ -1,0 +1,168 @@
+// A cluster across network namespaces (examples/netns/netns.sh): every node
+// in its own namespace with its own address, joined by veth pairs to a
+// bridge, UCX restricted to TCP over that link (`UCX_TLS=tcp,self`,
+// `UCX_NET_DEVICES=st0`), so weight bytes really cross the links. The hub
+// (coordinator, store, publisher) holds the version; r1 stages it from the
+// store, r2 from r1 (none from the store); r3 stripes over r1 and r2 with
+// their links throttled, r1's link is taken down mid-transfer, and r3 still
+// converges. Needs root (CI runs as root).
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "node/node_process.hpp"
+#include "store/store_fixtures.hpp"
+#include "transport/http_client.hpp"
+
+namespace stitch {
+namespace {
+
+using namespace stitch::testing;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+
+const std::string netns = std::string{STITCH_SOURCE_DIR} + "/examples/netns/netns.sh";
+
+std::string addr(int i) {
+  return "10.231.0." + std::to_string(10 + i);
+}
+
+std::optional<json> get_json(const std::string& host, uint16_t port, const std::string& target) {
+  transport::http_client c{transport::http_endpoint{"http", host, port}};
+  transport::http_request req;
+  req.target = target;
+  auto r = c.send(req);
+  if (!r || r->status != 200)
+    return std::nullopt;
+  auto j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded())
+    return std::nullopt;
+  return j;
+}
+
+class netns_cluster : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (::geteuid() != 0)
+      GTEST_SKIP() << "network namespaces need root (CI runs as root)";
+    tag = "stn" + std::to_string(::getpid() % 100000);
+    auto up = run(netns + " up " + tag + " 4");
+    ASSERT_EQ(up.code, 0) << up.output;
+    made = true;
+    hub = start(1, "hub",
+                {"roles=coordinator,store,publisher", "replicas=0",
+                 "coordinator.listen=" + addr(1) + ":4300"},
+                "listening on " + std::regex_replace(addr(1), std::regex{"\\."}, "\\.") + ":4300");
+    ASSERT_TRUE(hub->started()) << hub->log();
+    auto boot = dir.path() / "boot";
+    ASSERT_EQ(run(stitch("init-model --preset small --seed 3 --out " + boot.string())).code, 0);
+    auto pub = run(stitch("publish --run r --version 0 " + boot.string()));
+    ASSERT_EQ(pub.code, 0) << pub.output;
+  }
+
+  void TearDown() override {
+    for (auto* n : {r3.get(), r2.get(), r1.get(), hub.get()})
+      if (n)
+        n->stop();
+    if (made)
+      run(netns + " down " + tag);
+  }
+
+  std::string stitch(const std::string& args) {
+    return std::string{STITCH_BIN} + " --coordinator " + addr(1) + ":4300 " + args;
+  }
+
+  std::unique_ptr<node_process> start(int i, const std::string& name, std::vector<std::string> sets,
+                                      const std::string& ready) {
+    std::vector<std::string> args = {"--data-dir", (dir.path() / name / "data").string(), "--set",
+                                     "name=" + name};
+    for (auto& s : sets)
+      args.insert(args.end(), {"--set", s});
+    std::vector<std::string> wrapper = {"ip",
+                                        "netns",
+                                        "exec",
+                                        tag + "-" + std::to_string(i),
+                                        "env",
+                                        "UCX_TLS=tcp,self",
+                                        "UCX_NET_DEVICES=st0"};
+    return std::make_unique<node_process>(dir.path() / name, args, ready, wrapper);
+  }
+
+  std::unique_ptr<node_process> start_replica(int i, const std::string& name) {
+    auto n = start(i, name,
+                   {"roles=replica", "replicas=1", "model.preset=small", "replica.backstop=1",
+                    "replica.listen=" + addr(i) + ":0", "coordinator.address=" + addr(1) + ":4300"},
+                   name + "-replica-0 serves http://");
+    EXPECT_TRUE(n->started()) << n->log();
+    return n;
+  }
+
+  /// The replica's server_info once it serves version 0 (bounded wait).
+  std::optional<json> converged(int i, const node_process& n, const std::string& name,
+                                std::chrono::seconds limit) {
+    std::smatch m;
+    auto log = n.log();
+    if (!std::regex_search(log, m, std::regex{name + "-replica-0 serves http://[0-9.]+:([0-9]+)"}))
+      return std::nullopt;
+    auto port = static_cast<uint16_t>(std::stoi(m[1]));
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto info = get_json(addr(i), port, "/server_info");
+      if (info && (*info)["applied_version"] == 0)
+        return info;
+      std::this_thread::sleep_for(100ms);
+    }
+    return std::nullopt;
+  }
+
+  temp_dir dir;
+  std::string tag;
+  bool made = false;
+  std::unique_ptr<node_process> hub, r1, r2, r3;
+};
+
+uint64_t peer_bytes(const json& info, const std::string& from) {
+  const auto& peers = info["last_fetch"]["from_peers"];
+  return peers.contains(from) ? peers[from].get<uint64_t>() : 0;
+}
+
+TEST_F(netns_cluster, replicas_fetch_peer_to_peer_across_links_and_survive_a_cut_link) {
+  r1 = start_replica(2, "r1");
+  auto first = converged(2, *r1, "r1", 60s);
+  ASSERT_TRUE(first) << r1->log();
+  EXPECT_EQ((*first)["transport"], "ucx (tcp,self)");
+  const uint64_t model = (*first)["last_fetch"]["from_store"].get<uint64_t>();
+  EXPECT_GT(model, 40u << 20) << "the first replica reads the store: no peer holds the version";
+
+  r2 = start_replica(3, "r2");
+  auto second = converged(3, *r2, "r2", 60s);
+  ASSERT_TRUE(second) << r2->log();
+  EXPECT_EQ(peer_bytes(*second, "r1-replica-0"), model) << second->dump();
+  EXPECT_EQ((*second)["last_fetch"]["from_store"], 0) << second->dump();
+
+  // r3 reads from both; r1's link goes down while it does.
+  ASSERT_EQ(run(netns + " throttle " + tag + " 2 60mbit").code, 0);
+  ASSERT_EQ(run(netns + " throttle " + tag + " 3 60mbit").code, 0);
+  r3 = start_replica(4, "r3");
+  std::this_thread::sleep_for(1500ms);
+  ASSERT_EQ(run(netns + " link " + tag + " 2 down").code, 0);
+  auto third = converged(4, *r3, "r3", 150s);
+  run(netns + " link " + tag + " 2 up");
+  ASSERT_TRUE(third) << r3->log();
+  const auto& f = (*third)["last_fetch"];
+  uint64_t from_r1 = peer_bytes(*third, "r1-replica-0");
+  uint64_t from_r2 = peer_bytes(*third, "r2-replica-0");
+  EXPECT_GT(from_r2, 0u) << third->dump();
+  EXPECT_GE(from_r1 + from_r2 + f["from_store"].get<uint64_t>(), model) << third->dump();
+  std::fprintf(stderr, "[netns] r3 fetched %llu bytes from r1, %llu from r2, %llu from the store\n",
+               static_cast<unsigned long long>(from_r1), static_cast<unsigned long long>(from_r2),
+               static_cast<unsigned long long>(f["from_store"].get<uint64_t>()));
+}
+
+} // namespace
+} // namespace stitch
