@@ -27,17 +27,7 @@ using json = nlohmann::json;
 const std::filesystem::path examples = std::filesystem::path{STITCH_SOURCE_DIR} / "examples";
 
 std::optional<json> get_json(const std::string& port, const std::string& target) {
-  transport::http_client c{
-    transport::http_endpoint{"http", "127.0.0.1", static_cast<uint16_t>(std::stoi(port))}};
-  transport::http_request req;
-  req.target = target;
-  auto r = c.send(req);
-  if (!r || r->status != 200)
-    return std::nullopt;
-  auto j = json::parse(r->body, nullptr, false);
-  if (j.is_discarded())
-    return std::nullopt;
-  return j;
+  return stitch::testing::get_json("127.0.0.1", static_cast<uint16_t>(std::stoi(port)), target);
 }
 
 /// Polls `ok` every 100 ms until it holds or `limit` passes.

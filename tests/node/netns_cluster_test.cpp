@@ -32,19 +32,6 @@ std::string addr(int i) {
   return "10.231.0." + std::to_string(10 + i);
 }
 
-std::optional<json> get_json(const std::string& host, uint16_t port, const std::string& target) {
-  transport::http_client c{transport::http_endpoint{"http", host, port}};
-  transport::http_request req;
-  req.target = target;
-  auto r = c.send(req);
-  if (!r || r->status != 200)
-    return std::nullopt;
-  auto j = json::parse(r->body, nullptr, false);
-  if (j.is_discarded())
-    return std::nullopt;
-  return j;
-}
-
 class netns_cluster : public ::testing::Test {
 protected:
   void SetUp() override {

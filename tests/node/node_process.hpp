@@ -13,13 +13,33 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "transport/http_client.hpp"
+
 namespace stitch::testing {
+
+/// GET `target` from an HTTP surface; its JSON body when it answered 200.
+inline std::optional<nlohmann::json> get_json(const std::string& host, uint16_t port,
+                                              const std::string& target) {
+  transport::http_client c{transport::http_endpoint{"http", host, port}};
+  transport::http_request req;
+  req.target = target;
+  auto r = c.send(req);
+  if (!r || r->status != 200)
+    return std::nullopt;
+  auto j = nlohmann::json::parse(r->body, nullptr, false);
+  if (j.is_discarded())
+    return std::nullopt;
+  return j;
+}
 
 struct run_result {
   int code = -1;

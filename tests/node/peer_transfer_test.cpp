@@ -22,16 +22,7 @@ using namespace std::chrono_literals;
 using json = nlohmann::json;
 
 std::optional<json> get_json(uint16_t port, const std::string& target) {
-  transport::http_client c{transport::http_endpoint{"http", "127.0.0.1", port}};
-  transport::http_request req;
-  req.target = target;
-  auto r = c.send(req);
-  if (!r || r->status != 200)
-    return std::nullopt;
-  auto j = json::parse(r->body, nullptr, false);
-  if (j.is_discarded())
-    return std::nullopt;
-  return j;
+  return stitch::testing::get_json("127.0.0.1", port, target);
 }
 
 /// The HTTP port replica `id` serves, from its node's log.

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "runtime/core/checksum.hpp"
+#include "transport/ucx_fixtures.hpp"
 #include "transport/ucx_peer.hpp"
 
 namespace stitch::transport::ucx {
@@ -22,17 +23,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<std::byte> pattern(size_t n, uint64_t seed) {
-  std::vector<std::byte> out(n);
-  std::mt19937_64 rng{seed};
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(out.data() + i, &v, 8);
-  }
-  for (size_t i = n / 8 * 8; i < n; ++i)
-    out[i] = static_cast<std::byte>(i * 7 + seed);
-  return out;
-}
+using testing::pattern;
+using testing::read_frame;
+using testing::write_frame;
 
 /// A version of three tensors (one large, one of a few chunks and a bit,
 /// one tiny) and one empty tensor.
@@ -273,10 +266,7 @@ child spawn_child(const std::string& name) {
     auto o = h.lease(m.ref);
     for (const auto& t : o->tensors) {
       region_descriptor d{o->worker_address, t.address, t.size, t.rkey};
-      auto bytes = d.encode();
-      uint64_t n = bytes.size();
-      (void) !::write(fds[1], &n, sizeof n);
-      (void) !::write(fds[1], bytes.data(), bytes.size());
+      write_frame(fds[1], d.encode());
     }
     ::close(fds[1]);
     for (;;)
@@ -289,17 +279,7 @@ child spawn_child(const std::string& name) {
   c.o.source = name;
   c.o.version = m.ref;
   for (size_t i = 0; i < m.names.size(); ++i) {
-    uint64_t n = 0;
-    EXPECT_EQ(::read(fds[0], &n, sizeof n), static_cast<ssize_t>(sizeof n));
-    std::vector<std::byte> bytes(n);
-    size_t got = 0;
-    while (got < n) {
-      auto r = ::read(fds[0], bytes.data() + got, n - got);
-      if (r <= 0)
-        break;
-      got += static_cast<size_t>(r);
-    }
-    auto d = region_descriptor::decode(bytes);
+    auto d = region_descriptor::decode(read_frame(fds[0]));
     EXPECT_TRUE(d || m.sizes[i] == 0) << "tensor " << i;
     offered_tensor t;
     t.name = m.names[i];

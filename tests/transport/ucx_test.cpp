@@ -16,23 +16,16 @@
 #include <vector>
 
 #include "transport/ucx.hpp"
+#include "transport/ucx_fixtures.hpp"
 
 namespace stitch::transport::ucx {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<std::byte> pattern(size_t n, uint64_t seed) {
-  std::vector<std::byte> out(n);
-  std::mt19937_64 rng{seed};
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(out.data() + i, &v, 8);
-  }
-  for (size_t i = n / 8 * 8; i < n; ++i)
-    out[i] = static_cast<std::byte>(i);
-  return out;
-}
+using testing::pattern;
+using testing::read_frame;
+using testing::write_frame;
 
 struct holder {
   std::shared_ptr<context> ctx;
@@ -161,10 +154,7 @@ child_holder spawn_holder(size_t size, uint64_t seed) {
   if (pid == 0) {
     ::close(fds[0]);
     auto h = make_holder({"tcp"}, size, seed);
-    auto bytes = h.w->describe(*h.r).encode();
-    uint64_t n = bytes.size();
-    (void) !::write(fds[1], &n, sizeof n);
-    (void) !::write(fds[1], bytes.data(), bytes.size());
+    write_frame(fds[1], h.w->describe(*h.r).encode());
     ::close(fds[1]);
     for (;;)
       ::pause();
@@ -172,16 +162,7 @@ child_holder spawn_holder(size_t size, uint64_t seed) {
   ::close(fds[1]);
   child_holder c;
   c.pid = pid;
-  uint64_t n = 0;
-  EXPECT_EQ(::read(fds[0], &n, sizeof n), static_cast<ssize_t>(sizeof n));
-  std::vector<std::byte> bytes(n);
-  size_t got = 0;
-  while (got < n) {
-    auto r = ::read(fds[0], bytes.data() + got, n - got);
-    if (r <= 0)
-      break;
-    got += static_cast<size_t>(r);
-  }
+  auto bytes = read_frame(fds[0]);
   ::close(fds[0]);
   auto d = region_descriptor::decode(bytes);
   EXPECT_TRUE(d) << (d ? "" : to_string(d.error()));
