@@ -10,6 +10,8 @@
 // (target >= 0.5).
 //
 //   transfer_bench [--mb N] [--chunk KB] [--window W] [--tls LIST]... [--json]
+//
+// Exit 1: a ratio below its target; 3: a failure; 4: UCX cannot run here.
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -278,6 +280,18 @@ int main(int argc, char** argv) {
     die("--mb, --chunk and --window must be positive");
   if (lists.empty())
     lists = {"tcp", "shm,self,tcp"};
+  {
+    // A machine where UCX finds no network device (a chroot without /sys)
+    // cannot measure anything: say so, exit 4.
+    auto ctx = context::create({"tcp"});
+    auto w =
+      ctx ? worker::start(*ctx) : stitch::result<std::unique_ptr<worker>>{std::move(ctx).error()};
+    if (!w) {
+      std::fprintf(stderr, "transfer_bench: UCX cannot run here, nothing measured: %s\n",
+                   w.error().message.c_str());
+      return 4;
+    }
+  }
   const size_t bytes = mb << 20;
   std::vector<std::byte> out(bytes);
   // Touch the destination once so that neither run pays for its first faults.

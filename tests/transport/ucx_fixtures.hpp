@@ -3,13 +3,19 @@
 // Shared by the UCX tests: deterministic bytes, and length-prefixed frames
 // a forked holder writes to its parent through a pipe.
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "transport/ucx.hpp"
 
 namespace stitch::transport::ucx::testing {
 
@@ -49,4 +55,44 @@ inline std::vector<std::byte> read_frame(int fd) {
   return bytes;
 }
 
+/// Why UCX cannot move bytes over TCP here ("" when it can): a machine
+/// where UCX finds no network device (a chroot without /sys, an isolated
+/// namespace whose loopback is down). Tried once, in a child process, so
+/// this process has not touched UCX before the tests fork holders.
+inline std::string ucx_unusable() {
+  static const std::string why = [] {
+    int fds[2];
+    if (::pipe(fds) != 0)
+      return std::string{"pipe failed"};
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      std::string err;
+      auto ctx = context::create({"tcp"});
+      if (!ctx)
+        err = ctx.error().message;
+      else if (auto w = worker::start(*ctx); !w)
+        err = w.error().message;
+      (void) !::write(fds[1], err.data(), err.size());
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    std::string err;
+    char buf[512];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+      err.append(buf, static_cast<size_t>(n));
+    ::close(fds[0]);
+    ::waitpid(pid, nullptr, 0);
+    return err;
+  }();
+  return why;
+}
+
 } // namespace stitch::transport::ucx::testing
+
+/// Skips a test on a machine where UCX cannot run, saying why.
+#define STITCH_REQUIRE_UCX()                                                                       \
+  do {                                                                                             \
+    if (auto why = ::stitch::transport::ucx::testing::ucx_unusable(); !why.empty())                \
+      GTEST_SKIP() << "UCX cannot move bytes on this machine: " << why;                            \
+  } while (0)

@@ -84,6 +84,7 @@ std::string problems_of(const fetch_report& r) {
 class peer_transports : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(peer_transports, stripes_a_version_across_two_holders_bit_exact) {
+  STITCH_REQUIRE_UCX();
   model m;
   auto wa = start_worker(GetParam());
   auto wb = start_worker(GetParam());
@@ -122,6 +123,7 @@ TEST_P(peer_transports, stripes_a_version_across_two_holders_bit_exact) {
 INSTANTIATE_TEST_SUITE_P(ucx, peer_transports, ::testing::Values("tcp", "shm,self,tcp"));
 
 TEST(ucx_peer, a_corrupt_chunk_is_fetched_again_from_another_holder) {
+  STITCH_REQUIRE_UCX();
   model m;
   model corrupt = m;
   auto wa = start_worker("tcp"), wb = start_worker("tcp"), wr = start_worker("tcp");
@@ -157,6 +159,7 @@ TEST(ucx_peer, a_corrupt_chunk_is_fetched_again_from_another_holder) {
 }
 
 TEST(ucx_peer, a_holder_whose_bytes_differ_from_the_manifest_is_not_asked) {
+  STITCH_REQUIRE_UCX();
   model m;
   model other{99};
   auto wa = start_worker("tcp"), wr = start_worker("tcp");
@@ -176,6 +179,7 @@ TEST(ucx_peer, a_holder_whose_bytes_differ_from_the_manifest_is_not_asked) {
 }
 
 TEST(ucx_peer, leases_keep_a_replaced_version_readable_and_name_only_the_exposed_one) {
+  STITCH_REQUIRE_UCX();
   model v3;
   model v4{21};
   v4.ref = {"run", 4};
@@ -212,6 +216,7 @@ TEST(ucx_peer, leases_keep_a_replaced_version_readable_and_name_only_the_exposed
 }
 
 TEST(ucx_peer, an_unreachable_holder_ends_in_a_report_within_the_deadline) {
+  STITCH_REQUIRE_UCX();
   model m;
   auto wa = start_worker("tcp"), wr = start_worker("tcp");
   offer o;
@@ -299,6 +304,7 @@ child spawn_child(const std::string& name) {
 }
 
 TEST(ucx_peer, three_processes_a_holder_killed_mid_fetch_the_other_finishes) {
+  STITCH_REQUIRE_UCX();
   // Both holders are forked before this process touches UCX.
   auto a = spawn_child("holder-a");
   auto b = spawn_child("holder-b");

@@ -52,6 +52,7 @@ holder make_holder(const context_options& opts, size_t size, uint64_t seed) {
 class ucx_transports : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ucx_transports, reads_a_region_bit_exact_in_chunks_and_at_offsets) {
+  STITCH_REQUIRE_UCX();
   context_options opts{GetParam()};
   auto h = make_holder(opts, (24 << 20) + 123, 1);
   auto ctx = context::create(opts);
@@ -107,6 +108,7 @@ TEST(ucx, descriptors_round_trip_and_malformed_ones_are_refused) {
 }
 
 TEST(ucx, reads_outside_the_region_or_without_a_peer_are_refused) {
+  STITCH_REQUIRE_UCX();
   auto h = make_holder({"tcp"}, 4096, 2);
   auto desc = h.w->describe(*h.r);
   std::vector<std::byte> out(100);
@@ -122,6 +124,7 @@ TEST(ucx, reads_outside_the_region_or_without_a_peer_are_refused) {
 }
 
 TEST(ucx, a_vanished_peer_is_an_error_within_the_deadline) {
+  STITCH_REQUIRE_UCX();
   auto h = make_holder({"tcp"}, 1 << 20, 3);
   auto desc = h.w->describe(*h.r);
   h.r.reset();
@@ -172,6 +175,7 @@ child_holder spawn_holder(size_t size, uint64_t seed) {
 }
 
 TEST(ucx, reads_across_processes_and_survives_the_holder_dying_mid_read) {
+  STITCH_REQUIRE_UCX();
   // Both children are forked before this process touches UCX.
   auto first = spawn_holder(32 << 20, 7);
   auto second = spawn_holder(256 << 20, 8);
