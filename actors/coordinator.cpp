@@ -239,7 +239,11 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     auto& st = self->state;
     for (auto& [role, handles] : st.roles)
       std::erase_if(handles, [&](const caf::actor& a) { return a.address() == down.source; });
-    st.standalone_replicas.erase(down.source);
+    if (auto it = st.standalone_replicas.find(down.source); it != st.standalone_replicas.end()) {
+      if (it->second.info)
+        st.handed_out.erase(it->second.info->replica_id);
+      st.standalone_replicas.erase(it);
+    }
     for (const auto& [name, m] : st.members)
       if (m.agent.address() == down.source) {
         bool left =
@@ -486,6 +490,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       bool retiring = it->second.retiring;
       st.replicas.erase(id);
       st.infos.erase(id);
+      st.handed_out.erase(id);
       log::info("coordinator", id + (retiring ? " drained and left" : " is down; placing again"));
       carry_out(self, retiring ? st.plan.retired(id) : st.plan.replica_lost(id));
     },

@@ -72,8 +72,12 @@ fetch_summary fetched_between(const counting_source::counts& before,
     if (d > 0)
       f.from_peers[source] = d;
   }
-  for (size_t i = before.problems.size(); i < after.problems.size() && f.problems.size() < 8; ++i)
-    f.problems.push_back(after.problems[i]);
+  // The newest problems since `before`, at most the ones still kept.
+  uint64_t fresh =
+    std::min<uint64_t>(after.problems_seen - before.problems_seen, after.recent_problems.size());
+  for (auto it = after.recent_problems.end() - static_cast<ptrdiff_t>(fresh);
+       it != after.recent_problems.end() && f.problems.size() < 8; ++it)
+    f.problems.push_back(*it);
   return f;
 }
 

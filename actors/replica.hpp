@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -70,8 +71,11 @@ public:
   struct counts {
     uint64_t from_store = 0;
     std::map<std::string, uint64_t> from_peers;
-    std::vector<std::string> problems;
+    /// Problems reported so far, and the most recent of them.
+    uint64_t problems_seen = 0;
+    std::deque<std::string> recent_problems;
   };
+  static constexpr size_t kept_problems = 16;
 
   explicit counting_source(std::shared_ptr<tensor_source> inner, progress on_progress = {},
                            uint64_t progress_every = uint64_t{256} << 20)
@@ -101,9 +105,12 @@ public:
         counts_.from_peers[source] += n;
         got += n;
       }
-      for (const auto& p : report.problems)
-        if (counts_.problems.size() < 64)
-          counts_.problems.push_back(p);
+      for (const auto& p : report.problems) {
+        ++counts_.problems_seen;
+        counts_.recent_problems.push_back(p);
+        if (counts_.recent_problems.size() > kept_problems)
+          counts_.recent_problems.pop_front();
+      }
     }
     count(got);
     return report;

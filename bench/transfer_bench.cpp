@@ -50,16 +50,13 @@ std::pair<pid_t, region_descriptor> spawn_holder(const std::string& tls, size_t 
   pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
-    auto ctx = context::create({tls});
-    if (!ctx)
-      die("holder: " + to_string(ctx.error()));
-    auto w = worker::start(*ctx);
+    auto w = worker::start(context_options{tls});
     if (!w)
       die("holder: " + to_string(w.error()));
     std::vector<std::byte> data(bytes);
     for (size_t i = 0; i < bytes; i += 4096)
       data[i] = static_cast<std::byte>(i / 4096);
-    auto r = region::map(*ctx, data);
+    auto r = region::map((*w)->ctx(), data);
     if (!r)
       die("holder: " + to_string(r.error()));
     auto desc = (*w)->describe(**r).encode();
@@ -168,10 +165,7 @@ double raw_gbps(const std::string& tls, const region_descriptor& d, std::vector<
 
 double ours_gbps(const std::string& tls, const region_descriptor& d, std::vector<std::byte>& out,
                  size_t chunk, size_t window) {
-  auto ctx = context::create({tls});
-  if (!ctx)
-    die(to_string(ctx.error()));
-  auto w = worker::start(*ctx);
+  auto w = worker::start(context_options{tls});
   if (!w)
     die(to_string(w.error()));
   read_options ro;
@@ -192,10 +186,7 @@ double ours_gbps(const std::string& tls, const region_descriptor& d, std::vector
 /// combine to the manifest's checksums.
 double stage_gbps(const std::string& tls, const region_descriptor& d, size_t tensor_bytes,
                   size_t chunk, size_t window) {
-  auto ctx = context::create({tls});
-  if (!ctx)
-    die(to_string(ctx.error()));
-  auto w = worker::start(*ctx);
+  auto w = worker::start(context_options{tls});
   if (!w)
     die(to_string(w.error()));
   const size_t bytes = d.size;
@@ -283,9 +274,7 @@ int main(int argc, char** argv) {
   {
     // A machine where UCX finds no network device (a chroot without /sys)
     // cannot measure anything: say so, exit 4.
-    auto ctx = context::create({"tcp"});
-    auto w =
-      ctx ? worker::start(*ctx) : stitch::result<std::unique_ptr<worker>>{std::move(ctx).error()};
+    auto w = worker::start(context_options{"tcp"});
     if (!w) {
       std::fprintf(stderr, "transfer_bench: UCX cannot run here, nothing measured: %s\n",
                    w.error().message.c_str());

@@ -216,11 +216,17 @@ struct worker::impl {
 
   result<ucp_ep_h> endpoint_for(const std::vector<std::byte>& address) {
     std::string key(reinterpret_cast<const char*>(address.data()), address.size());
-    if (auto it = endpoints.find(key); it != endpoints.end()) {
-      if (!it->second.failed)
-        return it->second.ep;
-      close(it->second.ep);
-      endpoints.erase(it);
+    if (auto it = endpoints.find(key); it != endpoints.end() && !it->second.failed)
+      return it->second.ep;
+    // Failed endpoints (peers that died or left) go: the cache holds live
+    // peers only, however many holders came and went.
+    for (auto it = endpoints.begin(); it != endpoints.end();) {
+      if (it->second.failed) {
+        close(it->second.ep);
+        it = endpoints.erase(it);
+      } else {
+        ++it;
+      }
     }
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
@@ -385,6 +391,13 @@ result<std::unique_ptr<worker>> worker::start(std::shared_ptr<context> ctx) {
     return make_error(errc::backend_failure, "ucx: cannot create the worker's event descriptor");
   im.thread = std::thread{[&im] { im.run(); }};
   return w;
+}
+
+result<std::unique_ptr<worker>> worker::start(const context_options& opts) {
+  auto ctx = context::create(opts);
+  if (!ctx)
+    return std::move(ctx).error();
+  return start(std::move(*ctx));
 }
 
 worker::~worker() {

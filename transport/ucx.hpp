@@ -100,6 +100,8 @@ struct read_options {
 class worker {
 public:
   static result<std::unique_ptr<worker>> start(std::shared_ptr<context> ctx);
+  /// A worker over a context of its own (`ctx()`).
+  static result<std::unique_ptr<worker>> start(const context_options& opts);
   ~worker();
   worker(const worker&) = delete;
   worker& operator=(const worker&) = delete;

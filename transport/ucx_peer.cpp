@@ -13,7 +13,11 @@ namespace stitch::transport::ucx {
 
 struct holder::exposure {
   host_weights weights;
-  std::vector<std::unique_ptr<region>> regions;
+  /// Per offered tensor (null for an empty one), shared with the next
+  /// exposure when it offers the same buffer.
+  std::vector<std::shared_ptr<region>> regions;
+  /// Where each tensor's bytes are: its index in `proto.tensors`.
+  std::map<const std::byte*, size_t> by_address;
   offer proto;
 };
 
@@ -23,7 +27,16 @@ holder::holder(std::shared_ptr<worker> w, std::string source, std::chrono::milli
 holder::~holder() = default;
 
 status holder::expose(host_weights weights) {
+  // A buffer the exposure before offered too (a tensor the last delta did
+  // not touch: engines share it between versions, and host weights never
+  // change while exposed) keeps its registration and digests.
+  std::shared_ptr<const exposure> before;
+  {
+    std::lock_guard lock{mutex_};
+    before = current_;
+  }
   auto e = std::make_shared<exposure>();
+  size_t fresh = 0;
   e->proto.source = source_;
   e->proto.version = weights.version;
   e->proto.worker_address = worker_->address();
@@ -31,27 +44,48 @@ status holder::expose(host_weights weights) {
     offered_tensor o;
     o.name = t.name;
     o.size = t.bytes.size();
-    o.leaves.reserve(checksum::chunk_count(t.bytes.size()));
-    for (size_t at = 0; at < t.bytes.size(); at += checksum::chunk_size)
-      o.leaves.push_back(checksum::chunk_digest(
-        t.bytes.subspan(at, std::min(checksum::chunk_size, t.bytes.size() - at))));
-    if (!t.bytes.empty()) {
-      auto r = region::map(worker_->ctx(), t.bytes);
-      if (!r)
-        return make_error(r.error().code, "exposing tensor '" + t.name + "' of "
-                                            + to_string(weights.version) + ": "
-                                            + r.error().message);
-      auto d = worker_->describe(**r);
+    std::shared_ptr<region> r;
+    if (before && !t.bytes.empty())
+      if (auto it = before->by_address.find(t.bytes.data());
+          it != before->by_address.end()
+          && before->proto.tensors[it->second].size == t.bytes.size()) {
+        const auto& same = before->proto.tensors[it->second];
+        o.address = same.address;
+        o.rkey = same.rkey;
+        o.leaves = same.leaves;
+        r = before->regions[it->second];
+      }
+    if (!r && !t.bytes.empty()) {
+      o.leaves.reserve(checksum::chunk_count(t.bytes.size()));
+      for (size_t at = 0; at < t.bytes.size(); at += checksum::chunk_size)
+        o.leaves.push_back(checksum::chunk_digest(
+          t.bytes.subspan(at, std::min(checksum::chunk_size, t.bytes.size() - at))));
+      auto mapped = region::map(worker_->ctx(), t.bytes);
+      if (!mapped)
+        return make_error(mapped.error().code, "exposing tensor '" + t.name + "' of "
+                                                 + to_string(weights.version) + ": "
+                                                 + mapped.error().message);
+      r = std::move(*mapped);
+      ++fresh;
+      auto d = worker_->describe(*r);
       o.address = d.address;
       o.rkey = std::move(d.rkey);
-      e->regions.push_back(std::move(*r));
     }
+    if (!t.bytes.empty())
+      e->by_address.emplace(t.bytes.data(), e->proto.tensors.size());
+    e->regions.push_back(std::move(r));
     e->proto.tensors.push_back(std::move(o));
   }
   e->weights = std::move(weights);
   std::lock_guard lock{mutex_};
   current_ = std::move(e);
+  registered_ += fresh;
   return {};
+}
+
+size_t holder::registered_total() const {
+  std::lock_guard lock{mutex_};
+  return registered_;
 }
 
 void holder::withdraw() {

@@ -52,8 +52,10 @@ public:
   ~holder();
 
   /// Registers `weights` as what this holder offers and computes its chunk
-  /// digests; the version it offered before stays registered for the
-  /// leases taken on it.
+  /// digests; a buffer the version before offered too keeps its
+  /// registration and digests (host weights never change while exposed).
+  /// The version it offered before stays registered for the leases taken
+  /// on it.
   status expose(host_weights weights);
   /// Stops offering anything (leases taken stay valid until released).
   void withdraw();
@@ -64,6 +66,8 @@ public:
 
   std::optional<version_ref> exposed() const;
   size_t leases() const;
+  /// Tensors registered (and digested) so far, reused ones not counted.
+  size_t registered_total() const;
 
 private:
   struct exposure;
@@ -80,6 +84,7 @@ private:
   };
   std::map<uint64_t, taken> leases_;
   uint64_t next_lease_ = 1;
+  size_t registered_ = 0;
 };
 
 struct fetch_options {

@@ -22,7 +22,9 @@ struct exposed_tensor {
 
 /// The full weights of one version in host memory, as a holder exposes them:
 /// `keep` keeps the bytes alive (a holder holds it while any reader has a
-/// lease, so weights an engine replaced stay readable until then).
+/// lease, so weights an engine replaced stay readable until then), and the
+/// bytes never change while it does (a buffer two versions share holds the
+/// same bytes in both).
 struct host_weights {
   version_ref version;
   std::vector<exposed_tensor> tensors;

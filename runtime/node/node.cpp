@@ -172,9 +172,7 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     if (settings.transfer_peers == "off") {
       n->transport_ = "store only (transfer.peers = off)";
     } else {
-      auto ctx = transport::ucx::context::create();
-      auto w = ctx ? transport::ucx::worker::start(*ctx)
-                   : result<std::unique_ptr<transport::ucx::worker>>{std::move(ctx).error()};
+      auto w = transport::ucx::worker::start(transport::ucx::context_options{});
       if (w) {
         n->ucx_ = std::shared_ptr<transport::ucx::worker>{std::move(*w)};
         n->transport_ = "ucx (" + n->ucx_->ctx()->transports() + ")";

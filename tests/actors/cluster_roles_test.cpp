@@ -243,6 +243,51 @@ TEST_F(cluster_roles_test, submit_places_replicas_enrolls_them_and_reports_their
   EXPECT_TRUE(in_use("other").empty());
 }
 
+TEST_F(cluster_roles_test, the_directory_hands_out_holders_of_a_version_least_used_first) {
+  start();
+  auto& n1 = join("n1", {0, 1});
+  auto& n2 = join("n2", {0});
+  n1.applied = version_ref{"r", 4};
+  n2.applied = version_ref{"r", 4};
+  ASSERT_NE(ask(atom::submit_v, spec("r", 3), std::string{}).find("submitted"), std::string::npos);
+  ASSERT_EQ(n1.spawned.size() + n2.spawned.size(), 3u);
+  auto lookup = [&](const version_ref& v, const std::string& receiver, const std::string& node) {
+    self->send(coord, atom::lookup_v, std::string{"default"}, v, receiver, node);
+    sched.run();
+    std::vector<std::string> out;
+    self->receive(
+      [&](const std::vector<holder_entry>& hs) {
+        for (const auto& h : hs) {
+          EXPECT_TRUE(h.handle) << h.replica_id;
+          out.push_back(h.replica_id + "@" + h.node);
+        }
+      },
+      caf::after(0s) >> [&] { ADD_FAILURE() << "no lookup answer"; });
+    return out;
+  };
+  const std::string on_n2 = n2.spawned.at(0).replica_id;
+  // A receiver on n2 gets the n2 holder first (all unused), never itself.
+  auto first = lookup({"r", 4}, "x", "n2");
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(first[0], on_n2 + "@n2");
+  auto self_excluded = lookup({"r", 4}, on_n2, "n2");
+  EXPECT_EQ(self_excluded.size(), 2u);
+  for (const auto& h : self_excluded)
+    EXPECT_EQ(h.find(on_n2), std::string::npos);
+  // The n2 holder was handed out once, the n1 ones twice: the least used
+  // comes first even for a receiver on n1.
+  auto third = lookup({"r", 4}, "y", "n1");
+  ASSERT_EQ(third.size(), 3u);
+  EXPECT_EQ(third.front(), on_n2 + "@n2");
+  // Nobody holds another version or another pool's.
+  EXPECT_TRUE(lookup({"r", 5}, "x", "n1").empty());
+  self->send(coord, atom::lookup_v, std::string{"other"}, version_ref{"r", 4}, std::string{"x"},
+             std::string{"n1"});
+  sched.run();
+  self->receive([&](const std::vector<holder_entry>& hs) { EXPECT_TRUE(hs.empty()); },
+                caf::after(0s) >> [&] { ADD_FAILURE() << "no lookup answer"; });
+}
+
 TEST_F(cluster_roles_test, resubmits_conflicts_and_missing_tokens_are_refused) {
   coordinator_options o;
   o.admin_token = "secret";

@@ -68,10 +68,7 @@ inline std::string ucx_unusable() {
     if (pid == 0) {
       ::close(fds[0]);
       std::string err;
-      auto ctx = context::create({"tcp"});
-      if (!ctx)
-        err = ctx.error().message;
-      else if (auto w = worker::start(*ctx); !w)
+      if (auto w = worker::start(context_options{"tcp"}); !w)
         err = w.error().message;
       (void) !::write(fds[1], err.data(), err.size());
       ::_exit(0);

@@ -49,9 +49,7 @@ struct model {
 };
 
 std::shared_ptr<worker> start_worker(const std::string& tls) {
-  auto ctx = context::create({tls});
-  EXPECT_TRUE(ctx) << (ctx ? "" : to_string(ctx.error()));
-  auto w = worker::start(*ctx);
+  auto w = worker::start(context_options{tls});
   EXPECT_TRUE(w) << (w ? "" : to_string(w.error()));
   return std::shared_ptr<worker>{std::move(*w)};
 }
@@ -213,6 +211,31 @@ TEST(ucx_peer, leases_keep_a_replaced_version_readable_and_name_only_the_exposed
   EXPECT_NE(problems_of(refused).find("offers run/weight_v000004, not run/weight_v000003"),
             std::string::npos)
     << problems_of(refused);
+}
+
+TEST(ucx_peer, buffers_a_new_version_shares_keep_their_registration_and_digests) {
+  STITCH_REQUIRE_UCX();
+  model v3;
+  auto wa = start_worker("tcp"), wr = start_worker("tcp");
+  holder a{wa, "holder-a", 60s};
+  ASSERT_TRUE(a.expose(v3.weights()));
+  EXPECT_EQ(a.registered_total(), 3u) << "three tensors with bytes";
+  // Version 4 changes b.bias only (a new buffer); the others are the same
+  // buffers, as an engine shares untouched tensors between versions.
+  auto b4 = pattern(v3.sizes[1], 77);
+  auto w4 = v3.weights();
+  w4.version = {"run", 4};
+  w4.tensors[1].bytes = b4;
+  ASSERT_TRUE(a.expose(w4));
+  EXPECT_EQ(a.registered_total(), 4u) << "only the changed tensor is registered again";
+  model v4 = v3;
+  v4.ref = w4.version;
+  v4.bytes[1] = b4;
+  receive r{v4};
+  std::vector<offer> sources{*a.lease(v4.ref)};
+  auto report = fetch(*wr, v4.ref, sources, r.targets);
+  EXPECT_TRUE(report.complete()) << problems_of(report);
+  EXPECT_TRUE(r.equals(v4));
 }
 
 TEST(ucx_peer, an_unreachable_holder_ends_in_a_report_within_the_deadline) {

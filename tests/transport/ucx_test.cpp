@@ -28,7 +28,6 @@ using testing::read_frame;
 using testing::write_frame;
 
 struct holder {
-  std::shared_ptr<context> ctx;
   std::unique_ptr<worker> w;
   std::vector<std::byte> bytes;
   std::unique_ptr<region> r;
@@ -36,14 +35,11 @@ struct holder {
 
 holder make_holder(const context_options& opts, size_t size, uint64_t seed) {
   holder h;
-  auto ctx = context::create(opts);
-  EXPECT_TRUE(ctx) << (ctx ? "" : to_string(ctx.error()));
-  h.ctx = *ctx;
-  auto w = worker::start(h.ctx);
+  auto w = worker::start(opts);
   EXPECT_TRUE(w) << (w ? "" : to_string(w.error()));
   h.w = std::move(*w);
   h.bytes = pattern(size, seed);
-  auto r = region::map(h.ctx, h.bytes);
+  auto r = region::map(h.w->ctx(), h.bytes);
   EXPECT_TRUE(r) << (r ? "" : to_string(r.error()));
   h.r = std::move(*r);
   return h;
@@ -55,9 +51,7 @@ TEST_P(ucx_transports, reads_a_region_bit_exact_in_chunks_and_at_offsets) {
   STITCH_REQUIRE_UCX();
   context_options opts{GetParam()};
   auto h = make_holder(opts, (24 << 20) + 123, 1);
-  auto ctx = context::create(opts);
-  ASSERT_TRUE(ctx) << to_string(ctx.error());
-  auto reader = worker::start(*ctx);
+  auto reader = worker::start(opts);
   ASSERT_TRUE(reader) << to_string(reader.error());
   auto desc = h.w->describe(*h.r);
   std::vector<std::byte> out(h.bytes.size());
@@ -129,9 +123,7 @@ TEST(ucx, a_vanished_peer_is_an_error_within_the_deadline) {
   auto desc = h.w->describe(*h.r);
   h.r.reset();
   h.w.reset();
-  auto ctx = context::create({"tcp"});
-  ASSERT_TRUE(ctx);
-  auto reader = worker::start(*ctx);
+  auto reader = worker::start(context_options{"tcp"});
   ASSERT_TRUE(reader);
   std::vector<std::byte> out(1 << 20);
   read_options ro;
@@ -179,9 +171,7 @@ TEST(ucx, reads_across_processes_and_survives_the_holder_dying_mid_read) {
   // Both children are forked before this process touches UCX.
   auto first = spawn_holder(32 << 20, 7);
   auto second = spawn_holder(256 << 20, 8);
-  auto ctx = context::create({"tcp"});
-  ASSERT_TRUE(ctx) << to_string(ctx.error());
-  auto reader = worker::start(*ctx);
+  auto reader = worker::start(context_options{"tcp"});
   ASSERT_TRUE(reader);
   std::vector<std::byte> out(32 << 20);
   auto ok = (*reader)->read(first.desc, 0, out);
