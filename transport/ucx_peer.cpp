@@ -213,12 +213,14 @@ fetch_report fetch(worker& w, const version_ref& ref, std::span<const offer> all
       run.queue.push_back({t, at, std::min<uint64_t>(stripe_size, target.destination.size() - at)});
   }
 
+  // Sources whose read failed: none of their threads takes another stripe.
+  std::vector<bool> dead(sources.size(), false);
   auto serve = [&](size_t s) {
     const auto& src = sources[s];
     uint64_t bit = uint64_t{1} << s;
     std::unique_lock lock{run.mutex};
     for (;;) {
-      if (std::chrono::steady_clock::now() >= deadline)
+      if (dead[s] || std::chrono::steady_clock::now() >= deadline)
         break;
       auto it = std::find_if(run.queue.begin(), run.queue.end(), [&](const stripe& p) {
         return (p.excluded & bit) == 0 && usable[p.target][s].has_value();
@@ -258,6 +260,7 @@ fetch_report fetch(worker& w, const version_ref& ref, std::span<const offer> all
       lock.lock();
       --run.in_flight;
       if (!got) {
+        dead[s] = true;
         run.report.problems.push_back(src.source + ": " + got.error().message + " (tensor '"
                                       + target.name + "'); finishing from the others");
         p.excluded |= bit;
@@ -288,7 +291,9 @@ fetch_report fetch(worker& w, const version_ref& ref, std::span<const offer> all
     bool serves = false;
     for (size_t t = 0; t < targets.size() && !serves; ++t)
       serves = usable[t][s].has_value();
-    if (serves)
+    // Two readers per source: one verifies the stripe it read while the
+    // other's reads are in flight, so the link never idles for hashing.
+    for (size_t i = 0; serves && i < std::max<size_t>(opts.readers_per_source, 1); ++i)
       threads.emplace_back(serve, s);
   }
   for (auto& t : threads)

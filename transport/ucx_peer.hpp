@@ -94,6 +94,8 @@ struct fetch_options {
   read_options read;
   /// The whole fetch stops taking new stripes past this.
   std::chrono::milliseconds deadline{120'000};
+  /// Threads reading from each source (at least one).
+  size_t readers_per_source = 2;
 };
 
 /// Fetches `targets` of version `ref` from `sources` (all offering exactly
