@@ -9,7 +9,6 @@
 #include "actors/publisher_actor.hpp"
 #include "actors/status_actor.hpp"
 #include "runtime/core/retention.hpp"
-#include "runtime/core/source_choice.hpp"
 #include "runtime/core/token.hpp"
 
 namespace stitch {
@@ -230,6 +229,24 @@ void rollback(self_ptr self, const std::string& run) {
   }
 }
 
+/// The member whose node is `where` (empty when none).
+std::string member_on(const coordinator_state& st, const caf::node_id& where) {
+  for (const auto& [name, m] : st.members)
+    if (m.agent.node() == where)
+      return name;
+  return {};
+}
+
+/// The handle of a replica the directory names (placed or standalone).
+replica_actor replica_handle(const coordinator_state& st, const std::string& id) {
+  if (auto r = st.replicas.find(id); r != st.replicas.end())
+    return r->second;
+  for (const auto& [addr, r] : st.standalone_replicas)
+    if (r.info && r.info->replica_id == id)
+      return r.handle;
+  return {};
+}
+
 } // namespace
 
 coordinator_actor::behavior_type
@@ -241,7 +258,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       std::erase_if(handles, [&](const caf::actor& a) { return a.address() == down.source; });
     if (auto it = st.standalone_replicas.find(down.source); it != st.standalone_replicas.end()) {
       if (it->second.info)
-        st.handed_out.erase(it->second.info->replica_id);
+        st.holders.forget(it->second.info->replica_id);
       st.standalone_replicas.erase(it);
     }
     for (const auto& [name, m] : st.members)
@@ -265,51 +282,33 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     [self](atom::lookup, const std::string& pool, const version_ref& version,
            const std::string& receiver, const std::string& receiver_node) {
       auto& st = self->state;
-      std::vector<source_candidate> candidates;
-      std::vector<holder_entry> entries;
-      auto add = [&](const replica_info& info, const std::string& node,
-                     const replica_actor& handle) {
-        if (info.pool != pool || info.applied != version || !handle)
-          return;
-        candidates.push_back({info.replica_id, node, st.handed_out[info.replica_id]});
-        entries.push_back({info.replica_id, node, handle});
-      };
-      for (const auto& [id, info] : st.infos)
-        if (auto p = st.plan.placements().find(id); p != st.plan.placements().end())
-          if (auto r = st.replicas.find(id); r != st.replicas.end())
-            add(info, p->second.node, r->second);
-      auto member_on = [&](const caf::node_id& where) {
-        for (const auto& [name, m] : st.members)
-          if (m.agent.node() == where)
-            return name;
-        return std::string{};
-      };
-      for (const auto& [addr, r] : st.standalone_replicas)
-        if (r.info)
-          add(*r.info, member_on(r.handle.node()), r.handle);
       std::vector<holder_entry> chosen;
-      for (auto i : choose_sources(candidates, receiver, receiver_node, 4)) {
-        ++st.handed_out[entries[i].replica_id];
-        chosen.push_back(std::move(entries[i]));
+      for (const auto& pick : st.holders.begin_fetch(receiver, receiver_node, pool, version)) {
+        auto handle = replica_handle(st, pick.holder);
+        if (!handle)
+          continue;
+        chosen.push_back({pick.holder, pick.node, std::move(handle), pick.backup, pick.partial});
       }
       return chosen;
     },
+    [self](atom::done, const std::string&, const version_ref&, const std::string& receiver,
+           bool all_fetched) { self->state.holders.end_fetch(receiver, all_fetched); },
     [self](atom::replica_state, replica_info& info) {
       auto& st = self->state;
       if (auto it =
             st.standalone_replicas.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
           it != st.standalone_replicas.end()) {
-        if (!it->second.info || it->second.info->applied != info.applied)
-          st.handed_out.erase(info.replica_id);
+        st.holders.holds(info.replica_id, member_on(st, it->second.handle.node()), it->second.pool,
+                         info.applied);
         it->second.info = std::move(info);
         return;
       }
-      if (!st.plan.placements().contains(info.replica_id))
+      auto placed = st.plan.placements().find(info.replica_id);
+      if (placed == st.plan.placements().end())
         return;
+      st.holders.holds(info.replica_id, placed->second.node, placed->second.pool, info.applied);
       auto& known = st.infos[info.replica_id];
       bool moved = known.applied != info.applied || known.ready != info.ready;
-      if (known.applied != info.applied)
-        st.handed_out.erase(info.replica_id);
       known = std::move(info);
       if (moved)
         publish_view(self);
@@ -490,7 +489,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       bool retiring = it->second.retiring;
       st.replicas.erase(id);
       st.infos.erase(id);
-      st.handed_out.erase(id);
+      st.holders.forget(id);
       log::info("coordinator", id + (retiring ? " drained and left" : " is down; placing again"));
       carry_out(self, retiring ? st.plan.retired(id) : st.plan.replica_lost(id));
     },

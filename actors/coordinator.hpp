@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "actors/coordinator_actor.hpp"
+#include "runtime/core/fanout.hpp"
 #include "runtime/core/cluster_plan.hpp"
 
 namespace stitch {
@@ -53,9 +54,9 @@ struct coordinator_state {
     replica_actor handle;
   };
   std::map<caf::actor_addr, standalone> standalone_replicas;
-  /// How often each replica was handed to a receiver as a holder since its
-  /// applied version last changed (source choice spreads over holders).
-  std::map<std::string, uint64_t> handed_out;
+  /// Who holds or is fetching which version's bytes, and whom each serves
+  /// (peer transfer: a relay chain, DESIGN §6).
+  holder_directory holders;
 };
 
 coordinator_actor::behavior_type

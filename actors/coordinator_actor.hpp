@@ -25,12 +25,15 @@ namespace stitch {
 using coordinator_actor = caf::typed_actor<
   // Answers the actor serving `role` ("store", "publisher", "status").
   caf::replies_to<atom::lookup, std::string>::with<caf::actor>,
-  // The directory of version bytes (peer transfer): replicas of `pool` that
-  // hold `version` (applied) and may serve it, chosen for the receiver named
-  // by the last two strings (replica id, node): the least used first, at
-  // most four.
+  // The directory of version bytes (peer transfer): holders of `version` of
+  // `pool` chosen for the receiver named by the last two strings (replica
+  // id, node), its primary first, then backups (`holder_directory`); from
+  // now on the receiver is listed as a partial holder of `version`.
   caf::replies_to<atom::lookup, std::string, version_ref, std::string,
                   std::string>::with<std::vector<holder_entry>>,
+  // The receiver's fetch of (pool, version) ended (`true`: it fetched every
+  // tensor it asked the peers for).
+  caf::reacts_to<atom::done, std::string, version_ref, std::string, bool>,
   // Records that `handle` serves `role` (several may: every gateway and
   // status actor learns of placed replicas).
   caf::reacts_to<atom::enroll, std::string, caf::actor>,

@@ -142,15 +142,20 @@ struct peer_tensor {
   uint64_t size = 0;
   std::string rkey;
   std::vector<uint64_t> leaves;
+  uint32_t progress_slot = 0;
 };
 
-/// A replica's lease on the version it holds (`transport::ucx::offer`).
+/// A holder's lease on the version it holds or is fetching
+/// (`transport::ucx::offer`).
 struct peer_offer {
   std::string source;
   version_ref version;
   std::string worker_address;
   uint64_t lease = 0;
   std::vector<peer_tensor> tensors;
+  bool partial = false;
+  uint64_t progress_address = 0;
+  std::string progress_rkey;
 };
 
 template <class Inspector>
@@ -185,13 +190,14 @@ typename Inspector::result_type inspect(Inspector& f, fetch_summary& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_tensor& x) {
-  return f(caf::meta::type_name("stitch.peer_tensor"), x.name, x.address, x.size, x.rkey, x.leaves);
+  return f(caf::meta::type_name("stitch.peer_tensor"), x.name, x.address, x.size, x.rkey, x.leaves,
+           x.progress_slot);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_offer& x) {
   return f(caf::meta::type_name("stitch.peer_offer"), x.source, x.version, x.worker_address,
-           x.lease, x.tensors);
+           x.lease, x.tensors, x.partial, x.progress_address, x.progress_rkey);
 }
 
 template <class Inspector>
@@ -286,16 +292,21 @@ using replica_actor = caf::typed_actor<
 
 namespace stitch {
 
-/// A replica the coordinator's directory lists as a holder of a version.
+/// A holder the coordinator's directory hands a receiver: a replica that
+/// serves the version, or one still fetching it (`partial`), or a publisher.
 struct holder_entry {
   std::string replica_id;
   std::string node;
   replica_actor handle;
+  /// Read only when every primary failed.
+  bool backup = false;
+  bool partial = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, holder_entry& x) {
-  return f(caf::meta::type_name("stitch.holder_entry"), x.replica_id, x.node, x.handle);
+  return f(caf::meta::type_name("stitch.holder_entry"), x.replica_id, x.node, x.handle, x.backup,
+           x.partial);
 }
 
 } // namespace stitch

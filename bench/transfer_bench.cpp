@@ -216,7 +216,7 @@ double stage_gbps(const std::string& tls, const region_descriptor& d, size_t ten
     t.rkey = d.rkey;
     t.leaves.assign(leaves.begin() + static_cast<ptrdiff_t>(k * per),
                     leaves.begin() + static_cast<ptrdiff_t>(k * per + checksum::chunk_count(n)));
-    targets.push_back({t.name, {staging.get() + at, n}, checksum::combine(t.leaves)});
+    targets.push_back({t.name, {staging.get() + at, n}, checksum::combine(t.leaves), {}});
     o.tensors.push_back(std::move(t));
   }
   fetch_options fo;

@@ -31,7 +31,14 @@ struct offered_tensor {
   uint64_t size = 0;
   std::vector<std::byte> rkey;
   std::vector<uint64_t> leaves;
+  /// For a partial offer: which 8-byte word of the progress region says how
+  /// many of its bytes (from the start) the holder has verified so far.
+  uint32_t progress_slot = 0;
 };
+
+/// A progress word's value for a tensor the holder will not get from its
+/// peers after all (the store builds it): read it elsewhere.
+inline constexpr uint64_t abandoned_progress = ~uint64_t{0};
 
 /// What a holder answers a reader: its worker, the version's tensors, and
 /// the lease that keeps them registered until released or expired.
@@ -42,6 +49,12 @@ struct offer {
   std::vector<std::byte> worker_address;
   uint64_t lease = 0;
   std::vector<offered_tensor> tensors;
+  /// The holder is still fetching this version (a relay): a tensor's bytes
+  /// are readable up to what its progress word says, a little-endian
+  /// uint64 in the progress region (`abandoned_progress`: never).
+  bool partial = false;
+  uint64_t progress_address = 0;
+  std::vector<std::byte> progress_rkey;
 };
 
 /// Offers one version's full weights to peers. Thread-safe. `expose` maps
@@ -59,8 +72,28 @@ public:
   status expose(host_weights weights);
   /// Stops offering anything (leases taken stay valid until released).
   void withdraw();
-  /// A lease on the exposed version when it is `version`; `not_found`
-  /// otherwise.
+
+  /// A version this holder is fetching, offered to peers as it arrives.
+  class relay {
+  public:
+    virtual ~relay() = default;
+    /// The first `bytes` of fetch target `t` are verified.
+    virtual void verified(size_t t, uint64_t bytes) = 0;
+    /// Target `t` will not come from peers: its readers go elsewhere.
+    virtual void abandon(size_t t) = 0;
+  };
+  /// Offers the fetch `targets` of `ref` (their destinations, kept alive by
+  /// each target's `keep`) while they arrive: `leaves[t]` are target t's
+  /// chunk digests as its sources offered them (checked against the
+  /// manifest), empty for a target not fetched from peers, which is not
+  /// offered. Replaces what this holder was fetching before; the version it
+  /// serves stays offered too.
+  result<std::shared_ptr<relay>> stage(const version_ref& ref,
+                                       std::span<const fetch_target> targets,
+                                       std::span<const std::vector<uint64_t>> leaves);
+
+  /// A lease on `version` when this holder serves it or is fetching it;
+  /// `not_found` otherwise.
   result<offer> lease(const version_ref& version);
   void release(uint64_t lease);
 
@@ -78,6 +111,8 @@ private:
   std::chrono::milliseconds ttl_;
   mutable std::mutex mutex_;
   std::shared_ptr<exposure> current_;
+  /// The version being fetched, offered as it arrives (`stage`).
+  std::shared_ptr<exposure> staging_;
   struct taken {
     std::shared_ptr<exposure> what;
     std::chrono::steady_clock::time_point until;
@@ -96,16 +131,26 @@ struct fetch_options {
   std::chrono::milliseconds deadline{120'000};
   /// Threads reading from each source (at least one).
   size_t readers_per_source = 2;
+  /// A partial source (one still fetching) whose progress on the tensor a
+  /// reader waits for does not move for this long is given up.
+  std::chrono::milliseconds stall{10'000};
+  /// How often a reader waiting on a partial source reads its progress.
+  std::chrono::microseconds poll{200};
 };
 
 /// Fetches `targets` of version `ref` from `sources` (all offering exactly
-/// `ref`): each source gets a thread that takes the next stripe it can
-/// serve, so faster holders serve more. A source whose tensor's digests do
-/// not combine to the manifest's checksum is not asked for it; a chunk that
-/// fails its digest is fetched again from another source; a source whose
-/// read fails is dropped and its stripes go to the others.
+/// `ref`), in the order of `stripe_schedule`: each source gets threads that
+/// take the next stripe it can serve, so faster holders serve more, and a
+/// backup source (`backup[s]`) serves only what no live primary can. A
+/// partial source is read only as far as its progress word says. A source
+/// whose tensor's digests do not combine to the manifest's checksum is not
+/// asked for it; a chunk that fails its digest is fetched again from
+/// another source; a source whose read fails or stalls is dropped and its
+/// stripes go to the others. With `relay`, the receiver offers what it has
+/// verified to peers while it fetches (`holder::stage`).
 fetch_report fetch(worker& w, const version_ref& ref, std::span<const offer> sources,
                    std::span<const fetch_target> targets, const fetch_options& opts = {},
-                   const std::function<void(const transfer_progress&)>& progress = {});
+                   const std::function<void(const transfer_progress&)>& progress = {},
+                   std::span<const bool> backup = {}, holder* relay = nullptr);
 
 } // namespace stitch::transport::ucx

@@ -38,6 +38,10 @@ struct fetch_target {
   std::string name;
   std::span<std::byte> destination;
   uint64_t expected_checksum = 0;
+  /// Keeps `destination` alive: a receiver offers what it has fetched to
+  /// other receivers while it fetches (a relay), and they may read it after
+  /// the fetch returns.
+  std::shared_ptr<const void> keep;
 };
 
 struct transfer_progress {

@@ -213,7 +213,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     std::vector<std::shared_ptr<tensor_buffer>> asked;
     for (auto& b : buffers)
       if (auto c = target->checksums.find(b->name); c != target->checksums.end()) {
-        targets.push_back({b->name, b->bytes.bytes(), c->second});
+        targets.push_back({b->name, b->bytes.bytes(), c->second, b});
         asked.push_back(std::move(b));
       }
     auto report = peers->fetch(plan.target, targets, {});

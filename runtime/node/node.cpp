@@ -232,9 +232,10 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
     po.node = settings_.name;
     // A stuck holder costs one stripe's read deadline, not the fetch.
     po.fetch.deadline = std::chrono::minutes{10};
-    d.bytes = std::make_shared<peer_source>(sys_, coordinator_, std::move(d.bytes), ucx_, po);
     d.holder =
       std::make_shared<transport::ucx::holder>(ucx_, o.replica_id, std::chrono::minutes{15});
+    po.relay = d.holder;
+    d.bytes = std::make_shared<peer_source>(sys_, coordinator_, std::move(d.bytes), ucx_, po);
   }
   d.reconcile_worker = std::make_shared<worker_pool>(1, "stage-" + o.replica_id);
   d.request_workers = std::make_shared<worker_pool>(64, "gen-" + o.replica_id);

@@ -38,6 +38,8 @@ fetch_report peer_source::fetch(const version_ref& ref, std::span<const fetch_ta
   // Leases from every holder that still holds the version.
   std::vector<transport::ucx::offer> offers;
   std::vector<replica_actor> leased;
+  // std::vector<bool> has no contiguous storage to span.
+  std::unique_ptr<bool[]> backup{new bool[holders->size() + 1]};
   for (const auto& h : *holders) {
     if (h.replica_id == opts_.replica_id)
       continue;
@@ -46,14 +48,30 @@ fetch_report peer_source::fetch(const version_ref& ref, std::span<const fetch_ta
       none.problems.push_back(h.replica_id + " offers nothing: " + o.error().message);
       continue;
     }
+    backup[offers.size()] = h.backup;
     offers.push_back(from_peer_offer(*o));
     leased.push_back(h.handle);
   }
-  if (offers.empty())
+  auto ended = [&](const fetch_report& r) {
+    caf::anon_send(coordinator_, atom::done_v, opts_.pool, ref, opts_.replica_id, r.complete());
+  };
+  if (offers.empty()) {
+    ended(none);
     return none;
-  auto report = transport::ucx::fetch(*worker_, ref, offers, targets, opts_.fetch, progress);
+  }
+  // A backup is asked only when every primary failed: with no primary left
+  // (it did not answer), the backups are the primaries.
+  bool any_primary = false;
+  for (size_t i = 0; i < offers.size(); ++i)
+    any_primary = any_primary || !backup[i];
+  if (!any_primary)
+    std::fill_n(backup.get(), offers.size(), false);
+  auto report =
+    transport::ucx::fetch(*worker_, ref, offers, targets, opts_.fetch, progress,
+                          std::span<const bool>{backup.get(), offers.size()}, opts_.relay.get());
   for (size_t i = 0; i < offers.size(); ++i)
     caf::anon_send(leased[i], atom::release_v, offers[i].lease);
+  ended(report);
   report.problems.insert(report.problems.begin(), none.problems.begin(), none.problems.end());
   return report;
 }

@@ -19,15 +19,19 @@ struct peer_source_options {
   std::string replica_id;
   std::string node;
   transport::ucx::fetch_options fetch;
+  /// The replica's own holder: it offers what it has fetched to other
+  /// receivers while it fetches (a relay). Null: it does not.
+  std::shared_ptr<transport::ucx::holder> relay;
   /// How long the coordinator and each holder may take to answer.
   std::chrono::milliseconds ask_timeout{3000};
 };
 
 /// A replica's tensor source: stored bytes and manifests from `store`, and
-/// the full tensors of a version from replicas that hold it, found through
-/// the coordinator's directory, leased, read over UCX, released. A holder
-/// that does not answer or refuses is skipped; whatever no holder gave is
-/// built from the store by the engine.
+/// the full tensors of a version from the holders the coordinator's
+/// directory chooses (a primary, backups), leased, read over UCX, released;
+/// the coordinator hears when the fetch ends. A holder that does not answer
+/// or refuses is skipped; whatever no holder gave is built from the store
+/// by the engine.
 class peer_source final : public tensor_source, public transfer {
 public:
   peer_source(caf::actor_system& sys, coordinator_actor coordinator,

@@ -243,7 +243,7 @@ TEST_F(cluster_roles_test, submit_places_replicas_enrolls_them_and_reports_their
   EXPECT_TRUE(in_use("other").empty());
 }
 
-TEST_F(cluster_roles_test, the_directory_hands_out_holders_of_a_version_least_used_first) {
+TEST_F(cluster_roles_test, the_directory_hands_each_receiver_an_idle_primary_and_backups) {
   start();
   auto& n1 = join("n1", {0, 1});
   auto& n2 = join("n2", {0});
@@ -254,31 +254,44 @@ TEST_F(cluster_roles_test, the_directory_hands_out_holders_of_a_version_least_us
   auto lookup = [&](const version_ref& v, const std::string& receiver, const std::string& node) {
     self->send(coord, atom::lookup_v, std::string{"default"}, v, receiver, node);
     sched.run();
-    std::vector<std::string> out;
+    std::vector<holder_entry> out;
     self->receive(
       [&](const std::vector<holder_entry>& hs) {
-        for (const auto& h : hs) {
+        for (const auto& h : hs)
           EXPECT_TRUE(h.handle) << h.replica_id;
-          out.push_back(h.replica_id + "@" + h.node);
-        }
+        out = hs;
       },
       caf::after(0s) >> [&] { ADD_FAILURE() << "no lookup answer"; });
     return out;
   };
   const std::string on_n2 = n2.spawned.at(0).replica_id;
-  // A receiver on n2 gets the n2 holder first (all unused), never itself.
+  // A receiver on n2 gets the n2 holder as its primary (all idle), the
+  // others as backups; never itself.
   auto first = lookup({"r", 4}, "x", "n2");
   ASSERT_EQ(first.size(), 3u);
-  EXPECT_EQ(first[0], on_n2 + "@n2");
-  auto self_excluded = lookup({"r", 4}, on_n2, "n2");
-  EXPECT_EQ(self_excluded.size(), 2u);
-  for (const auto& h : self_excluded)
-    EXPECT_EQ(h.find(on_n2), std::string::npos);
-  // The n2 holder was handed out once, the n1 ones twice: the least used
-  // comes first even for a receiver on n1.
+  EXPECT_EQ(first[0].replica_id, on_n2);
+  EXPECT_EQ(first[0].node, "n2");
+  EXPECT_FALSE(first[0].backup);
+  EXPECT_TRUE(first[1].backup);
+  EXPECT_TRUE(first[2].backup);
+  auto mine = lookup({"r", 4}, on_n2, "n2");
+  ASSERT_EQ(mine.size(), 2u); // "x" is listed as fetching, but is no replica
+  for (const auto& h : mine)
+    EXPECT_NE(h.replica_id, on_n2);
+  EXPECT_EQ(mine[0].node, "n1");
+  // on_n2 serves x and one n1 replica serves on_n2: the idle one is next.
   auto third = lookup({"r", 4}, "y", "n1");
-  ASSERT_EQ(third.size(), 3u);
-  EXPECT_EQ(third.front(), on_n2 + "@n2");
+  ASSERT_FALSE(third.empty());
+  EXPECT_NE(third[0].replica_id, on_n2);
+  EXPECT_NE(third[0].replica_id, mine[0].replica_id);
+  EXPECT_FALSE(third[0].backup);
+  // x's fetch ended: on_n2 is idle again and first for a receiver on n2.
+  self->send(coord, atom::done_v, std::string{"default"}, version_ref{"r", 4}, std::string{"x"},
+             true);
+  sched.run();
+  auto fourth = lookup({"r", 4}, "z", "n2");
+  ASSERT_FALSE(fourth.empty());
+  EXPECT_EQ(fourth[0].replica_id, on_n2);
   // Nobody holds another version or another pool's.
   EXPECT_TRUE(lookup({"r", 5}, "x", "n1").empty());
   self->send(coord, atom::lookup_v, std::string{"other"}, version_ref{"r", 4}, std::string{"x"},

@@ -62,7 +62,7 @@ struct receive {
     for (size_t i = 0; i < m.names.size(); ++i)
       out.emplace_back(m.sizes[i], std::byte{0});
     for (size_t i = 0; i < m.names.size(); ++i)
-      targets.push_back({m.names[i], out[i], checksum::tree_checksum(m.bytes[i])});
+      targets.push_back({m.names[i], out[i], checksum::tree_checksum(m.bytes[i]), {}});
   }
   bool equals(const model& m) const {
     for (size_t i = 0; i < out.size(); ++i)
