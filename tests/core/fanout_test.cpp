@@ -89,6 +89,7 @@ TEST(holder_directory, a_finished_fetch_is_complete_and_a_gone_holder_frees_its_
   d.begin_fetch("r1", "n1", "pool", v1);
   d.begin_fetch("r2", "n2", "pool", v1);
   d.end_fetch("r1", true);
+  d.end_fetch("r2", true);
   // r1 fetched everything (not applied yet): complete, and idle now.
   auto p = d.begin_fetch("r3", "n3", "pool", v1);
   EXPECT_EQ(p[0].holder, "pub");
