@@ -54,6 +54,8 @@ build/bin/gateway_bench --requests 200 --connections 2 >/dev/null
 build/bin/store_bench --mb 16 --json
 build/bin/activation_bench --mb 16 --json
 build/bin/retention_bench --versions 25 --keep 5 --json
+# The fan-out simulation is deterministic: its ratio is a real verdict.
+build/bin/fanout_bench --sizes 16,64 --tb 0.05 --json
 # Exit 1 is a ratio below its target (this shared machine is noisy), 4 a
 # machine where UCX finds no network device (it says so); 3 is a failure.
 build/bin/transfer_bench --mb 64 --json || { rc=$?; [ $rc -eq 1 ] || [ $rc -eq 4 ]; }

@@ -227,22 +227,6 @@ bool offers_the_manifests_bytes(const offered_tensor& o, const fetch_target& tar
          && checksum::combine(o.leaves) == target.expected_checksum;
 }
 
-/// The bytes of a target verified so far, from its start: chunks land out
-/// of order (several readers, refetched chunks), the prefix moves when the
-/// gap before them closes.
-struct verified_prefix {
-  uint64_t prefix = 0;
-  std::map<uint64_t, uint64_t> beyond;
-
-  uint64_t add(uint64_t offset, uint64_t size) {
-    beyond.emplace(offset, size);
-    for (auto it = beyond.begin(); it != beyond.end() && it->first <= prefix;
-         it = beyond.erase(it))
-      prefix = std::max(prefix, it->first + it->second);
-    return prefix;
-  }
-};
-
 /// Waits until partial source `src` has verified `tensor`'s bytes up to
 /// `needed` (its progress word, read over UCX). `known` caches the last
 /// value read. `abandoned` when the source gave the tensor up.

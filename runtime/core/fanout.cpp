@@ -120,6 +120,15 @@ size_t holder_directory::readers(const std::string& holder) const {
   return it == entries_.end() ? 0 : it->second.readers;
 }
 
+uint64_t verified_prefix::add(uint64_t offset, uint64_t size) {
+  if (offset + size <= prefix)
+    return prefix;
+  beyond.emplace(offset, size);
+  for (auto it = beyond.begin(); it != beyond.end() && it->first <= prefix; it = beyond.erase(it))
+    prefix = std::max(prefix, it->first + it->second);
+  return prefix;
+}
+
 // -- stripe_schedule ----------------------------------------------------------
 
 stripe_schedule::stripe_schedule(std::span<const std::string> names,

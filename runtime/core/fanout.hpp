@@ -99,6 +99,17 @@ private:
   uint64_t seq_ = 0;
 };
 
+/// The bytes of a fetch target verified so far, from its start: chunks land
+/// out of order (several readers, refetched chunks); the prefix moves when
+/// the gap before them closes. What a relay offers of a tensor.
+struct verified_prefix {
+  uint64_t prefix = 0;
+  std::map<uint64_t, uint64_t> beyond;
+
+  /// Records `size` verified bytes at `offset`; answers the prefix.
+  uint64_t add(uint64_t offset, uint64_t size);
+};
+
 /// A byte range of one fetch target that one source is asked for at once.
 struct stripe {
   size_t target = 0;

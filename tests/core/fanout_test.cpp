@@ -187,5 +187,15 @@ TEST(stripe_schedule, a_bad_chunk_goes_to_another_source_and_unusable_targets_st
   EXPECT_TRUE(s.finished_for(1));
 }
 
+TEST(verified_prefix, moves_when_the_gap_before_out_of_order_chunks_closes) {
+  verified_prefix v;
+  EXPECT_EQ(v.add(10, 10), 0u);
+  EXPECT_EQ(v.add(30, 5), 0u);
+  EXPECT_EQ(v.add(0, 10), 20u);
+  EXPECT_EQ(v.add(0, 10), 20u); // again: nothing new
+  EXPECT_EQ(v.add(20, 10), 35u);
+  EXPECT_TRUE(v.beyond.empty());
+}
+
 } // namespace
 } // namespace stitch
