@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "actors/coordinator_actor.hpp"
-#include "runtime/core/fanout.hpp"
 #include "runtime/core/cluster_plan.hpp"
+#include "runtime/core/fanout.hpp"
 
 namespace stitch {
 

@@ -18,9 +18,8 @@ inline std::vector<std::byte> string_to_bytes(const std::string& s) {
 }
 
 inline peer_offer to_peer_offer(const transport::ucx::offer& o) {
-  peer_offer out{o.source,  o.version,          bytes_to_string(o.worker_address),
-                 o.lease,   {},                 o.partial,
-                 o.progress_address, bytes_to_string(o.progress_rkey)};
+  peer_offer out{o.source,  o.version,          bytes_to_string(o.worker_address), o.lease, {},
+                 o.partial, o.progress_address, bytes_to_string(o.progress_rkey)};
   for (const auto& t : o.tensors)
     out.tensors.push_back(
       {t.name, t.address, t.size, bytes_to_string(t.rkey), t.leaves, t.progress_slot});
@@ -28,9 +27,9 @@ inline peer_offer to_peer_offer(const transport::ucx::offer& o) {
 }
 
 inline transport::ucx::offer from_peer_offer(const peer_offer& o) {
-  transport::ucx::offer out{o.source,  o.version,          string_to_bytes(o.worker_address),
-                            o.lease,   {},                 o.partial,
-                            o.progress_address, string_to_bytes(o.progress_rkey)};
+  transport::ucx::offer out{
+    o.source,  o.version,          string_to_bytes(o.worker_address), o.lease, {},
+    o.partial, o.progress_address, string_to_bytes(o.progress_rkey)};
   for (const auto& t : o.tensors)
     out.tensors.push_back(
       {t.name, t.address, t.size, string_to_bytes(t.rkey), t.leaves, t.progress_slot});

@@ -89,8 +89,8 @@ struct event {
 class simulation {
 public:
   simulation(const settings& s, size_t replicas)
-      : s_(s), bw_(s.gbps * 1e9 / 8), tensor_bytes_(static_cast<uint64_t>(s.tb * 1e12)
-                                                     / s.tensors) {
+      : s_(s), bw_(s.gbps * 1e9 / 8),
+        tensor_bytes_(static_cast<uint64_t>(s.tb * 1e12) / s.tensors) {
     for (size_t t = 0; t < s.tensors; ++t) {
       char name[48];
       std::snprintf(name, sizeof name, "layer.%05zu.weight", t);
@@ -212,8 +212,8 @@ private:
     auto& f = flows_[id];
     // A read's round trip costs its link what it could carry meanwhile.
     double latency_bytes = s_.rtt_s * bw_ / static_cast<double>(s_.readers_per_source);
-    f = {rd, from, r.node, static_cast<double>(r.p.size) + latency_bytes, 0, now_, f.stamp + 1,
-         true};
+    f = {rd, from, r.node,      static_cast<double>(r.p.size) + latency_bytes,
+         0,  now_, f.stamp + 1, true};
     ++nodes_[from].up;
     ++n.down;
     nodes_[from].flows.push_back(id);

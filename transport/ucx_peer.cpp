@@ -245,9 +245,9 @@ status wait_for_relay(worker& w, const offer& src, const offered_tensor& tensor,
     uint64_t value = 0;
     auto ro = opts.read;
     auto now = std::chrono::steady_clock::now();
-    ro.deadline = std::max(std::chrono::milliseconds{1},
-                           std::min(ro.deadline, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                   deadline - now)));
+    ro.deadline = std::max(
+      std::chrono::milliseconds{1},
+      std::min(ro.deadline, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
     if (auto ok = w.read(words, uint64_t{8} * tensor.progress_slot,
                          std::as_writable_bytes(std::span{&value, 1}), ro);
         !ok)
@@ -268,8 +268,8 @@ status wait_for_relay(worker& w, const offer& src, const offered_tensor& tensor,
       return make_error(errc::backend_failure,
                         src.source + " has verified only " + std::to_string(known) + " of "
                           + std::to_string(tensor.size) + " bytes of tensor '" + tensor.name
-                          + "' and made no progress for "
-                          + std::to_string(opts.stall.count()) + " ms");
+                          + "' and made no progress for " + std::to_string(opts.stall.count())
+                          + " ms");
     if (now >= deadline)
       return make_error(errc::backend_failure, "deadline passed waiting for " + src.source);
     std::this_thread::sleep_for(opts.poll);
@@ -282,8 +282,7 @@ fetch_report fetch(worker& w, const version_ref& ref, std::span<const offer> all
                    std::span<const fetch_target> targets, const fetch_options& opts,
                    const std::function<void(const transfer_progress&)>& progress,
                    std::span<const bool> backup, holder* relay) {
-  auto sources =
-    all_sources.subspan(0, std::min(all_sources.size(), stripe_schedule::max_sources));
+  auto sources = all_sources.subspan(0, std::min(all_sources.size(), stripe_schedule::max_sources));
   auto deadline = std::chrono::steady_clock::now() + opts.deadline;
   uint64_t stripe_size =
     std::max<uint64_t>(1, opts.stripe / checksum::chunk_size) * checksum::chunk_size;

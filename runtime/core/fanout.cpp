@@ -80,10 +80,10 @@ std::vector<source_pick> holder_directory::begin_fetch(const std::string& receiv
   auto free = std::find_if(all.begin(), all.end(), [&](const candidate& c) {
     return c.e->readers < options_.readers_per_holder;
   });
-  auto primary = free != all.end() ? free : std::min_element(all.begin(), all.end(), [&](auto& a,
-                                                                                         auto& b) {
-    return std::tuple{a.e->readers, rank(a)} < std::tuple{b.e->readers, rank(b)};
-  });
+  auto primary =
+    free != all.end() ? free : std::min_element(all.begin(), all.end(), [&](auto& a, auto& b) {
+      return std::tuple{a.e->readers, rank(a)} < std::tuple{b.e->readers, rank(b)};
+    });
   out.push_back({*primary->name, primary->e->node, false, !primary->complete});
   for (const auto& c : all) {
     if (out.size() >= options_.max_sources)
@@ -179,7 +179,8 @@ std::optional<stripe> stripe_schedule::take(size_t s) {
     return std::nullopt;
   uint64_t bit = uint64_t{1} << s;
   auto it = std::find_if(queue_.begin(), queue_.end(), [&](const stripe& p) {
-    return (p.excluded & bit) == 0 && usable_[p.target][s] && (!backup_[s] || !primary_can_serve(p));
+    return (p.excluded & bit) == 0 && usable_[p.target][s]
+           && (!backup_[s] || !primary_can_serve(p));
   });
   if (it == queue_.end())
     return std::nullopt;

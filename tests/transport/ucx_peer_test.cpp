@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -119,6 +120,184 @@ TEST_P(peer_transports, stripes_a_version_across_two_holders_bit_exact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ucx, peer_transports, ::testing::Values("tcp", "shm,self,tcp"));
+
+/// What a relay gives downstream: the staged targets of `m` in buffers the
+/// test fills, and the digests a trusted holder offered.
+struct relay_stage {
+  std::vector<std::shared_ptr<std::vector<std::byte>>> buffers;
+  std::vector<fetch_target> targets;
+  std::vector<std::vector<uint64_t>> leaves;
+  relay_stage(const model& m, const offer& trusted) {
+    for (size_t i = 0; i < m.names.size(); ++i) {
+      auto b = std::make_shared<std::vector<std::byte>>(m.sizes[i], std::byte{0});
+      targets.push_back({m.names[i], *b, checksum::tree_checksum(m.bytes[i]), b});
+      buffers.push_back(std::move(b));
+      leaves.push_back(trusted.tensors[i].leaves);
+    }
+  }
+  /// Copies the first `n` bytes of tensor `i` as a fetch would.
+  void land(const model& m, size_t i, size_t n) {
+    std::memcpy(buffers[i]->data(), m.bytes[i].data(), n);
+  }
+};
+
+TEST(ucx_peer, a_relay_serves_what_it_has_verified_and_readers_wait_for_the_rest) {
+  STITCH_REQUIRE_UCX();
+  model m;
+  auto wa = start_worker("tcp");
+  auto wr = start_worker("tcp");
+  auto wd = start_worker("tcp");
+  holder a{wa, "publisher", 60s};
+  ASSERT_TRUE(a.expose(m.weights()));
+  auto trusted = a.lease(m.ref);
+  ASSERT_TRUE(trusted);
+  holder r{wr, "relay", 60s};
+  relay_stage st{m, *trusted};
+  auto relay = r.stage(m.ref, st.targets, st.leaves);
+  ASSERT_TRUE(relay) << to_string(relay.error());
+  EXPECT_EQ(r.exposed(), std::nullopt); // it serves nothing yet; it relays
+  auto partial = r.lease(m.ref);
+  ASSERT_TRUE(partial) << to_string(partial.error());
+  EXPECT_TRUE(partial->partial);
+  // Half of the large tensor and all of the others have landed so far.
+  size_t half = 20 << 20;
+  st.land(m, 0, half);
+  (*relay)->verified(0, half);
+  for (size_t i = 1; i < m.names.size(); ++i) {
+    st.land(m, i, m.sizes[i]);
+    (*relay)->verified(i, m.sizes[i]);
+  }
+  receive d{m};
+  fetch_options fo;
+  fo.stripe = 4 << 20;
+  fo.poll = 1ms;
+  fo.stall = 60s;
+  std::vector<offer> sources{*partial};
+  fetch_report report;
+  std::atomic<uint64_t> done{0};
+  std::thread reader{[&] {
+    report = fetch(*wd, m.ref, sources, d.targets, fo,
+                   [&](const transfer_progress& p) { done = p.bytes_done; });
+  }};
+  // Stripes go in name order: the reader gets the verified half of
+  // a.weight, then waits on the relay for the rest (b and c come after).
+  auto until = std::chrono::steady_clock::now() + 20s;
+  while (done < half && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(done.load(), half);
+  st.land(m, 0, m.sizes[0]);
+  (*relay)->verified(0, m.sizes[0]);
+  reader.join();
+  EXPECT_TRUE(report.complete()) << problems_of(report);
+  EXPECT_TRUE(d.equals(m));
+  EXPECT_EQ(report.bytes_by_source["relay"], m.sizes[0] + m.sizes[1] + m.sizes[2]);
+  // Serving the version in full replaces the relay's offer (and reuses the
+  // registration and digests of the buffers it relayed).
+  host_weights w;
+  w.version = m.ref;
+  for (size_t i = 0; i < m.names.size(); ++i)
+    w.tensors.push_back({m.names[i], *st.buffers[i]});
+  size_t before = r.registered_total();
+  ASSERT_TRUE(r.expose(std::move(w)));
+  EXPECT_EQ(r.registered_total(), before);
+  auto full = r.lease(m.ref);
+  ASSERT_TRUE(full);
+  EXPECT_FALSE(full->partial);
+}
+
+TEST(ucx_peer, backups_serve_only_what_a_relay_gives_up_or_stalls_on) {
+  STITCH_REQUIRE_UCX();
+  model m;
+  auto wa = start_worker("tcp");
+  auto wr = start_worker("tcp");
+  auto wd = start_worker("tcp");
+  holder a{wa, "publisher", 60s};
+  ASSERT_TRUE(a.expose(m.weights()));
+  auto trusted = a.lease(m.ref);
+  ASSERT_TRUE(trusted);
+  holder r{wr, "relay", 60s};
+  relay_stage st{m, *trusted};
+  auto relay = r.stage(m.ref, st.targets, st.leaves);
+  ASSERT_TRUE(relay);
+  // The relay has b.bias, gave a.weight up (the store builds it there), and
+  // never gets c.norm.
+  st.land(m, 1, m.sizes[1]);
+  (*relay)->verified(1, m.sizes[1]);
+  (*relay)->abandon(0);
+  auto partial = r.lease(m.ref);
+  ASSERT_TRUE(partial);
+  receive d{m};
+  fetch_options fo;
+  fo.stripe = 4 << 20;
+  fo.poll = 1ms;
+  fo.stall = 300ms;
+  std::vector<offer> sources{*partial, *trusted};
+  bool backup[] = {false, true};
+  auto report = fetch(*wd, m.ref, sources, d.targets, fo, {}, backup);
+  EXPECT_TRUE(report.complete()) << problems_of(report);
+  EXPECT_TRUE(d.equals(m));
+  EXPECT_EQ(report.bytes_by_source["relay"], m.sizes[1]);
+  EXPECT_EQ(report.bytes_by_source["publisher"], m.sizes[0] + m.sizes[2]);
+  auto all = problems_of(report);
+  EXPECT_NE(all.find("gave up fetching tensor 'a.weight'"), std::string::npos) << all;
+  EXPECT_NE(all.find("made no progress"), std::string::npos) << all;
+
+  // With a healthy primary the backup serves nothing.
+  receive again{m};
+  std::vector<offer> both{*trusted, *trusted};
+  both[1].source = "backup";
+  auto quiet = fetch(*wd, m.ref, both, again.targets, fo, {}, backup);
+  EXPECT_TRUE(quiet.complete()) << problems_of(quiet);
+  EXPECT_EQ(quiet.bytes_by_source["backup"], 0u);
+}
+
+TEST(ucx_peer, a_receiver_relays_while_it_fetches_and_readers_behind_it_finish_bit_exact) {
+  STITCH_REQUIRE_UCX();
+  model m;
+  auto wa = start_worker("tcp");
+  auto w1 = start_worker("tcp");
+  auto w2 = start_worker("tcp");
+  holder a{wa, "publisher", 60s};
+  ASSERT_TRUE(a.expose(m.weights()));
+  auto from_a = a.lease(m.ref);
+  ASSERT_TRUE(from_a);
+  // Receiver 1 fetches from the publisher and relays; receiver 2 reads
+  // receiver 1 while it fetches (a chain of two).
+  holder h1{w1, "receiver-1", 60s};
+  std::vector<std::shared_ptr<std::vector<std::byte>>> bufs;
+  std::vector<fetch_target> t1;
+  for (size_t i = 0; i < m.names.size(); ++i) {
+    auto b = std::make_shared<std::vector<std::byte>>(m.sizes[i], std::byte{0});
+    t1.push_back({m.names[i], *b, checksum::tree_checksum(m.bytes[i]), b});
+    bufs.push_back(std::move(b));
+  }
+  fetch_options fo;
+  fo.stripe = 1 << 20;
+  fo.poll = 500us;
+  std::vector<offer> s1{*from_a};
+  fetch_report r1;
+  std::thread first{[&] { r1 = fetch(*w1, m.ref, s1, t1, fo, {}, {}, &h1); }};
+  // Receiver 2 leases as soon as receiver 1 offers anything.
+  std::optional<offer> from_1;
+  auto until = std::chrono::steady_clock::now() + 20s;
+  while (!from_1 && std::chrono::steady_clock::now() < until) {
+    if (auto o = h1.lease(m.ref))
+      from_1 = *o;
+    else
+      std::this_thread::sleep_for(200us);
+  }
+  ASSERT_TRUE(from_1);
+  EXPECT_TRUE(from_1->partial);
+  receive d{m};
+  std::vector<offer> s2{*from_1};
+  auto r2 = fetch(*w2, m.ref, s2, d.targets, fo);
+  first.join();
+  EXPECT_TRUE(r1.complete()) << problems_of(r1);
+  EXPECT_TRUE(r2.complete()) << problems_of(r2);
+  EXPECT_TRUE(d.equals(m));
+  EXPECT_EQ(r2.bytes_by_source["receiver-1"], m.sizes[0] + m.sizes[1] + m.sizes[2]);
+}
 
 TEST(ucx_peer, a_corrupt_chunk_is_fetched_again_from_another_holder) {
   STITCH_REQUIRE_UCX();
