@@ -237,13 +237,16 @@ std::string member_on(const coordinator_state& st, const caf::node_id& where) {
   return {};
 }
 
-/// The handle of a replica the directory names (placed or standalone).
-replica_actor replica_handle(const coordinator_state& st, const std::string& id) {
+/// The handle of a holder the directory names (a placed or standalone
+/// replica, or a publisher).
+peer_holder_actor holder_handle(const coordinator_state& st, const std::string& id) {
   if (auto r = st.replicas.find(id); r != st.replicas.end())
     return r->second;
   for (const auto& [addr, r] : st.standalone_replicas)
     if (r.info && r.info->replica_id == id)
       return r.handle;
+  if (auto l = st.lenders.find(id); l != st.lenders.end())
+    return l->second;
   return {};
 }
 
@@ -256,6 +259,13 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     auto& st = self->state;
     for (auto& [role, handles] : st.roles)
       std::erase_if(handles, [&](const caf::actor& a) { return a.address() == down.source; });
+    for (auto it = st.lenders.begin(); it != st.lenders.end();)
+      if (it->second.address() == down.source) {
+        st.holders.forget(it->first);
+        it = st.lenders.erase(it);
+      } else {
+        ++it;
+      }
     if (auto it = st.standalone_replicas.find(down.source); it != st.standalone_replicas.end()) {
       if (it->second.info)
         st.holders.forget(it->second.info->replica_id);
@@ -284,7 +294,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       auto& st = self->state;
       std::vector<holder_entry> chosen;
       for (const auto& pick : st.holders.begin_fetch(receiver, receiver_node, pool, version)) {
-        auto handle = replica_handle(st, pick.holder);
+        auto handle = holder_handle(st, pick.holder);
         if (!handle)
           continue;
         chosen.push_back({pick.holder, pick.node, std::move(handle), pick.backup, pick.partial});
@@ -293,6 +303,21 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     },
     [self](atom::done, const std::string&, const version_ref&, const std::string& receiver,
            bool all_fetched) { self->state.holders.end_fetch(receiver, all_fetched); },
+    [self](atom::offer, const std::string& pool, const version_ref& version,
+           const std::string& holder, const std::string& node, peer_holder_actor& handle) {
+      auto& st = self->state;
+      if (!handle)
+        return;
+      if (!st.lenders.contains(holder))
+        self->monitor(handle);
+      st.lenders[holder] = std::move(handle);
+      st.holders.holds(holder, node, pool, version, true);
+    },
+    [self](atom::release, const std::string& pool, const std::string& holder) {
+      auto& st = self->state;
+      if (auto it = st.lenders.find(holder); it != st.lenders.end())
+        st.holders.holds(holder, {}, pool, std::nullopt, true);
+    },
     [self](atom::replica_state, replica_info& info) {
       auto& st = self->state;
       if (auto it =

@@ -57,6 +57,8 @@ struct coordinator_state {
   /// Who holds or is fetching which version's bytes, and whom each serves
   /// (peer transfer: a relay chain, DESIGN §6).
   holder_directory holders;
+  /// Holders that are not replicas (publishers), by holder id.
+  std::map<std::string, peer_holder_actor> lenders;
 };
 
 coordinator_actor::behavior_type

@@ -34,6 +34,11 @@ using coordinator_actor = caf::typed_actor<
   // The receiver's fetch of (pool, version) ended (`true`: it fetched every
   // tensor it asked the peers for).
   caf::reacts_to<atom::done, std::string, version_ref, std::string, bool>,
+  // A publisher lends a run's remembered version, or stops
+  // (`holder_registry_actor`).
+  caf::reacts_to<atom::offer, std::string, version_ref, std::string, std::string,
+                 peer_holder_actor>,
+  caf::reacts_to<atom::release, std::string, std::string>,
   // Records that `handle` serves `role` (several may: every gateway and
   // status actor learns of placed replicas).
   caf::reacts_to<atom::enroll, std::string, caf::actor>,

@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include "actors/log.hpp"
+#include "actors/peer_offer.hpp"
 #include "runtime/core/token.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
@@ -206,11 +207,53 @@ publish_summary summarize(const store::publish_report& report) {
   return s;
 }
 
+namespace {
+
+/// Lends each run's remembered version to peers and keeps the coordinator's
+/// directory told (`publisher_lending`). Called on publishing threads.
+class lending_watcher final : public store::remembered_watcher {
+public:
+  lending_watcher(publisher_lending lending, caf::weak_actor_ptr self)
+      : lending_(std::move(lending)), self_(std::move(self)) {}
+
+  void remembered(const std::string& pool, host_weights weights) override {
+    auto ref = weights.version;
+    auto id = holder_id(pool, ref.run_id);
+    if (auto ok = lending_.holders->expose(pool + "/" + ref.run_id, id, std::move(weights)); !ok) {
+      log::warn("publisher", "cannot lend " + to_string(ref)
+                               + " to peers (they read the store): " + to_string(ok.error()));
+      return;
+    }
+    if (auto me = self_.lock())
+      caf::anon_send(lending_.registry, atom::offer_v, pool, ref, id, lending_.node,
+                     caf::actor_cast<peer_holder_actor>(me));
+  }
+
+  void rewriting(const std::string& pool, const std::string& run_id) override {
+    auto id = holder_id(pool, run_id);
+    caf::anon_send(lending_.registry, atom::release_v, pool, id);
+    if (!lending_.holders->withdraw(pool + "/" + run_id))
+      log::warn("publisher", "readers of " + id
+                               + " still hold leases; rewriting its copy anyway (chunks "
+                                 "that change fail their digests and are read elsewhere)");
+  }
+
+private:
+  std::string holder_id(const std::string& pool, const std::string& run_id) const {
+    return "publisher@" + lending_.node + "/" + pool + "/" + run_id;
+  }
+  publisher_lending lending_;
+  caf::weak_actor_ptr self_;
+};
+
+} // namespace
+
 publisher_actor::behavior_type
 publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   std::shared_ptr<store_backend> backend, store_actor store,
                   store::publisher_options options, std::shared_ptr<executor> workers,
-                  std::string admin_token, publisher_limits limits, publisher_retention retention) {
+                  std::string admin_token, publisher_limits limits, publisher_retention retention,
+                  publisher_lending lending) {
   auto& init = self->state;
   init.retention = std::move(retention);
   init.admin_token = std::move(admin_token);
@@ -219,6 +262,10 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
   init.store = std::move(store);
   init.workers = std::move(workers);
   init.limits = limits;
+  init.lending = std::move(lending);
+  if (init.lending.holders && init.lending.registry)
+    init.impl->watch(std::make_shared<lending_watcher>(
+      init.lending, caf::actor_cast<caf::weak_actor_ptr>(self->ctrl())));
   self->attach_functor([self] {
     // Publishes waiting for bytes stop now.
     for (auto& [id, s] : self->state.sessions)
@@ -401,6 +448,19 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       return promise;
     },
     [self](atom::done, uint64_t id) { self->state.jobs.complete(id); },
+    [self](atom::offer, const version_ref& version) -> caf::result<peer_offer> {
+      auto& st = self->state;
+      if (!st.lending.holders)
+        return to_caf_error(error{errc::not_found, "this publisher lends no versions"});
+      auto o = st.lending.holders->lease(version);
+      if (!o)
+        return to_caf_error(o.error());
+      return to_peer_offer(*o);
+    },
+    [self](atom::release, uint64_t lease) {
+      if (self->state.lending.holders)
+        self->state.lending.holders->release(lease);
+    },
     [self](atom::tick) {
       auto& st = self->state;
       const auto now = self->clock().now();

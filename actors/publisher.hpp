@@ -17,6 +17,7 @@
 #include "actors/workers.hpp"
 #include "runtime/store/publisher.hpp"
 #include "runtime/store/tensor_stream.hpp"
+#include "transport/ucx_peer.hpp"
 
 namespace stitch {
 
@@ -38,6 +39,16 @@ struct publisher_retention {
   /// pointer, the boots, the newest and their chains.
   version_directory_actor directory;
   std::chrono::milliseconds directory_timeout{10'000};
+};
+
+/// The publisher as a holder (DESIGN §2, peer transfer): it lends each
+/// run's remembered version (when it is kept in memory) and tells the
+/// coordinator's directory; a publish that rewrites it withdraws it first.
+struct publisher_lending {
+  /// Null: the publisher lends nothing (no UCX, `transfer.peers = off`).
+  std::shared_ptr<transport::ucx::holder_set> holders;
+  holder_registry_actor registry;
+  std::string node;
 };
 
 struct publisher_state {
@@ -68,6 +79,7 @@ struct publisher_state {
   /// When set, every publish must carry it.
   std::string admin_token;
   publisher_retention retention;
+  publisher_lending lending;
   /// Pools with a collection running, and those that want another after it
   /// (publishes faster than collections coalesce into one more).
   std::set<std::string> collecting;
@@ -76,10 +88,12 @@ struct publisher_state {
 
 /// Publishes through `backend` (the store's own, or a `remote_store`) on
 /// `workers`, then tells `store` the pointer moved.
-publisher_actor::behavior_type publisher_service(
-  publisher_actor::stateful_pointer<publisher_state> self, std::shared_ptr<store_backend> backend,
-  store_actor store, store::publisher_options options, std::shared_ptr<executor> workers,
-  std::string admin_token = {}, publisher_limits limits = {}, publisher_retention retention = {});
+publisher_actor::behavior_type
+publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
+                  std::shared_ptr<store_backend> backend, store_actor store,
+                  store::publisher_options options, std::shared_ptr<executor> workers,
+                  std::string admin_token = {}, publisher_limits limits = {},
+                  publisher_retention retention = {}, publisher_lending lending = {});
 
 /// The wire form of a publish report.
 publish_summary summarize(const store::publish_report& report);

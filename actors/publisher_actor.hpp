@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/replica_actor.hpp"
 #include "actors/value_types.hpp"
 #include "runtime/core/manifest.hpp"
 #include "runtime/store/tensor_stream.hpp"
@@ -106,6 +107,10 @@ using publisher_actor = caf::typed_actor<
   // chain they need, the boot and what replicas use; a dry run only
   // reports. The last string is the admin token (a dry run needs none).
   caf::replies_to<atom::collect, std::string, uint32_t, bool, std::string>::with<retention_report>,
+  // A peer's lease on a run's remembered version, which the publisher lends
+  // (peer transfer; `not_found` for any other); released when read.
+  caf::replies_to<atom::offer, version_ref>::with<peer_offer>,
+  caf::reacts_to<atom::release, uint64_t>,
   // INTERNAL: a worker finished job `id`; the idle-session sweep.
   caf::reacts_to<atom::done, uint64_t>, caf::reacts_to<atom::tick>>;
 

@@ -288,6 +288,20 @@ using replica_actor = caf::typed_actor<
   caf::reacts_to<atom::rebuilt, work_report>,
   caf::reacts_to<atom::generated, uint64_t, replica_answer, caf::error>>;
 
+/// Whoever lends a version's bytes to peers: a replica, or a publisher.
+using peer_holder_actor =
+  caf::typed_actor<caf::replies_to<atom::offer, version_ref>::with<peer_offer>,
+                   caf::reacts_to<atom::release, uint64_t>>;
+
+/// Where holders that are not replicas (publishers) announce what they lend
+/// (the coordinator's directory): (offer, pool, version, holder id, node,
+/// handle) when they hold a version in full, (release, pool, holder id) when
+/// they stop.
+using holder_registry_actor =
+  caf::typed_actor<caf::reacts_to<atom::offer, std::string, version_ref, std::string, std::string,
+                                  peer_holder_actor>,
+                   caf::reacts_to<atom::release, std::string, std::string>>;
+
 } // namespace stitch
 
 namespace stitch {
@@ -297,7 +311,7 @@ namespace stitch {
 struct holder_entry {
   std::string replica_id;
   std::string node;
-  replica_actor handle;
+  peer_holder_actor handle;
   /// Read only when every primary failed.
   bool backup = false;
   bool partial = false;
@@ -313,6 +327,8 @@ typename Inspector::result_type inspect(Inspector& f, holder_entry& x) {
 
 CAF_BEGIN_TYPE_ID_BLOCK(stitch_replica_handles, caf::id_block::stitch_replica::end)
 CAF_ADD_TYPE_ID(stitch_replica_handles, (stitch::replica_watcher_actor))
+CAF_ADD_TYPE_ID(stitch_replica_handles, (stitch::peer_holder_actor))
+CAF_ADD_TYPE_ID(stitch_replica_handles, (stitch::holder_registry_actor))
 CAF_ADD_TYPE_ID(stitch_replica_handles, (stitch::holder_entry))
 CAF_ADD_TYPE_ID(stitch_replica_handles, (std::vector<stitch::holder_entry>) )
 CAF_END_TYPE_ID_BLOCK(stitch_replica_handles)

@@ -187,7 +187,9 @@ result<offer> holder::lease(const version_ref& version) {
   const auto& what = current_ && current_->proto.version == version ? current_ : staging_;
   if (!what || what->proto.version != version)
     return make_error(errc::not_found, source_ + " does not hold " + to_string(version));
-  uint64_t id = next_lease_++;
+  // Unique in the process: a holder_set releases by id alone.
+  static std::atomic<uint64_t> next_lease{1};
+  uint64_t id = next_lease++;
   leases_[id] = {what, now + ttl_};
   offer o = what->proto;
   o.lease = id;
@@ -214,6 +216,68 @@ std::optional<version_ref> holder::exposed() const {
 size_t holder::leases() const {
   std::lock_guard lock{mutex_};
   return leases_.size();
+}
+
+// -- holder_set ---------------------------------------------------------------
+
+holder_set::holder_set(std::shared_ptr<worker> w, std::chrono::milliseconds lease_ttl,
+                       std::chrono::milliseconds drain)
+    : worker_(std::move(w)), ttl_(lease_ttl), drain_(drain) {}
+
+status holder_set::expose(const std::string& key, const std::string& source, host_weights weights) {
+  std::shared_ptr<holder> h;
+  {
+    std::lock_guard lock{mutex_};
+    auto& slot = holders_[key];
+    if (!slot)
+      slot = std::make_shared<holder>(worker_, source, ttl_);
+    h = slot;
+  }
+  return h->expose(std::move(weights));
+}
+
+bool holder_set::withdraw(const std::string& key) {
+  std::shared_ptr<holder> h;
+  {
+    std::lock_guard lock{mutex_};
+    auto it = holders_.find(key);
+    if (it == holders_.end())
+      return true;
+    h = it->second;
+  }
+  h->withdraw();
+  auto until = std::chrono::steady_clock::now() + drain_;
+  while (h->leases() > 0) {
+    if (std::chrono::steady_clock::now() >= until)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  }
+  return true;
+}
+
+result<offer> holder_set::lease(const version_ref& version) {
+  std::vector<std::shared_ptr<holder>> all;
+  {
+    std::lock_guard lock{mutex_};
+    for (const auto& [key, h] : holders_)
+      all.push_back(h);
+  }
+  for (const auto& h : all)
+    if (h->exposed() == version)
+      if (auto o = h->lease(version))
+        return o;
+  return make_error(errc::not_found, "this publisher does not lend " + to_string(version));
+}
+
+void holder_set::release(uint64_t lease) {
+  std::vector<std::shared_ptr<holder>> all;
+  {
+    std::lock_guard lock{mutex_};
+    for (const auto& [key, h] : holders_)
+      all.push_back(h);
+  }
+  for (const auto& h : all)
+    h->release(lease);
 }
 
 // -- fetch --------------------------------------------------------------------

@@ -118,8 +118,32 @@ private:
     std::chrono::steady_clock::time_point until;
   };
   std::map<uint64_t, taken> leases_;
-  uint64_t next_lease_ = 1;
   size_t registered_ = 0;
+};
+
+/// Holders of several versions at once, one per key: a publisher lends the
+/// remembered version of each of its runs. Lease ids are unique across the
+/// process, so `release` needs no key. Thread-safe.
+class holder_set {
+public:
+  /// `drain`: how long `withdraw` waits for readers to release their leases.
+  holder_set(std::shared_ptr<worker> w, std::chrono::milliseconds lease_ttl,
+             std::chrono::milliseconds drain);
+
+  /// Offers `weights` under `key`, as `source` (reports name it).
+  status expose(const std::string& key, const std::string& source, host_weights weights);
+  /// Stops offering `key`'s version, then waits (up to `drain`) until no
+  /// reader holds a lease on it; answers false when some still did.
+  bool withdraw(const std::string& key);
+  result<offer> lease(const version_ref& version);
+  void release(uint64_t lease);
+
+private:
+  std::shared_ptr<worker> worker_;
+  std::chrono::milliseconds ttl_;
+  std::chrono::milliseconds drain_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<holder>> holders_;
 };
 
 struct fetch_options {

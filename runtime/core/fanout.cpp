@@ -19,9 +19,11 @@ void holder_directory::stop_reading(entry& e) {
 }
 
 void holder_directory::holds(const std::string& holder, const std::string& node,
-                             const std::string& pool, const std::optional<version_ref>& version) {
+                             const std::string& pool, const std::optional<version_ref>& version,
+                             bool publisher) {
   auto& e = entries_[holder];
   e.node = node;
+  e.publisher = publisher;
   if (e.pool != pool) {
     e.staging.reset();
     e.pool = pool;
@@ -66,10 +68,12 @@ std::vector<source_pick> holder_directory::begin_fetch(const std::string& receiv
       all.push_back({&name, &e, full || e.staging_complete});
   }
   // Complete before partial; a partial one that began earlier is further
-  // along; the receiver's own node among equals; then by name, stable.
+  // along; replicas before a publisher; the receiver's own node among
+  // equals; then by name, stable.
   auto rank = [&](const candidate& c) {
-    return std::tuple{!c.complete, c.e->readers, c.complete ? uint64_t{0} : c.e->staging_seq,
-                      c.e->node != node, *c.name};
+    return std::tuple{
+      !c.complete,    c.e->readers,      c.complete ? uint64_t{0} : c.e->staging_seq,
+      c.e->publisher, c.e->node != node, *c.name};
   };
   auto by_rank = [&](const candidate& a, const candidate& b) { return rank(a) < rank(b); };
   std::sort(all.begin(), all.end(), by_rank);

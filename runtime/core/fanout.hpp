@@ -57,8 +57,10 @@ public:
   /// `holder` (a replica, or a publisher) on `node` holds `version` of `pool`
   /// in full, or nothing (nullopt). Replaces what it held before; a holder
   /// that now holds the version it was fetching is a complete holder of it.
+  /// A `publisher` comes after replicas among otherwise equal holders: its
+  /// node's network is the trainer's.
   void holds(const std::string& holder, const std::string& node, const std::string& pool,
-             const std::optional<version_ref>& version);
+             const std::optional<version_ref>& version, bool publisher = false);
   /// `holder` is gone: it serves nobody, and its own fetch ends.
   void forget(const std::string& holder);
 
@@ -89,6 +91,7 @@ private:
     uint64_t staging_seq = 0;
     bool staging_complete = false;
     size_t readers = 0;
+    bool publisher = false;
     /// The primary it reads from while fetching.
     std::optional<std::string> reading_from;
   };

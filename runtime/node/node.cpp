@@ -168,7 +168,9 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     n->store_ = caf::actor_cast<store_actor>(*found);
     n->backend_ = std::make_shared<remote_store>(sys, n->store_);
   }
-  if (settings.has_role("replica")) {
+  // Replicas fetch and lend over UCX; a publisher lends its runs' remembered
+  // versions.
+  if (settings.has_role("replica") || settings.has_role("publisher")) {
     if (settings.transfer_peers == "off") {
       n->transport_ = "store only (transfer.peers = off)";
     } else {
@@ -190,9 +192,19 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     publisher_retention retention;
     retention.keep_last = settings.retain_versions;
     retention.directory = n->coordinator_; // checked: the coordinator answers in_use
-    n->publisher_ = sys.spawn(publisher_service, n->backend_, n->store_, po,
-                              std::make_shared<worker_pool>(6, "publish", 0, priority::background),
-                              settings.admin_token, publisher_limits{}, std::move(retention));
+    publisher_lending lending;
+    if (n->ucx_) {
+      // Readers hold a lease for one fetch; a publish waits this long for
+      // them before it rewrites the version they read.
+      lending.holders = std::make_shared<transport::ucx::holder_set>(
+        n->ucx_, std::chrono::minutes{15}, std::chrono::seconds{30});
+      lending.registry = caf::actor_cast<holder_registry_actor>(n->coordinator_);
+      lending.node = settings.name;
+    }
+    n->publisher_ =
+      sys.spawn(publisher_service, n->backend_, n->store_, po,
+                std::make_shared<worker_pool>(6, "publish", 0, priority::background),
+                settings.admin_token, publisher_limits{}, std::move(retention), std::move(lending));
     caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"publisher"},
                    caf::actor_cast<caf::actor>(n->publisher_));
   }

@@ -37,7 +37,7 @@ fetch_report peer_source::fetch(const version_ref& ref, std::span<const fetch_ta
   }
   // Leases from every holder that still holds the version.
   std::vector<transport::ucx::offer> offers;
-  std::vector<replica_actor> leased;
+  std::vector<peer_holder_actor> leased;
   // std::vector<bool> has no contiguous storage to span.
   std::unique_ptr<bool[]> backup{new bool[holders->size() + 1]};
   for (const auto& h : *holders) {

@@ -159,9 +159,9 @@ private:
 /// memory or in an unlinked scratch file.
 class version_copy {
 public:
-  static result<std::unique_ptr<version_copy>> make(uint64_t size, bool in_memory,
+  static result<std::shared_ptr<version_copy>> make(uint64_t size, bool in_memory,
                                                     const fs::path& scratch_dir) {
-    std::unique_ptr<version_copy> c{new version_copy()};
+    std::shared_ptr<version_copy> c{new version_copy()};
     c->size_ = size;
     if (in_memory) {
       auto buffer = gpu::staging_allocator().allocate(size);
@@ -183,6 +183,10 @@ public:
 
   bool in_memory() const noexcept { return fd_ < 0; }
   uint64_t size() const noexcept { return size_; }
+  /// The bytes, for a copy in memory.
+  std::span<const std::byte> memory() const noexcept {
+    return {memory_.data(), in_memory() ? size_ : 0};
+  }
 
   /// `n` bytes at `offset`: a view of memory, or read into `scratch` (at
   /// least `n` bytes; unused for a copy in memory).
@@ -377,7 +381,9 @@ struct publisher::run_state {
   std::vector<tensor_header> tensors;
   /// Where each tensor starts in `copy`.
   std::vector<uint64_t> offsets;
-  std::unique_ptr<version_copy> copy;
+  /// Shared with the peers' readers of the version it holds (a publisher
+  /// offers it), so that replacing it never frees bytes they read.
+  std::shared_ptr<version_copy> copy;
   /// `copy` holds `version`'s bytes (false while a publish rewrites it).
   bool valid = false;
 };
@@ -462,6 +468,11 @@ std::optional<uint64_t> publisher::last_version(std::string_view pool,
 uint64_t publisher::memory_in_use() const {
   std::lock_guard guard{mutex_};
   return memory_in_use_;
+}
+
+void publisher::watch(std::shared_ptr<remembered_watcher> w) {
+  std::lock_guard guard{mutex_};
+  watcher_ = std::move(w);
 }
 
 result<publish_report> publisher::publish(const publish_request& request,
@@ -566,6 +577,14 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
   const bool compare_only = how == mode::verify && copy_is_this_version;
   const bool write_copy = !request.dry_run && !compare_only;
   std::shared_ptr<run_state> target;
+  std::shared_ptr<remembered_watcher> watcher;
+  {
+    std::lock_guard guard{mutex_};
+    watcher = watcher_;
+  }
+  // Peers stop reading the remembered version before its bytes change.
+  if (write_copy && watcher)
+    watcher->rewriting(request.pool, request.run_id);
   if (write_copy) {
     std::lock_guard guard{mutex_};
     auto& slot = runs_[key];
@@ -871,6 +890,19 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
   if (request.dry_run)
     return report;
 
+  // The copy holds this version now: lend it before the pointer moves, so
+  // that replicas the move wakes find the publisher among its holders.
+  if (write_copy && watcher && target->copy->in_memory()) {
+    host_weights w;
+    w.version = ref;
+    auto bytes = target->copy->memory();
+    for (size_t i = 0; i < target->tensors.size(); ++i)
+      w.tensors.push_back(
+        {target->tensors[i].name, bytes.subspan(target->offsets[i], target->tensors[i].size)});
+    w.keep = target->copy;
+    watcher->remembered(request.pool, std::move(w));
+  }
+
   // Durable first, then visible: move the pointer.
   const std::optional<version_ref> seen =
     pointer ? std::optional<version_ref>{pointer->latest} : std::nullopt;
@@ -908,8 +940,10 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
       target->last_anchor = prev_anchor;
     else
       target->last_anchor = std::nullopt;
-    std::lock_guard guard{mutex_};
-    target->valid = true;
+    {
+      std::lock_guard guard{mutex_};
+      target->valid = true;
+    }
   }
   return report;
 }

@@ -20,6 +20,7 @@
 #include "runtime/core/safetensors.hpp"
 #include "runtime/core/shard_plan.hpp"
 #include "runtime/core/store_port.hpp"
+#include "runtime/core/transfer_port.hpp"
 #include "runtime/store/host_tensors.hpp"
 #include "runtime/store/tensor_stream.hpp"
 
@@ -74,6 +75,20 @@ struct publisher_options {
   uint64_t chunk_bytes = uint64_t{8} << 20;
   /// Where scratch files go (empty: the system's temporary directory).
   std::filesystem::path scratch_dir;
+};
+
+/// Told when a run's remembered version changes, so that the publisher can
+/// offer it to peers (DESIGN §2: the publisher exposes the bytes for direct
+/// transfer). Called on the publishing thread.
+class remembered_watcher {
+public:
+  virtual ~remembered_watcher() = default;
+  /// The remembered copy of `pool`'s run holds `weights.version` now;
+  /// `weights.keep` keeps its bytes alive and unchanged.
+  virtual void remembered(const std::string& pool, host_weights weights) = 0;
+  /// The remembered copy of (`pool`, `run_id`) is about to be rewritten or
+  /// dropped: stop offering it. May wait, bounded, for readers to finish.
+  virtual void rewriting(const std::string& pool, const std::string& run_id) = 0;
 };
 
 struct publish_report {
@@ -132,6 +147,8 @@ public:
   std::optional<uint64_t> last_version(std::string_view pool, std::string_view run_id) const;
   /// Host memory the remembered versions take now.
   uint64_t memory_in_use() const;
+  /// Tells `w` of every remembered version kept in memory from now on.
+  void watch(std::shared_ptr<remembered_watcher> w);
 
   struct run_state;
 
@@ -151,6 +168,7 @@ private:
   std::map<std::pair<std::string, std::string>, std::shared_ptr<run_state>> runs_;
   uint64_t memory_in_use_ = 0;
   std::vector<std::unique_ptr<work_buffers>> idle_buffers_;
+  std::shared_ptr<remembered_watcher> watcher_;
 };
 
 } // namespace stitch::store

@@ -59,6 +59,10 @@ fake_publisher(publisher_actor::stateful_pointer<fake_publisher_state> self,
     [](atom::collect, const std::string&, uint32_t, bool, const std::string&) -> retention_report {
       return {};
     },
+    [](atom::offer, const version_ref&) -> caf::result<peer_offer> {
+      return to_caf_error({errc::not_found, "lends nothing"});
+    },
+    [](atom::release, uint64_t) {},
     [](atom::done, uint64_t) {},
     [](atom::tick) {},
   };

@@ -125,7 +125,7 @@ protected:
     po.scratch_dir = dir.path() / "scratch";
     po.anchor_every = anchor_every;
     publisher = sys.spawn(publisher_service, backend, store_actor{}, po, workers, std::move(token),
-                          limits, retention);
+                          limits, retention, publisher_lending{});
     sched.run();
   }
 

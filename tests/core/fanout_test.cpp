@@ -106,6 +106,17 @@ TEST(holder_directory, a_finished_fetch_is_complete_and_a_gone_holder_frees_its_
   EXPECT_EQ(d.readers("pub"), 0u);
 }
 
+TEST(holder_directory, a_publisher_serves_when_no_replica_is_idle) {
+  holder_directory d;
+  d.holds("a-publisher", "n0", "pool", v1, true);
+  d.holds("z-replica", "n1", "pool", v1);
+  // Both idle: the replica first (the publisher's network is the trainer's).
+  auto p = d.begin_fetch("x", "n2", "pool", v1);
+  EXPECT_EQ(holders(p), (std::vector<std::string>{"z-replica", "a-publisher"}));
+  // The replica is busy: the idle publisher.
+  EXPECT_EQ(d.begin_fetch("y", "n2", "pool", v1)[0].holder, "a-publisher");
+}
+
 TEST(holder_directory, max_sources_bounds_the_answer) {
   holder_directory d{{1, 2}};
   for (const char* h : {"a", "b", "c", "d"})

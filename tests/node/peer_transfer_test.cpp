@@ -1,8 +1,9 @@
-// Replicas fetch weights from the replicas that hold them, over UCX, across
+// Replicas fetch weights from whoever holds them, over UCX, across
 // stitch-node processes: a hub node (coordinator, store, publisher, one
-// replica) serves a version; a replica node started later stages it from the
-// hub's replica and reads none of its tensor bytes from the store; with
-// `transfer.peers = off` it reads them all from the store.
+// replica) publishes a version, which its replica stages from the publisher;
+// a replica node started later stages it from the hub's holders and reads
+// none of its tensor bytes from the store; with `transfer.peers = off` it
+// reads them all from the store.
 
 #include <gtest/gtest.h>
 
@@ -110,12 +111,16 @@ TEST_F(peer_transfer, a_new_replica_stages_from_the_replica_that_holds_the_versi
   ASSERT_TRUE(info) << edge->log();
   const auto& fetch = (*info)["last_fetch"];
   EXPECT_EQ(fetch["version"], "r/weight_v000000") << info->dump();
-  // Every tensor byte came from the hub's replica; none from the store.
-  ASSERT_TRUE(fetch["from_peers"].contains("replica-0")) << info->dump() << edge->log();
-  EXPECT_GT(fetch["from_peers"]["replica-0"].get<uint64_t>(), 400'000u);
+  // Every tensor byte came from the hub's holders (its replica and its
+  // publisher); none from the store.
+  uint64_t from_peers = 0;
+  for (const auto& [source, n] : fetch["from_peers"].items()) {
+    EXPECT_TRUE(source == "replica-0" || source.rfind("publisher@", 0) == 0) << source;
+    from_peers += n.get<uint64_t>();
+  }
+  EXPECT_GT(from_peers, 400'000u) << info->dump() << edge->log();
   EXPECT_EQ(fetch["from_store"].get<uint64_t>(), 0u) << info->dump();
-  EXPECT_EQ((*info)["metrics"]["bytes_from_peers_total"],
-            fetch["from_peers"]["replica-0"].get<uint64_t>());
+  EXPECT_EQ((*info)["metrics"]["bytes_from_peers_total"], from_peers);
   // It generates on those weights exactly as the holder does.
   transport::http_request req;
   req.method = "POST";
@@ -129,8 +134,31 @@ TEST_F(peer_transfer, a_new_replica_stages_from_the_replica_that_holds_the_versi
   ASSERT_EQ(ra->status, 200) << ra->body;
   ASSERT_EQ(rb->status, 200) << rb->body;
   EXPECT_EQ(json::parse(ra->body)["text"], json::parse(rb->body)["text"]);
-  EXPECT_NE(edge->log().find("staged r/weight_v000000 from peers: replica-0"), std::string::npos)
+  EXPECT_NE(edge->log().find("staged r/weight_v000000 from peers: "), std::string::npos)
     << edge->log();
+}
+
+TEST_F(peer_transfer, the_publisher_lends_what_it_published_and_a_replica_stages_from_it) {
+  STITCH_REQUIRE_UCX();
+  // The hub's replica staged version 0 from the publisher that published it.
+  auto info = get_json(hub_port, "/server_info");
+  ASSERT_TRUE(info);
+  const auto& first = (*info)["last_fetch"];
+  ASSERT_TRUE(first["from_peers"].contains("publisher@local/default/r"))
+    << info->dump() << hub->log();
+  EXPECT_GT(first["from_peers"]["publisher@local/default/r"].get<uint64_t>(), 400'000u);
+  EXPECT_EQ(first["from_store"].get<uint64_t>(), 0u) << info->dump();
+  // A new version: the publisher lends it in place of version 0.
+  auto next = dir.path() / "next";
+  ASSERT_EQ(run(stitch("init-model --preset tiny --seed 6 --out " + next.string())).code, 0);
+  auto pub = run(stitch("publish --run r --version 1 " + next.string()));
+  ASSERT_EQ(pub.code, 0) << pub.output;
+  auto moved = await_version(hub_port, 1);
+  ASSERT_TRUE(moved) << hub->log();
+  const auto& second = (*moved)["last_fetch"];
+  EXPECT_EQ(second["version"], "r/weight_v000001") << moved->dump();
+  EXPECT_GT(second["from_peers"].value("publisher@local/default/r", uint64_t{0}), 0u)
+    << moved->dump() << hub->log();
 }
 
 TEST_F(peer_transfer, with_peers_off_a_replica_reads_the_store_and_says_so) {
