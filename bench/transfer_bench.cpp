@@ -7,9 +7,15 @@
 // (target >= 0.8), for each transport list given (default: "tcp" and "shm,self,tcp"); then a
 // replica's stage of the same bytes as 64 MiB tensors through `transport::ucx::fetch` (fetch,
 // verify every chunk, place into fresh staging buffers) as `stage_ratio` = stage / raw
-// (target >= 0.5).
+// (target >= 0.5). Then, over the first transport list, publish-to-converged
+// for 1, 2, 4 and 8 receivers of a `--fanout-mb` version: peer fan-out (a
+// publisher lends it, each receiver's sources come from the coordinator's
+// `holder_directory` and it relays what it has verified while it fetches),
+// against store-only (each receiver reads every tensor from a RocksDB store
+// and verifies it), both as a ratio to S / raw (report-only here: every
+// receiver shares this machine's cores, where a cluster gives each its own).
 //
-//   transfer_bench [--mb N] [--chunk KB] [--window W] [--tls LIST]... [--json]
+//   transfer_bench [--mb N] [--chunk KB] [--window W] [--tls LIST]... [--fanout-mb N] [--json]
 //
 // Exit 1: a ratio below its target; 3: a failure; 4: UCX cannot run here.
 
@@ -20,14 +26,22 @@
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/core/checksum.hpp"
+#include "runtime/core/fanout.hpp"
+#include "runtime/store/publisher.hpp"
+#include "runtime/store/rocksdb_store.hpp"
 #include "transport/ucx.hpp"
 #include "transport/ucx_peer.hpp"
 
@@ -234,6 +248,194 @@ double stage_gbps(const std::string& tls, const region_descriptor& d, size_t ten
   return static_cast<double>(bytes) / s / 1e9;
 }
 
+/// Publish-to-converged of one version to `receivers` receivers.
+struct fanout_row {
+  size_t receivers = 0;
+  double peer_s = 0;
+  double store_s = 0;
+  /// Bytes the receivers read from the publisher, and from each other.
+  uint64_t from_publisher = 0;
+  uint64_t from_relays = 0;
+};
+
+/// A version of `bytes` bytes as 64 MiB tensors of random bytes, published
+/// to a RocksDB store (the store-only path) and lent by a publisher over
+/// `tls` (the peer path), fetched by 1, 2, 4, 8 receivers at once.
+std::vector<fanout_row> fanout(const std::string& tls, size_t bytes) {
+  namespace fs = std::filesystem;
+  const version_ref ref{"bench", 0};
+  store::tensor_set weights;
+  std::mt19937_64 rng{11};
+  const size_t tensor_bytes = size_t{64} << 20;
+  for (size_t at = 0, k = 0; at < bytes; at += tensor_bytes, ++k) {
+    char name[32];
+    std::snprintf(name, sizeof name, "layer.%03zu.weight", k);
+    auto& t = weights[name];
+    t.name = name;
+    t.shape = {std::min(tensor_bytes, bytes - at)};
+    t.bytes.resize(t.shape[0]);
+    for (size_t i = 0; i + 8 <= t.bytes.size(); i += 8) {
+      uint64_t v = rng();
+      std::memcpy(t.bytes.data() + i, &v, 8);
+    }
+  }
+  const fs::path dir =
+    fs::temp_directory_path() / ("stitch-transfer-bench-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto db = store::open_rocksdb_store((dir / "db").string());
+  if (!db)
+    die(to_string(db.error()));
+  store::publisher pub{**db};
+  auto published = pub.publish({"default", ref.run_id, ref.version, true, false}, weights);
+  if (!published)
+    die("publish: " + to_string(published.error()));
+  const auto& checksums = published->published.checksums;
+
+  // The publisher lends its copy (as `stitch-node`'s publisher does).
+  auto pw = worker::start(context_options{tls});
+  if (!pw)
+    die(to_string(pw.error()));
+  std::shared_ptr<worker> publisher_worker{std::move(*pw)};
+  holder_set lender{publisher_worker, std::chrono::minutes{5}, std::chrono::seconds{5}};
+  host_weights lent;
+  lent.version = ref;
+  for (const auto& [name, t] : weights)
+    lent.tensors.push_back({name, t.bytes});
+  if (auto ok = lender.expose("bench", "publisher", lent); !ok)
+    die(to_string(ok.error()));
+
+  struct receiver {
+    std::shared_ptr<worker> w;
+    std::shared_ptr<holder> relay;
+    std::vector<std::shared_ptr<std::vector<std::byte>>> buffers;
+    std::vector<fetch_target> targets;
+    fetch_report report;
+    double seconds = 0;
+  };
+  auto make_targets = [&](receiver& r) {
+    r.buffers.clear();
+    r.targets.clear();
+    for (const auto& [name, t] : weights) {
+      auto b = std::make_shared<std::vector<std::byte>>(t.bytes.size());
+      std::memset(b->data(), 0, b->size()); // fault it in before the clock starts
+      r.targets.push_back({name, *b, checksums.at(name), b});
+      r.buffers.push_back(std::move(b));
+    }
+  };
+  std::vector<fanout_row> rows;
+  for (size_t n : {size_t{1}, size_t{2}, size_t{4}, size_t{8}}) {
+    fanout_row row;
+    row.receivers = n;
+    // Peer fan-out.
+    std::vector<receiver> rs(n);
+    for (size_t i = 0; i < n; ++i) {
+      auto w = worker::start(context_options{tls});
+      if (!w)
+        die(to_string(w.error()));
+      rs[i].w = std::shared_ptr<worker>{std::move(*w)};
+      rs[i].relay =
+        std::make_shared<holder>(rs[i].w, "receiver-" + std::to_string(i), std::chrono::minutes{5});
+      make_targets(rs[i]);
+    }
+    holder_directory directory;
+    directory.holds("publisher", "publisher-node", "default", ref, true);
+    std::mutex directory_mutex;
+    std::atomic<bool> go{false};
+    auto t0 = clock_type::now();
+    auto run_one = [&](size_t i) {
+      while (!go)
+        std::this_thread::yield();
+      auto& r = rs[i];
+      std::vector<source_pick> picks;
+      {
+        std::lock_guard lock{directory_mutex};
+        picks = directory.begin_fetch("receiver-" + std::to_string(i), "node-" + std::to_string(i),
+                                      "default", ref);
+      }
+      std::vector<offer> offers;
+      std::unique_ptr<bool[]> backup{new bool[picks.size() + 1]};
+      for (const auto& p : picks) {
+        result<offer> o = make_error(errc::not_found, "none");
+        auto until = clock_type::now() + std::chrono::seconds{2};
+        do {
+          if (p.holder == "publisher")
+            o = lender.lease(ref);
+          else
+            o = rs[std::stoul(p.holder.substr(9))].relay->lease(ref);
+          if (!o && p.partial)
+            std::this_thread::sleep_for(std::chrono::milliseconds{2});
+        } while (!o && p.partial && clock_type::now() < until);
+        if (o) {
+          backup[offers.size()] = p.backup;
+          offers.push_back(std::move(*o));
+        }
+      }
+      fetch_options fo;
+      fo.read.deadline = std::chrono::minutes{5};
+      fo.deadline = std::chrono::minutes{10};
+      r.report = fetch(*r.w, ref, offers, r.targets, fo, {},
+                       std::span<const bool>{backup.get(), offers.size()}, r.relay.get());
+      r.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+      std::lock_guard lock{directory_mutex};
+      directory.end_fetch("receiver-" + std::to_string(i), r.report.complete());
+    };
+    {
+      std::vector<std::thread> threads;
+      for (size_t i = 0; i < n; ++i)
+        threads.emplace_back(run_one, i);
+      t0 = clock_type::now();
+      go = true;
+      for (auto& t : threads)
+        t.join();
+    }
+    for (auto& r : rs) {
+      if (!r.report.complete())
+        die("fan-out: a receiver did not get everything: "
+            + (r.report.problems.empty() ? std::string{"?"} : r.report.problems.front()));
+      row.peer_s = std::max(row.peer_s, r.seconds);
+      for (const auto& [source, b] : r.report.bytes_by_source)
+        (source == "publisher" ? row.from_publisher : row.from_relays) += b;
+    }
+    rs.clear();
+    // Store only: every receiver reads every tensor from the store, then
+    // verifies it (as a replica without peers stages).
+    {
+      std::vector<receiver> ss(n);
+      for (auto& r : ss)
+        make_targets(r);
+      std::atomic<bool> start{false};
+      std::atomic<bool> bad{false};
+      std::vector<double> took(n, 0);
+      auto read_all = [&](size_t i) {
+        while (!start)
+          std::this_thread::yield();
+        for (const auto& t : ss[i].targets) {
+          if (!(*db)->read_range("default", ref, t.name, 0, t.destination))
+            bad = true;
+          else if (checksum::tree_checksum(t.destination) != t.expected_checksum)
+            bad = true;
+        }
+        took[i] = std::chrono::duration<double>(clock_type::now() - t0).count();
+      };
+      std::vector<std::thread> threads;
+      for (size_t i = 0; i < n; ++i)
+        threads.emplace_back(read_all, i);
+      t0 = clock_type::now();
+      start = true;
+      for (auto& t : threads)
+        t.join();
+      if (bad)
+        die("store-only: a read failed or its checksum differs");
+      row.store_s = *std::max_element(took.begin(), took.end());
+    }
+    rows.push_back(row);
+  }
+  db->reset();
+  fs::remove_all(dir);
+  return rows;
+}
+
 bool checks(const std::vector<std::byte>& out) {
   for (size_t i = 0; i < out.size(); i += 4096)
     if (out[i] != static_cast<std::byte>(i / 4096))
@@ -248,6 +450,7 @@ int main(int argc, char** argv) {
   size_t chunk = size_t{1} << 20;
   size_t window = 8;
   bool json = false;
+  size_t fanout_mb = 256;
   std::vector<std::string> lists;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -259,16 +462,18 @@ int main(int argc, char** argv) {
       window = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--tls" && i + 1 < argc)
       lists.push_back(argv[++i]);
+    else if (a == "--fanout-mb" && i + 1 < argc)
+      fanout_mb = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--json")
       json = true;
     else {
       std::fprintf(stderr, "usage: transfer_bench [--mb N] [--chunk KB] [--window W] "
-                           "[--tls LIST]... [--json]\n");
+                           "[--tls LIST]... [--fanout-mb N] [--json]\n");
       return 2;
     }
   }
-  if (mb == 0 || chunk == 0 || window == 0)
-    die("--mb, --chunk and --window must be positive");
+  if (mb == 0 || chunk == 0 || window == 0 || fanout_mb == 0)
+    die("--mb, --chunk, --window and --fanout-mb must be positive");
   if (lists.empty())
     lists = {"tcp", "shm,self,tcp"};
   {
@@ -287,6 +492,7 @@ int main(int argc, char** argv) {
   std::memset(out.data(), 0, out.size());
   std::string rows;
   bool met = true;
+  double first_raw = 0;
   for (const auto& tls : lists) {
     auto [pid, desc] = spawn_holder(tls, bytes);
     // Best of three each, interleaved: this machine is shared and noisy.
@@ -313,6 +519,8 @@ int main(int argc, char** argv) {
     ::waitpid(pid, nullptr, 0);
     const double ratio = ours / raw;
     const double stage_ratio = stage / raw;
+    if (first_raw == 0)
+      first_raw = raw;
     met &= ratio >= 0.8 && stage_ratio >= 0.5;
     if (json) {
       char row[256];
@@ -330,8 +538,36 @@ int main(int argc, char** argv) {
                   tls.c_str(), raw, ours, ratio, stage, stage_ratio, unguarded);
     }
   }
+  // Publish-to-converged over the first transport list.
+  const size_t fanout_bytes = fanout_mb << 20;
+  const double bound_s = static_cast<double>(fanout_bytes) / (first_raw * 1e9);
+  std::string fanout_rows;
+  for (const auto& r : fanout(lists.front(), fanout_bytes)) {
+    const double peer_ratio = r.peer_s / bound_s;
+    const double store_ratio = r.store_s / bound_s;
+    if (json) {
+      char row[320];
+      std::snprintf(row, sizeof row,
+                    "%s{\"receivers\":%zu,\"peer_s\":%.3f,\"peer_ratio\":%.2f,"
+                    "\"store_only_s\":%.3f,\"store_only_ratio\":%.2f,"
+                    "\"from_publisher\":%llu,\"from_relays\":%llu}",
+                    fanout_rows.empty() ? "" : ",", r.receivers, r.peer_s, peer_ratio, r.store_s,
+                    store_ratio, static_cast<unsigned long long>(r.from_publisher),
+                    static_cast<unsigned long long>(r.from_relays));
+      fanout_rows += row;
+    } else {
+      std::printf("publish-to-converged, %zu receiver(s) of %zu MB over %s: peer fan-out %.3f s "
+                  "(%.2f x S/raw; %llu MB from the publisher, %llu MB relayed); store only (this "
+                  "process's RocksDB store, page cache warm) %.3f s (%.2f x S/raw)\n",
+                  r.receivers, fanout_mb, lists.front().c_str(), r.peer_s, peer_ratio,
+                  static_cast<unsigned long long>(r.from_publisher >> 20),
+                  static_cast<unsigned long long>(r.from_relays >> 20), r.store_s, store_ratio);
+    }
+  }
   if (json)
-    std::printf("{\"mb\":%zu,\"chunk\":%zu,\"window\":%zu,\"rows\":[%s]}\n", mb, chunk, window,
-                rows.c_str());
+    std::printf("{\"mb\":%zu,\"chunk\":%zu,\"window\":%zu,\"rows\":[%s],"
+                "\"fanout\":{\"tls\":\"%s\",\"mb\":%zu,\"s_over_raw\":%.3f,\"rows\":[%s]}}\n",
+                mb, chunk, window, rows.c_str(), lists.front().c_str(), fanout_mb, bound_s,
+                fanout_rows.c_str());
   return met ? 0 : 1;
 }

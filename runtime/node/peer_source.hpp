@@ -24,6 +24,8 @@ struct peer_source_options {
   std::shared_ptr<transport::ucx::holder> relay;
   /// How long the coordinator and each holder may take to answer.
   std::chrono::milliseconds ask_timeout{3000};
+  /// How long a relay (a holder still fetching) may take to offer anything.
+  std::chrono::milliseconds relay_wait{2000};
 };
 
 /// A replica's tensor source: stored bytes and manifests from `store`, and
