@@ -51,6 +51,7 @@ std::string server_info_json(const replica_info& i) {
   mj["rebuilds_total"] = m.rebuilds_total;
   mj["bytes_fetched_total"] = m.bytes_fetched_total;
   mj["bytes_from_peers_total"] = m.bytes_from_peers_total;
+  mj["bytes_from_store_total"] = m.bytes_from_store_total;
   mj["requests_admitted_total"] = m.requests_admitted_total;
   mj["requests_rejected_total"] = m.requests_rejected_total;
   mj["requests_completed_total"] = m.requests_completed_total;

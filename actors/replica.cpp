@@ -425,6 +425,7 @@ replica_info describe(const replica_state& st) {
   m.stage_failures_total = snap.metrics.stage_failures_total;
   m.activation_failures_total = snap.metrics.activation_failures_total;
   m.bytes_fetched_total = st.bytes ? st.bytes->bytes() : 0;
+  m.bytes_from_store_total = st.bytes ? st.bytes->store_bytes() : 0;
   info.transport = st.deps.transport;
   info.last_fetch = st.last_fetch;
   m.requests_admitted_total = gate.metrics().admitted_total;

@@ -117,6 +117,8 @@ public:
   }
   /// Bytes read from the store and fetched from peers.
   uint64_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
+  /// Bytes read from the store.
+  uint64_t store_bytes() const noexcept { return store_bytes_.load(std::memory_order_relaxed); }
   counts snapshot() const {
     std::lock_guard lock{mutex_};
     auto c = counts_;

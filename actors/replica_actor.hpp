@@ -75,6 +75,8 @@ struct replica_metrics {
   uint64_t bytes_fetched_total = 0;
   /// Verified bytes fetched from peers that held the version.
   uint64_t bytes_from_peers_total = 0;
+  /// Bytes read from the store (the fallback path).
+  uint64_t bytes_from_store_total = 0;
   uint64_t requests_admitted_total = 0;
   uint64_t requests_rejected_total = 0;
   uint64_t requests_completed_total = 0;
@@ -177,8 +179,9 @@ typename Inspector::result_type inspect(Inspector& f, replica_metrics& x) {
            x.last_pause_us, x.max_pause_us, x.last_folded, x.folded_versions_total,
            x.activations_total, x.skipped_activations_total, x.stages_total, x.stage_failures_total,
            x.activation_failures_total, x.checksum_failures_total, x.rebuilds_total,
-           x.bytes_fetched_total, x.bytes_from_peers_total, x.requests_admitted_total,
-           x.requests_rejected_total, x.requests_completed_total, x.drain_timeouts_total);
+           x.bytes_fetched_total, x.bytes_from_peers_total, x.bytes_from_store_total,
+           x.requests_admitted_total, x.requests_rejected_total, x.requests_completed_total,
+           x.drain_timeouts_total);
 }
 
 template <class Inspector>

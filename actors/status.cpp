@@ -311,6 +311,15 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
         out += std::string{c.name} + "{" + labels_of(e) + "} "
                + std::to_string(e.info.metrics.*(c.field)) + "\n";
   }
+  family("stitch_replica_transfer_bytes_total", "counter",
+         "Verified tensor bytes a replica received, by source: peers (UCX) or the store.");
+  for (const auto& [a, e] : st.replicas)
+    if (e.known) {
+      out += "stitch_replica_transfer_bytes_total{" + labels_of(e) + ",source=\"peers\"} "
+             + std::to_string(e.info.metrics.bytes_from_peers_total) + "\n";
+      out += "stitch_replica_transfer_bytes_total{" + labels_of(e) + ",source=\"store\"} "
+             + std::to_string(e.info.metrics.bytes_from_store_total) + "\n";
+    }
   write_histogram(out, "stitch_stage_seconds", "Time to stage an update while serving.",
                   st.stage_seconds);
   write_histogram(out, "stitch_activation_pause_seconds",

@@ -121,6 +121,7 @@ TEST_F(peer_transfer, a_new_replica_stages_from_the_replica_that_holds_the_versi
   EXPECT_GT(from_peers, 400'000u) << info->dump() << edge->log();
   EXPECT_EQ(fetch["from_store"].get<uint64_t>(), 0u) << info->dump();
   EXPECT_EQ((*info)["metrics"]["bytes_from_peers_total"], from_peers);
+  EXPECT_EQ((*info)["metrics"]["bytes_from_store_total"], 0) << info->dump();
   // It generates on those weights exactly as the holder does.
   transport::http_request req;
   req.method = "POST";
@@ -159,6 +160,34 @@ TEST_F(peer_transfer, the_publisher_lends_what_it_published_and_a_replica_stages
   EXPECT_EQ(second["version"], "r/weight_v000001") << moved->dump();
   EXPECT_GT(second["from_peers"].value("publisher@local/default/r", uint64_t{0}), 0u)
     << moved->dump() << hub->log();
+  // /metrics counts the bytes by source.
+  transport::http_client c{transport::http_endpoint{
+    "http", "127.0.0.1", static_cast<uint16_t>(std::stoi(hub->status_port))}};
+  transport::http_request req;
+  req.target = "/metrics";
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    auto r = c.send(req);
+    ASSERT_TRUE(r);
+    text = r->body;
+    if (text.find("source=\"peers\"} 0\n") == std::string::npos
+        && text.find("stitch_replica_transfer_bytes_total{replica=\"replica-0\"")
+             != std::string::npos)
+      break;
+    std::this_thread::sleep_for(50ms);
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+    text, m,
+    std::regex{
+      R"(stitch_replica_transfer_bytes_total\{replica="replica-0",pool="default",source="peers"\} ([0-9]+))"}))
+    << text;
+  EXPECT_GT(std::stoull(m[1]), 400'000u);
+  EXPECT_NE(
+    text.find(
+      R"(stitch_replica_transfer_bytes_total{replica="replica-0",pool="default",source="store"} 0)"),
+    std::string::npos)
+    << text;
 }
 
 TEST_F(peer_transfer, with_peers_off_a_replica_reads_the_store_and_says_so) {
@@ -170,6 +199,7 @@ TEST_F(peer_transfer, with_peers_off_a_replica_reads_the_store_and_says_so) {
   EXPECT_EQ((*info)["transport"], "store only (transfer.peers = off)");
   EXPECT_TRUE((*info)["last_fetch"]["from_peers"].empty()) << info->dump();
   EXPECT_GT((*info)["last_fetch"]["from_store"].get<uint64_t>(), 400'000u);
+  EXPECT_GT((*info)["metrics"]["bytes_from_store_total"].get<uint64_t>(), 400'000u);
 }
 
 } // namespace
