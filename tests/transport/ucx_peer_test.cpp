@@ -537,5 +537,86 @@ TEST(ucx_peer, three_processes_a_holder_killed_mid_fetch_the_other_finishes) {
   ::waitpid(b.pid, nullptr, 0);
 }
 
+/// Tensor `k` of the 1 GB version: fast deterministic bytes (splitmix64).
+void big_tensor(size_t k, std::span<std::byte> out) {
+  uint64_t x = 0x9e3779b97f4a7c15ull * (k + 1);
+  for (size_t i = 0; i + 8 <= out.size(); i += 8) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    std::memcpy(out.data() + i, &z, 8);
+  }
+}
+
+class one_gigabyte : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(one_gigabyte, two_processes_move_a_1_gb_version_bit_exact) {
+  STITCH_REQUIRE_UCX();
+  constexpr size_t tensors = 16;
+  constexpr size_t each = size_t{64} << 20; // 16 x 64 MiB = 1 GiB
+  const version_ref ref{"big", 1};
+  const std::string tls = GetParam();
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::vector<std::vector<std::byte>> bytes(tensors, std::vector<std::byte>(each));
+    host_weights w;
+    w.version = ref;
+    for (size_t k = 0; k < tensors; ++k) {
+      big_tensor(k, bytes[k]);
+      w.tensors.push_back({"t" + std::to_string(100 + k), bytes[k]});
+    }
+    auto wk = start_worker(tls);
+    holder h{wk, "holder", 600s};
+    if (!h.expose(std::move(w)))
+      ::_exit(3);
+    auto o = h.lease(ref);
+    for (const auto& t : o->tensors) {
+      region_descriptor d{o->worker_address, t.address, t.size, t.rkey};
+      write_frame(fds[1], d.encode());
+    }
+    ::close(fds[1]);
+    for (;;)
+      ::pause();
+  }
+  ::close(fds[1]);
+  // The receiver knows the version's digests (as from a manifest and an
+  // offer) and nothing of its bytes.
+  offer o;
+  o.source = "holder";
+  o.version = ref;
+  std::vector<std::byte> scratch(each);
+  std::vector<std::vector<std::byte>> out(tensors, std::vector<std::byte>(each));
+  std::vector<fetch_target> targets;
+  for (size_t k = 0; k < tensors; ++k) {
+    auto d = region_descriptor::decode(read_frame(fds[0]));
+    ASSERT_TRUE(d) << "tensor " << k;
+    o.worker_address = d->worker_address;
+    offered_tensor t{"t" + std::to_string(100 + k), d->address, each, d->rkey, {}, 0};
+    big_tensor(k, scratch);
+    for (size_t at = 0; at < each; at += checksum::chunk_size)
+      t.leaves.push_back(checksum::chunk_digest(std::span{scratch}.subspan(at, checksum::chunk_size)));
+    targets.push_back({t.name, out[k], checksum::combine(t.leaves), {}});
+    o.tensors.push_back(std::move(t));
+  }
+  ::close(fds[0]);
+  auto wr = start_worker(tls);
+  std::vector<offer> sources{o};
+  auto report = fetch(*wr, ref, sources, targets);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(report.complete()) << problems_of(report);
+  EXPECT_EQ(report.bytes_by_source["holder"], tensors * each);
+  for (size_t k = 0; k < tensors; ++k) {
+    big_tensor(k, scratch);
+    EXPECT_EQ(std::memcmp(scratch.data(), out[k].data(), each), 0) << "tensor " << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ucx, one_gigabyte, ::testing::Values("tcp", "shm,self,tcp"));
+
 } // namespace
 } // namespace stitch::transport::ucx
