@@ -195,9 +195,11 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     publisher_lending lending;
     if (n->ucx_) {
       // Readers hold a lease for one fetch; a publish waits this long for
-      // them before it rewrites the version they read.
+      // them before it rewrites the version they read (a reader that died
+      // never releases; one still reading meets changed chunks, which fail
+      // their digests, and finishes elsewhere: the trainer is not held up).
       lending.holders = std::make_shared<transport::ucx::holder_set>(
-        n->ucx_, std::chrono::minutes{15}, std::chrono::seconds{30});
+        n->ucx_, std::chrono::minutes{15}, std::chrono::seconds{2});
       lending.registry = caf::actor_cast<holder_registry_actor>(n->coordinator_);
       lending.node = settings.name;
     }
