@@ -547,9 +547,9 @@ int main(int argc, char** argv) {
     const double store_ratio = r.store_s / bound_s;
     // Bytes every link moved together, against one link's raw rate: how
     // busy the chain keeps a machine whose links all share its cores.
-    const double aggregate_ratio =
-      static_cast<double>(r.receivers) * static_cast<double>(fanout_bytes) / r.peer_s
-      / (first_raw * 1e9);
+    const double aggregate_ratio = static_cast<double>(r.receivers)
+                                   * static_cast<double>(fanout_bytes) / r.peer_s
+                                   / (first_raw * 1e9);
     if (json) {
       char row[320];
       std::snprintf(row, sizeof row,
@@ -567,8 +567,7 @@ int main(int argc, char** argv) {
                   "relayed); store only (this process's RocksDB store, page cache warm) %.3f s "
                   "(%.2f x S/raw)\n",
                   r.receivers, fanout_mb, lists.front().c_str(), r.peer_s, peer_ratio,
-                  aggregate_ratio,
-                  static_cast<unsigned long long>(r.from_publisher >> 20),
+                  aggregate_ratio, static_cast<unsigned long long>(r.from_publisher >> 20),
                   static_cast<unsigned long long>(r.from_relays >> 20), r.store_s, store_ratio);
     }
   }

@@ -598,7 +598,8 @@ TEST_P(one_gigabyte, two_processes_move_a_1_gb_version_bit_exact) {
     offered_tensor t{"t" + std::to_string(100 + k), d->address, each, d->rkey, {}, 0};
     big_tensor(k, scratch);
     for (size_t at = 0; at < each; at += checksum::chunk_size)
-      t.leaves.push_back(checksum::chunk_digest(std::span{scratch}.subspan(at, checksum::chunk_size)));
+      t.leaves.push_back(
+        checksum::chunk_digest(std::span{scratch}.subspan(at, checksum::chunk_size)));
     targets.push_back({t.name, out[k], checksum::combine(t.leaves), {}});
     o.tensors.push_back(std::move(t));
   }
