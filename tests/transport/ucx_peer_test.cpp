@@ -141,20 +141,37 @@ struct relay_stage {
   }
 };
 
+/// A publisher that holds `m`, and a relay that has begun staging it from
+/// the publisher (nothing landed yet); `wd` is a reader's worker.
+struct relay_rig {
+  model m;
+  std::shared_ptr<worker> wa = start_worker("tcp"), wr = start_worker("tcp"),
+                          wd = start_worker("tcp");
+  holder a{wa, "publisher", 60s};
+  holder r{wr, "relay", 60s};
+  std::optional<offer> trusted;
+  std::optional<relay_stage> st;
+  std::shared_ptr<holder::relay> relay;
+
+  void start() {
+    ASSERT_TRUE(a.expose(m.weights()));
+    auto t = a.lease(m.ref);
+    ASSERT_TRUE(t);
+    trusted = *t;
+    st.emplace(m, *trusted);
+    auto staged = r.stage(m.ref, st->targets, st->leaves);
+    ASSERT_TRUE(staged) << to_string(staged.error());
+    relay = *staged;
+  }
+};
+
 TEST(ucx_peer, a_relay_serves_what_it_has_verified_and_readers_wait_for_the_rest) {
   STITCH_REQUIRE_UCX();
-  model m;
-  auto wa = start_worker("tcp");
-  auto wr = start_worker("tcp");
-  auto wd = start_worker("tcp");
-  holder a{wa, "publisher", 60s};
-  ASSERT_TRUE(a.expose(m.weights()));
-  auto trusted = a.lease(m.ref);
-  ASSERT_TRUE(trusted);
-  holder r{wr, "relay", 60s};
-  relay_stage st{m, *trusted};
-  auto relay = r.stage(m.ref, st.targets, st.leaves);
-  ASSERT_TRUE(relay) << to_string(relay.error());
+  relay_rig rig;
+  ASSERT_NO_FATAL_FAILURE(rig.start());
+  auto& [m, wa, wr, wd, a, r, trusted, st_, relay_] = rig;
+  auto& st = *st_;
+  auto* relay = &relay_;
   EXPECT_EQ(r.exposed(), std::nullopt); // it serves nothing yet; it relays
   auto partial = r.lease(m.ref);
   ASSERT_TRUE(partial) << to_string(partial.error());
@@ -208,18 +225,11 @@ TEST(ucx_peer, a_relay_serves_what_it_has_verified_and_readers_wait_for_the_rest
 
 TEST(ucx_peer, backups_serve_only_what_a_relay_gives_up_or_stalls_on) {
   STITCH_REQUIRE_UCX();
-  model m;
-  auto wa = start_worker("tcp");
-  auto wr = start_worker("tcp");
-  auto wd = start_worker("tcp");
-  holder a{wa, "publisher", 60s};
-  ASSERT_TRUE(a.expose(m.weights()));
-  auto trusted = a.lease(m.ref);
-  ASSERT_TRUE(trusted);
-  holder r{wr, "relay", 60s};
-  relay_stage st{m, *trusted};
-  auto relay = r.stage(m.ref, st.targets, st.leaves);
-  ASSERT_TRUE(relay);
+  relay_rig rig;
+  ASSERT_NO_FATAL_FAILURE(rig.start());
+  auto& [m, wa, wr, wd, a, r, trusted, st_, relay_] = rig;
+  auto& st = *st_;
+  auto* relay = &relay_;
   // The relay has b.bias, gave a.weight up (the store builds it there), and
   // never gets c.norm.
   st.land(m, 1, m.sizes[1]);
