@@ -469,14 +469,14 @@ struct child {
   offer o;
 };
 
-child spawn_child(const std::string& name) {
+child spawn_child(const std::string& name, const std::string& tls) {
   int fds[2];
   EXPECT_EQ(::pipe(fds), 0);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
     model m;
-    auto w = start_worker("tcp");
+    auto w = start_worker(tls);
     holder h{w, name, 600s};
     if (!h.expose(m.weights()))
       ::_exit(3);
@@ -515,12 +515,14 @@ child spawn_child(const std::string& name) {
   return c;
 }
 
-TEST(ucx_peer, three_processes_a_holder_killed_mid_fetch_the_other_finishes) {
+class killed_holder : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(killed_holder, three_processes_a_holder_killed_mid_fetch_the_other_finishes) {
   STITCH_REQUIRE_UCX();
   // Both holders are forked before this process touches UCX.
-  auto a = spawn_child("holder-a");
-  auto b = spawn_child("holder-b");
-  auto wr = start_worker("tcp");
+  auto a = spawn_child("holder-a", GetParam());
+  auto b = spawn_child("holder-b", GetParam());
+  auto wr = start_worker(GetParam());
   model m;
   receive r{m};
   fetch_options fo;
@@ -546,6 +548,8 @@ TEST(ucx_peer, three_processes_a_holder_killed_mid_fetch_the_other_finishes) {
   ::waitpid(a.pid, nullptr, 0);
   ::waitpid(b.pid, nullptr, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(ucx, killed_holder, ::testing::Values("tcp", "shm,self,tcp"));
 
 /// Tensor `k` of the 1 GB version: fast deterministic bytes (splitmix64).
 void big_tensor(size_t k, std::span<std::byte> out) {
