@@ -51,6 +51,9 @@ protected:
   virtual void handle(transport::server_request req,
                       std::shared_ptr<transport::http_responder> out) = 0;
 
+  /// Largest request body this surface accepts.
+  size_t body_limit() const noexcept { return server_options_.body_limit; }
+
   caf::actor_system& sys_;
   caf::actor target_;
   std::atomic<uint64_t> next_key_{1};

@@ -182,6 +182,7 @@ const std::vector<entry>& schema() {
                    return out + "]";
                  }});
     listen("status.listen", &node_config::status_listen);
+    text("publisher.listen", &node_config::publisher_listen);
     e.push_back(
       {"http.body_limit",
        kind::integer,
@@ -510,6 +511,13 @@ void validate(const node_config& c, std::string& problems) {
     listeners.push_back({"gateway.listen", c.gateway_listen});
   if (c.has_role("status"))
     listeners.push_back({"status.listen", c.status_listen});
+  if (!c.publisher_listen.empty()) {
+    if (auto a = parse_listen_address(c.publisher_listen); !a)
+      problems += "publisher.listen: " + quote_untrusted(c.publisher_listen)
+                  + " is not HOST:PORT (or leave it empty for no publisher HTTP surface)\n";
+    else if (c.has_role("publisher"))
+      listeners.push_back({"publisher.listen", *a});
+  }
   if (c.has_role("replica") && c.replica_listen.port != 0)
     for (uint32_t i = 0; i < c.replicas; ++i) {
       auto a = c.replica_listen;

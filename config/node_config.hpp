@@ -68,6 +68,8 @@ struct node_config {
   listen_address gateway_listen{"127.0.0.1", 8080};
   std::vector<std::string> affinity_headers = {"X-Session-Id", "Modal-Session-ID"};
   listen_address status_listen{"127.0.0.1", 8081};
+  /// The publisher's HTTP surface: HOST:PORT, or empty for none.
+  std::string publisher_listen;
   uint64_t body_limit = uint64_t{16} << 20;
 
   std::string admin_token;

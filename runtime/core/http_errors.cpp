@@ -20,6 +20,9 @@ shape shape_of(http_failure f) {
     case http_failure::method_not_allowed: return {405, "MethodNotAllowed", false, 0};
     case http_failure::payload_too_large: return {413, "PayloadTooLarge", false, 0};
     case http_failure::unsupported_media_type: return {415, "UnsupportedMediaType", false, 0};
+    case http_failure::version_exists: return {409, "VersionExists", false, 0};
+    case http_failure::rewind: return {409, "Rewind", false, 0};
+    case http_failure::conflict: return {409, "Conflict", true, 1};
     case http_failure::headers_too_large: return {431, "RequestHeaderFieldsTooLarge", false, 0};
     case http_failure::client_closed: return {499, "ClientClosedRequest", false, 0};
     case http_failure::engine_error: return {500, "EngineError", true, 0};
@@ -69,6 +72,9 @@ http_error http_error_of(const error& e) {
     case errc::no_run_claimed:
     case errc::activation_failed: return make_http_error(http_failure::unavailable, e.message);
     case errc::drain_timeout: return make_http_error(http_failure::drain_timeout, e.message);
+    case errc::version_exists: return make_http_error(http_failure::version_exists, e.message);
+    case errc::rewind: return make_http_error(http_failure::rewind, e.message);
+    case errc::conflict: return make_http_error(http_failure::conflict, e.message);
     default: return make_http_error(http_failure::engine_error, to_string(e));
   }
 }

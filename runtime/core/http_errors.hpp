@@ -28,6 +28,12 @@ enum class http_failure : uint8_t {
   payload_too_large,
   /// 415 `UnsupportedMediaType`: a body that is not JSON.
   unsupported_media_type,
+  /// 409 `VersionExists`: a publish of a version stored with other content.
+  version_exists,
+  /// 409 `Rewind`: a publish below the run's newest version.
+  rewind,
+  /// 409 `Conflict`: the pointer moved concurrently (retryable).
+  conflict,
   /// 431 `RequestHeaderFieldsTooLarge`.
   headers_too_large,
   /// 499 `ClientClosedRequest`: the client went away mid-request.
@@ -71,6 +77,7 @@ http_error not_ready_error(rejection r);
 /// A domain error as the answer a surface gives: `invalid_argument`,
 /// `limit_exceeded` and malformed input → 400, `unauthorized` → 401,
 /// `route_blocked` → 403, `not_found` → 404, `version_not_ready` → 409,
+/// `version_exists` / `rewind` / `conflict` → 409 of that name,
 /// `engine_unavailable` / `no_run_claimed` / `activation_failed` → 503,
 /// `drain_timeout` → 503 `DrainTimeout`, anything else → 500 `EngineError`.
 http_error http_error_of(const error& e);

@@ -9,6 +9,7 @@
 #include "actors/log.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/publisher.hpp"
+#include "actors/publisher_http.hpp"
 #include "actors/replica.hpp"
 #include "actors/rollout_driver.hpp"
 #include "actors/status.hpp"
@@ -460,6 +461,23 @@ status node::start_serving(const node_settings& settings) {
       return std::move(st).error();
     http_.status = *st;
   }
+  if (publisher_ && !settings.publisher_listen.empty()) {
+    auto at = config::parse_listen_address(settings.publisher_listen);
+    if (!at)
+      return std::move(at).error();
+    publisher_http_options po;
+    po.server = server;
+    // Tensor bytes arrive in requests of up to this size.
+    po.server.body_limit = std::max<size_t>(server.body_limit, size_t{64} << 20);
+    po.server.read_timeout = std::chrono::minutes{2};
+    po.admin_token = settings.admin_token;
+    publisher_front_ =
+      std::make_unique<publisher_http>(sys_, caf::actor_cast<caf::actor>(publisher_), po);
+    auto pb = publisher_front_->listen(at->host, at->port);
+    if (!pb)
+      return std::move(pb).error();
+    http_.publisher = *pb;
+  }
   return {};
 }
 
@@ -510,6 +528,8 @@ void node::stop() {
     f->stop();
   if (status_front_)
     status_front_->stop();
+  if (publisher_front_)
+    publisher_front_->stop();
   replicas_.clear();
   for (auto handle : {caf::actor_cast<caf::actor>(gateway_), caf::actor_cast<caf::actor>(status_)})
     if (handle)

@@ -23,6 +23,7 @@ namespace stitch {
 class replica_http;
 class gateway_http;
 class status_http;
+class publisher_http;
 } // namespace stitch
 
 namespace stitch::node {
@@ -31,6 +32,8 @@ namespace stitch::node {
 struct listening {
   uint16_t gateway = 0;
   uint16_t status = 0;
+  /// 0 when `publisher.listen` is not set.
+  uint16_t publisher = 0;
   std::vector<uint16_t> replicas;
 };
 
@@ -80,6 +83,7 @@ private:
   caf::actor rollout_driver_;
   std::unique_ptr<gateway_http> gateway_front_;
   std::unique_ptr<status_http> status_front_;
+  std::unique_ptr<publisher_http> publisher_front_;
   std::unique_ptr<jobs> jobs_;
   /// The UCX worker this node's replicas fetch and serve peers through
   /// (null: `transfer.peers = "off"` or UCX unavailable).

@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
   if (settings->has_role("status"))
     std::printf("stitch-node: status http://%s:%u (dashboard at /)\n",
                 settings->status_listen.host.c_str(), static_cast<unsigned>(http.status));
+  if (http.publisher != 0)
+    std::printf("stitch-node: publisher http://%s:%u (POST /publish)\n",
+                stitch::config::parse_listen_address(settings->publisher_listen)->host.c_str(),
+                static_cast<unsigned>(http.publisher));
   for (size_t i = 0; i < http.replicas.size(); ++i)
     std::printf("stitch-node: replica-%zu http://%s:%u (model %s)\n", i,
                 settings->replica_listen.host.c_str(), static_cast<unsigned>(http.replicas[i]),

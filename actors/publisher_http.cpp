@@ -1,0 +1,314 @@
+#include "actors/publisher_http.hpp"
+
+#include <caf/all.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <limits>
+#include <map>
+#include <mutex>
+
+#include "actors/publisher_actor.hpp"
+#include "runtime/core/safetensors.hpp"
+#include "runtime/core/token.hpp"
+#include "transport/http_router.hpp"
+
+namespace stitch {
+
+using transport::http_responder;
+using transport::server_response;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+/// Tensors one session may declare.
+constexpr size_t max_tensors = 1'000'000;
+
+server_response refuse(http_failure why, std::string message) {
+  return transport::error_response(why, std::move(message));
+}
+
+server_response failure(caf::actor_system& sys, const caf::error& err) {
+  return transport::response_of(http_error_of(from_caf_error(sys, err)));
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json summary_json(const publisher_http::session_names& args, const publish_summary& s) {
+  json j;
+  j["pool"] = args.pool;
+  j["run_id"] = args.run_id;
+  j["version"] = args.version;
+  j["ref"] =
+    args.run_id.empty() ? json(nullptr) : json(to_string(version_ref{args.run_id, args.version}));
+  j["kind"] = s.kind == version_kind::full ? "anchor" : "delta";
+  j["reason_for_anchor"] = s.reason_for_anchor;
+  j["raw_bytes"] = s.raw_bytes;
+  j["encoded_bytes"] = s.encoded_bytes;
+  j["stored_bytes"] = s.stored_bytes;
+  j["touched"] = s.touched;
+  j["idempotent"] = s.idempotent;
+  j["claimed"] = s.claimed;
+  j["pointer"] = s.pointer ? json(to_string(s.pointer->latest)) : json(nullptr);
+  return j;
+}
+
+/// A session's id from `/publish/<id>[/commit]`, or nullopt.
+std::optional<uint64_t> session_of(std::string_view rest) {
+  uint64_t id = 0;
+  auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), id);
+  if (ec != std::errc{} || end != rest.data() + rest.size() || rest.empty())
+    return std::nullopt;
+  return id;
+}
+
+/// The open request's body as publish arguments and tensor headers, or the
+/// 400 naming what is wrong.
+std::variant<std::pair<publish_args, std::vector<store::tensor_header>>, server_response>
+parse_open(const std::string& body) {
+  auto bad = [](std::string m) { return refuse(http_failure::bad_request, std::move(m)); };
+  auto j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return bad("the body is not a JSON object");
+  publish_args args;
+  if (j.contains("pool")) {
+    if (!j["pool"].is_string() || !transport::valid_pool_name(j["pool"].get<std::string>()))
+      return bad("'pool' must be a pool name ([A-Za-z0-9._-], at most 64)");
+    args.pool = j["pool"].get<std::string>();
+  }
+  if (!j.contains("run_id") || !j["run_id"].is_string() || j["run_id"].get<std::string>().empty())
+    return bad("'run_id' must be a non-empty string");
+  args.run_id = j["run_id"].get<std::string>();
+  if (!j.contains("version") || !j["version"].is_number_unsigned())
+    return bad("'version' must be a non-negative integer");
+  args.version = j["version"].get<uint64_t>();
+  if (j.contains("anchor")) {
+    if (!j["anchor"].is_boolean())
+      return bad("'anchor' must be true or false");
+    args.force_anchor = j["anchor"].get<bool>();
+  }
+  if (!j.contains("tensors") || !j["tensors"].is_array() || j["tensors"].empty())
+    return bad("'tensors' must be a non-empty array of {name, dtype, shape}");
+  if (j["tensors"].size() > max_tensors)
+    return bad("'tensors' lists more than " + std::to_string(max_tensors) + " tensors");
+  std::vector<store::tensor_header> headers;
+  headers.reserve(j["tensors"].size());
+  for (const auto& t : j["tensors"]) {
+    const std::string at = "tensors[" + std::to_string(headers.size()) + "]";
+    if (!t.is_object() || !t.contains("name") || !t["name"].is_string() || !t.contains("dtype")
+        || !t["dtype"].is_string() || !t.contains("shape") || !t["shape"].is_array())
+      return bad(at + " must be {\"name\": string, \"dtype\": string, \"shape\": [int]}");
+    store::tensor_header h;
+    h.name = t["name"].get<std::string>();
+    auto type = safetensors::parse_dtype(t["dtype"].get<std::string>());
+    if (!type)
+      return bad(at + " ('" + h.name + "'): " + type.error().message);
+    h.type = *type;
+    if (t["shape"].size() > safetensors::max_rank)
+      return bad(at + " ('" + h.name + "'): more than " + std::to_string(safetensors::max_rank)
+                 + " dimensions");
+    for (const auto& d : t["shape"]) {
+      if (!d.is_number_unsigned())
+        return bad(at + " ('" + h.name + "'): shape entries must be non-negative integers");
+      h.shape.push_back(d.get<uint64_t>());
+    }
+    auto bytes = safetensors::byte_length(h.type, h.shape);
+    if (!bytes)
+      return bad(at + " ('" + h.name + "'): " + bytes.error().message);
+    h.size = *bytes;
+    if (!headers.empty() && !(headers.back().name < h.name))
+      return bad(at + " ('" + h.name + "'): tensors must be listed in ascending name order, "
+                 + "each once");
+    headers.push_back(std::move(h));
+  }
+  return std::pair{std::move(args), std::move(headers)};
+}
+
+/// Hands `body` to session `id` in pieces of at most `max_chunk_bytes`, one
+/// after the other (the publisher answers each once consumed), then answers.
+void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, std::string body,
+          std::shared_ptr<http_responder> out) {
+  sys.spawn([publisher, id, out = std::move(out),
+             body = std::make_shared<std::string>(std::move(body))](caf::event_based_actor* self) {
+    auto at = std::make_shared<size_t>(0);
+    auto next = std::make_shared<std::function<void()>>();
+    *next = [self, publisher, id, out, body, at, next] {
+      size_t n = std::min<size_t>(max_chunk_bytes, body->size() - *at);
+      std::vector<char> piece(body->data() + *at, body->data() + *at + n);
+      self->request(publisher, std::chrono::minutes{2}, atom::chunk_v, id, std::move(piece))
+        .then(
+          [self, out, body, at, n, next](uint64_t remaining) {
+            *at += n;
+            if (*at < body->size()) {
+              (*next)();
+              return;
+            }
+            json j;
+            j["received"] = body->size();
+            j["remaining"] = remaining;
+            server_response r;
+            r.body = dump(j);
+            out->send(std::move(r));
+            *next = nullptr; // break the cycle
+            self->quit();
+          },
+          [self, out, next](caf::error& err) {
+            out->send(failure(self->system(), err));
+            *next = nullptr;
+            self->quit();
+          });
+    };
+    (*next)();
+  });
+}
+
+} // namespace
+
+publisher_http::publisher_http(caf::actor_system& sys, caf::actor publisher,
+                               publisher_http_options options)
+    : http_surface(sys, std::move(publisher), options.server),
+      admin_token_(std::move(options.admin_token)) {}
+
+publisher_http::~publisher_http() {
+  stop();
+}
+
+void publisher_http::remember(uint64_t session, const publish_args& args) {
+  std::lock_guard lock{mutex_};
+  sessions_[session] = {args.pool, args.run_id, args.version};
+  // Sessions a client opened and never ended expire at the publisher; their
+  // names here are dropped oldest first.
+  while (sessions_.size() > 4096)
+    sessions_.erase(sessions_.begin());
+}
+
+publisher_http::session_names publisher_http::forget(uint64_t session) {
+  std::lock_guard lock{mutex_};
+  auto it = sessions_.find(session);
+  if (it == sessions_.end())
+    return {};
+  auto names = std::move(it->second);
+  sessions_.erase(it);
+  return names;
+}
+
+void publisher_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
+  if (req.path == "/health") {
+    server_response r;
+    r.body = R"({"ok":true})";
+    out->send(std::move(r));
+    return;
+  }
+  if (req.path != "/publish" && !req.path.starts_with("/publish/")) {
+    out->send(refuse(http_failure::not_found,
+                     "the publisher serves /publish, /publish/<session>[/commit] and /health"));
+    return;
+  }
+  std::string token;
+  if (const auto* given = req.header("Authorization"); given && given->starts_with("Bearer "))
+    token = given->substr(7);
+  if (!admin_token_.empty() && !token_matches(admin_token_, token)) {
+    out->send(
+      refuse(http_failure::unauthorized, "publishing needs Authorization: Bearer <admin token>"));
+    return;
+  }
+  auto method_not_allowed = [&](const std::string& allowed) {
+    auto r = refuse(http_failure::method_not_allowed, req.path + " takes " + allowed);
+    r.headers.push_back({"Allow", allowed});
+    out->send(std::move(r));
+  };
+  auto publisher = caf::actor_cast<publisher_actor>(target_);
+  if (req.path == "/publish") {
+    if (req.method != "POST")
+      return method_not_allowed("POST");
+    auto parsed = parse_open(req.body);
+    if (auto* r = std::get_if<server_response>(&parsed)) {
+      out->send(std::move(*r));
+      return;
+    }
+    auto [args, headers] = std::get<0>(std::move(parsed));
+    args.token = token;
+    uint64_t expects = 0;
+    for (const auto& h : headers)
+      expects += h.size;
+    const uint64_t max_request = body_limit();
+    sys_.spawn([this, publisher, args, headers = std::move(headers), expects, max_request,
+                out](caf::event_based_actor* self) mutable {
+      self->request(publisher, std::chrono::seconds{30}, atom::publish_v, args, std::move(headers))
+        .then(
+          [this, self, out, expects, max_request, args](uint64_t session) {
+            remember(session, args);
+            json j;
+            j["session"] = session;
+            j["expects_bytes"] = expects;
+            j["max_request_bytes"] = max_request;
+            server_response r;
+            r.status = 201;
+            r.body = dump(j);
+            out->send(std::move(r));
+            self->quit();
+          },
+          [self, out](caf::error& err) {
+            out->send(failure(self->system(), err));
+            self->quit();
+          });
+    });
+    return;
+  }
+  std::string_view rest{req.path};
+  rest.remove_prefix(std::string_view{"/publish/"}.size());
+  const bool commit = rest.ends_with("/commit");
+  if (commit)
+    rest.remove_suffix(std::string_view{"/commit"}.size());
+  auto id = session_of(rest);
+  if (!id) {
+    out->send(refuse(http_failure::not_found, "no publish session named '" + std::string{rest}
+                                                + "' (sessions are numbers)"));
+    return;
+  }
+  if (commit) {
+    if (req.method != "POST")
+      return method_not_allowed("POST");
+    auto args = forget(*id);
+    sys_.spawn([publisher, id = *id, args, out](caf::event_based_actor* self) {
+      self->request(publisher, std::chrono::minutes{30}, atom::finish_v, id)
+        .then(
+          [self, out, args](publish_summary& s) {
+            server_response r;
+            r.body = dump(summary_json(args, s));
+            out->send(std::move(r));
+            self->quit();
+          },
+          [self, out](caf::error& err) {
+            out->send(failure(self->system(), err));
+            self->quit();
+          });
+    });
+    return;
+  }
+  if (req.method == "PUT") {
+    if (req.body.empty()) {
+      out->send(refuse(http_failure::bad_request, "a PUT carries the session's next bytes"));
+      return;
+    }
+    feed(sys_, target_, *id, std::move(req.body), std::move(out));
+    return;
+  }
+  if (req.method == "DELETE") {
+    forget(*id);
+    caf::anon_send(publisher, atom::abort_v, *id);
+    json j;
+    j["session"] = *id;
+    j["aborted"] = true;
+    server_response r;
+    r.body = dump(j);
+    out->send(std::move(r));
+    return;
+  }
+  method_not_allowed("PUT, DELETE");
+}
+
+} // namespace stitch

@@ -1,0 +1,66 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "actors/http_front.hpp"
+#include "actors/publisher_actor.hpp"
+
+namespace stitch {
+
+struct publisher_http_options {
+  transport::http_server_options server;
+  /// When set, every request must carry `Authorization: Bearer <token>`.
+  std::string admin_token;
+};
+
+/// The publisher's HTTP surface (DESIGN §5 "Publisher", `publisher.listen`):
+/// a publish session over HTTP, for trainers that are not CAF clients.
+///
+///   POST   /publish                 {"pool", "run_id", "version", "anchor",
+///                                    "tensors": [{"name", "dtype", "shape"}]}
+///                                   → 201 {"session", "expects_bytes",
+///                                          "max_request_bytes"}
+///   PUT    /publish/<id>            the next bytes of the tensors, in the
+///                                   order listed, as they lie in a
+///                                   safetensors file (at most
+///                                   `max_request_bytes` per request)
+///                                   → {"received", "remaining"}
+///   POST   /publish/<id>/commit     → what was published (version ref, anchor
+///                                   or delta, bytes, touched tensors)
+///   DELETE /publish/<id>            → nothing of it becomes visible
+///   GET    /health
+///
+/// The same rules as `stitch publish` (claim, idempotent re-publish,
+/// `VersionExists`, rewind refused, durable before visible); each PUT is
+/// answered once the publisher consumed its bytes (back-pressure, bounded
+/// memory per session); a session silent for the publisher's idle timeout is
+/// dropped and leaves nothing visible. Every refusal is a JSON error naming
+/// the problem.
+class publisher_http final : public http_surface {
+public:
+  publisher_http(caf::actor_system& sys, caf::actor publisher, publisher_http_options options);
+  ~publisher_http() override;
+
+  /// What a session publishes, for its commit's answer.
+  struct session_names {
+    std::string pool;
+    std::string run_id;
+    uint64_t version = 0;
+  };
+
+private:
+  void handle(transport::server_request req,
+              std::shared_ptr<transport::http_responder> out) override;
+  void remember(uint64_t session, const publish_args& args);
+  session_names forget(uint64_t session);
+
+  std::string admin_token_;
+  std::mutex mutex_;
+  std::map<uint64_t, session_names> sessions_;
+};
+
+} // namespace stitch
