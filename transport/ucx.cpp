@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -47,6 +49,19 @@ bool get_u64(std::span<const std::byte>& in, uint64_t& v) {
   return true;
 }
 
+/// UCX logs to stdout by default, where a CLI prints its answer (`--json`):
+/// its messages (an endpoint no transport can make, say) go to stderr.
+ucs_log_func_rc_t log_to_stderr(const char* file, unsigned line, const char*,
+                                ucs_log_level_t level, const ucs_log_component_config_t*,
+                                const char* message, va_list ap) {
+  char text[1024];
+  std::vsnprintf(text, sizeof text, message, ap);
+  const char* base = std::strrchr(file, '/');
+  std::fprintf(stderr, "ucx %s (%s:%u): %s\n", ucs_log_level_names[level], base ? base + 1 : file,
+               line, text);
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
 } // namespace
 
 // -- context ------------------------------------------------------------------
@@ -60,6 +75,8 @@ struct context::impl {
 };
 
 result<std::shared_ptr<context>> context::create(const context_options& opts) {
+  static std::once_flag logging;
+  std::call_once(logging, [] { ucs_log_push_handler(log_to_stderr); });
   ucp_config_t* config = nullptr;
   if (auto st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK)
     return ucx_error("reading the configuration", st);

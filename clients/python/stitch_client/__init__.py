@@ -1,0 +1,533 @@
+"""Stitch from Python: publish a trainer's weights, request versioned rollouts.
+
+Only the standard library is needed; NumPy arrays and PyTorch tensors are
+published as they are when those libraries are installed::
+
+    from stitch_client import Client
+
+    client = Client(publisher="http://127.0.0.1:8082", gateway="http://127.0.0.1:8080")
+    client.publish(model.state_dict(), run="exp-1", version=step)
+    client.wait_until_serving(step)
+    answer = client.generate("2 + 3 =", min_version=step - 2)
+    answer["meta_info"]["weight_version_start"]
+
+Every error the server answers is raised as :class:`StitchError`, carrying
+the server's JSON (its ``type``, ``message``, ``retryable``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import struct
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+__all__ = ["Client", "PublishSession", "StitchError", "TensorBytes"]
+
+#: Bytes sent per PUT of a publish session (the publisher bounds it too).
+DEFAULT_CHUNK_BYTES = 16 << 20
+
+
+class StitchError(Exception):
+    """An error answer of a Stitch HTTP surface.
+
+    ``status`` is the HTTP status, ``body`` the parsed JSON answer (or None),
+    ``type`` and ``retryable`` come from it (DESIGN §5 error shape).
+    """
+
+    def __init__(self, status: int, body: Any, message: Optional[str] = None):
+        self.status = status
+        self.body = body
+        err = body if isinstance(body, dict) else {}
+        self.type: str = str(err.get("type", "HTTPError"))
+        self.retryable: bool = bool(err.get("retryable", False))
+        text = message or str(err.get("message", body))
+        super().__init__(f"{status} {self.type}: {text}")
+
+
+@dataclass
+class TensorBytes:
+    """A tensor given as its safetensors dtype name (``"F32"``, ``"BF16"``,
+    ...), shape and raw little-endian bytes (any bytes-like object)."""
+
+    dtype: str
+    shape: Sequence[int]
+    data: Any
+
+
+# -- tensors ------------------------------------------------------------------
+
+_TORCH_DTYPES = {
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float64": "F64",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+}
+
+_NUMPY_DTYPES = {
+    "<f4": "F32",
+    "<f2": "F16",
+    "<f8": "F64",
+    "<i8": "I64",
+    "<i4": "I32",
+    "<i2": "I16",
+    "|i1": "I8",
+    "|u1": "U8",
+    "<u2": "U16",
+    "<u4": "U32",
+    "<u8": "U64",
+    "|b1": "BOOL",
+}
+
+
+def _as_tensor(name: str, value: Any) -> Tuple[str, List[int], memoryview]:
+    """(dtype, shape, bytes) of one tensor, without copying it when it is
+    contiguous already."""
+    if isinstance(value, TensorBytes):
+        return value.dtype, [int(d) for d in value.shape], memoryview(value.data).cast("B")
+    module = type(value).__module__
+    if module.startswith("torch"):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        key = str(t.dtype).replace("torch.", "")
+        if key not in _TORCH_DTYPES:
+            raise ValueError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
+        shape = list(t.shape)
+        import torch  # present: `value` is one of its tensors
+
+        flat = t.reshape(-1)
+        raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+        return _TORCH_DTYPES[key], shape, memoryview(raw.numpy()).cast("B")
+    if module.startswith("numpy"):
+        import numpy as np
+
+        a = np.ascontiguousarray(value)
+        key = a.dtype.str
+        if key not in _NUMPY_DTYPES:
+            raise ValueError(f"tensor {name!r}: dtype {a.dtype} has no safetensors name")
+        return _NUMPY_DTYPES[key], list(a.shape), memoryview(a.reshape(-1).view(np.uint8))
+    raise TypeError(
+        f"tensor {name!r}: expected a torch.Tensor, a numpy array or TensorBytes, "
+        f"not {type(value).__name__}"
+    )
+
+
+@dataclass
+class _Source:
+    """One tensor to publish: its header and how to read its bytes."""
+
+    name: str
+    dtype: str
+    shape: List[int]
+    size: int
+    view: Optional[memoryview] = None
+    path: Optional[str] = None
+    offset: int = 0
+
+    def pieces(self, most: int) -> Iterator[memoryview]:
+        if self.view is not None:
+            for at in range(0, self.size, most):
+                yield self.view[at : at + most]
+            return
+        assert self.path is not None
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            left = self.size
+            while left > 0:
+                chunk = f.read(min(most, left))
+                if not chunk:
+                    raise ValueError(f"{self.path}: tensor {self.name!r} is cut short")
+                left -= len(chunk)
+                yield memoryview(chunk)
+
+
+def _safetensors_dir(path: str) -> List[_Source]:
+    """The tensors of every ``*.safetensors`` file of a directory."""
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no .safetensors files")
+    out: Dict[str, _Source] = {}
+    for f in files:
+        full = os.path.join(path, f)
+        with open(full, "rb") as fh:
+            head = fh.read(8)
+            if len(head) != 8:
+                raise ValueError(f"{full}: too short for a safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            if n > 100_000_000:
+                raise ValueError(f"{full}: header of {n} bytes is over the spec's limit")
+            header = json.loads(fh.read(n))
+        base = 8 + n
+        for name, spec in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = spec["data_offsets"]
+            if name in out:
+                raise ValueError(f"{path}: tensor {name!r} is in two files")
+            out[name] = _Source(
+                name, spec["dtype"], list(spec["shape"]), end - begin, path=full, offset=base + begin
+            )
+    return [out[k] for k in sorted(out)]
+
+
+def _sources(weights: Union[str, os.PathLike, Mapping[str, Any]]) -> List[_Source]:
+    if isinstance(weights, (str, os.PathLike)):
+        return _safetensors_dir(os.fspath(weights))
+    out = []
+    for name in sorted(weights):
+        dtype, shape, view = _as_tensor(name, weights[name])
+        out.append(_Source(name, dtype, shape, len(view), view=view))
+    return out
+
+
+# -- HTTP ---------------------------------------------------------------------
+
+
+class _Endpoint:
+    def __init__(self, url: str, token: Optional[str], timeout: float):
+        u = urllib.parse.urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"{url!r} is not an http(s) URL")
+        self.https = u.scheme == "https"
+        self.host = u.hostname
+        self.port = u.port or (443 if self.https else 80)
+        self.prefix = u.path.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self._conn: Optional[http.client.HTTPConnection] = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            self._conn = cls(self.host, self.port, timeout=self.timeout)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> Tuple[int, Dict[str, str], Any]:
+        """One request; answers (status, headers, parsed JSON or text)."""
+        h = dict(headers or {})
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+            h.setdefault("Content-Type", "application/json")
+        elif body is not None:
+            h.setdefault("Content-Type", "application/octet-stream")
+        for attempt in (0, 1):
+            conn = self._connection()
+            try:
+                conn.request(method, self.prefix + path, body=body, headers=h)
+                r = conn.getresponse()
+                data = r.read()
+                break
+            except (ConnectionError, http.client.HTTPException):
+                # A kept-alive connection the server closed: once more, fresh.
+                self.close()
+                if attempt == 1:
+                    raise
+        answer_headers = {k.lower(): v for k, v in r.getheaders()}
+        if r.getheader("Connection", "").lower() == "close":
+            self.close()
+        try:
+            parsed: Any = json.loads(data) if data else None
+        except ValueError:
+            parsed = data.decode("utf-8", "replace")
+        return r.status, answer_headers, parsed
+
+    def json(self, method: str, path: str, body: Any = None, headers=None) -> Any:
+        status, _, parsed = self.call(method, path, body, headers)
+        if status >= 400:
+            raise StitchError(status, parsed)
+        return parsed
+
+
+# -- publishing ---------------------------------------------------------------
+
+
+class PublishSession:
+    """An open publish session: write the listed tensors' bytes in order,
+    then :meth:`commit` (or :meth:`abort`). Use as a context manager to abort
+    on an exception."""
+
+    def __init__(self, endpoint: _Endpoint, opened: Dict[str, Any], chunk_bytes: int):
+        self._ep = endpoint
+        self.id: int = int(opened["session"])
+        self.expects_bytes: int = int(opened["expects_bytes"])
+        self.chunk_bytes = max(1, min(chunk_bytes, int(opened.get("max_request_bytes", chunk_bytes))))
+        self._buffer = bytearray()
+        self.sent = 0
+        self.done = False
+
+    def write(self, data: Any) -> None:
+        """Queues the next bytes; sends a request whenever a chunk is full."""
+        view = memoryview(data).cast("B")
+        while len(view) > 0:
+            room = self.chunk_bytes - len(self._buffer)
+            if not self._buffer and len(view) >= self.chunk_bytes:
+                self._put(view[: self.chunk_bytes])  # no copy for whole chunks
+                view = view[self.chunk_bytes :]
+                continue
+            self._buffer += view[:room]
+            view = view[room:]
+            if len(self._buffer) == self.chunk_bytes:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer:
+            self._put(memoryview(self._buffer))
+            self._buffer = bytearray()
+
+    def _put(self, piece: memoryview) -> None:
+        self._ep.json("PUT", f"/publish/{self.id}", bytes(piece) if piece.readonly else piece)
+        self.sent += len(piece)
+
+    def commit(self) -> Dict[str, Any]:
+        """Sends what is queued and publishes: answers the version's ref,
+        ``kind`` (anchor or delta), bytes and touched tensors."""
+        self._flush()
+        answer = self._ep.json("POST", f"/publish/{self.id}/commit")
+        self.done = True
+        return answer
+
+    def abort(self) -> None:
+        """Gives the session up: nothing of it becomes visible."""
+        if not self.done:
+            self.done = True
+            try:
+                self._ep.call("DELETE", f"/publish/{self.id}")
+            except OSError:
+                pass
+
+    def __enter__(self) -> "PublishSession":
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if value is not None:
+            self.abort()
+
+
+# -- the client ---------------------------------------------------------------
+
+
+class Client:
+    """One Stitch deployment: its publisher (for trainers) and its gateway
+    (for rollout workers). ``token`` is the admin token, when the nodes
+    require one."""
+
+    def __init__(
+        self,
+        publisher: Optional[str] = None,
+        gateway: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: float = 300.0,
+    ):
+        self._publisher = _Endpoint(publisher, token, timeout) if publisher else None
+        self._gateway = _Endpoint(gateway, token, timeout) if gateway else None
+
+    def close(self) -> None:
+        for e in (self._publisher, self._gateway):
+            if e:
+                e.close()
+
+    def _pub(self) -> _Endpoint:
+        if not self._publisher:
+            raise ValueError("this client has no publisher URL")
+        return self._publisher
+
+    def _gw(self) -> _Endpoint:
+        if not self._gateway:
+            raise ValueError("this client has no gateway URL")
+        return self._gateway
+
+    # publishing
+
+    def open_session(
+        self,
+        tensors: Sequence[Tuple[str, str, Sequence[int]]],
+        run: str,
+        version: int,
+        pool: str = "default",
+        anchor: bool = False,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> PublishSession:
+        """Opens a publish session for ``tensors`` — (name, dtype, shape)
+        in ascending name order — whose bytes follow with
+        :meth:`PublishSession.write`."""
+        body = {
+            "pool": pool,
+            "run_id": run,
+            "version": int(version),
+            "anchor": bool(anchor),
+            "tensors": [{"name": n, "dtype": d, "shape": [int(x) for x in s]} for n, d, s in tensors],
+        }
+        return PublishSession(self._pub(), self._pub().json("POST", "/publish", body), chunk_bytes)
+
+    def publish(
+        self,
+        weights: Union[str, os.PathLike, Mapping[str, Any]],
+        run: str,
+        version: int,
+        pool: str = "default",
+        anchor: bool = False,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> Dict[str, Any]:
+        """Publishes ``weights`` — a state dict (torch tensors, numpy arrays
+        or :class:`TensorBytes`) or a directory of ``.safetensors`` files —
+        as ``version`` of ``run``. Streams each tensor's bytes in pieces of
+        ``chunk_bytes``; never builds one large buffer. Answers what was
+        published (``ref``, ``kind``, ``stored_bytes``, ``touched``, ...)."""
+        sources = _sources(weights)
+        session = self.open_session(
+            [(s.name, s.dtype, s.shape) for s in sources], run, version, pool, anchor, chunk_bytes
+        )
+        with session:
+            for s in sources:
+                for piece in s.pieces(session.chunk_bytes):
+                    session.write(piece)
+            return session.commit()
+
+    # rollouts
+
+    def _versioned(
+        self,
+        route: str,
+        body: Dict[str, Any],
+        min_version: Optional[int],
+        exact_version: Optional[int],
+        retry_budget: float,
+        session_id: Optional[str],
+        pool: Optional[str],
+    ) -> Dict[str, Any]:
+        body = dict(body)
+        if min_version is not None or exact_version is not None:
+            body["weight_version"] = {"min_version": min_version, "exact_version": exact_version}
+        headers = {}
+        if session_id:
+            headers["X-Session-Id"] = session_id
+        if pool:
+            headers["X-Stitch-Pool"] = pool
+        deadline = time.monotonic() + retry_budget
+        while True:
+            status, h, answer = self._gw().call("POST", route, body, headers)
+            if status < 400:
+                if isinstance(answer, dict) and "x-stitch-replica" in h:
+                    answer.setdefault("stitch_replica", h["x-stitch-replica"])
+                return answer
+            err = StitchError(status, answer)
+            if status not in (409, 503) or not err.retryable:
+                raise err
+            wait = float(h.get("retry-after", "1") or 1)
+            if time.monotonic() + wait > deadline:
+                raise err
+            time.sleep(wait)
+
+    def generate(
+        self,
+        text: Optional[str] = None,
+        input_ids: Optional[List[int]] = None,
+        sampling_params: Optional[Dict[str, Any]] = None,
+        min_version: Optional[int] = None,
+        exact_version: Optional[int] = None,
+        retry_budget: float = 60.0,
+        session_id: Optional[str] = None,
+        pool: Optional[str] = None,
+        **extra: Any,
+    ) -> Dict[str, Any]:
+        """SGLang-native ``/generate`` under a version constraint; retryable
+        409s and 503s are retried (honoring ``Retry-After``) within
+        ``retry_budget`` seconds. The answer's ``meta_info`` carries the
+        stamps (``weight_version_start`` / ``_end``)."""
+        body: Dict[str, Any] = dict(extra)
+        if text is not None:
+            body["text"] = text
+        if input_ids is not None:
+            body["input_ids"] = input_ids
+        if sampling_params is not None:
+            body["sampling_params"] = sampling_params
+        return self._versioned(
+            "/generate", body, min_version, exact_version, retry_budget, session_id, pool
+        )
+
+    def chat(
+        self,
+        messages: List[Dict[str, Any]],
+        min_version: Optional[int] = None,
+        exact_version: Optional[int] = None,
+        retry_budget: float = 60.0,
+        session_id: Optional[str] = None,
+        pool: Optional[str] = None,
+        **extra: Any,
+    ) -> Dict[str, Any]:
+        """OpenAI ``/v1/chat/completions`` under a version constraint; the
+        stamps are top-level ``weight_version_start`` / ``_end``."""
+        body: Dict[str, Any] = dict(extra)
+        body["messages"] = messages
+        return self._versioned(
+            "/v1/chat/completions", body, min_version, exact_version, retry_budget, session_id, pool
+        )
+
+    # the pool
+
+    def status(self, pool: Optional[str] = None) -> Dict[str, Any]:
+        """The gateway's ``/pool``: every replica's server_info and a summary."""
+        headers = {"X-Stitch-Pool": pool} if pool else None
+        return self._gw().json("GET", "/pool", headers=headers)
+
+    def wait_until_serving(
+        self,
+        version: int,
+        replicas: Optional[int] = None,
+        run: Optional[str] = None,
+        timeout: float = 300.0,
+        pool: Optional[str] = None,
+        poll: float = 0.2,
+    ) -> Dict[str, Any]:
+        """Waits until ``replicas`` ready replicas (default: every replica of
+        the pool, at least one) serve ``version`` or newer (of ``run``, when
+        given). Answers the pool's view; raises TimeoutError."""
+        deadline = time.monotonic() + timeout
+        view: Dict[str, Any] = {}
+        while True:
+            view = self.status(pool)
+            infos = view.get("replicas", [])
+            serving = [
+                r
+                for r in infos
+                if r.get("ready")
+                and isinstance(r.get("applied_version"), int)
+                and r["applied_version"] >= version
+                and (run is None or r.get("run_id") == run)
+            ]
+            want = replicas if replicas is not None else max(1, len(infos))
+            if len(serving) >= want:
+                return view
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"{len(serving)} of {want} replica(s) serve version {version} or newer "
+                    f"after {timeout} s"
+                )
+            time.sleep(poll)

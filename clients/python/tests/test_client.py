@@ -1,0 +1,228 @@
+"""The Python client against a real stitch-node: publish over HTTP (a
+directory, a state dict, deltas), the publish rules (idempotent re-publish,
+VersionExists, rewind, abort, malformed tensors, the admin token), and
+constrained rollouts through the gateway (stamps, retried 409s).
+
+Run: PYTHONPATH=clients/python STITCH_BIN_DIR=build/bin python3 -m unittest discover clients/python/tests
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+import unittest
+
+from stitch_client import Client, StitchError, TensorBytes
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.environ.get("STITCH_BIN_DIR", os.path.join(HERE, "..", "..", "..", "build", "bin"))
+
+
+class Node:
+    """An all-in-one stitch-node on free ports, its publisher HTTP surface on."""
+
+    def __init__(self, root: str, *sets: str):
+        self.dir = root
+        os.makedirs(root, exist_ok=True)
+        self.log_path = os.path.join(root, "node.log")
+        args = [os.path.join(BIN, "stitch-node"), "--data-dir", os.path.join(root, "data")]
+        for s in (
+            "coordinator.listen=127.0.0.1:0",
+            "gateway.listen=127.0.0.1:0",
+            "status.listen=127.0.0.1:0",
+            "replica.listen=127.0.0.1:0",
+            "publisher.listen=127.0.0.1:0",
+            "replica.backstop=1",
+            "model.preset=tiny",
+        ) + sets:
+            args += ["--set", s]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        text = ""
+        while time.monotonic() < deadline:
+            text = open(self.log_path).read()
+            pub = re.search(r"publisher http://127\.0\.0\.1:(\d+)", text)
+            gw = re.search(r"gateway http://127\.0\.0\.1:(\d+)", text)
+            if pub and gw:
+                self.publisher = f"http://127.0.0.1:{pub.group(1)}"
+                self.gateway = f"http://127.0.0.1:{gw.group(1)}"
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("stitch-node did not start:\n" + text)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def init_model(out: str, seed: int) -> None:
+    subprocess.run(
+        [os.path.join(BIN, "stitch"), "init-model", "--preset", "tiny", "--seed", str(seed), "--out", out],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def read_safetensors(path: str):
+    """Every tensor of the directory's safetensors files as TensorBytes."""
+    out = {}
+    for f in sorted(os.listdir(path)):
+        if not f.endswith(".safetensors"):
+            continue
+        with open(os.path.join(path, f), "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+            data = fh.read()
+        for name, spec in header.items():
+            if name == "__metadata__":
+                continue
+            b, e = spec["data_offsets"]
+            out[name] = TensorBytes(spec["dtype"], spec["shape"], bytearray(data[b:e]))
+    return out
+
+
+class PublishAndRollouts(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="stitch-client-test-")
+        cls.node = Node(os.path.join(cls.tmp, "node"))
+        cls.client = Client(publisher=cls.node.publisher, gateway=cls.node.gateway)
+        cls.boot = os.path.join(cls.tmp, "boot")
+        init_model(cls.boot, 5)
+        first = cls.client.publish(cls.boot, run="r", version=0)
+        assert first["kind"] == "anchor" and first["claimed"], first
+        cls.client.wait_until_serving(0, timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.node.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_a_generation_carries_its_stamps_and_an_unmet_constraint_is_a_409(self):
+        answer = self.client.generate(
+            "hello", sampling_params={"max_new_tokens": 4, "temperature": 0}, min_version=0
+        )
+        self.assertEqual(answer["meta_info"]["weight_version_start"], 0)
+        self.assertEqual(answer["meta_info"]["weight_version_end"], 0)
+        self.assertIn("stitch_replica", answer)
+        chat = self.client.chat([{"role": "user", "content": "hi"}], exact_version=0, max_tokens=3)
+        self.assertEqual(chat["weight_version_start"], 0)
+        started = time.monotonic()
+        with self.assertRaises(StitchError) as caught:
+            self.client.generate("hello", min_version=99, retry_budget=1.5)
+        # Retried (Retry-After: 1) within the budget, then raised.
+        self.assertGreaterEqual(time.monotonic() - started, 0.9)
+        self.assertEqual(caught.exception.status, 409)
+        self.assertEqual(caught.exception.type, "WeightVersionNotReady")
+        self.assertTrue(caught.exception.retryable)
+        self.assertEqual(caught.exception.body["target_version"], 99)
+
+    def test_republishing_the_same_bytes_is_idempotent_and_other_bytes_are_refused(self):
+        again = self.client.publish(self.boot, run="r", version=0)
+        self.assertTrue(again["idempotent"])
+        other = os.path.join(self.tmp, "other")
+        init_model(other, 6)
+        with self.assertRaises(StitchError) as caught:
+            self.client.publish(other, run="r", version=0)
+        self.assertEqual(caught.exception.status, 409)
+        self.assertEqual(caught.exception.type, "VersionExists")
+
+    def test_a_state_dict_publishes_as_a_delta_that_replicas_serve(self):
+        weights = read_safetensors(self.boot)
+        name = sorted(weights)[0]
+        first = weights[name].data
+        first[0:4] = bytes((b ^ 0x40) for b in first[0:4])
+        done = self.client.publish(weights, run="r", version=1)
+        self.assertEqual(done["kind"], "delta")
+        self.assertEqual(done["touched"], [name])
+        self.assertEqual(done["ref"], "r/weight_v000001")
+        self.client.wait_until_serving(1, run="r", timeout=60)
+        answer = self.client.generate("hello", sampling_params={"max_new_tokens": 2}, exact_version=1)
+        self.assertEqual(answer["meta_info"]["weight_version_start"], 1)
+        # Below the run's newest version: refused (a rewind).
+        weights[name].data[8:12] = b"\x00\x01\x02\x03"
+        self.client.publish(weights, run="r", version=3)
+        with self.assertRaises(StitchError) as caught:
+            self.client.publish(weights, run="r", version=2)
+        self.assertEqual(caught.exception.status, 409)
+        self.assertEqual(caught.exception.type, "Rewind")
+
+    def test_an_aborted_session_leaves_nothing_and_its_version_stays_free(self):
+        weights = read_safetensors(self.boot)
+        names = sorted(weights)
+        listing = [(n, weights[n].dtype, weights[n].shape) for n in names]
+        session = self.client.open_session(listing, run="aborted", version=0, pool="scratch")
+        session.write(weights[names[0]].data)
+        session.abort()
+        view = self.client.status(pool="scratch")
+        self.assertEqual(view["replicas"], [])
+        # The same version publishes afterwards: nothing of the aborted one stayed.
+        done = self.client.publish(weights, run="aborted", version=0, pool="scratch")
+        self.assertFalse(done["idempotent"])
+        self.assertTrue(done["claimed"])
+
+    def test_malformed_tensors_are_refused_naming_the_problem(self):
+        with self.assertRaises(StitchError) as caught:
+            self.client.open_session([("a", "F33", [2])], run="bad", version=0)
+        self.assertEqual(caught.exception.status, 400)
+        self.assertIn("F33", str(caught.exception))
+        with self.assertRaises(StitchError) as caught:
+            self.client.open_session([("b", "F32", [1]), ("a", "F32", [1])], run="bad", version=0)
+        self.assertIn("ascending name order", str(caught.exception))
+        with self.assertRaises(StitchError) as caught:
+            self.client.open_session([("a", "F32", [2**62, 2**62])], run="bad", version=0)
+        self.assertEqual(caught.exception.status, 400)
+        # More bytes than the tensors listed.
+        session = self.client.open_session([("a", "F32", [2])], run="bad", version=0)
+        with self.assertRaises(StitchError) as caught:
+            session.write(b"\x00" * 12)
+            session.commit()
+        self.assertEqual(caught.exception.status, 400)
+        session.abort()
+        # A bad request is JSON naming the field.
+        with self.assertRaises(StitchError) as caught:
+            self.client._pub().json("POST", "/publish", {"run_id": "x", "version": -1, "tensors": []})
+        self.assertIn("'version'", str(caught.exception))
+
+
+class AdminToken(unittest.TestCase):
+    def test_publishing_needs_the_admin_token(self):
+        tmp = tempfile.mkdtemp(prefix="stitch-client-token-")
+        node = Node(os.path.join(tmp, "node"), "admin.token=s3cret")
+        try:
+            boot = os.path.join(tmp, "boot")
+            init_model(boot, 5)
+            for token in (None, "wrong"):
+                c = Client(publisher=node.publisher, token=token)
+                with self.assertRaises(StitchError) as caught:
+                    c.publish(boot, run="r", version=0)
+                self.assertEqual(caught.exception.status, 401)
+                c.close()
+            good = Client(publisher=node.publisher, token="s3cret")
+            self.assertEqual(good.publish(boot, run="r", version=0)["kind"], "anchor")
+            good.close()
+        finally:
+            node.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
