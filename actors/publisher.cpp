@@ -350,12 +350,16 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       });
       queue_of(self, args.pool).post([impl, args, stream, slot, handle, job] {
         auto report = impl->publish(to_request(args), *stream);
-        if (report)
+        // Bytes still queued for a publish that ended are dropped; bytes
+        // that arrive later are refused with why it ended.
+        error why{errc::invalid_argument, "the publish already ended"};
+        if (report) {
           slot->emplace(summarize(*report));
-        else
+        } else {
+          why = report.error();
           slot->emplace(std::move(report).error());
-        // Bytes still queued for a publish that ended are dropped.
-        stream->close(error{errc::invalid_argument, "the publish already ended"});
+        }
+        stream->close(std::move(why));
         caf::anon_send(handle, atom::done_v, job);
       });
       return id;

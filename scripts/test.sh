@@ -65,3 +65,16 @@ STITCH_S3_ENDPOINT=$(scripts/s3-test-server.sh start)
 export STITCH_S3_ENDPOINT
 trap 'scripts/s3-test-server.sh stop >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 ctest --preset default -j "$jobs" --timeout 600
+
+step "Python client: installed offline into a venv, tested against a real stitch-node"
+# Debian's python3 (with python3-venv, -setuptools, -wheel), whatever else is on PATH.
+/usr/bin/python3 -m venv --system-site-packages "$work/venv"
+"$work/venv/bin/python" -m pip install -q --no-build-isolation --no-index ./clients/python
+rm -rf clients/python/build clients/python/*.egg-info
+if STITCH_BIN_DIR=build/bin \
+    "$work/venv/bin/python" -m unittest discover -s clients/python/tests -v >"$work/python.log" 2>&1; then
+  grep -E '^(Ran|OK)' "$work/python.log"
+else
+  cat "$work/python.log"
+  exit 1
+fi

@@ -51,9 +51,9 @@ bool get_u64(std::span<const std::byte>& in, uint64_t& v) {
 
 /// UCX logs to stdout by default, where a CLI prints its answer (`--json`):
 /// its messages (an endpoint no transport can make, say) go to stderr.
-ucs_log_func_rc_t log_to_stderr(const char* file, unsigned line, const char*,
-                                ucs_log_level_t level, const ucs_log_component_config_t*,
-                                const char* message, va_list ap) {
+ucs_log_func_rc_t log_to_stderr(const char* file, unsigned line, const char*, ucs_log_level_t level,
+                                const ucs_log_component_config_t*, const char* message,
+                                va_list ap) {
   char text[1024];
   std::vsnprintf(text, sizeof text, message, ap);
   const char* base = std::strrchr(file, '/');

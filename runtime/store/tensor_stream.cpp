@@ -98,7 +98,7 @@ status fed_stream::push(std::vector<char> bytes, std::function<void()> consumed)
   {
     std::lock_guard guard{mutex_};
     if (closed_)
-      return make_error(errc::invalid_argument, "the stream was closed");
+      return why_ ? *why_ : make_error(errc::invalid_argument, "the stream was closed");
     if (bytes.size() > total_ - pushed_)
       return make_error(errc::invalid_argument,
                         "more bytes than the tensors declare (" + std::to_string(total_) + ")");

@@ -48,7 +48,8 @@ class Node:
         deadline = time.monotonic() + 30
         text = ""
         while time.monotonic() < deadline:
-            text = open(self.log_path).read()
+            with open(self.log_path) as f:
+                text = f.read()
             pub = re.search(r"publisher http://127\.0\.0\.1:(\d+)", text)
             gw = re.search(r"gateway http://127\.0\.0\.1:(\d+)", text)
             if pub and gw:
@@ -136,12 +137,14 @@ class PublishAndRollouts(unittest.TestCase):
         self.assertEqual(caught.exception.body["target_version"], 99)
 
     def test_republishing_the_same_bytes_is_idempotent_and_other_bytes_are_refused(self):
-        again = self.client.publish(self.boot, run="r", version=0)
+        first = self.client.publish(self.boot, run="r", version=0, pool="idem")
+        self.assertFalse(first["idempotent"])
+        again = self.client.publish(self.boot, run="r", version=0, pool="idem")
         self.assertTrue(again["idempotent"])
         other = os.path.join(self.tmp, "other")
         init_model(other, 6)
         with self.assertRaises(StitchError) as caught:
-            self.client.publish(other, run="r", version=0)
+            self.client.publish(other, run="r", version=0, pool="idem")
         self.assertEqual(caught.exception.status, 409)
         self.assertEqual(caught.exception.type, "VersionExists")
 
@@ -162,7 +165,7 @@ class PublishAndRollouts(unittest.TestCase):
         self.client.publish(weights, run="r", version=3)
         with self.assertRaises(StitchError) as caught:
             self.client.publish(weights, run="r", version=2)
-        self.assertEqual(caught.exception.status, 409)
+        self.assertEqual(caught.exception.status, 409, str(caught.exception))
         self.assertEqual(caught.exception.type, "Rewind")
 
     def test_an_aborted_session_leaves_nothing_and_its_version_stays_free(self):
