@@ -153,6 +153,7 @@ const std::vector<entry>& schema() {
                    c.publisher_memory_limit = static_cast<uint64_t>(v.number);
                  },
                  [](const node_config& c) { return std::to_string(c.publisher_memory_limit); }});
+    text("publisher.listen", &node_config::publisher_listen);
     e.push_back(
       {"io.buffer_bytes",
        kind::integer,
@@ -182,7 +183,6 @@ const std::vector<entry>& schema() {
                    return out + "]";
                  }});
     listen("status.listen", &node_config::status_listen);
-    text("publisher.listen", &node_config::publisher_listen);
     e.push_back(
       {"http.body_limit",
        kind::integer,
