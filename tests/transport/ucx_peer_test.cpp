@@ -620,7 +620,11 @@ TEST_P(one_gigabyte, two_processes_move_a_1_gb_version_bit_exact) {
   ::close(fds[0]);
   auto wr = start_worker(tls);
   std::vector<offer> sources{o};
-  auto report = fetch(*wr, ref, sources, targets);
+  // Deadlines no loaded CI machine reaches: this test is about the bytes.
+  fetch_options fo;
+  fo.deadline = 10min;
+  fo.read.deadline = 2min;
+  auto report = fetch(*wr, ref, sources, targets, fo);
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
   EXPECT_TRUE(report.complete()) << problems_of(report);
