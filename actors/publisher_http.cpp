@@ -128,35 +128,31 @@ parse_open(const std::string& body) {
 }
 
 /// Hands `body` to session `id` in pieces of at most `max_chunk_bytes`, one
-/// after the other (the publisher answers each once consumed), then answers.
+/// after the other (the publisher answers each once consumed); `done` runs
+/// with nothing, or the error that stopped it, once all are consumed.
 void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, std::string body,
-          std::shared_ptr<http_responder> out) {
-  sys.spawn([publisher, id, out = std::move(out),
+          std::function<void(std::optional<server_response>)> done) {
+  sys.spawn([publisher, id, done = std::move(done),
              body = std::make_shared<std::string>(std::move(body))](caf::event_based_actor* self) {
     auto at = std::make_shared<size_t>(0);
     auto next = std::make_shared<std::function<void()>>();
-    *next = [self, publisher, id, out, body, at, next] {
+    *next = [self, publisher, id, done, body, at, next] {
       size_t n = std::min<size_t>(max_chunk_bytes, body->size() - *at);
       std::vector<char> piece(body->data() + *at, body->data() + *at + n);
       self->request(publisher, std::chrono::minutes{2}, atom::chunk_v, id, std::move(piece))
         .then(
-          [self, out, body, at, n, next](uint64_t remaining) {
+          [self, done, body, at, n, next](uint64_t) {
             *at += n;
             if (*at < body->size()) {
               (*next)();
               return;
             }
-            json j;
-            j["received"] = body->size();
-            j["remaining"] = remaining;
-            server_response r;
-            r.body = dump(j);
-            out->send(std::move(r));
+            done(std::nullopt);
             *next = nullptr; // break the cycle
             self->quit();
           },
-          [self, out, next](caf::error& err) {
-            out->send(failure(self->system(), err));
+          [self, done, next](caf::error& err) {
+            done(failure(self->system(), err));
             *next = nullptr;
             self->quit();
           });
@@ -176,9 +172,11 @@ publisher_http::~publisher_http() {
   stop();
 }
 
-void publisher_http::remember(uint64_t session, const publish_args& args) {
+void publisher_http::remember(uint64_t session, const publish_args& args, uint64_t expects) {
   std::lock_guard lock{mutex_};
-  sessions_[session] = {args.pool, args.run_id, args.version};
+  auto& st = sessions_[session];
+  st.names = {args.pool, args.run_id, args.version};
+  st.expects = expects;
   // Sessions a client opened and never ended expire at the publisher; their
   // names here are dropped oldest first.
   while (sessions_.size() > 4096)
@@ -190,9 +188,90 @@ publisher_http::session_names publisher_http::forget(uint64_t session) {
   auto it = sessions_.find(session);
   if (it == sessions_.end())
     return {};
-  auto names = std::move(it->second);
+  auto names = std::move(it->second.names);
   sessions_.erase(it);
   return names;
+}
+
+void publisher_http::when_consumed(uint64_t session, uint64_t count,
+                                   std::function<void(std::optional<server_response>)> f) {
+  std::unique_lock lock{mutex_};
+  auto it = sessions_.find(session);
+  if (it == sessions_.end() || it->second.consumed >= count) {
+    std::optional<server_response> err;
+    if (it != sessions_.end())
+      err = it->second.error;
+    lock.unlock();
+    f(std::move(err));
+    return;
+  }
+  it->second.waiting.emplace_back(count, std::move(f));
+}
+
+void publisher_http::put(uint64_t id, std::string body, std::shared_ptr<http_responder> out) {
+  uint64_t index = 0, remaining = 0;
+  const uint64_t size = body.size();
+  {
+    std::lock_guard lock{mutex_};
+    auto it = sessions_.find(id);
+    if (it != sessions_.end()) {
+      auto& st = it->second;
+      index = ++st.sent;
+      st.received += size;
+      remaining = st.expects > st.received ? st.expects - st.received : 0;
+    }
+  }
+  if (index == 0) {
+    // A session this surface did not open: one request at a time.
+    feed(sys_, target_, id, std::move(body), [out, size](std::optional<server_response> err) {
+      if (err) {
+        out->send(std::move(*err));
+        return;
+      }
+      server_response r;
+      r.body = dump(json{{"received", size}});
+      out->send(std::move(r));
+    });
+    return;
+  }
+  feed(sys_, target_, id, std::move(body), [this, id](std::optional<server_response> err) {
+    std::vector<std::function<void(std::optional<server_response>)>> ready;
+    std::optional<server_response> first_error;
+    {
+      std::lock_guard lock{mutex_};
+      auto it = sessions_.find(id);
+      if (it == sessions_.end())
+        return;
+      auto& st = it->second;
+      ++st.consumed;
+      if (err && !st.error)
+        st.error = std::move(err);
+      first_error = st.error;
+      std::erase_if(st.waiting, [&](auto& w) {
+        if (w.first > st.consumed)
+          return false;
+        ready.push_back(std::move(w.second));
+        return true;
+      });
+    }
+    for (auto& f : ready)
+      f(first_error);
+  });
+  // Answered once every earlier request's bytes were consumed: the client
+  // sends the next while the publisher works on this one (two requests of a
+  // session in memory at most).
+  when_consumed(id, index - 1, [out, size, remaining](std::optional<server_response> err) {
+    if (err) {
+      out->send(std::move(*err));
+      return;
+    }
+    json j;
+    j["received"] = size;
+    j["remaining"] = remaining;
+    server_response r;
+    r.body = dump(j);
+    out->send(std::move(r));
+  });
 }
 
 void publisher_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
@@ -240,7 +319,7 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
       self->request(publisher, std::chrono::seconds{30}, atom::publish_v, args, std::move(headers))
         .then(
           [this, self, out, expects, max_request, args](uint64_t session) {
-            remember(session, args);
+            remember(session, args, expects);
             json j;
             j["session"] = session;
             j["expects_bytes"] = expects;
@@ -272,20 +351,34 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
   if (commit) {
     if (req.method != "POST")
       return method_not_allowed("POST");
-    auto args = forget(*id);
-    sys_.spawn([publisher, id = *id, args, out](caf::event_based_actor* self) {
-      self->request(publisher, std::chrono::minutes{30}, atom::finish_v, id)
-        .then(
-          [self, out, args](publish_summary& s) {
-            server_response r;
-            r.body = dump(summary_json(args, s));
-            out->send(std::move(r));
-            self->quit();
-          },
-          [self, out](caf::error& err) {
-            out->send(failure(self->system(), err));
-            self->quit();
-          });
+    // Every request's bytes are consumed before the publish may end.
+    uint64_t sent = 0;
+    {
+      std::lock_guard lock{mutex_};
+      if (auto it = sessions_.find(*id); it != sessions_.end())
+        sent = it->second.sent;
+    }
+    when_consumed(*id, sent, [this, publisher, id = *id, out](std::optional<server_response> bad) {
+      auto args = forget(id);
+      if (bad) {
+        caf::anon_send(publisher, atom::abort_v, id);
+        out->send(std::move(*bad));
+        return;
+      }
+      sys_.spawn([publisher, id, args, out](caf::event_based_actor* self) {
+        self->request(publisher, std::chrono::minutes{30}, atom::finish_v, id)
+          .then(
+            [self, out, args](publish_summary& s) {
+              server_response r;
+              r.body = dump(summary_json(args, s));
+              out->send(std::move(r));
+              self->quit();
+            },
+            [self, out](caf::error& err) {
+              out->send(failure(self->system(), err));
+              self->quit();
+            });
+      });
     });
     return;
   }
@@ -294,7 +387,7 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
       out->send(refuse(http_failure::bad_request, "a PUT carries the session's next bytes"));
       return;
     }
-    feed(sys_, target_, *id, std::move(req.body), std::move(out));
+    put(*id, std::move(req.body), std::move(out));
     return;
   }
   if (req.method == "DELETE") {

@@ -1,10 +1,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "actors/http_front.hpp"
 #include "actors/publisher_actor.hpp"
@@ -55,12 +58,31 @@ public:
 private:
   void handle(transport::server_request req,
               std::shared_ptr<transport::http_responder> out) override;
-  void remember(uint64_t session, const publish_args& args);
+  void remember(uint64_t session, const publish_args& args, uint64_t expects);
   session_names forget(uint64_t session);
+  /// Feeds one PUT's bytes to the publisher and answers it.
+  void put(uint64_t id, std::string body, std::shared_ptr<transport::http_responder> out);
+  /// Runs `f` (with the session's first error, if any) once `count` of its
+  /// PUTs were consumed.
+  void when_consumed(uint64_t session, uint64_t count,
+                     std::function<void(std::optional<transport::server_response>)> f);
+
+  /// A session this surface opened.
+  struct session_state {
+    session_names names;
+    uint64_t expects = 0;
+    uint64_t received = 0;
+    /// PUTs handed on, and consumed by the publisher.
+    uint64_t sent = 0;
+    uint64_t consumed = 0;
+    std::optional<transport::server_response> error;
+    std::vector<std::pair<uint64_t, std::function<void(std::optional<transport::server_response>)>>>
+      waiting;
+  };
 
   std::string admin_token_;
   std::mutex mutex_;
-  std::map<uint64_t, session_names> sessions_;
+  std::map<uint64_t, session_state> sessions_;
 };
 
 } // namespace stitch

@@ -165,7 +165,7 @@ struct child {
       for (const auto& a : argv)
         args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);
-      ::execv(args[0], args.data());
+      ::execvp(args[0], args.data());
       ::_exit(127);
     }
     return c;
@@ -285,6 +285,9 @@ struct node_figures {
   bool ran = false;
   double local_publish_bw = 0;
   double stream_publish_bw = 0;
+  /// Through the publisher's HTTP surface with the Python client (0: no
+  /// python3 here).
+  double http_publish_bw = 0;
   double node_publish_peak = 0;
   double export_bw = 0;
   double export_cli_peak = 0;
@@ -309,19 +312,38 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
 
   auto node =
     child::start({node_bin.string(), "--data-dir", (dir / "node").string(), "--set",
-                  "roles=coordinator,store,publisher", "--set", "coordinator.listen=127.0.0.1:0"},
+                  "roles=coordinator,store,publisher", "--set", "coordinator.listen=127.0.0.1:0",
+                  "--set", "publisher.listen=127.0.0.1:0"},
                  dir / "node.log");
-  std::string port;
-  for (int i = 0; i < 600 && port.empty(); ++i) {
+  std::string port, http_port;
+  for (int i = 0; i < 600 && (port.empty() || http_port.empty()); ++i) {
     std::smatch m;
     auto log = node.output();
     if (std::regex_search(log, m, std::regex{"listening on 127\\.0\\.0\\.1:([0-9]+)"}))
       port = m[1];
-    else
-      std::this_thread::sleep_for(std::chrono::milliseconds{50});
+    if (std::regex_search(log, m, std::regex{"publisher http://127\\.0\\.0\\.1:([0-9]+)"}))
+      http_port = m[1];
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
   }
-  if (port.empty())
+  if (port.empty() || http_port.empty())
     die("stitch-node did not start:\n" + node.output());
+  // The Python client publishing the same directory over HTTP, when there is
+  // a python3: the seconds it reports.
+  const bool have_python = std::system("python3 -c 'import json' >/dev/null 2>&1") == 0;
+  auto http_publish = [&](uint64_t v) {
+    const std::string script =
+      "import sys, time; sys.path.insert(0, '" STITCH_SOURCE_DIR "/clients/python'); "
+      "from stitch_client import Client; c = Client(publisher='http://127.0.0.1:"
+      + http_port + "'); t = time.monotonic(); c.publish('" + model.string()
+      + "', run='r', version=" + std::to_string(v) + ", anchor=True); print(time.monotonic() - t)";
+    auto c = child::start({"python3", "-c", script}, dir / "python.log");
+    int status = 0;
+    ::waitpid(c.pid, &status, 0);
+    c.pid = -1;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      die("the Python client's publish failed:\n" + c.output());
+    return std::strtod(c.output().c_str(), nullptr);
+  };
   const std::string coordinator = "127.0.0.1:" + port;
   auto cli = [&](std::vector<std::string> args) {
     args.insert(args.begin(), {cli_bin.string(), "--coordinator", coordinator});
@@ -336,7 +358,7 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
   f.node_publish_peak = static_cast<double>(peak_resident(node.pid)) / b;
   // Then anchors of the same run in turns, read by the node and streamed by
   // the CLI (medians of three; the machine is shared and noisy).
-  std::vector<double> local, streamed, exported, exported_streamed;
+  std::vector<double> local, streamed, over_http, exported, exported_streamed;
   uint64_t version = 1;
   for (int round = 0; round < 3; ++round) {
     local.push_back(cli({"publish", "--anchor", "--run", "r", "--version",
@@ -345,7 +367,11 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
     streamed.push_back(cli({"publish", "--stream", "--anchor", "--run", "r", "--version",
                             std::to_string(version++), model.string()})
                          .first);
+    if (have_python)
+      over_http.push_back(http_publish(version++));
   }
+  if (have_python)
+    f.http_publish_bw = b / median(over_http);
   const std::string latest = "r/" + std::to_string(version - 1);
   for (int round = 0; round < 3; ++round) {
     fs::remove_all(dir / "export", ec_ignored());
@@ -549,11 +575,12 @@ int main(int argc, char** argv) {
         "\"stream_export_peak_over_model\":%.3f,\"pointer_read_idle_p50_ms\":%.3f,"
         "\"pointer_read_idle_p99_ms\":%.3f,\"pointer_read_loaded_p50_ms\":%.3f,"
         "\"pointer_read_loaded_p99_ms\":%.3f,\"pointer_read_p50_loaded_over_idle\":%.2f,"
-        "\"pointer_read_p99_loaded_over_idle\":%.2f",
+        "\"pointer_read_p99_loaded_over_idle\":%.2f,\"http_publish_over_cli_ratio\":%.3f",
         nodes.local_publish_bw / write_bw, nodes.stream_publish_bw / nodes.local_publish_bw,
         nodes.node_publish_peak, nodes.export_bw / read_bw, nodes.export_cli_peak,
         nodes.stream_export_bw / read_bw, nodes.stream_export_cli_peak, nodes.idle.p50 * 1e3,
-        nodes.idle.p99 * 1e3, nodes.loaded.p50 * 1e3, nodes.loaded.p99 * 1e3, p50_ratio, p99_ratio);
+        nodes.idle.p99 * 1e3, nodes.loaded.p50 * 1e3, nodes.loaded.p99 * 1e3, p50_ratio, p99_ratio,
+        nodes.http_publish_bw / nodes.local_publish_bw);
     std::printf("}\n");
     return 0;
   }
@@ -582,6 +609,10 @@ int main(int argc, char** argv) {
               nodes.local_publish_bw / 1e9, nodes.local_publish_bw / write_bw);
   std::printf("%-40s %9.3f %9.2f  >= 0.8 x local publish\n", "stitch publish --stream",
               nodes.stream_publish_bw / 1e9, nodes.stream_publish_bw / nodes.local_publish_bw);
+  if (nodes.http_publish_bw > 0)
+    std::printf("%-40s %9.3f %9.2f  >= 0.8 x CLI publish of the directory\n",
+                "HTTP publish (Python client, same dir)", nodes.http_publish_bw / 1e9,
+                nodes.http_publish_bw / nodes.local_publish_bw);
   std::printf("%-40s %9s %9.2f  <= 1.5 x model\n", "node peak memory during publish", "",
               nodes.node_publish_peak);
   std::printf("%-40s %9.3f %9.2f  >= 0.5 x read\n", "stitch export (node writes)",

@@ -114,14 +114,22 @@ status fed_stream::push(std::vector<char> bytes, std::function<void()> consumed)
 }
 
 void fed_stream::close(std::optional<stitch::error> why) {
+  std::deque<piece> dropped;
   {
     std::lock_guard guard{mutex_};
     if (closed_)
       return;
     closed_ = true;
     why_ = std::move(why);
+    // A reader that stopped leaves its pieces here: their senders hear they
+    // are done with (the reader's outcome says why).
+    if (why_)
+      dropped.swap(pieces_);
   }
   arrived_.notify_all();
+  for (auto& p : dropped)
+    if (p.consumed)
+      p.consumed();
 }
 
 status fed_stream::read(size_t index, uint64_t offset, std::span<std::byte> out) {
