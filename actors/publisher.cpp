@@ -15,7 +15,12 @@ namespace {
 
 using self_ptr = publisher_actor::stateful_pointer<publisher_state>;
 
-constexpr auto sweep_every = std::chrono::seconds{30};
+/// How often idle sessions are looked for: often enough for the timeout.
+std::chrono::milliseconds sweep_every(const publisher_limits& limits) {
+  auto half =
+    std::chrono::duration_cast<std::chrono::milliseconds>(limits.session_idle_timeout) / 2;
+  return std::clamp(half, std::chrono::milliseconds{500}, std::chrono::milliseconds{30'000});
+}
 
 store::publish_request to_request(const publish_args& args) {
   store::publish_request r;
@@ -271,7 +276,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
     for (auto& [id, s] : self->state.sessions)
       s.stream->close(error{errc::engine_unavailable, "the publisher stopped"});
   });
-  self->delayed_send(self, sweep_every, atom::tick_v);
+  self->delayed_send(self, sweep_every(init.limits), atom::tick_v);
   return {
     [self](atom::publish, const publish_args& args,
            const std::string& path) -> caf::result<publish_summary> {
@@ -482,7 +487,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
         ids.push_back(id);
       for (auto id : ids)
         settle(self, id);
-      self->delayed_send(self, sweep_every, atom::tick_v);
+      self->delayed_send(self, sweep_every(self->state.limits), atom::tick_v);
     },
   };
 }

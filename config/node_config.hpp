@@ -70,6 +70,9 @@ struct node_config {
   listen_address status_listen{"127.0.0.1", 8081};
   /// The publisher's HTTP surface: HOST:PORT, or empty for none.
   std::string publisher_listen;
+  /// Seconds a streamed publish (CLI or HTTP) may go without bytes before it
+  /// is dropped, leaving nothing visible.
+  double session_idle_timeout = 600;
   uint64_t body_limit = uint64_t{16} << 20;
 
   std::string admin_token;

@@ -193,6 +193,9 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     publisher_retention retention;
     retention.keep_last = settings.retain_versions;
     retention.directory = n->coordinator_; // checked: the coordinator answers in_use
+    publisher_limits limits;
+    limits.session_idle_timeout =
+      std::chrono::seconds{static_cast<int64_t>(std::max(1.0, settings.session_idle_timeout))};
     publisher_lending lending;
     if (n->ucx_) {
       // Readers hold a lease for one fetch; a publish waits this long for
@@ -207,7 +210,7 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     n->publisher_ =
       sys.spawn(publisher_service, n->backend_, n->store_, po,
                 std::make_shared<worker_pool>(6, "publish", 0, priority::background),
-                settings.admin_token, publisher_limits{}, std::move(retention), std::move(lending));
+                settings.admin_token, limits, std::move(retention), std::move(lending));
     caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"publisher"},
                    caf::actor_cast<caf::actor>(n->publisher_));
   }

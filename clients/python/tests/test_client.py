@@ -206,6 +206,53 @@ class PublishAndRollouts(unittest.TestCase):
         self.assertIn("'version'", str(caught.exception))
 
 
+class SessionLifetime(unittest.TestCase):
+    def test_an_idle_session_expires_and_a_restart_mid_session_leaves_nothing(self):
+        tmp = tempfile.mkdtemp(prefix="stitch-client-expiry-")
+        node = Node(os.path.join(tmp, "node"), "publisher.session_idle_timeout=1", "replicas=0")
+        try:
+            boot = os.path.join(tmp, "boot")
+            init_model(boot, 5)
+            weights = read_safetensors(boot)
+            names = sorted(weights)
+            listing = [(n, weights[n].dtype, weights[n].shape) for n in names]
+            client = Client(publisher=node.publisher, gateway=node.gateway)
+            # Silent past the idle timeout: dropped, named as such.
+            session = client.open_session(listing, run="r", version=0)
+            session.write(weights[names[0]].data)
+            session._flush()
+            time.sleep(3)
+            with self.assertRaises(StitchError) as caught:
+                session.write(weights[names[1]].data)
+                session.commit()
+            self.assertEqual(caught.exception.status, 404, str(caught.exception))
+            self.assertIn("session_idle_timeout", str(caught.exception))
+            client.close()
+            # The node dies mid-session and comes back on the same store.
+            session = client.open_session(listing, run="r", version=0)
+            session.write(weights[names[0]].data)
+            session._flush()
+            node.proc.kill()
+            node.proc.wait()
+            node.log.close()
+            with self.assertRaises(OSError):
+                session.write(weights[names[1]].data)
+                session.commit()
+            node = Node(os.path.join(tmp, "node"), "publisher.session_idle_timeout=1", "replicas=0")
+            client = Client(publisher=node.publisher, gateway=node.gateway)
+            with self.assertRaises(StitchError) as caught:
+                client._pub().json("PUT", f"/publish/{session.id}", b"x")
+            self.assertEqual(caught.exception.status, 404)
+            # Nothing of either session is visible: version 0 publishes afresh.
+            done = client.publish(weights, run="r", version=0)
+            self.assertTrue(done["claimed"])
+            self.assertFalse(done["idempotent"])
+            client.close()
+        finally:
+            node.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class AdminToken(unittest.TestCase):
     def test_publishing_needs_the_admin_token(self):
         tmp = tempfile.mkdtemp(prefix="stitch-client-token-")
