@@ -4,6 +4,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
@@ -40,6 +41,9 @@ server_response error_response(http_failure why, std::string message) {
 }
 
 namespace {
+
+/// Bodies of at least this many bytes (and a Content-Length) skip the parser.
+constexpr uint64_t large_body = uint64_t{1} << 20;
 
 class session;
 
@@ -215,6 +219,25 @@ private:
   }
 
   void read_body() {
+    // A large body of known length (tensor bytes of an HTTP publish) is read
+    // straight into its string in one operation: Beast's parser would take
+    // it 64 KiB per read, each through the strand (a fifth of the rate).
+    if (auto n = parser_->content_length();
+        n && *n >= large_body && !parser_->chunked() && !parser_->is_done()) {
+      auto body = std::make_shared<std::string>();
+      body->resize(static_cast<size_t>(*n));
+      size_t have = std::min(buffer_.size(), body->size());
+      net::buffer_copy(net::buffer(body->data(), have), buffer_.data());
+      buffer_.consume(have);
+      net::async_read(socket_, net::buffer(body->data() + have, body->size() - have),
+                      net::bind_executor(strand_, [self = shared_from_this(),
+                                                   body](boost::system::error_code ec, size_t) {
+                        if (!ec)
+                          self->parser_->get().body() = std::move(*body);
+                        self->on_request(ec);
+                      }));
+      return;
+    }
     bhttp::async_read(
       socket_, buffer_, *parser_,
       net::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,

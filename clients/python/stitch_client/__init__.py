@@ -302,7 +302,7 @@ class PublishSession:
             self._buffer = bytearray()
 
     def _put(self, piece: memoryview) -> None:
-        self._ep.json("PUT", f"/publish/{self.id}", bytes(piece) if piece.readonly else piece)
+        self._ep.json("PUT", f"/publish/{self.id}", piece)
         self.sent += len(piece)
 
     def commit(self) -> Dict[str, Any]:
