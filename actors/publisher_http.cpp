@@ -161,6 +161,25 @@ void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, std:
   });
 }
 
+/// Asks the publisher `xs...` and answers with `render(reply)`, or with the
+/// error it gave as the HTTP error of its kind.
+template <class Reply, class Render, class... Ts>
+void answer_with(caf::actor_system& sys, const publisher_actor& publisher, caf::timespan timeout,
+                 std::shared_ptr<http_responder> out, Render render, Ts... xs) {
+  sys.spawn([=](caf::event_based_actor* self) {
+    self->request(publisher, timeout, xs...)
+      .then(
+        [self, out, render](Reply& reply) {
+          out->send(render(reply));
+          self->quit();
+        },
+        [self, out](caf::error& err) {
+          out->send(failure(self->system(), err));
+          self->quit();
+        });
+  });
+}
+
 } // namespace
 
 publisher_http::publisher_http(caf::actor_system& sys, caf::actor publisher,
@@ -314,27 +333,19 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
     for (const auto& h : headers)
       expects += h.size;
     const uint64_t max_request = body_limit();
-    sys_.spawn([this, publisher, args, headers = std::move(headers), expects, max_request,
-                out](caf::event_based_actor* self) mutable {
-      self->request(publisher, std::chrono::seconds{30}, atom::publish_v, args, std::move(headers))
-        .then(
-          [this, self, out, expects, max_request, args](uint64_t session) {
-            remember(session, args, expects);
-            json j;
-            j["session"] = session;
-            j["expects_bytes"] = expects;
-            j["max_request_bytes"] = max_request;
-            server_response r;
-            r.status = 201;
-            r.body = dump(j);
-            out->send(std::move(r));
-            self->quit();
-          },
-          [self, out](caf::error& err) {
-            out->send(failure(self->system(), err));
-            self->quit();
-          });
-    });
+    auto render = [this, expects, max_request, args](uint64_t session) {
+      remember(session, args, expects);
+      json j;
+      j["session"] = session;
+      j["expects_bytes"] = expects;
+      j["max_request_bytes"] = max_request;
+      server_response r;
+      r.status = 201;
+      r.body = dump(j);
+      return r;
+    };
+    answer_with<uint64_t>(sys_, publisher, std::chrono::seconds{30}, std::move(out), render,
+                          atom::publish_v, args, std::move(headers));
     return;
   }
   std::string_view rest{req.path};
@@ -365,20 +376,14 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
         out->send(std::move(*bad));
         return;
       }
-      sys_.spawn([publisher, id, args, out](caf::event_based_actor* self) {
-        self->request(publisher, std::chrono::minutes{30}, atom::finish_v, id)
-          .then(
-            [self, out, args](publish_summary& s) {
-              server_response r;
-              r.body = dump(summary_json(args, s));
-              out->send(std::move(r));
-              self->quit();
-            },
-            [self, out](caf::error& err) {
-              out->send(failure(self->system(), err));
-              self->quit();
-            });
-      });
+      answer_with<publish_summary>(
+        sys_, publisher, std::chrono::minutes{30}, out,
+        [args](const publish_summary& s) {
+          server_response r;
+          r.body = dump(summary_json(args, s));
+          return r;
+        },
+        atom::finish_v, id);
     });
     return;
   }

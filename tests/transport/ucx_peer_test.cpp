@@ -469,6 +469,25 @@ struct child {
   offer o;
 };
 
+/// In a forked child: offers `weights` over `tls` as `name`, writes each
+/// tensor's descriptor to `fd` and waits to be killed.
+[[noreturn]] void hold_until_killed(int fd, const std::string& tls, const std::string& name,
+                                    host_weights weights) {
+  auto w = start_worker(tls);
+  holder h{w, name, 600s};
+  auto ref = weights.version;
+  if (!h.expose(std::move(weights)))
+    ::_exit(3);
+  auto o = h.lease(ref);
+  for (const auto& t : o->tensors) {
+    region_descriptor d{o->worker_address, t.address, t.size, t.rkey};
+    write_frame(fd, d.encode());
+  }
+  ::close(fd);
+  for (;;)
+    ::pause();
+}
+
 child spawn_child(const std::string& name, const std::string& tls) {
   int fds[2];
   EXPECT_EQ(::pipe(fds), 0);
@@ -476,18 +495,7 @@ child spawn_child(const std::string& name, const std::string& tls) {
   if (pid == 0) {
     ::close(fds[0]);
     model m;
-    auto w = start_worker(tls);
-    holder h{w, name, 600s};
-    if (!h.expose(m.weights()))
-      ::_exit(3);
-    auto o = h.lease(m.ref);
-    for (const auto& t : o->tensors) {
-      region_descriptor d{o->worker_address, t.address, t.size, t.rkey};
-      write_frame(fds[1], d.encode());
-    }
-    ::close(fds[1]);
-    for (;;)
-      ::pause();
+    hold_until_killed(fds[1], tls, name, m.weights());
   }
   ::close(fds[1]);
   child c;
@@ -583,18 +591,7 @@ TEST_P(one_gigabyte, two_processes_move_a_1_gb_version_bit_exact) {
       big_tensor(k, bytes[k]);
       w.tensors.push_back({"t" + std::to_string(100 + k), bytes[k]});
     }
-    auto wk = start_worker(tls);
-    holder h{wk, "holder", 600s};
-    if (!h.expose(std::move(w)))
-      ::_exit(3);
-    auto o = h.lease(ref);
-    for (const auto& t : o->tensors) {
-      region_descriptor d{o->worker_address, t.address, t.size, t.rkey};
-      write_frame(fds[1], d.encode());
-    }
-    ::close(fds[1]);
-    for (;;)
-      ::pause();
+    hold_until_killed(fds[1], tls, "holder", std::move(w));
   }
   ::close(fds[1]);
   // The receiver knows the version's digests (as from a manifest and an
