@@ -30,6 +30,7 @@ int finish(const char* name, const stitch::status& done, bool bad_input_is_usage
 
 int main(int argc, char** argv) {
   using namespace stitch::node;
+  stitch::keep_freed_buffers_in_heap();
   CLI::App app{"stitch: command-line client of a Stitch cluster", "stitch"};
   app.require_subcommand(1);
   std::string coordinator = "127.0.0.1:4242";

@@ -1,7 +1,5 @@
 // stitch-node: hosts the configured roles on one CAF actor system (DESIGN §2).
 
-#include <malloc.h>
-
 #include <CLI/CLI.hpp>
 #include <caf/actor_system.hpp>
 
@@ -17,12 +15,8 @@
 
 int main(int argc, char** argv) {
   using namespace stitch::node;
-  // Weight bytes pass through buffers of a few MiB (request bodies, publish
-  // chunks, store reads): glibc would map each afresh and the kernel zero
-  // its pages on first touch (a quarter of an HTTP publish's time went
-  // there). Freed ones stay in the heap for the next instead.
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  // A quarter of an HTTP publish's time went to zeroing fresh pages.
+  stitch::keep_freed_buffers_in_heap();
   CLI::App app{"stitch-node: runs the Stitch roles of this machine on one actor system.\n"
                "With no --config it runs every role in one process on an embedded RocksDB store "
                "under ./stitch-data, with built-in engine replicas.",

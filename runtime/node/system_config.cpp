@@ -1,5 +1,7 @@
 #include "runtime/node/system_config.hpp"
 
+#include <malloc.h>
+
 #include <caf/actor_system.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/message.hpp>
@@ -77,6 +79,15 @@ void system_config::use_tls(const std::string& cert, const std::string& key,
   openssl_key = key;
   openssl_cafile = ca;
   load<caf::openssl::manager>();
+}
+
+} // namespace stitch
+
+namespace stitch {
+
+void keep_freed_buffers_in_heap() {
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
 } // namespace stitch

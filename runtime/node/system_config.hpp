@@ -9,6 +9,12 @@ namespace stitch {
 /// Registers Stitch's message types and the renderer of its error category.
 void register_stitch_types(caf::actor_system_config& cfg);
 
+/// Weight bytes pass through buffers of a few MiB (request bodies, publish
+/// chunks, store reads): glibc would map each afresh and the kernel zero its
+/// pages on first touch. Keeps freed ones in the heap for the next instead.
+/// Call first thing in `main`.
+void keep_freed_buffers_in_heap();
+
 /// The actor system config every Stitch process uses: our types, and the
 /// middleman for remote actors.
 /// Checks that the TLS files exist and hold PEM text, naming the first that
