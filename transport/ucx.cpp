@@ -8,6 +8,7 @@
 #include <ucs/debug/log_def.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -407,6 +408,22 @@ result<std::unique_ptr<worker>> worker::start(std::shared_ptr<context> ctx) {
   if (im.event_fd < 0)
     return make_error(errc::backend_failure, "ucx: cannot create the worker's event descriptor");
   im.thread = std::thread{[&im] { im.run(); }};
+  // A worker that cannot reach even its own process over a transport with
+  // peer-failure handling (UCX 1.13 has it over TCP and InfiniBand, not
+  // shared memory: a machine or chroot without a network device) reaches no
+  // peer either: say so now, once, rather than at every fetch.
+  std::array<std::byte, 8> probe{};
+  std::array<std::byte, 8> echo{};
+  auto mapped = region::map(w->ctx_, probe);
+  if (!mapped)
+    return std::move(mapped).error();
+  read_options ro;
+  ro.deadline = std::chrono::seconds{5};
+  if (auto ok = w->read(w->describe(**mapped), 0, echo, ro); !ok)
+    return make_error(errc::backend_failure, "ucx (" + w->ctx_->transports()
+                                               + ") cannot reach even this process with "
+                                                 "peer-failure handling: "
+                                               + ok.error().message);
   return w;
 }
 

@@ -218,6 +218,15 @@ size_t holder::leases() const {
   return leases_.size();
 }
 
+size_t holder::leases_taken_after(std::chrono::steady_clock::time_point since) const {
+  std::lock_guard lock{mutex_};
+  size_t n = 0;
+  for (const auto& [id, l] : leases_)
+    if (l.until - ttl_ > since)
+      ++n;
+  return n;
+}
+
 // -- holder_set ---------------------------------------------------------------
 
 holder_set::holder_set(std::shared_ptr<worker> w, std::chrono::milliseconds lease_ttl,
@@ -246,8 +255,9 @@ bool holder_set::withdraw(const std::string& key) {
     h = it->second;
   }
   h->withdraw();
-  auto until = std::chrono::steady_clock::now() + drain_;
-  while (h->leases() > 0) {
+  auto now = std::chrono::steady_clock::now();
+  auto until = now + drain_;
+  while (h->leases_taken_after(now - drain_) > 0) {
     if (std::chrono::steady_clock::now() >= until)
       return false;
     std::this_thread::sleep_for(std::chrono::milliseconds{5});

@@ -99,6 +99,9 @@ public:
 
   std::optional<version_ref> exposed() const;
   size_t leases() const;
+  /// Leases taken after `since` (older ones are likely of readers that
+  /// died without releasing).
+  size_t leases_taken_after(std::chrono::steady_clock::time_point since) const;
   /// Tensors registered (and digested) so far, reused ones not counted.
   size_t registered_total() const;
 
@@ -133,7 +136,9 @@ public:
   /// Offers `weights` under `key`, as `source` (reports name it).
   status expose(const std::string& key, const std::string& source, host_weights weights);
   /// Stops offering `key`'s version, then waits (up to `drain`) until no
-  /// reader holds a lease on it; answers false when some still did.
+  /// reader holds a lease on it taken within the last `drain` (an older one
+  /// is of a reader that died, or will fail its digests and read elsewhere);
+  /// answers false when some still did.
   bool withdraw(const std::string& key);
   result<offer> lease(const version_ref& version);
   void release(uint64_t lease);

@@ -309,6 +309,30 @@ TEST(ucx_peer, a_receiver_relays_while_it_fetches_and_readers_behind_it_finish_b
   EXPECT_EQ(r2.bytes_by_source["receiver-1"], m.sizes[0] + m.sizes[1] + m.sizes[2]);
 }
 
+TEST(ucx_peer, a_publisher_waits_briefly_for_young_leases_and_never_for_a_dead_readers) {
+  STITCH_REQUIRE_UCX();
+  model m;
+  auto w = start_worker("tcp");
+  holder_set lender{w, 60s, 300ms};
+  ASSERT_TRUE(lender.expose("pool/run", "publisher", m.weights()));
+  auto released = lender.lease(m.ref);
+  ASSERT_TRUE(released);
+  lender.release(released->lease);
+  EXPECT_TRUE(lender.withdraw("pool/run")); // nobody reads
+  ASSERT_TRUE(lender.expose("pool/run", "publisher", m.weights()));
+  auto held = lender.lease(m.ref);
+  ASSERT_TRUE(held);
+  EXPECT_FALSE(lender.lease(version_ref{"run", 99}));
+  // A reader that never releases (it died): the first rewrite waits out the
+  // drain, later ones do not wait for it at all.
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(lender.withdraw("pool/run"));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
+  ASSERT_TRUE(lender.expose("pool/run", "publisher", m.weights()));
+  EXPECT_TRUE(lender.withdraw("pool/run"));
+  EXPECT_FALSE(lender.lease(m.ref)) << "a withdrawn version is lent to nobody";
+}
+
 TEST(ucx_peer, a_corrupt_chunk_is_fetched_again_from_another_holder) {
   STITCH_REQUIRE_UCX();
   model m;
