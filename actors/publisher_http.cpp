@@ -253,7 +253,9 @@ void publisher_http::put(uint64_t id, std::string body, std::shared_ptr<http_res
     });
     return;
   }
-  feed(sys_, target_, id, std::move(body), [this, id](std::optional<server_response> err) {
+  // When this PUT's bytes were consumed (or failed, or were never fed
+  // because an earlier one failed): wake what waits on the count.
+  auto consumed = [this, id](std::optional<server_response> err) {
     std::vector<std::function<void(std::optional<server_response>)>> ready;
     std::optional<server_response> first_error;
     {
@@ -275,22 +277,29 @@ void publisher_http::put(uint64_t id, std::string body, std::shared_ptr<http_res
     }
     for (auto& f : ready)
       f(first_error);
-  });
-  // Answered once every earlier request's bytes were consumed: the client
-  // sends the next while the publisher works on this one (two requests of a
-  // session in memory at most).
-  when_consumed(id, index - 1, [out, size, remaining](std::optional<server_response> err) {
-    if (err) {
-      out->send(std::move(*err));
-      return;
-    }
-    json j;
-    j["received"] = size;
-    j["remaining"] = remaining;
-    server_response r;
-    r.body = dump(j);
-    out->send(std::move(r));
-  });
+  };
+  // This PUT's bytes go to the publisher once the earlier PUTs' were
+  // consumed, so the pieces of two PUTs never interleave in the session's
+  // stream; it is answered then too, so the client uploads the next while
+  // the publisher consumes this one (two requests of a session in memory at
+  // most).
+  auto bytes = std::make_shared<std::string>(std::move(body));
+  when_consumed(
+    id, index - 1,
+    [this, id, out, size, remaining, bytes, consumed](std::optional<server_response> err) {
+      if (err) {
+        consumed(std::nullopt); // nothing fed; the session's error stands
+        out->send(std::move(*err));
+        return;
+      }
+      feed(sys_, target_, id, std::move(*bytes), consumed);
+      json j;
+      j["received"] = size;
+      j["remaining"] = remaining;
+      server_response r;
+      r.body = dump(j);
+      out->send(std::move(r));
+    });
 }
 
 void publisher_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {

@@ -144,6 +144,15 @@ status fed_stream::read(size_t index, uint64_t offset, std::span<std::byte> out)
       return make_error(errc::invalid_argument, "reads of a fed stream must be sequential");
     size_t got = 0;
     while (got < out.size()) {
+      if (pieces_.empty() && !closed_ && !done.empty()) {
+        // Pieces this read used up are consumed now: their senders may be
+        // waiting for that before they send the bytes this read still needs.
+        lock.unlock();
+        for (auto& f : done)
+          f();
+        done.clear();
+        lock.lock();
+      }
       arrived_.wait(lock, [&] { return !pieces_.empty() || closed_; });
       if (why_) {
         // Aborted: stop at once, whatever is still queued.

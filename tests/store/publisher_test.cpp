@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
+
 #include <thread>
 
 #include "runtime/store/materialize.hpp"
@@ -448,6 +450,24 @@ TEST(fed_stream_test, reads_what_another_thread_pushes_across_tensor_boundaries)
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(b.data()), 4), "4567");
   EXPECT_EQ(consumed, (std::vector<int>{1, 2})) << "each piece reports once fully read";
   EXPECT_FALSE(stream.push({'x'}, {})) << "nothing past the declared total";
+}
+
+TEST(fed_stream_test, a_piece_reports_consumed_before_the_read_waits_for_the_next) {
+  // A sender that sends each piece once the one before was consumed, and a
+  // read that spans two pieces: the first must report before the read waits
+  // for the second (it waited for ever).
+  std::vector<tensor_header> tensors{{"a", dtype::u8, {6}, 6}};
+  fed_stream stream{tensors, 1};
+  std::promise<void> first_consumed;
+  ASSERT_TRUE(stream.push({'1', '2', '3'}, [&] { first_consumed.set_value(); }));
+  std::thread sender{[&] {
+    first_consumed.get_future().wait();
+    EXPECT_TRUE(stream.push({'4', '5', '6'}, {}));
+  }};
+  std::vector<std::byte> out(6);
+  ASSERT_TRUE(stream.read(0, 0, out));
+  sender.join();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out.data()), 6), "123456");
 }
 
 TEST(fed_stream_test, bounds_waiting_pieces_and_fails_readers_when_closed) {

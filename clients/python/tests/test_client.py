@@ -52,9 +52,11 @@ class Node:
                 text = f.read()
             pub = re.search(r"publisher http://127\.0\.0\.1:(\d+)", text)
             gw = re.search(r"gateway http://127\.0\.0\.1:(\d+)", text)
-            if pub and gw:
+            coord = re.search(r"listening on 127\.0\.0\.1:(\d+)", text)
+            if pub and gw and coord:
                 self.publisher = f"http://127.0.0.1:{pub.group(1)}"
                 self.gateway = f"http://127.0.0.1:{gw.group(1)}"
+                self.coordinator = f"127.0.0.1:{coord.group(1)}"
                 return
             if self.proc.poll() is not None:
                 break
@@ -181,6 +183,35 @@ class PublishAndRollouts(unittest.TestCase):
         done = self.client.publish(weights, run="aborted", version=0, pool="scratch")
         self.assertFalse(done["idempotent"])
         self.assertTrue(done["claimed"])
+
+    def test_large_requests_arrive_in_order_byte_for_byte(self):
+        # Three 12 MiB tensors sent as 20 MiB requests (each handed on in
+        # 8 MiB pieces, two requests in flight): then the CLI publishes the
+        # same directory as the same version, which is idempotent only if
+        # the stored bytes are exactly these.
+        d = os.path.join(self.tmp, "large")
+        os.makedirs(d, exist_ok=True)
+        header, blobs, at = {}, [], 0
+        for i in range(3):
+            blob = os.urandom(12 << 20)
+            header[f"t{i}"] = {"dtype": "U8", "shape": [len(blob)], "data_offsets": [at, at + len(blob)]}
+            blobs.append(blob)
+            at += len(blob)
+        raw = json.dumps(header).encode()
+        raw += b" " * ((8 - len(raw) % 8) % 8)
+        with open(os.path.join(d, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            for b in blobs:
+                f.write(b)
+        done = self.client.publish(d, run="big", version=0, pool="order", chunk_bytes=20 << 20)
+        self.assertFalse(done["idempotent"])
+        cli = subprocess.run(
+            [os.path.join(BIN, "stitch"), "--coordinator", self.node.coordinator, "publish",
+             "--pool", "order", "--run", "big", "--version", "0", d],
+            capture_output=True, text=True,
+        )
+        self.assertEqual(cli.returncode, 0, cli.stdout + cli.stderr)
+        self.assertIn("already published", cli.stdout + cli.stderr)
 
     def test_malformed_tensors_are_refused_naming_the_problem(self):
         with self.assertRaises(StitchError) as caught:
