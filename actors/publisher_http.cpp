@@ -235,6 +235,15 @@ void publisher_http::put(uint64_t id, std::string body, std::shared_ptr<http_res
     auto it = sessions_.find(id);
     if (it != sessions_.end()) {
       auto& st = it->second;
+      // Requests of a session sent without waiting for answers (several
+      // connections) would each hold their body here: two at most.
+      if (st.sent - st.consumed >= 2) {
+        out->send(refuse(http_failure::bad_request,
+                         "publish session " + std::to_string(id)
+                           + " has two requests in flight already; send the next once one is "
+                             "answered"));
+        return;
+      }
       index = ++st.sent;
       st.received += size;
       remaining = st.expects > st.received ? st.expects - st.received : 0;

@@ -8,6 +8,7 @@ Run: PYTHONPATH=clients/python STITCH_BIN_DIR=build/bin python3 -m unittest disc
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -231,6 +232,29 @@ class PublishAndRollouts(unittest.TestCase):
             session.commit()
         self.assertEqual(caught.exception.status, 400)
         session.abort()
+        # A third request while two are in flight is refused (bounded memory).
+        # Session A holds its pool's publish queue (no bytes yet), so nothing
+        # of session B behind it is consumed.
+        blocker = self.client.open_session([("a", "U8", [4])], run="inflight-a", version=0, pool="inflight")
+        session = self.client.open_session([("big", "U8", [3 << 20])], run="inflight-b", version=0, pool="inflight")
+        host, port = self.node.publisher[len("http://"):].rsplit(":", 1)
+        conns = [http.client.HTTPConnection(host, int(port), timeout=30) for _ in range(3)]
+        piece = b"\x00" * (1 << 20)
+        conns[0].request("PUT", f"/publish/{session.id}", body=piece)
+        first = conns[0].getresponse()
+        first.read()
+        self.assertEqual(first.status, 200)
+        conns[1].request("PUT", f"/publish/{session.id}", body=piece)  # waits on the first
+        time.sleep(0.2)
+        conns[2].request("PUT", f"/publish/{session.id}", body=piece)
+        third = conns[2].getresponse()
+        body = json.loads(third.read())
+        self.assertEqual(third.status, 400)
+        self.assertIn("two requests in flight", body["message"])
+        session.abort()
+        blocker.abort()
+        for c in conns:
+            c.close()
         # A bad request is JSON naming the field.
         with self.assertRaises(StitchError) as caught:
             self.client._pub().json("POST", "/publish", {"run_id": "x", "version": -1, "tensors": []})
