@@ -10,7 +10,7 @@ packages=(
   libtomlplusplus-dev nlohmann-json3-dev libexpat1-dev libspdlog-dev libfmt-dev libcli11-dev
   clang-14 libclang-rt-14-dev clang-format-14
   chromium fonts-dejavu-core curl iproute2
-  python3 python3-venv python3-setuptools python3-wheel
+  python3 python3-venv python3-setuptools python3-wheel python3-torch libopenblas0-pthread
 )
 
 missing=()

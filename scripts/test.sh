@@ -71,10 +71,20 @@ step "Python client: installed offline into a venv, tested against a real stitch
 /usr/bin/python3 -m venv --system-site-packages "$work/venv"
 "$work/venv/bin/python" -m pip install -q --no-build-isolation --no-index ./clients/python
 rm -rf clients/python/build clients/python/*.egg-info
-if STITCH_BIN_DIR=build/bin \
-    "$work/venv/bin/python" -m unittest discover -s clients/python/tests -v >"$work/python.log" 2>&1; then
-  grep -E '^(Ran|OK)' "$work/python.log"
-else
-  cat "$work/python.log"
-  exit 1
-fi
+python_tests() { # <name> <unittest discover arguments...>
+  local log="$work/python-$1.log"
+  shift
+  if STITCH_BIN_DIR=build/bin "$work/venv/bin/python" -m unittest discover "$@" -v >"$log" 2>&1; then
+    grep -E '^(Ran|OK)' "$log"
+  else
+    cat "$log"
+    exit 1
+  fi
+}
+python_tests client -s clients/python/tests
+
+step "PyTorch example: the engine's logprobs against PyTorch's, a short async RL run"
+# Debian's python3-torch (scripts/install-deps.sh). The medium preset (0.9 GB,
+# bfloat16) is part of the equivalence check here.
+STITCH_TEST_MEDIUM=1 PYTHONPATH="clients/python/tests:examples/pytorch_async_rl" \
+  python_tests pytorch -s examples/pytorch_async_rl/tests

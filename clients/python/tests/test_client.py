@@ -11,77 +11,15 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import shutil
-import signal
 import struct
 import subprocess
 import tempfile
 import time
 import unittest
 
+from harness import BIN, Node, init_model
 from stitch_client import Client, StitchError, TensorBytes
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-BIN = os.environ.get("STITCH_BIN_DIR", os.path.join(HERE, "..", "..", "..", "build", "bin"))
-
-
-class Node:
-    """An all-in-one stitch-node on free ports, its publisher HTTP surface on."""
-
-    def __init__(self, root: str, *sets: str):
-        self.dir = root
-        os.makedirs(root, exist_ok=True)
-        self.log_path = os.path.join(root, "node.log")
-        args = [os.path.join(BIN, "stitch-node"), "--data-dir", os.path.join(root, "data")]
-        for s in (
-            "coordinator.listen=127.0.0.1:0",
-            "gateway.listen=127.0.0.1:0",
-            "status.listen=127.0.0.1:0",
-            "replica.listen=127.0.0.1:0",
-            "publisher.listen=127.0.0.1:0",
-            "replica.backstop=1",
-            "model.preset=tiny",
-        ) + sets:
-            args += ["--set", s]
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        text = ""
-        while time.monotonic() < deadline:
-            with open(self.log_path) as f:
-                text = f.read()
-            pub = re.search(r"publisher http://127\.0\.0\.1:(\d+)", text)
-            gw = re.search(r"gateway http://127\.0\.0\.1:(\d+)", text)
-            coord = re.search(r"listening on 127\.0\.0\.1:(\d+)", text)
-            if pub and gw and coord:
-                self.publisher = f"http://127.0.0.1:{pub.group(1)}"
-                self.gateway = f"http://127.0.0.1:{gw.group(1)}"
-                self.coordinator = f"127.0.0.1:{coord.group(1)}"
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("stitch-node did not start:\n" + text)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-def init_model(out: str, seed: int) -> None:
-    subprocess.run(
-        [os.path.join(BIN, "stitch"), "init-model", "--preset", "tiny", "--seed", str(seed), "--out", out],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
 
 
 def read_safetensors(path: str):

@@ -1,0 +1,248 @@
+"""The built-in engine's model in PyTorch: a Llama-architecture decoder with
+the same Hugging Face tensor names and config.json, the byte tokenizer (BOS
+256, EOS 257), and safetensors directories read and written without any
+library beyond PyTorch.
+
+It is written from the architecture (Hugging Face's ``LlamaForCausalLM``:
+RMSNorm, rotary embeddings on halves, grouped-query attention, SwiGLU MLP, an
+untied output head), not from the engine's C++, so that comparing the two
+checks the engine's forward pass against PyTorch's operators.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+BOS = 256
+EOS = 257
+
+
+@dataclass
+class LlamaConfig:
+    """The config.json fields the built-in engine reads."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int = 258
+    max_position_embeddings: int = 512
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    torch_dtype: str = "float32"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_json(cls, text: str) -> "LlamaConfig":
+        doc = json.loads(text)
+        names = cls.__dataclass_fields__.keys()
+        return cls(**{k: doc[k] for k in names if k in doc})
+
+    @classmethod
+    def from_dir(cls, path: str) -> "LlamaConfig":
+        with open(os.path.join(path, "config.json")) as f:
+            return cls.from_json(f.read())
+
+    def to_json(self) -> str:
+        """A config.json transformers loads as ``LlamaForCausalLM``."""
+        doc = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu"}
+        doc.update(asdict(self))
+        doc.update(tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
+        return json.dumps(doc, indent=2)
+
+
+#: The engine's presets (`stitch init-model --preset`).
+PRESETS: Dict[str, LlamaConfig] = {
+    "tiny": LlamaConfig(64, 128, 2, 4, 2, max_position_embeddings=512),
+    "small": LlamaConfig(512, 1376, 4, 8, 4, max_position_embeddings=2048),
+    "medium": LlamaConfig(
+        2048, 5632, 10, 16, 8, max_position_embeddings=4096, torch_dtype="bfloat16"
+    ),
+}
+
+
+def encode(text: str) -> List[int]:
+    """The byte tokenizer: BOS, then one token per UTF-8 byte."""
+    return [BOS] + list(text.encode("utf-8"))
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        kv = c.num_key_value_heads * c.head_dim
+        self.c = c
+        self.q_proj = torch.nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        self.k_proj = torch.nn.Linear(c.hidden_size, kv, bias=False)
+        self.v_proj = torch.nn.Linear(c.hidden_size, kv, bias=False)
+        self.o_proj = torch.nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        c = self.c
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, c.num_attention_heads, c.head_dim).transpose(0, 1)
+        k = self.k_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        v = self.v_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        group = c.num_attention_heads // c.num_key_value_heads
+        k = k.repeat_interleave(group, dim=0)
+        v = v.repeat_interleave(group, dim=0)
+        scores = (q @ k.transpose(1, 2)) / math.sqrt(c.head_dim)
+        causal = torch.ones(n, n, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(causal, float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ v
+        return self.o_proj(out.transpose(0, 1).reshape(n, c.hidden_size))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on halves: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = torch.nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = torch.nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.self_attn = Attention(c)
+        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(torch.nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = torch.nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class LlamaForCausalLM(torch.nn.Module):
+    """Computes in float32 whatever the stored dtype (as the engine does:
+    bfloat16 weights are widened when loaded)."""
+
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.config = c
+        self.model = Decoder(c)
+        self.lm_head = torch.nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def init_weights(self, seed: int) -> None:
+        """Normal(0, 0.02) matrices, unit norms: the engine's initial scale."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+
+    def rope(self, positions: int):
+        c = self.config
+        half = c.head_dim // 2
+        i = torch.arange(half, dtype=torch.float64)
+        inv_freq = 1.0 / (c.rope_theta ** (2 * i / c.head_dim))
+        angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        return angles.cos().float(), angles.sin().float()
+
+    def forward(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Logits (len(tokens), vocab) of one sequence: row i predicts token i + 1."""
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        cos, sin = self.rope(len(ids))
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.model.norm(x))
+
+    def token_logprobs(
+        self, prompt: Sequence[int], output: Sequence[int], temperature: float = 1.0
+    ) -> torch.Tensor:
+        """log softmax(logits / T) of each output token given what precedes it
+        (the engine's ``output_token_logprobs``), computed in float64."""
+        logits = self.forward(list(prompt) + list(output)[:-1])[len(prompt) - 1 :]
+        logp = torch.log_softmax(logits.double() / temperature, dim=-1)
+        return logp.gather(1, torch.tensor(list(output))[:, None])[:, 0]
+
+    def state_dict_for_publish(self) -> Dict[str, torch.Tensor]:
+        """The weights under their HF names, in the config's dtype."""
+        dtype = torch.bfloat16 if self.config.torch_dtype == "bfloat16" else torch.float32
+        return {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
+
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Loads every parameter (widened to float32); a missing or extra
+        tensor, or another shape, is an error."""
+        own = self.state_dict()
+        if set(own) != set(tensors):
+            raise ValueError(
+                f"tensors differ from the model's: missing {sorted(set(own) - set(tensors))}, "
+                f"extra {sorted(set(tensors) - set(own))}"
+            )
+        self.load_state_dict({k: v.float() for k, v in tensors.items()})
+
+
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def read_safetensors_dir(path: str) -> Dict[str, torch.Tensor]:
+    """Every tensor of the directory's ``.safetensors`` files."""
+    out: Dict[str, torch.Tensor] = {}
+    for name in sorted(os.listdir(path)):
+        if not name.endswith(".safetensors"):
+            continue
+        with open(os.path.join(path, name), "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+            data = bytearray(f.read())
+        for tensor, spec in header.items():
+            if tensor == "__metadata__":
+                continue
+            if spec["dtype"] not in _DTYPES:
+                raise ValueError(f"{name}: tensor {tensor!r} has dtype {spec['dtype']}")
+            begin, end = spec["data_offsets"]
+            flat = torch.frombuffer(data[begin:end], dtype=_DTYPES[spec["dtype"]])
+            out[tensor] = flat.reshape(spec["shape"]).clone()
+    return out
+
+
+def load_dir(path: str) -> LlamaForCausalLM:
+    """A model from a Hugging Face directory (config.json + safetensors)."""
+    model = LlamaForCausalLM(LlamaConfig.from_dir(path))
+    model.load_tensors(read_safetensors_dir(path))
+    return model
