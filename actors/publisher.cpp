@@ -29,6 +29,7 @@ store::publish_request to_request(const publish_args& args) {
   r.version = args.version;
   r.force_anchor = args.force_anchor;
   r.dry_run = args.dry_run;
+  r.files = args.files;
   return r;
 }
 

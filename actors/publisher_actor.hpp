@@ -6,6 +6,7 @@
 #include <caf/typed_actor.hpp>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct publish_args {
   bool dry_run = false;
   /// The admin token, when the node requires one.
   std::string token;
+  /// The checkpoint's non-tensor files (`config.json`, ...) of a streamed
+  /// publish, by name; a directory the node reads brings its own.
+  std::map<std::string, std::string> files;
 };
 
 /// What a publish did.
@@ -44,7 +48,7 @@ struct publish_summary {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, publish_args& x) {
   return f(caf::meta::type_name("stitch.publish_args"), x.pool, x.run_id, x.version, x.force_anchor,
-           x.dry_run, x.token);
+           x.dry_run, x.token, x.files);
 }
 
 template <class Inspector>

@@ -1,5 +1,7 @@
 #include "actors/publisher_http.hpp"
 
+#include <openssl/evp.h>
+
 #include <caf/all.hpp>
 
 #include <nlohmann/json.hpp>
@@ -65,6 +67,62 @@ std::optional<uint64_t> session_of(std::string_view rest) {
   return id;
 }
 
+/// Strict base64 (RFC 4648, padded, no whitespace) to bytes; nullopt when
+/// `text` is not that.
+std::optional<std::string> decode_base64(const std::string& text) {
+  if (text.size() % 4 != 0)
+    return std::nullopt;
+  size_t padding = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const bool plain = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
+                       || c == '+' || c == '/';
+    if (c == '=' && i + 2 >= text.size())
+      ++padding;
+    else if (!plain || padding > 0)
+      return std::nullopt;
+  }
+  std::string out(text.size() / 4 * 3, '\0');
+  if (!text.empty()) {
+    const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                  reinterpret_cast<const unsigned char*>(text.data()),
+                                  static_cast<int>(text.size()));
+    if (n < 0 || static_cast<size_t>(n) != out.size())
+      return std::nullopt;
+  }
+  out.resize(out.size() - padding);
+  return out;
+}
+
+/// The open request's `files`: name -> the file's text (a JSON string, kept
+/// as its UTF-8 bytes) or {"base64": "..."} for any bytes.
+std::variant<std::map<std::string, std::string>, std::string> parse_files(const json& files) {
+  std::map<std::string, std::string> out;
+  if (!files.is_object())
+    return std::string{"'files' must be an object of file name -> text or {\"base64\": ...}"};
+  std::map<std::string, file_entry> sizes;
+  for (const auto& [name, value] : files.items()) {
+    const std::string at = "files[" + quote_untrusted(name) + "]";
+    if (auto ok = validate_file_name(name); !ok)
+      return at + ": " + ok.error().message;
+    if (value.is_string()) {
+      out[name] = value.get<std::string>();
+    } else if (value.is_object() && value.size() == 1 && value.contains("base64")
+               && value["base64"].is_string()) {
+      auto bytes = decode_base64(value["base64"].get<std::string>());
+      if (!bytes)
+        return at + ".base64 is not padded base64 (RFC 4648)";
+      out[name] = std::move(*bytes);
+    } else {
+      return at + " must be the file's text or {\"base64\": \"...\"}";
+    }
+    sizes[name] = file_entry{out[name].size(), 0};
+  }
+  if (auto ok = validate_files(sizes); !ok)
+    return ok.error().message;
+  return out;
+}
+
 /// The open request's body as publish arguments and tensor headers, or the
 /// 400 naming what is wrong.
 std::variant<std::pair<publish_args, std::vector<store::tensor_header>>, server_response>
@@ -89,6 +147,12 @@ parse_open(const std::string& body) {
     if (!j["anchor"].is_boolean())
       return bad("'anchor' must be true or false");
     args.force_anchor = j["anchor"].get<bool>();
+  }
+  if (j.contains("files")) {
+    auto files = parse_files(j["files"]);
+    if (auto* why = std::get_if<std::string>(&files))
+      return bad(std::move(*why));
+    args.files = std::get<0>(std::move(files));
   }
   if (!j.contains("tensors") || !j["tensors"].is_array() || j["tensors"].empty())
     return bad("'tensors' must be a non-empty array of {name, dtype, shape}");

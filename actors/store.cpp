@@ -227,6 +227,19 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
           return *up.bytes;
         });
     },
+    [self](atom::put_file, uint64_t id, const std::string& name,
+           std::vector<char>& bytes) -> caf::result<bool> {
+      if (bytes.size() > max_version_file_bytes)
+        return to_caf_error(
+          {errc::limit_exceeded,
+           "a file is limited to " + std::to_string(max_version_file_bytes) + " bytes"});
+      return on_upload<bool>(
+        self, id, [name, bytes = std::move(bytes)](store_state::upload& up) -> result<bool> {
+          if (auto ok = up.writer->add_file(name, std::as_bytes(std::span{bytes})); !ok)
+            return std::move(ok).error();
+          return true;
+        });
+    },
     [self](atom::put_end, uint64_t id, const manifest& m) {
       auto answer = on_upload<bool>(self, id, [m](store_state::upload& up) -> result<bool> {
         if (auto ok = up.writer->commit(m); !ok)

@@ -26,6 +26,7 @@ CAF_ADD_ATOM(stitch_store, stitch::atom, put_shard, "putshard")
 CAF_ADD_ATOM(stitch_store, stitch::atom, put_chunk, "putchunk")
 CAF_ADD_ATOM(stitch_store, stitch::atom, put_end, "putend")
 CAF_ADD_ATOM(stitch_store, stitch::atom, put_abort, "putabort")
+CAF_ADD_ATOM(stitch_store, stitch::atom, put_file, "putfile")
 CAF_ADD_ATOM(stitch_store, stitch::atom, pointer_moved, "ptrmoved")
 CAF_ADD_ATOM(stitch_store, stitch::atom, notify, "notify")
 CAF_ADD_ATOM(stitch_store, stitch::atom, list_pools, "listpools")
@@ -79,6 +80,9 @@ using store_actor = caf::typed_actor<
   // The next bytes (<= max_chunk_bytes) of the current shard; answers the
   // bytes of the upload so far.
   caf::replies_to<atom::put_chunk, uint64_t, std::vector<char>>::with<uint64_t>,
+  // One whole non-tensor file of upload `id` (<= max_version_file_bytes):
+  // its name and bytes.
+  caf::replies_to<atom::put_file, uint64_t, std::string, std::vector<char>>::with<bool>,
   // Ends upload `id`: checks it against the manifest and stores it durably.
   caf::replies_to<atom::put_end, uint64_t, manifest>::with<bool>,
   // Drops upload `id` and what it wrote (its writer gave up).

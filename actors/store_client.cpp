@@ -79,6 +79,23 @@ public:
     return {};
   }
 
+  status add_file(std::string_view name, std::span<const std::byte> bytes) override {
+    if (!buffer_.empty())
+      if (auto ok = send_buffer(); !ok)
+        return ok;
+    if (auto ok = flush(0); !ok)
+      return ok;
+    std::vector<char> copy(reinterpret_cast<const char*>(bytes.data()),
+                           reinterpret_cast<const char*>(bytes.data()) + bytes.size());
+    std::optional<status> out;
+    self_
+      ->request(target_, caf::duration{timeout_}, atom::put_file_v, id_, std::string{name},
+                std::move(copy))
+      .receive([&](bool) { out.emplace(); },
+               [&](caf::error& err) { out.emplace(from_caf_error(sys_, err)); });
+    return std::move(*out);
+  }
+
   status commit(const manifest& m) override {
     if (!buffer_.empty())
       if (auto ok = send_buffer(); !ok)

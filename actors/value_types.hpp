@@ -78,6 +78,11 @@ typename Inspector::result_type inspect(Inspector& f, tensor_spec_entry& x) {
   return f(caf::meta::type_name("stitch.tensor_spec"), x.dtype, x.shape);
 }
 
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, file_entry& x) {
+  return f(caf::meta::type_name("stitch.file_entry"), x.size, x.checksum);
+}
+
 /// A manifest crosses actor boundaries as a value; receivers from other
 /// nodes still `validate` it like any untrusted input.
 template <class Inspector>
@@ -85,7 +90,7 @@ typename Inspector::result_type inspect(Inspector& f, manifest& x) {
   optional_proxy<uint64_t> base{x.base_version};
   return f(caf::meta::type_name("stitch.manifest"), x.ref, x.kind, base.field, x.encoding, x.comp,
            x.checksum_algorithm, x.touched, x.total_size, x.shards, x.weight_map, x.checksums,
-           x.tensor_specs, base.commit());
+           x.tensor_specs, x.files, base.commit());
 }
 
 /// A request's constraint, parsed once at the HTTP surface that received it

@@ -471,12 +471,17 @@ status validate_tensor_name(std::string_view name) {
   return {};
 }
 
-status validate_shard_name(std::string_view name) {
+namespace {
+
+/// A plain file name of `[A-Za-z0-9._-]`, at most 255 bytes, not starting
+/// with '.'; `what` names it in the error.
+status check_plain_file_name(std::string_view what, std::string_view name) {
   auto bad = [&](const char* why) {
-    return make_error(errc::invalid_argument, "shard name " + quote_untrusted(name) + " " + why);
+    return make_error(errc::invalid_argument,
+                      std::string{what} + " " + quote_untrusted(name) + " " + why);
   };
   if (name.empty())
-    return make_error(errc::invalid_argument, "shard name is empty");
+    return make_error(errc::invalid_argument, std::string{what} + " is empty");
   if (name.size() > max_shard_name_length)
     return bad("is longer than 255 bytes");
   for (char c : name) {
@@ -487,9 +492,32 @@ status validate_shard_name(std::string_view name) {
   }
   if (name.front() == '.')
     return bad("must not start with '.'");
-  if (name.size() <= shard_suffix.size() || !name.ends_with(shard_suffix))
-    return bad("must be a file name ending in .safetensors");
   return {};
+}
+
+} // namespace
+
+status validate_shard_name(std::string_view name) {
+  if (auto ok = check_plain_file_name("shard name", name); !ok)
+    return ok;
+  if (name.size() <= shard_suffix.size() || !name.ends_with(shard_suffix))
+    return make_error(errc::invalid_argument, "shard name " + quote_untrusted(name)
+                                                + " must be a file name ending in .safetensors");
+  return {};
+}
+
+status validate_file_name(std::string_view name) {
+  if (auto ok = check_plain_file_name("file name", name); !ok)
+    return ok;
+  if (name.ends_with(shard_suffix) || name == "model.safetensors.index.json")
+    return make_error(errc::invalid_argument,
+                      "file name " + quote_untrusted(name)
+                        + " is a tensor shard or the index; only other files are kept as files");
+  return {};
+}
+
+std::string file_location_key(std::string_view name) {
+  return "/files/" + std::string{name};
 }
 
 status validate(const manifest& m) {
@@ -602,6 +630,29 @@ status validate(const manifest& m) {
       return manifest_error("metadata.tensor_specs describe " + std::to_string(bytes)
                             + " bytes but total_size is " + std::to_string(m.total_size));
   }
+  return validate_files(m.files);
+}
+
+status validate_files(const std::map<std::string, file_entry>& files) {
+  if (files.size() > max_version_files)
+    return make_error(errc::limit_exceeded,
+                      "metadata.files: " + std::to_string(files.size()) + " files, more than the "
+                        + std::to_string(max_version_files) + " a version keeps");
+  uint64_t total = 0;
+  for (const auto& [name, entry] : files) {
+    if (auto ok = validate_file_name(name); !ok)
+      return with_field("metadata.files", ok.error());
+    if (entry.size > max_version_file_bytes)
+      return make_error(errc::limit_exceeded,
+                        "metadata.files: " + quote_untrusted(name) + " has "
+                          + std::to_string(entry.size) + " bytes, more than the "
+                          + std::to_string(max_version_file_bytes) + " a kept file may have");
+    total += entry.size;
+  }
+  if (total > max_version_files_total)
+    return make_error(errc::limit_exceeded,
+                      "metadata.files: " + std::to_string(total) + " bytes in all, more than the "
+                        + std::to_string(max_version_files_total) + " a version keeps");
   return {};
 }
 
@@ -726,6 +777,27 @@ result<manifest> parse_manifest(std::string_view text) {
     }
   }
 
+  if (const json* files = optional_member(meta, "files")) {
+    if (!files->is_object())
+      return manifest_error("metadata.files must be an object, got " + describe(*files));
+    for (const auto& [name, entry] : files->items()) {
+      const std::string field = "metadata.files[" + quote_untrusted(name) + "]";
+      if (!entry.is_object())
+        return manifest_error(field + " must be an object, got " + describe(entry));
+      auto size = required_uint(entry, "size", field + ".size");
+      if (!size)
+        return std::move(size).error();
+      auto sum = required_string(entry, "checksum", field + ".checksum");
+      if (!sum)
+        return std::move(sum).error();
+      auto value = parse_hex64(*sum);
+      if (!value)
+        return manifest_error(field + ".checksum: " + quote_untrusted(*sum)
+                              + " is not 16 lowercase hex digits");
+      m.files.emplace_hint(m.files.end(), name, file_entry{*size, *value});
+    }
+  }
+
   auto weight_map = read_weight_map(root);
   if (!weight_map)
     return std::move(weight_map).error();
@@ -783,6 +855,12 @@ std::string to_json(const manifest& m) {
     for (const auto& [name, spec] : m.tensor_specs)
       specs.emplace(name, ordered_json{{"dtype", spec.dtype}, {"shape", spec.shape}});
     meta["tensor_specs"] = std::move(specs);
+  }
+  if (!m.files.empty()) {
+    ordered_json files = ordered_json::object();
+    for (const auto& [name, entry] : m.files)
+      files.emplace(name, ordered_json{{"size", entry.size}, {"checksum", hex64(entry.checksum)}});
+    meta["files"] = std::move(files);
   }
   ordered_json root = ordered_json::object();
   root["metadata"] = std::move(meta);

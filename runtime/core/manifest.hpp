@@ -34,6 +34,21 @@ struct tensor_spec_entry {
   friend bool operator==(const tensor_spec_entry&, const tensor_spec_entry&) = default;
 };
 
+/// One small non-tensor file kept with a version (`config.json`, tokenizer
+/// files): its size and checksum (the tensors' algorithm over its bytes).
+struct file_entry {
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+
+  friend bool operator==(const file_entry&, const file_entry&) = default;
+};
+
+/// Most non-tensor files one version keeps, the most bytes each may have,
+/// and the most bytes all of them together may have.
+inline constexpr size_t max_version_files = 64;
+inline constexpr uint64_t max_version_file_bytes = uint64_t{64} << 20;
+inline constexpr uint64_t max_version_files_total = uint64_t{128} << 20;
+
 /// A version's manifest: the Hugging Face `model.safetensors.index.json`
 /// (`metadata` + `weight_map`) with Stitch's keys in `metadata`.
 ///
@@ -44,7 +59,8 @@ struct tensor_spec_entry {
 ///               "checksum": "xxh3-64-tree-1MiB", "touched": ["a", ...],
 ///               "shards": ["model-00001-of-00001.safetensors"],
 ///               "checksums": {"a": "0123456789abcdef", ...},
-///               "tensor_specs": {"a": {"dtype": "BF16", "shape": [4096, 4096]}, ...}},
+///               "tensor_specs": {"a": {"dtype": "BF16", "shape": [4096, 4096]}, ...},
+///               "files": {"config.json": {"size": 612, "checksum": "0123456789abcdef"}}},
 ///  "weight_map": {"a": "model-00001-of-00001.safetensors", ...}}
 /// ```
 /// `weight_map` names the tensors whose (encoded) bytes this version stores:
@@ -75,6 +91,11 @@ struct manifest {
   /// shard headers. Empty for deltas (a chain never changes them: a change of
   /// names, dtypes or shapes forces a new anchor).
   std::map<std::string, tensor_spec_entry> tensor_specs;
+  /// The small non-tensor files of the checkpoint kept with this version
+  /// (`metadata.files`, absent when none), byte-identical: `config.json`,
+  /// `generation_config.json`, tokenizer files. Each version lists all of its
+  /// own; deltas included (they are small).
+  std::map<std::string, file_entry> files;
 
   bool is_full() const noexcept { return kind == version_kind::full; }
   bool is_empty_delta() const noexcept { return kind == version_kind::delta && touched.empty(); }
@@ -91,6 +112,10 @@ inline constexpr size_t max_manifest_tensors = 1'000'000;
 /// problem (missing version, delta without base, unknown encoding, weight_map
 /// naming a file not in `shards`, hostile tensor or shard names, ...).
 status validate(const manifest& m);
+
+/// Checks a version's `files`: names (`validate_file_name`), count and sizes
+/// within the limits above.
+status validate_files(const std::map<std::string, file_entry>& files);
 
 /// Parses and validates an index JSON. Never throws; malformed input is an
 /// `invalid_manifest` error naming the offending key (duplicate keys anywhere
@@ -123,6 +148,16 @@ std::string to_json(const manifest& m);
 /// NUL or control bytes, not absolute, no empty, `.` or `..` path component,
 /// no backslash. Errors are `invalid_argument`.
 status validate_tensor_name(std::string_view name);
+
+/// Checks the name of a non-tensor file kept with a version: a plain file
+/// name of `[A-Za-z0-9._-]`, at most 255 bytes, not starting with `.`, neither
+/// a `.safetensors` shard nor the checkpoint's index
+/// (`model.safetensors.index.json`), which Stitch writes itself.
+status validate_file_name(std::string_view name);
+
+/// Where a version's file `name` is stored among its tensors' locations (a
+/// key no tensor name can take: tensor names are never absolute).
+std::string file_location_key(std::string_view name);
 
 /// Checks a shard file name: a plain file name ending in `.safetensors`
 /// (no directories, no `..`, no control bytes). Only `[A-Za-z0-9._-]`, at

@@ -4,10 +4,13 @@
 #include <map>
 #include <vector>
 
+#include "runtime/core/checksum.hpp"
+
 namespace stitch {
 
 status put_version(store_backend& store, std::string_view pool, const manifest& m,
-                   std::span<const shard_upload> shards) {
+                   std::span<const shard_upload> shards,
+                   const std::map<std::string, std::string>& files) {
   if (auto ok = validate(m); !ok)
     return ok;
   std::map<std::string, byte_source*> by_name;
@@ -45,7 +48,32 @@ status put_version(store_backend& store, std::string_view pool, const manifest& 
         return ok;
     }
   }
+  for (const auto& [name, bytes] : files)
+    if (auto ok = (*writer)->add_file(name, std::as_bytes(std::span{bytes.data(), bytes.size()}));
+        !ok)
+      return ok;
   return (*writer)->commit(m);
+}
+
+result<std::string> read_version_file(store_backend& store, std::string_view pool,
+                                      const manifest& m, std::string_view name) {
+  auto it = m.files.find(std::string{name});
+  if (it == m.files.end())
+    return make_error(errc::not_found,
+                      to_string(m.ref) + " keeps no file " + quote_untrusted(name));
+  const file_entry& entry = it->second;
+  if (entry.size > max_version_file_bytes)
+    return make_error(errc::limit_exceeded, "file " + quote_untrusted(name) + " of "
+                                              + to_string(m.ref) + " is larger than the limit");
+  std::string bytes(entry.size, '\0');
+  if (auto ok = store.read_range(pool, m.ref, file_location_key(name), 0,
+                                 std::as_writable_bytes(std::span{bytes}));
+      !ok)
+    return std::move(ok).error();
+  if (checksum::tree_checksum(std::as_bytes(std::span{bytes})) != entry.checksum)
+    return make_error(errc::corrupt_data, "file " + quote_untrusted(name) + " of "
+                                            + to_string(m.ref) + " does not match its checksum");
+  return bytes;
 }
 
 } // namespace stitch

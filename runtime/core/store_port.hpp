@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -73,6 +74,10 @@ public:
   virtual status begin_shard(std::string_view name, uint64_t size) = 0;
   /// The next bytes of the current shard.
   virtual status write(std::span<const std::byte> bytes) = 0;
+  /// Stores one small non-tensor file of the version (`config.json`, ...)
+  /// whole; any time before `commit`, after a shard's last bytes. `commit`
+  /// checks the files given against the manifest's `files`.
+  virtual status add_file(std::string_view name, std::span<const std::byte> bytes) = 0;
   /// Checks the streamed shards against `m` (whose ref is the writer's) and
   /// stores the version durably. Idempotent for identical content;
   /// `version_exists` when a published version has other content.
@@ -118,9 +123,17 @@ public:
                                           const retention_request& request) = 0;
 };
 
+/// Reads file `name` that version `m` keeps (`m.files`), checked against its
+/// size and checksum: `not_found` when the version keeps no such file,
+/// `corrupt_data` when the stored bytes differ.
+result<std::string> read_version_file(store_backend& store, std::string_view pool,
+                                      const manifest& m, std::string_view name);
+
 /// Stores a version from whole shards: `begin_version`, each shard in the
-/// manifest's order (every shard the manifest names, once), `commit`.
+/// manifest's order (every shard the manifest names, once), the `files`
+/// (`add_file`; the manifest's `files` must describe them), `commit`.
 status put_version(store_backend& store, std::string_view pool, const manifest& m,
-                   std::span<const shard_upload> shards);
+                   std::span<const shard_upload> shards,
+                   const std::map<std::string, std::string>& files = {});
 
 } // namespace stitch

@@ -68,7 +68,9 @@ result<publish_summary> stream_directory(caf::actor_system& sys, const publisher
   if (!source)
     return std::move(source).error();
   const auto& tensors = (*source)->tensors();
-  auto session = ask<uint64_t>(sys, publisher, atom::publish_v, cmd.args, tensors);
+  publish_args args = cmd.args;
+  args.files = (*source)->files();
+  auto session = ask<uint64_t>(sys, publisher, atom::publish_v, args, tensors);
   if (!session)
     return std::move(session).error();
   caf::scoped_actor self{sys};
@@ -287,25 +289,11 @@ status run_init_model(const init_model_command& cmd, std::FILE* out) {
   if (!weights)
     return std::move(weights).error();
   const std::filesystem::path dir = cmd.out_dir;
-  if (auto ok = store::write_hf_directory(dir, *weights); !ok)
+  // config.json next to the shards, in the same atomic replacement.
+  if (auto ok = store::write_hf_directory(dir, *weights, default_max_shard_bytes,
+                                          {{"config.json", engine::render_model_config(*config)}});
+      !ok)
     return ok;
-  // config.json next to the shards, written whole before it is visible.
-  const auto tmp = dir / "config.json.tmp";
-  {
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f)
-      return make_error(errc::backend_failure, "cannot write " + tmp.string());
-    const auto text = engine::render_model_config(*config);
-    const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size()
-                         && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-    std::fclose(f);
-    if (!written)
-      return make_error(errc::backend_failure, "cannot write " + tmp.string());
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, dir / "config.json", ec);
-  if (ec)
-    return make_error(errc::backend_failure, "cannot write config.json: " + ec.message());
   uint64_t bytes = 0;
   for (const auto& [name, t] : *weights)
     bytes += t.bytes.size();

@@ -359,7 +359,7 @@ bool is_export_shard_name(std::string_view name) {
 }
 
 /// Only the files an earlier export wrote may be replaced.
-status check_replaceable(const fs::path& target) {
+status check_replaceable(const fs::path& target, const std::map<std::string, std::string>& files) {
   std::error_code ec;
   auto st = fs::symlink_status(target, ec);
   if (ec || st.type() == fs::file_type::not_found)
@@ -376,7 +376,7 @@ status check_replaceable(const fs::path& target) {
   for (; it != fs::directory_iterator{}; it.increment(ec)) {
     std::string name = it->path().filename().string();
     bool ours = it->is_regular_file(ec) && !it->is_symlink(ec)
-                && (name == hf_index_file || is_export_shard_name(name));
+                && (name == hf_index_file || is_export_shard_name(name) || files.contains(name));
     if (!ours)
       return fail(errc::invalid_argument,
                   "output " + target.string() + " holds " + quote(name)
@@ -510,7 +510,18 @@ std::string index_json(const shard_plan& plan) {
 
 /// Writes every file of the checkpoint into `dir` (empty, ours).
 status write_files(const fs::path& dir, std::span<const safetensors::tensor_spec> tensors,
-                   const tensor_filler& fill, const shard_plan& plan, bool sync) {
+                   const tensor_filler& fill, const shard_plan& plan, bool sync,
+                   const std::map<std::string, std::string>& files) {
+  for (const auto& [name, bytes] : files) {
+    if (auto ok = validate_file_name(name); !ok)
+      return ok;
+    auto ok =
+      write_new_file(dir / name, sync, bytes.size(), [&](const safetensors::byte_sink& sink) {
+        return sink(std::as_bytes(std::span{bytes.data(), bytes.size()}));
+      });
+    if (!ok)
+      return ok;
+  }
   const safetensors::metadata_map metadata{{"format", "pt"}};
   std::map<std::string, const safetensors::tensor_spec*> by_name;
   for (const auto& t : tensors)
@@ -555,8 +566,78 @@ std::string temp_suffix() {
 
 } // namespace
 
+namespace {
+
+/// Weights in other formats that HF repositories carry next to safetensors
+/// (`pytorch_model.bin`, ...): not kept with a version, whose weights are the
+/// safetensors.
+bool is_other_weight_format(std::string_view name) {
+  for (std::string_view ext :
+       {".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz", ".pkl"})
+    if (name.ends_with(ext))
+      return true;
+  return false;
+}
+
+} // namespace
+
+result<std::map<std::string, std::string>> read_checkpoint_files(const fs::path& given) {
+  std::map<std::string, std::string> files;
+  std::error_code ec;
+  const fs::path directory = fs::canonical(given, ec);
+  if (ec)
+    return fail(errc::not_found, "cannot open " + given.string() + ": " + ec.message());
+  fs::directory_iterator it{directory, ec};
+  if (ec)
+    return fail(errc::not_found, "cannot list " + directory.string() + ": " + ec.message());
+  uint64_t total = 0;
+  for (; it != fs::directory_iterator{}; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name.front() == '.' || name == hf_index_file
+        || name.ends_with(".safetensors") || is_other_weight_format(name)
+        || !it->is_regular_file(ec))
+      continue;
+    if (auto ok = validate_file_name(name); !ok)
+      return fail(errc::invalid_argument,
+                  "checkpoint file " + quote(name) + " in " + directory.string()
+                    + " cannot be kept with the version: " + ok.error().message
+                    + " (rename or remove it)");
+    if (files.size() == max_version_files)
+      return fail(errc::limit_exceeded, directory.string() + " holds more than "
+                                          + std::to_string(max_version_files)
+                                          + " non-tensor files (a version keeps at most that)");
+    // Read through a descriptor checked like the shards' (no escape by symlink).
+    const auto size = it->file_size(ec);
+    if (ec)
+      return fail(errc::backend_failure,
+                  "cannot stat " + it->path().string() + ": " + ec.message());
+    if (size > max_version_file_bytes || total + size > max_version_files_total)
+      return fail(errc::limit_exceeded,
+                  "checkpoint file " + quote(name) + " in " + directory.string() + " has "
+                    + std::to_string(size) + " bytes; a version keeps files of at most "
+                    + std::to_string(max_version_file_bytes) + " bytes each, "
+                    + std::to_string(max_version_files_total) + " in all (move it elsewhere)");
+    auto resolved = resolve_inside(directory, name);
+    if (!resolved)
+      return std::move(resolved).error();
+    unique_fd fd{::open(resolved->c_str(), O_RDONLY | O_CLOEXEC)};
+    if (fd.get() < 0)
+      return fail(errc::backend_failure,
+                  "cannot open " + resolved->string() + ": " + errno_text(errno));
+    std::string bytes(size, '\0');
+    if (auto ok = read_file_range(fd.get(), 0, std::as_writable_bytes(std::span{bytes}), name); !ok)
+      return std::move(ok).error();
+    total += size;
+    files.emplace(name, std::move(bytes));
+  }
+  if (ec)
+    return fail(errc::backend_failure, "cannot list " + directory.string() + ": " + ec.message());
+  return files;
+}
+
 status write_hf_directory(const fs::path& directory, const tensor_set& tensors,
-                          uint64_t max_shard_bytes) {
+                          uint64_t max_shard_bytes,
+                          const std::map<std::string, std::string>& files) {
   std::vector<safetensors::tensor_spec> specs;
   std::vector<tensor_header> headers;
   for (const auto& [key, t] : tensors) {
@@ -573,12 +654,13 @@ status write_hf_directory(const fs::path& directory, const tensor_set& tensors,
   tensor_filler fill = [&](const std::string& name, const safetensors::byte_sink& sink) {
     return sink(tensors.at(name).bytes);
   };
-  return write_hf_directory(directory, specs, fill, max_shard_bytes, true);
+  return write_hf_directory(directory, specs, fill, max_shard_bytes, true, files);
 }
 
 status write_hf_directory(const fs::path& directory,
                           std::span<const safetensors::tensor_spec> tensors,
-                          const tensor_filler& fill, uint64_t max_shard_bytes, bool sync) {
+                          const tensor_filler& fill, uint64_t max_shard_bytes, bool sync,
+                          const std::map<std::string, std::string>& files) {
   fs::path target = directory.lexically_normal();
   if (!target.has_filename())
     target = target.parent_path();
@@ -601,7 +683,7 @@ status write_hf_directory(const fs::path& directory,
   auto plan = plan_shards(inputs, max_shard_bytes);
   if (!plan)
     return std::move(plan).error();
-  if (auto ok = check_replaceable(target); !ok)
+  if (auto ok = check_replaceable(target, files); !ok)
     return ok;
 
   std::error_code ec;
@@ -618,7 +700,7 @@ status write_hf_directory(const fs::path& directory,
     fs::remove_all(temp, ignored);
     return outcome;
   };
-  if (auto ok = write_files(temp, tensors, fill, *plan, sync); !ok)
+  if (auto ok = write_files(temp, tensors, fill, *plan, sync, files); !ok)
     return cleanup(std::move(ok));
   if (sync)
     if (auto ok = fsync_directory(temp); !ok)

@@ -89,9 +89,22 @@ result<tensor_set> load_hf_directory(const std::filesystem::path& directory);
 /// directory that then replaces `directory` by rename, so a reader sees the
 /// old checkpoint or the new one, never a mix. An existing `directory` must be
 /// empty or hold only what an earlier export wrote (the index and shard
-/// names above); anything else is refused with `invalid_argument`.
+/// names above, or the `files` about to be written); anything else is
+/// refused with `invalid_argument`. `files` (non-tensor files such as
+/// `config.json`, by name) are written next to the shards, byte for byte.
 status write_hf_directory(const std::filesystem::path& directory, const tensor_set& tensors,
-                          uint64_t max_shard_bytes = default_max_shard_bytes);
+                          uint64_t max_shard_bytes = default_max_shard_bytes,
+                          const std::map<std::string, std::string>& files = {});
+
+/// The checkpoint's small non-tensor files (`config.json`, tokenizer files,
+/// ...): every regular file of `directory` (not its subdirectories) except
+/// the shards, the index, hidden files and weights in other formats
+/// (`*.bin`, `*.pt`, `*.pth`, `*.ckpt`, `*.h5`, `*.msgpack`, `*.gguf`,
+/// `*.onnx`, `*.npz`, `*.pkl`), by name, read whole. A file whose
+/// name cannot be kept (`validate_file_name`), more than `max_version_files`
+/// files, or one over the size limits is an error naming it.
+result<std::map<std::string, std::string>>
+read_checkpoint_files(const std::filesystem::path& directory);
 
 /// Writes tensor `name`'s bytes through `sink` when the checkpoint writer
 /// comes to it.
@@ -106,6 +119,7 @@ using tensor_filler =
 /// does).
 status write_hf_directory(const std::filesystem::path& directory,
                           std::span<const safetensors::tensor_spec> tensors,
-                          const tensor_filler& fill, uint64_t max_shard_bytes, bool sync);
+                          const tensor_filler& fill, uint64_t max_shard_bytes, bool sync,
+                          const std::map<std::string, std::string>& files = {});
 
 } // namespace stitch::store

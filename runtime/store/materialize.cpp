@@ -511,13 +511,22 @@ status export_version(store_backend& store, std::string_view pool, const version
   // The files are written in name order, shard after shard: read in that order.
   std::sort(order.begin(), order.end(),
             [](const auto* a, const auto* b) { return a->name < b->name; });
+  // The version's non-tensor files (config.json, ...), checked against their
+  // checksums, go next to the shards byte for byte.
+  std::map<std::string, std::string> files;
+  for (const auto& [name, entry] : reader->target().files) {
+    auto bytes = read_version_file(store, pool, reader->target(), name);
+    if (!bytes)
+      return std::move(bytes).error();
+    files.emplace(name, std::move(*bytes));
+  }
   auto ahead = read_ahead::start(*reader, std::move(order), 3, piece);
   if (!ahead)
     return std::move(ahead).error();
   tensor_filler fill = [&](const std::string& name, const safetensors::byte_sink& sink) {
     return (*ahead)->take(name, sink);
   };
-  return write_hf_directory(out_dir, specs, fill, options.max_shard_bytes, options.sync);
+  return write_hf_directory(out_dir, specs, fill, options.max_shard_bytes, options.sync, files);
 }
 
 } // namespace stitch::store

@@ -361,6 +361,25 @@ manifest anchor_manifest(const version_ref& ref, const std::vector<tensor_header
   return m;
 }
 
+/// The manifest entries of a version's non-tensor files, checked.
+result<std::map<std::string, file_entry>>
+describe_files(const std::map<std::string, std::string>& files) {
+  std::map<std::string, file_entry> out;
+  for (const auto& [name, bytes] : files)
+    out.emplace(name, file_entry{bytes.size(), checksum::tree_checksum(std::as_bytes(
+                                                 std::span{bytes.data(), bytes.size()}))});
+  if (auto ok = validate_files(out); !ok)
+    return make_error(errc::invalid_argument, ok.error().message);
+  return out;
+}
+
+status add_files(version_writer& writer, const std::map<std::string, std::string>& files) {
+  for (const auto& [name, bytes] : files)
+    if (auto ok = writer.add_file(name, std::as_bytes(std::span{bytes.data(), bytes.size()})); !ok)
+      return ok;
+  return {};
+}
+
 } // namespace
 
 std::vector<std::byte> encode_delta_frame(std::span<const std::byte> payload) {
@@ -505,6 +524,12 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
   const auto& tensors = source.tensors();
   if (auto ok = validate_headers(tensors); !ok)
     return std::move(ok).error();
+  // The request's files, else the source's (a checkpoint directory's).
+  const auto& file_bytes = request.files.empty() ? source.files() : request.files;
+  auto described = describe_files(file_bytes);
+  if (!described)
+    return std::move(described).error();
+  const auto& files = *described;
 
   const auto key = std::make_pair(request.pool, request.run_id);
   const version_ref ref{request.run_id, request.version};
@@ -668,6 +693,8 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
       return ok;
     if (auto ok = anchor_shards->finish(*writer); !ok)
       return ok;
+    if (auto ok = add_files(*writer, file_bytes); !ok)
+      return ok;
     return writer->commit(m);
   };
   if (how == mode::anchor)
@@ -808,7 +835,7 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
   report.raw_bytes = raw_bytes;
   manifest m;
   if (how == mode::verify) {
-    if (sums != expected->checksums || !identical)
+    if (sums != expected->checksums || !identical || expected->files != files)
       return failed(make_error(errc::version_exists, to_string(ref) + " is already stored in pool "
                                                        + quote(request.pool)
                                                        + " with different content"));
@@ -830,6 +857,7 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     m.checksums = sums;
     for (const auto& f : frame_refs)
       m.touched.push_back(tensors[f.tensor].name);
+    m.files = files;
     if (!request.dry_run) {
       auto w = store_.begin_version(request.pool, ref);
       if (!w)
@@ -843,6 +871,8 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
             return failed(std::move(ok).error());
         }
       if (auto ok = shards->finish(**w); !ok)
+        return failed(std::move(ok).error());
+      if (auto ok = add_files(**w, file_bytes); !ok)
         return failed(std::move(ok).error());
       if (auto ok = (*w)->commit(m); !ok)
         return failed(std::move(ok).error());
@@ -871,6 +901,7 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
         }
     }
     m = anchor_manifest(ref, tensors, *anchor_shards, sums);
+    m.files = files;
     if (writer)
       if (auto ok = commit_anchor(m); !ok)
         return failed(std::move(ok).error());

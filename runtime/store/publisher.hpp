@@ -56,6 +56,10 @@ struct publish_request {
   bool force_anchor = false;
   /// Compute everything, touch neither the store nor the remembered version.
   bool dry_run = false;
+  /// The checkpoint's small non-tensor files (`config.json`, tokenizer
+  /// files), by file name, kept byte-identical with the version
+  /// (`manifest::files`; limits in runtime/core/manifest.hpp).
+  std::map<std::string, std::string> files = {};
 };
 
 struct publisher_options {

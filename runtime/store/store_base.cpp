@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "runtime/core/checksum.hpp"
+
 namespace stitch::store {
 
 namespace {
@@ -175,6 +177,32 @@ public:
     return {};
   }
 
+  status add_file(std::string_view name, std::span<const std::byte> bytes) override {
+    if (auto ok = usable(); !ok)
+      return ok;
+    if (auto ok = close_current(); !ok)
+      return fail(std::move(ok));
+    if (auto ok = validate_file_name(name); !ok)
+      return fail(std::move(ok));
+    if (files_.contains(std::string{name}))
+      return fail(make_error(errc::invalid_argument, "file " + quote_untrusted(name) + " of "
+                                                       + to_string(ref_) + " was given twice"));
+    std::map<std::string, file_entry> after = files_;
+    after.emplace(std::string{name}, file_entry{bytes.size(), 0});
+    if (auto ok = validate_files(after); !ok)
+      return fail(std::move(ok));
+    if (sink_) {
+      if (auto ok = sink_->open_shard(name, bytes.size()); !ok)
+        return fail(std::move(ok));
+      if (auto ok = sink_->append(bytes); !ok)
+        return fail(std::move(ok));
+      if (auto ok = sink_->close_shard(); !ok)
+        return fail(std::move(ok));
+    }
+    files_.emplace(std::string{name}, file_entry{bytes.size(), checksum::tree_checksum(bytes)});
+    return {};
+  }
+
   status commit(const manifest& m) override {
     if (auto ok = usable(); !ok)
       return ok;
@@ -187,6 +215,19 @@ public:
     auto layout = check_.finish(m);
     if (!layout)
       return fail(std::move(layout).error());
+    if (files_ != m.files)
+      return fail(make_error(errc::invalid_manifest,
+                             "metadata.files of " + to_string(ref_)
+                               + " does not describe the files stored with it ("
+                               + std::to_string(m.files.size()) + " listed, "
+                               + std::to_string(files_.size()) + " stored, or other sizes)"));
+    // Each file is a shard of its own name, found by its location key.
+    for (const auto& [name, entry] : files_) {
+      layout->tensors[file_location_key(name)] =
+        tensor_location{static_cast<uint32_t>(layout->shards.size()), 0, entry.size};
+      layout->shards.push_back(name);
+      layout->shard_sizes.push_back(entry.size);
+    }
     std::lock_guard guard{store_.pool_lock(pool_)};
     auto published = store_.is_published(pool_, ref_);
     if (!published)
@@ -241,6 +282,8 @@ private:
   version_ref ref_;
   std::unique_ptr<shard_sink> sink_;
   shard_stream_check check_;
+  /// The files added so far (`add_file`).
+  std::map<std::string, file_entry> files_;
   bool open_ = false;
   bool failed_ = false;
 };

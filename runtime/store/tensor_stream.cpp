@@ -65,6 +65,10 @@ result<std::unique_ptr<directory_stream>> directory_stream::open(const std::file
       return std::move(fd).error();
     s->fds_[file] = *fd;
   }
+  auto files = read_checkpoint_files(dir);
+  if (!files)
+    return std::move(files).error();
+  s->files_ = std::move(*files);
   return s;
 }
 

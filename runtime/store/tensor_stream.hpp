@@ -48,6 +48,12 @@ public:
   /// Fills `out` exactly with the next bytes: tensor `index` from `offset`.
   /// Calls come in order, (index, offset) continuing where the last ended.
   virtual status read(size_t index, uint64_t offset, std::span<std::byte> out) = 0;
+  /// The checkpoint's small non-tensor files (`config.json`, ...), by name;
+  /// a publish keeps them with the version. None unless the source has them.
+  virtual const std::map<std::string, std::string>& files() const {
+    static const std::map<std::string, std::string> none;
+    return none;
+  }
 };
 
 /// Tensors held in memory (a built-in model, a test's weights).
@@ -71,10 +77,12 @@ public:
   ~directory_stream() override;
   const std::vector<tensor_header>& tensors() const override { return headers_; }
   status read(size_t index, uint64_t offset, std::span<std::byte> out) override;
+  const std::map<std::string, std::string>& files() const override { return files_; }
 
 private:
   directory_stream() = default;
   hf_checkpoint checkpoint_;
+  std::map<std::string, std::string> files_;
   std::vector<tensor_header> headers_;
   std::vector<const hf_tensor*> tensors_;
   /// One descriptor per file, by name.

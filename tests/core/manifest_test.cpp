@@ -657,3 +657,48 @@ TEST(manifest_tensor_specs, malformed_json_is_refused_naming_the_field) {
 
 } // namespace
 } // namespace stitch
+
+TEST(manifest, files_round_trip_and_are_absent_when_none) {
+  auto doc = delta_doc();
+  doc["metadata"]["files"] = {{"config.json", {{"size", 612}, {"checksum", "0123456789abcdef"}}},
+                              {"tokenizer.model", {{"size", 0}, {"checksum", "2d06800538d394c2"}}}};
+  auto m = parse(doc);
+  ASSERT_TRUE(m) << m.error().message;
+  ASSERT_EQ(m->files.size(), 2u);
+  EXPECT_EQ(m->files.at("config.json"), (file_entry{612, 0x0123456789abcdefULL}));
+  auto again = parse_manifest(to_json(*m));
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again, *m);
+  // Without files the rendering has no `files` key (older readers' shape).
+  auto plain = parse(full_doc());
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(to_json(*plain).find("\"files\""), std::string::npos);
+}
+
+TEST(manifest, hostile_or_oversized_files_are_refused_by_name) {
+  auto with = [](json files) {
+    auto doc = full_doc();
+    doc["metadata"]["files"] = std::move(files);
+    return doc;
+  };
+  auto entry = [](uint64_t size) { return json{{"size", size}, {"checksum", "0123456789abcdef"}}; };
+  expect_refused(with(json::array()), {"metadata.files", "object"});
+  expect_refused(with({{"config.json", "text"}}), {"metadata.files", "config.json"});
+  expect_refused(with({{"config.json", {{"size", 1}}}}), {"checksum"});
+  expect_refused(with({{"config.json", {{"size", 1}, {"checksum", "xyz"}}}}), {"hex"});
+  expect_refused(with({{"config.json", {{"size", -1}, {"checksum", "0123456789abcdef"}}}}),
+                 {"size"});
+  for (std::string bad : {"../x", "a/b", ".env", "model-00001-of-00001.safetensors",
+                          "model.safetensors.index.json", "x y", ""})
+    expect_refused(with({{bad, entry(1)}}), {"file name"});
+  expect_refused(with({{"big.bin", entry(max_version_file_bytes + 1)}}), {"big.bin", "bytes"},
+                 errc::limit_exceeded);
+  json many = json::object();
+  for (size_t i = 0; i <= max_version_files; ++i)
+    many["f" + std::to_string(i)] = entry(1);
+  expect_refused(with(many), {"files"}, errc::limit_exceeded);
+  json heavy = json::object();
+  for (int i = 0; i < 3; ++i)
+    heavy["f" + std::to_string(i)] = entry(max_version_file_bytes);
+  expect_refused(with(heavy), {"in all"}, errc::limit_exceeded);
+}

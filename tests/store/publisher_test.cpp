@@ -620,3 +620,92 @@ TEST(publisher_bounded_memory, a_failed_delta_forgets_the_half_rewritten_copy) {
 }
 
 } // namespace
+
+TEST_F(publisher_test, a_checkpoints_files_travel_with_every_version_and_export) {
+  temp_dir dir;
+  const std::string config = R"({"model_type": "llama", "rope_theta": 500000.0})";
+  const std::string tokenizer(70'000, 't');
+  tensor_set w = make_weights(21);
+  // From a checkpoint directory: its non-tensor files come along, hidden
+  // ones and the index stay behind.
+  ASSERT_TRUE(write_hf_directory(dir.path() / "ckpt", w, default_max_shard_bytes,
+                                 {{"config.json", config}, {"tokenizer.json", tokenizer}}));
+  for (const char* skipped : {".DS_Store", "pytorch_model.bin", "optimizer.pt"}) {
+    std::FILE* f = std::fopen((dir.path() / "ckpt" / skipped).c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+  }
+  publisher pub{store};
+  auto source = directory_stream::open(dir.path() / "ckpt");
+  ASSERT_TRUE(source) << to_string(source.error());
+  EXPECT_EQ((*source)->files().size(), 2u);
+  auto first = pub.publish(req("r1", 0), **source);
+  ASSERT_TRUE(first) << to_string(first.error());
+  auto m0 = store.read_manifest("default", {"r1", 0});
+  ASSERT_TRUE(m0);
+  ASSERT_EQ(m0->files.size(), 2u);
+  EXPECT_EQ(m0->files.at("config.json").size, config.size());
+  auto got = read_version_file(store, "default", *m0, "tokenizer.json");
+  ASSERT_TRUE(got) << to_string(got.error());
+  EXPECT_EQ(*got, tokenizer);
+
+  // A delta from memory with the request's files keeps them too.
+  w.at("model.norm.weight").bytes[0] ^= std::byte{1};
+  auto r1 = req("r1", 1);
+  r1.files = {{"config.json", config}};
+  auto second = pub.publish(r1, w);
+  ASSERT_TRUE(second) << to_string(second.error());
+  EXPECT_EQ(second->kind, version_kind::delta);
+  auto m1 = store.read_manifest("default", {"r1", 1});
+  ASSERT_TRUE(m1);
+  EXPECT_EQ(m1->files.size(), 1u);
+  // Re-publishing with the same files is idempotent; with other files it is
+  // another content.
+  auto same = pub.publish(r1, w);
+  ASSERT_TRUE(same) << to_string(same.error());
+  EXPECT_TRUE(same->idempotent);
+  auto changed = r1;
+  changed.files["config.json"] = R"({"model_type": "llama"})";
+  auto clash = pub.publish(changed, w);
+  ASSERT_FALSE(clash);
+  EXPECT_EQ(clash.error().code, errc::version_exists);
+
+  // Export writes them next to the shards, byte for byte.
+  ASSERT_TRUE(export_version(store, "default", {"r1", 0}, dir.path() / "out0"));
+  auto files0 = read_checkpoint_files(dir.path() / "out0");
+  ASSERT_TRUE(files0) << to_string(files0.error());
+  EXPECT_EQ(*files0, (std::map<std::string, std::string>{{"config.json", config},
+                                                         {"tokenizer.json", tokenizer}}));
+  ASSERT_TRUE(export_version(store, "default", {"r1", 1}, dir.path() / "out1"));
+  auto files1 = read_checkpoint_files(dir.path() / "out1");
+  ASSERT_TRUE(files1);
+  EXPECT_EQ(files1->size(), 1u);
+  // Re-exporting over an export with the same files replaces it.
+  EXPECT_TRUE(export_version(store, "default", {"r1", 0}, dir.path() / "out0"));
+}
+
+TEST_F(publisher_test, checkpoint_files_that_cannot_be_kept_are_refused_by_name) {
+  temp_dir dir;
+  tensor_set w = make_weights(22);
+  ASSERT_TRUE(write_hf_directory(dir.path() / "ckpt", w));
+  {
+    std::FILE* f = std::fopen((dir.path() / "ckpt" / "notes for me.txt").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+  }
+  auto source = directory_stream::open(dir.path() / "ckpt");
+  ASSERT_FALSE(source);
+  EXPECT_EQ(source.error().code, errc::invalid_argument);
+  EXPECT_NE(source.error().message.find("notes for me.txt"), std::string::npos)
+    << source.error().message;
+
+  publisher pub{store};
+  auto r = req("r1", 0);
+  r.files = {{"big.bin", std::string(max_version_file_bytes + 1, 'x')}};
+  auto big = pub.publish(r, w);
+  ASSERT_FALSE(big);
+  EXPECT_EQ(big.error().code, errc::invalid_argument);
+  r.files = {{"../escape", "x"}};
+  EXPECT_FALSE(pub.publish(r, w));
+  EXPECT_FALSE(store.read_manifest("default", {"r1", 0}));
+}

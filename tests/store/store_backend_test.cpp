@@ -198,6 +198,91 @@ TEST_P(store_backend_test, anchor_round_trips_bytes_across_shards_and_pieces) {
   EXPECT_TRUE(std::equal(part.begin(), part.end(), w["big"].begin() + store::piece_size - 500));
 }
 
+/// `v` with `files` kept alongside (manifest entries and bytes).
+built_version with_files(built_version v, std::map<std::string, std::string> files) {
+  for (const auto& [name, bytes] : files)
+    v.m.files[name] = {bytes.size(), checksum::tree_checksum(std::as_bytes(std::span{bytes}))};
+  v.files = std::move(files);
+  return v;
+}
+
+TEST_P(store_backend_test, non_tensor_files_are_kept_byte_identical_with_a_version) {
+  std::string binary(3 * 1024 * 1024 + 7, '\0');
+  for (size_t i = 0; i < binary.size(); ++i)
+    binary[i] = static_cast<char>((i * 131) ^ (i >> 9));
+  const std::map<std::string, std::string> files{
+    {"config.json", R"({"model_type": "llama", "rope_theta": 500000.0})"},
+    {"tokenizer.model", binary},
+    {"empty.txt", ""}};
+  auto version = with_files(full_version("r", 0, base_weights()), files);
+  auto stored = put(*store, pool, version);
+  ASSERT_TRUE(stored) << to_string(stored.error());
+  ASSERT_TRUE(store->claim(pool, version.m.ref));
+  auto m = store->read_manifest(pool, {"r", 0});
+  ASSERT_TRUE(m) << to_string(m.error());
+  EXPECT_EQ(m->files, version.m.files);
+  for (const auto& [name, bytes] : files) {
+    auto got = read_version_file(*store, pool, *m, name);
+    ASSERT_TRUE(got) << name << ": " << to_string(got.error());
+    EXPECT_EQ(*got, bytes) << name;
+  }
+  // The tensors are unaffected; a file the version does not keep is not found.
+  auto a = read_tensor(*store, pool, {"r", 0}, "a", 1000);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(*a, base_weights()["a"]);
+  auto missing = read_version_file(*store, pool, *m, "generation_config.json");
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().code, errc::not_found);
+  // A delta keeps its own files.
+  auto next = base_weights();
+  next["a"][0] ^= std::byte{1};
+  auto delta = with_files(delta_version("r", 1, base_weights(), next),
+                          {{"config.json", R"({"model_type": "llama"})"}});
+  ASSERT_TRUE(put(*store, pool, delta));
+  ASSERT_TRUE(store->compare_and_advance_pointer(pool, version_ref{"r", 0}, delta.m.ref));
+  auto dm = store->read_manifest(pool, {"r", 1});
+  ASSERT_TRUE(dm);
+  auto cfg = read_version_file(*store, pool, *dm, "config.json");
+  ASSERT_TRUE(cfg) << to_string(cfg.error());
+  EXPECT_EQ(*cfg, R"({"model_type": "llama"})");
+}
+
+TEST_P(store_backend_test, files_must_match_the_manifest_and_their_names_are_checked) {
+  // Stored but not listed, listed but not stored, another size: refused.
+  auto unlisted = full_version("r", 0, base_weights());
+  unlisted.files = {{"config.json", "{}"}};
+  auto refused = put(*store, pool, unlisted);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, errc::invalid_manifest) << to_string(refused.error());
+  auto listed = with_files(full_version("r", 0, base_weights()), {{"config.json", "{}"}});
+  listed.files.clear();
+  refused = put(*store, pool, listed);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, errc::invalid_manifest);
+  auto other = with_files(full_version("r", 0, base_weights()), {{"config.json", "{}"}});
+  other.files["config.json"] = "{ }";
+  EXPECT_FALSE(put(*store, pool, other));
+  for (std::string bad : {"../config.json", "a/b.json", ".hidden", "model.safetensors",
+                          "model.safetensors.index.json", "x\ny"}) {
+    auto hostile = with_files(full_version("r", 0, base_weights()), {});
+    hostile.files = {{bad, "x"}};
+    auto got = put(*store, pool, hostile);
+    ASSERT_FALSE(got) << bad;
+    EXPECT_EQ(got.error().code, errc::invalid_argument) << bad << ": " << to_string(got.error());
+  }
+  // Nothing of the refused attempts is visible; the same version then stores.
+  EXPECT_FALSE(store->read_manifest(pool, {"r", 0}));
+  auto good = with_files(full_version("r", 0, base_weights()), {{"config.json", "{}"}});
+  ASSERT_TRUE(put(*store, pool, good));
+  // Re-publishing it with other files is another content.
+  ASSERT_TRUE(store->claim(pool, good.m.ref));
+  auto changed = with_files(full_version("r", 0, base_weights()), {{"config.json", "[]"}});
+  auto again = put(*store, pool, changed);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code, errc::version_exists);
+  EXPECT_TRUE(put(*store, pool, good));
+}
+
 TEST_P(store_backend_test, stored_version_is_invisible_until_the_pointer_names_it) {
   auto version = full_version("r", 0, base_weights());
   ASSERT_TRUE(put(*store, pool, version));

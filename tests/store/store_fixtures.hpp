@@ -62,6 +62,8 @@ inline store::host_tensor make_tensor(std::string name, safetensors::dtype type,
 struct built_version {
   manifest m;
   std::vector<std::pair<std::string, std::vector<std::byte>>> shards;
+  /// Non-tensor files kept with it (`m.files` describes them).
+  std::map<std::string, std::string> files = {};
 };
 
 /// Holds the sources of one put (each put consumes its sources).
@@ -78,7 +80,7 @@ struct upload_set {
 
 inline status put(store_backend& store, std::string_view pool, const built_version& v) {
   upload_set set{v};
-  return put_version(store, pool, v.m, set.uploads);
+  return put_version(store, pool, v.m, set.uploads, v.files);
 }
 
 inline std::vector<version_ref> refs_of(const std::vector<retention_entry>& entries) {
