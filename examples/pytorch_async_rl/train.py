@@ -186,7 +186,11 @@ def train(args, publisher: str, gateway: str) -> int:
     out = sys.stdout
     boot = args.boot_version
     started = time.monotonic()
-    client.publish(model.state_dict_for_publish(), run=args.run, version=boot, pool=args.pool)
+    # config.json goes with every version: replicas serve it with this
+    # architecture whatever their own model settings.
+    files = {"config.json": config.to_json()}
+    client.publish(model.state_dict_for_publish(), run=args.run, version=boot, pool=args.pool,
+                   files=files)
     client.wait_until_serving(boot, run=args.run, pool=args.pool, timeout=300)
     if not args.json:
         print(f"published boot version {boot} ({args.preset}); serving after "
@@ -206,7 +210,7 @@ def train(args, publisher: str, gateway: str) -> int:
             iw = policy_gradient_step(model, optimizer, batch, args)
             t0 = time.monotonic()
             client.publish(model.state_dict_for_publish(), run=args.run, version=latest + 1,
-                           pool=args.pool)
+                           pool=args.pool, files=files)
             publish_ms = (time.monotonic() - t0) * 1000
             latest += 1
             row = {

@@ -57,6 +57,17 @@ status put_version(store_backend& store, std::string_view pool, const manifest& 
 
 result<std::string> read_version_file(store_backend& store, std::string_view pool,
                                       const manifest& m, std::string_view name) {
+  return read_version_file(
+    m, name,
+    [&](const version_ref& ref, std::string_view key, uint64_t offset, std::span<std::byte> out) {
+      return store.read_range(pool, ref, key, offset, out);
+    });
+}
+
+result<std::string> read_version_file(
+  const manifest& m, std::string_view name,
+  const std::function<status(const version_ref&, std::string_view, uint64_t, std::span<std::byte>)>&
+    read) {
   auto it = m.files.find(std::string{name});
   if (it == m.files.end())
     return make_error(errc::not_found,
@@ -66,8 +77,7 @@ result<std::string> read_version_file(store_backend& store, std::string_view poo
     return make_error(errc::limit_exceeded, "file " + quote_untrusted(name) + " of "
                                               + to_string(m.ref) + " is larger than the limit");
   std::string bytes(entry.size, '\0');
-  if (auto ok = store.read_range(pool, m.ref, file_location_key(name), 0,
-                                 std::as_writable_bytes(std::span{bytes}));
+  if (auto ok = read(m.ref, file_location_key(name), 0, std::as_writable_bytes(std::span{bytes}));
       !ok)
     return std::move(ok).error();
   if (checksum::tree_checksum(std::as_bytes(std::span{bytes})) != entry.checksum)

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -123,9 +124,16 @@ public:
                                           const retention_request& request) = 0;
 };
 
-/// Reads file `name` that version `m` keeps (`m.files`), checked against its
-/// size and checksum: `not_found` when the version keeps no such file,
-/// `corrupt_data` when the stored bytes differ.
+/// Reads file `name` that version `m` keeps (`m.files`) through `read` (a
+/// stored tensor range reader: the file is found by `file_location_key`),
+/// checked against its size and checksum: `not_found` when the version keeps
+/// no such file, `corrupt_data` when the stored bytes differ.
+result<std::string> read_version_file(
+  const manifest& m, std::string_view name,
+  const std::function<status(const version_ref&, std::string_view, uint64_t, std::span<std::byte>)>&
+    read);
+
+/// `read_version_file` from a store.
 result<std::string> read_version_file(store_backend& store, std::string_view pool,
                                       const manifest& m, std::string_view name);
 

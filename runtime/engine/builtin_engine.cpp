@@ -322,10 +322,28 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
                                              + " but the manifest says "
                                              + checksum::to_hex(expected));
   }
+  // The architecture the version's own config.json says (rope_theta,
+  // rms_norm_eps, ... included), else the engine's: never the engine's
+  // settings for a checkpoint that says otherwise.
+  model_config config = config_;
+  if (target->files.contains("config.json")) {
+    auto text = read_version_file(*target, "config.json", read);
+    if (!text)
+      return std::move(text).error();
+    auto parsed = parse_model_config(*text);
+    if (!parsed)
+      return fail(errc::invalid_argument, "the config.json of " + to_string(plan.target)
+                                            + " cannot be served: " + parsed.error().message);
+    config = *parsed;
+  }
   // The expensive part of activation happens here, while serving.
-  auto prepared = build_weights(config_, std::move(tensors));
+  auto prepared = build_weights(config, std::move(tensors));
   if (!prepared)
-    return std::move(prepared).error();
+    return fail(errc::invalid_argument,
+                to_string(plan.target) + " does not match the architecture it is served with"
+                  + (target->files.contains("config.json") ? " (its config.json)"
+                                                           : " (the engine's model settings)")
+                  + ": " + prepared.error().message);
   std::lock_guard guard{mutex_};
   shadow_ = shadow{std::move(*prepared), plan.target};
   return {};
@@ -382,6 +400,11 @@ status builtin_engine::flush_cache() {
   return {};
 }
 
+model_config builtin_engine::served_config() const {
+  auto w = served();
+  return w ? w->config : config_;
+}
+
 status builtin_engine::reset_to_boot(const version_ref& ref, tensor_source& source) {
   chain_plan plan;
   plan.target = ref;
@@ -425,7 +448,7 @@ result<generation_result> builtin_engine::generate(const generation_request& req
   options.seed = request.sampling.seed ? *request.sampling.seed : seed_for(request.id);
   options.max_tokens = request.sampling.max_new_tokens;
   options.stop = request.sampling.stop;
-  auto started = decoder::start(config_, tokenizer_, request.prompt, options);
+  auto started = decoder::start(served_config(), tokenizer_, request.prompt, options);
   if (!started)
     return std::move(started).error();
   auto out = run(std::move(*started), cancelled, {});
@@ -487,7 +510,8 @@ result<engine_reply> builtin_engine::forward(const engine_call& call, const even
     } else if (call.method == "GET" && call.route == "/get_model_info") {
       j["model_path"] = "stitch-builtin";
       j["is_generation"] = true;
-      j["config"] = nlohmann::ordered_json::parse(render_model_config(config_), nullptr, false);
+      j["config"] =
+        nlohmann::ordered_json::parse(render_model_config(served_config()), nullptr, false);
     } else {
       reply.status = 404;
       reply.body = error_json(
@@ -507,7 +531,7 @@ result<engine_reply> builtin_engine::forward(const engine_call& call, const even
     req->sampling.seed = seed_for(call.id);
   if (req->model.empty())
     req->model = "stitch-builtin";
-  auto started = decoder::start(config_, tokenizer_, req->prompt, req->sampling);
+  auto started = decoder::start(served_config(), tokenizer_, req->prompt, req->sampling);
   if (!started)
     return std::move(started).error();
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(

@@ -74,7 +74,11 @@ public:
 
   /// The weights served now (null before the first commit).
   std::shared_ptr<const weights> served() const;
+  /// The settings the engine was built with (the node's model preset).
   const model_config& config() const noexcept { return config_; }
+  /// The architecture served now: the served version's own config.json when
+  /// it has one, else `config()`.
+  model_config served_config() const;
   /// Requests submitted and not finished (waiting or stepping).
   size_t requests_in_flight() const;
   batch_stats stats() const;

@@ -44,11 +44,14 @@ double max_pause_us(const host_port& gateway, const std::string& pool) {
 }
 
 status publish_version(caf::actor_system& sys, const demo_command& cmd,
-                       const store::tensor_set& weights, const std::filesystem::path& dir,
-                       uint64_t version) {
+                       const store::tensor_set& weights, const engine::model_config& config,
+                       const std::filesystem::path& dir, uint64_t version) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  if (auto ok = store::write_hf_directory(dir, weights); !ok)
+  // config.json goes with every version (replicas serve it with it).
+  if (auto ok = store::write_hf_directory(dir, weights, default_max_shard_bytes,
+                                          {{"config.json", engine::render_model_config(config)}});
+      !ok)
     return ok;
   publish_command pub;
   pub.coordinator = cmd.coordinator;
@@ -130,7 +133,7 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     if (!initial)
       return std::move(initial).error();
     weights = std::move(*initial);
-    if (auto ok = publish_version(sys, cmd, *weights, scratch / "v", cmd.boot_version); !ok)
+    if (auto ok = publish_version(sys, cmd, *weights, config, scratch / "v", cmd.boot_version); !ok)
       return ok;
   }
 
@@ -184,7 +187,7 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     if (!stats)
       return std::move(stats).error();
     row.reward = stats->mean_reward;
-    if (auto ok = publish_version(sys, cmd, *weights, scratch / "v", latest + 1); !ok)
+    if (auto ok = publish_version(sys, cmd, *weights, config, scratch / "v", latest + 1); !ok)
       return ok;
     row.pause_us = max_pause_us(cmd.gateway, cmd.pool);
     rows.push_back(row);

@@ -514,5 +514,64 @@ TEST_F(builtin_engine_test,
   EXPECT_FALSE(stale.stored_reads.empty());
 }
 
+TEST_F(builtin_engine_test, a_version_is_served_with_its_own_config_json) {
+  // The same tensors under another rope_theta and rms_norm_eps: the engine
+  // serves them with those settings (the logprobs follow them), not its own.
+  model_config other = config;
+  other.rope_theta = 500000.0;
+  other.rms_norm_eps = 1e-3;
+  store::publisher pub{db};
+  store::publish_request r{"cfg", "c", 0, false, false};
+  r.files = {{"config.json", render_model_config(other)}};
+  ASSERT_TRUE(pub.publish(r, versions[0]));
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "cfg"};
+  chain_plan p;
+  p.target = {"c", 0};
+  p.anchor = version_ref{"c", 0};
+  p.activation_needed = true;
+  ASSERT_TRUE(e.stage(p, false, src));
+  ASSERT_TRUE(e.commit());
+  EXPECT_EQ(e.served_config(), other);
+  EXPECT_EQ(e.config(), config) << "the engine's own settings stay";
+  auto got = e.generate(request("hello"), {});
+  ASSERT_TRUE(got) << to_string(got.error());
+  auto w = build_weights(other, versions[0]);
+  ASSERT_TRUE(w);
+  sampling_options o;
+  o.max_tokens = 24;
+  o.stop_at_eos = false;
+  auto expected = engine::generate(**w, other, tokenizer{}, "hello", o);
+  ASSERT_TRUE(expected);
+  EXPECT_EQ(got->tokens, expected->tokens);
+  EXPECT_EQ(got->logprobs, expected->logprobs);
+  auto with_preset = reference(versions[0], "hello");
+  EXPECT_NE(got->logprobs, with_preset.logprobs) << "the config made no difference";
+}
+
+TEST_F(builtin_engine_test, a_version_whose_config_json_does_not_fit_its_tensors_is_refused) {
+  store::publisher pub{db};
+  model_config wider = config;
+  wider.intermediate_size *= 2;
+  for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
+         {"shapes", render_model_config(wider)}, {"garbage", "{not json"}}) {
+    store::publish_request r{"bad-" + name, "c", 0, false, false};
+    r.files = {{"config.json", text}};
+    ASSERT_TRUE(pub.publish(r, versions[0]));
+    builtin_engine e{config};
+    store::store_tensor_source src{db, "bad-" + name};
+    chain_plan p;
+    p.target = {"c", 0};
+    p.anchor = version_ref{"c", 0};
+    p.activation_needed = true;
+    auto staged = e.stage(p, false, src);
+    ASSERT_FALSE(staged) << name;
+    EXPECT_EQ(staged.error().code, errc::invalid_argument);
+    EXPECT_NE(staged.error().message.find("config.json"), std::string::npos)
+      << staged.error().message;
+    EXPECT_FALSE(e.served());
+  }
+}
+
 } // namespace
 } // namespace stitch::engine

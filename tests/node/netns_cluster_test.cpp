@@ -138,13 +138,14 @@ TEST_F(netns_cluster, replicas_fetch_peer_to_peer_across_links_and_survive_a_cut
     model += n.get<uint64_t>();
   }
   EXPECT_GT(model, 40u << 20) << first->dump();
-  EXPECT_EQ((*first)["last_fetch"]["from_store"], 0) << first->dump();
+  // Tensors from peers; only the small config.json from the store.
+  EXPECT_LE((*first)["last_fetch"]["from_store"].get<uint64_t>(), 4096u) << first->dump();
 
   r2 = start_replica(3, "r2");
   auto second = converged(3, *r2, "r2", 60s);
   ASSERT_TRUE(second) << r2->log();
   EXPECT_EQ(peer_bytes(*second, "r1-replica-0"), model) << second->dump();
-  EXPECT_EQ((*second)["last_fetch"]["from_store"], 0) << second->dump();
+  EXPECT_LE((*second)["last_fetch"]["from_store"].get<uint64_t>(), 4096u) << second->dump();
 
   // r3 reads from both; r1's link goes down while it does.
   ASSERT_EQ(run(netns + " throttle " + tag + " 2 60mbit").code, 0);

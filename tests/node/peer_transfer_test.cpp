@@ -124,9 +124,10 @@ TEST_F(peer_transfer, a_new_replica_stages_from_the_replica_that_holds_the_versi
     from_peers += n.get<uint64_t>();
   }
   EXPECT_GT(from_peers, 400'000u) << info->dump() << edge->log();
-  EXPECT_EQ(fetch["from_store"].get<uint64_t>(), 0u) << info->dump();
+  // Every tensor byte from the peer; only the small config.json from the store.
+  EXPECT_LE(fetch["from_store"].get<uint64_t>(), 4096u) << info->dump();
   EXPECT_EQ((*info)["metrics"]["bytes_from_peers_total"], from_peers);
-  EXPECT_EQ((*info)["metrics"]["bytes_from_store_total"], 0) << info->dump();
+  EXPECT_LE((*info)["metrics"]["bytes_from_store_total"].get<uint64_t>(), 4096u) << info->dump();
   // It generates on those weights exactly as the holder does.
   transport::http_request req;
   req.method = "POST";
@@ -153,7 +154,7 @@ TEST_F(peer_transfer, the_publisher_lends_what_it_published_and_a_replica_stages
   ASSERT_TRUE(first["from_peers"].contains("publisher@local/default/r"))
     << info->dump() << hub->log();
   EXPECT_GT(first["from_peers"]["publisher@local/default/r"].get<uint64_t>(), 400'000u);
-  EXPECT_EQ(first["from_store"].get<uint64_t>(), 0u) << info->dump();
+  EXPECT_LE(first["from_store"].get<uint64_t>(), 4096u) << info->dump(); // config.json
   // A new version: the publisher lends it in place of version 0.
   auto next = dir.path() / "next";
   ASSERT_EQ(run(stitch("init-model --preset tiny --seed 6 --out " + next.string())).code, 0);
@@ -188,11 +189,13 @@ TEST_F(peer_transfer, the_publisher_lends_what_it_published_and_a_replica_stages
       R"(stitch_replica_transfer_bytes_total\{replica="replica-0",pool="default",source="peers"\} ([0-9]+))"}))
     << text;
   EXPECT_GT(std::stoull(m[1]), 400'000u);
-  EXPECT_NE(
-    text.find(
-      R"(stitch_replica_transfer_bytes_total{replica="replica-0",pool="default",source="store"} 0)"),
-    std::string::npos)
+  // Only the small config.json from the store.
+  ASSERT_TRUE(std::regex_search(
+    text, m,
+    std::regex{
+      R"(stitch_replica_transfer_bytes_total\{replica="replica-0",pool="default",source="store"\} ([0-9]+))"}))
     << text;
+  EXPECT_LE(std::stoull(m[1]), 4096u) << text;
 }
 
 TEST_F(peer_transfer, with_peers_off_a_replica_reads_the_store_and_says_so) {

@@ -17,6 +17,7 @@ the server's JSON (its ``type``, ``message``, ``retryable``).
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -26,7 +27,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ["Client", "PublishSession", "StitchError", "TensorBytes"]
+__all__ = ["Client", "PublishSession", "StitchError", "TensorBytes", "checkpoint_files"]
 
 #: Bytes sent per PUT of a publish session (the publisher bounds it too).
 DEFAULT_CHUNK_BYTES = 16 << 20
@@ -182,6 +183,41 @@ def _safetensors_dir(path: str) -> List[_Source]:
                 name, spec["dtype"], list(spec["shape"]), end - begin, path=full, offset=base + begin
             )
     return [out[k] for k in sorted(out)]
+
+
+#: Weights in other formats an HF directory may carry; not kept as files.
+_OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz", ".pkl")
+
+
+def checkpoint_files(path: str) -> Dict[str, bytes]:
+    """The small non-tensor files of an HF directory (``config.json``,
+    tokenizer files, ...) as `stitch publish` keeps them: every regular file
+    except the shards, the index, hidden files and other weight formats."""
+    out: Dict[str, bytes] = {}
+    for f in sorted(os.listdir(path)):
+        full = os.path.join(path, f)
+        if (
+            f.startswith(".")
+            or f.endswith(".safetensors")
+            or f == "model.safetensors.index.json"
+            or f.endswith(_OTHER_WEIGHTS)
+            or not os.path.isfile(full)
+        ):
+            continue
+        with open(full, "rb") as fh:
+            out[f] = fh.read()
+    return out
+
+
+def _files_json(files: Mapping[str, Union[str, bytes]]) -> Dict[str, Any]:
+    """Files as the open request carries them: text as is, bytes as base64."""
+    out: Dict[str, Any] = {}
+    for name, data in files.items():
+        if isinstance(data, str):
+            out[name] = data
+        else:
+            out[name] = {"base64": base64.b64encode(bytes(data)).decode("ascii")}
+    return out
 
 
 def _sources(weights: Union[str, os.PathLike, Mapping[str, Any]]) -> List[_Source]:
@@ -373,10 +409,13 @@ class Client:
         pool: str = "default",
         anchor: bool = False,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        files: Optional[Mapping[str, Union[str, bytes]]] = None,
     ) -> PublishSession:
         """Opens a publish session for ``tensors`` — (name, dtype, shape)
         in ascending name order — whose bytes follow with
-        :meth:`PublishSession.write`."""
+        :meth:`PublishSession.write`. ``files`` are the checkpoint's small
+        non-tensor files (``config.json``, ...; text or bytes), kept with the
+        version byte for byte."""
         body = {
             "pool": pool,
             "run_id": run,
@@ -384,6 +423,8 @@ class Client:
             "anchor": bool(anchor),
             "tensors": [{"name": n, "dtype": d, "shape": [int(x) for x in s]} for n, d, s in tensors],
         }
+        if files:
+            body["files"] = _files_json(files)
         return PublishSession(self._pub(), self._pub().json("POST", "/publish", body), chunk_bytes)
 
     def publish(
@@ -394,15 +435,21 @@ class Client:
         pool: str = "default",
         anchor: bool = False,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        files: Optional[Mapping[str, Union[str, bytes]]] = None,
     ) -> Dict[str, Any]:
         """Publishes ``weights`` — a state dict (torch tensors, numpy arrays
         or :class:`TensorBytes`) or a directory of ``.safetensors`` files —
         as ``version`` of ``run``. Streams each tensor's bytes in pieces of
-        ``chunk_bytes``; never builds one large buffer. Answers what was
-        published (``ref``, ``kind``, ``stored_bytes``, ``touched``, ...)."""
+        ``chunk_bytes``; never builds one large buffer. ``files`` (default:
+        a directory's :func:`checkpoint_files`) are kept with the version:
+        give a state dict's ``config.json`` here. Answers what was published
+        (``ref``, ``kind``, ``stored_bytes``, ``touched``, ...)."""
         sources = _sources(weights)
+        if files is None and isinstance(weights, (str, os.PathLike)):
+            files = checkpoint_files(os.fspath(weights))
         session = self.open_session(
-            [(s.name, s.dtype, s.shape) for s in sources], run, version, pool, anchor, chunk_bytes
+            [(s.name, s.dtype, s.shape) for s in sources], run, version, pool, anchor, chunk_bytes,
+            files,
         )
         with session:
             for s in sources:

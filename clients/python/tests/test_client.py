@@ -152,6 +152,54 @@ class PublishAndRollouts(unittest.TestCase):
         self.assertEqual(cli.returncode, 0, cli.stdout + cli.stderr)
         self.assertIn("already published", cli.stdout + cli.stderr)
 
+    def test_a_checkpoints_files_are_kept_with_the_version_byte_for_byte(self):
+        # The boot directory's config.json went with version 0 (publish of a
+        # directory); a state dict's files are given; binary files travel as
+        # base64. `stitch export` writes them back identical, and the CLI's
+        # re-publish of the export is idempotent (same tensors, same files).
+        with open(os.path.join(self.boot, "config.json"), "rb") as f:
+            config = f.read()
+        tokenizer = bytes(range(256)) * 300
+        weights = read_safetensors(self.boot)
+        done = self.client.publish(
+            weights, run="files", version=0, pool="files",
+            files={"config.json": config.decode(), "tokenizer.model": tokenizer},
+        )
+        self.assertFalse(done["idempotent"])
+        out = os.path.join(self.tmp, "files-export")
+        cli = subprocess.run(
+            [os.path.join(BIN, "stitch"), "--coordinator", self.node.coordinator, "export",
+             "--pool", "files", "--version", "files/0", "--out", out],
+            capture_output=True, text=True,
+        )
+        self.assertEqual(cli.returncode, 0, cli.stdout + cli.stderr)
+        with open(os.path.join(out, "config.json"), "rb") as f:
+            self.assertEqual(f.read(), config)
+        with open(os.path.join(out, "tokenizer.model"), "rb") as f:
+            self.assertEqual(f.read(), tokenizer)
+        again = self.client.publish(out, run="files", version=0, pool="files")
+        self.assertTrue(again["idempotent"])
+        # Other files under the same version are another content.
+        with self.assertRaises(StitchError) as caught:
+            self.client.publish(weights, run="files", version=0, pool="files",
+                                files={"config.json": "{}"})
+        self.assertEqual(caught.exception.status, 409)
+        self.assertEqual(caught.exception.type, "VersionExists")
+        for bad, why in (("../config.json", "file name"), ("model.safetensors", "index")):
+            with self.assertRaises(StitchError) as caught:
+                self.client.publish(weights, run="files", version=1, pool="files", files={bad: "x"})
+            self.assertEqual(caught.exception.status, 400)
+            self.assertIn(why, str(caught.exception))
+        body = {"run_id": "files", "version": 1, "pool": "files",
+                "tensors": [{"name": "a", "dtype": "U8", "shape": [1]}],
+                "files": {"config.json": {"base64": "not base64!"}}}
+        conn = http.client.HTTPConnection(self.node.publisher.split("//")[1])
+        conn.request("POST", "/publish", json.dumps(body), {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        self.assertEqual(answer.status, 400)
+        self.assertIn("base64", answer.read().decode())
+        conn.close()
+
     def test_malformed_tensors_are_refused_naming_the_problem(self):
         with self.assertRaises(StitchError) as caught:
             self.client.open_session([("a", "F33", [2])], run="bad", version=0)

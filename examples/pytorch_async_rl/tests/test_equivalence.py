@@ -22,7 +22,7 @@ import torch
 
 from harness import Node, init_model
 from stitch_client import Client
-from stitch_llama import encode, load_dir
+from stitch_llama import PRESETS, LlamaConfig, LlamaForCausalLM, encode, load_dir
 
 PROMPTS = ["write letters: ", "The quick brown fox", "0", "hello, world! \u00e9\u4e16"]
 
@@ -108,6 +108,41 @@ class Equivalence:
             ours = perturbed.token_logprobs(prompt_ids, tokens).tolist()
         worst = max(abs(a - b) for a, b in zip(ours, logprobs))
         self.assertGreater(worst, 10 * self.tolerance)
+
+
+class ServedWithItsOwnConfig(unittest.TestCase):
+    """A checkpoint whose config.json says another rope_theta and
+    rms_norm_eps (same shapes) is served with them: the engine's logprobs
+    follow its config, not the node's preset."""
+
+    def test_logprobs_follow_the_published_config(self):
+        tmp = tempfile.mkdtemp(prefix="stitch-equivalence-config-")
+        node = Node(os.path.join(tmp, "node"))
+        client = Client(publisher=node.publisher, gateway=node.gateway)
+        try:
+            config = PRESETS["tiny"]
+            other = LlamaConfig(**{**config.__dict__, "rope_theta": 500000.0, "rms_norm_eps": 1e-3})
+            model = LlamaForCausalLM(other)
+            model.init_weights(5)
+            client.publish(model.state_dict_for_publish(), run="cfg", version=0,
+                           files={"config.json": other.to_json()})
+            client.wait_until_serving(0, timeout=60)
+            prompt = encode("write letters: ")
+            answer = client.generate("write letters: ", return_logprob=True, exact_version=0,
+                                     sampling_params={"max_new_tokens": 16, "temperature": 0})
+            tokens = answer["output_ids"]
+            engine = [lp[0] for lp in answer["meta_info"]["output_token_logprobs"]]
+            with torch.no_grad():
+                ours = model.token_logprobs(prompt, tokens).tolist()
+                default = LlamaForCausalLM(config)
+                default.load_state_dict(model.state_dict())
+                theirs = default.token_logprobs(prompt, tokens).tolist()
+            self.assertLessEqual(max(abs(a - b) for a, b in zip(ours, engine)), 1e-4)
+            self.assertGreater(max(abs(a - b) for a, b in zip(theirs, engine)), 1e-3)
+        finally:
+            client.close()
+            node.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class TinyFloat32(Equivalence, unittest.TestCase):
