@@ -24,7 +24,12 @@ struct publisher_http_options {
 /// a publish session over HTTP, for trainers that are not CAF clients.
 ///
 ///   POST   /publish                 {"pool", "run_id", "version", "anchor",
-///                                    "tensors": [{"name", "dtype", "shape"}]}
+///                                    "tensors": [{"name", "dtype", "shape"}],
+///                                    "files": {"config.json": "<text>",
+///                                              "tokenizer.model":
+///                                                {"base64": "..."}}}
+///                                   (`files`, optional: the checkpoint's
+///                                   non-tensor files, kept with the version)
 ///                                   → 201 {"session", "expects_bytes",
 ///                                          "max_request_bytes"}
 ///   PUT    /publish/<id>            the next bytes of the tensors, in the
