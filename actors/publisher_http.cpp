@@ -191,38 +191,63 @@ parse_open(const std::string& body) {
   return std::pair{std::move(args), std::move(headers)};
 }
 
-/// Hands `body` to session `id` in pieces of at most `max_chunk_bytes`, one
-/// after the other (the publisher answers each once consumed); `done` runs
-/// with nothing, or the error that stopped it, once all are consumed.
+/// Pieces of one request in flight to the publisher at once: the publish
+/// thread finds the next piece queued when it finishes one, instead of idling
+/// for a round trip through the actors per piece.
+constexpr size_t feed_window = 3;
+
+/// Hands `body` to session `id` in pieces of at most `max_chunk_bytes`, in
+/// order, up to `feed_window` of them in flight (the publisher answers each
+/// once consumed); `done` runs once, with nothing or the first error, when
+/// all are consumed or one failed.
 void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, std::string body,
           std::function<void(std::optional<server_response>)> done) {
-  sys.spawn([publisher, id, done = std::move(done),
-             body = std::make_shared<std::string>(std::move(body))](caf::event_based_actor* self) {
-    auto at = std::make_shared<size_t>(0);
-    auto next = std::make_shared<std::function<void()>>();
-    *next = [self, publisher, id, done, body, at, next] {
-      size_t n = std::min<size_t>(max_chunk_bytes, body->size() - *at);
-      std::vector<char> piece(body->data() + *at, body->data() + *at + n);
-      self->request(publisher, std::chrono::minutes{2}, atom::chunk_v, id, std::move(piece))
-        .then(
-          [self, done, body, at, n, next](uint64_t) {
-            *at += n;
-            if (*at < body->size()) {
-              (*next)();
-              return;
-            }
-            done(std::nullopt);
-            *next = nullptr; // break the cycle
-            self->quit();
-          },
-          [self, done, next](caf::error& err) {
-            done(failure(self->system(), err));
-            *next = nullptr;
-            self->quit();
-          });
-    };
-    (*next)();
-  });
+  struct progress {
+    std::string body;
+    size_t sent = 0;
+    size_t consumed = 0;
+    size_t in_flight = 0;
+    bool finished = false;
+  };
+  sys.spawn(
+    [publisher, id, done = std::move(done),
+     st = std::make_shared<progress>(progress{std::move(body)})](caf::event_based_actor* self) {
+      auto pump = std::make_shared<std::function<void()>>();
+      *pump = [self, publisher, id, done, st, pump] {
+        while (!st->finished && st->in_flight < feed_window && st->sent < st->body.size()) {
+          const size_t n = std::min<size_t>(max_chunk_bytes, st->body.size() - st->sent);
+          std::vector<char> piece(st->body.data() + st->sent, st->body.data() + st->sent + n);
+          st->sent += n;
+          ++st->in_flight;
+          self->request(publisher, std::chrono::minutes{2}, atom::chunk_v, id, std::move(piece))
+            .then(
+              [self, done, st, n, pump](uint64_t) {
+                --st->in_flight;
+                st->consumed += n;
+                if (st->finished)
+                  return;
+                if (st->consumed == st->body.size()) {
+                  st->finished = true;
+                  done(std::nullopt);
+                  *pump = nullptr; // break the cycle
+                  self->quit();
+                  return;
+                }
+                (*pump)();
+              },
+              [self, done, st, pump](caf::error& err) {
+                --st->in_flight;
+                if (st->finished)
+                  return;
+                st->finished = true;
+                done(failure(self->system(), err));
+                *pump = nullptr;
+                self->quit();
+              });
+        }
+      };
+      (*pump)();
+    });
 }
 
 /// Asks the publisher `xs...` and answers with `render(reply)`, or with the
