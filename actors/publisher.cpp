@@ -196,6 +196,34 @@ stitch::error no_session(uint64_t id) {
                                "publisher.session_idle_timeout)"};
 }
 
+/// Hands the next bytes of session `id` to its stream; answered (with the
+/// bytes the session still expects) once the publish consumed them.
+template <class Self>
+caf::result<uint64_t> take_chunk(Self* self, uint64_t id, std::shared_ptr<const void> owner,
+                                 std::span<const char> bytes) {
+  auto& st = self->state;
+  auto it = st.sessions.find(id);
+  if (it == st.sessions.end() || it->second.aborted)
+    return to_caf_error(no_session(id));
+  auto& s = it->second;
+  s.last_seen = self->clock().now();
+  if (bytes.size() > max_chunk_bytes)
+    return to_caf_error({errc::limit_exceeded, "a publish chunk is limited to "
+                                                 + std::to_string(max_chunk_bytes) + " bytes"});
+  auto promise = self->template make_response_promise<uint64_t>();
+  const uint64_t left = s.stream->total() - s.stream->pushed() - bytes.size();
+  const uint64_t ack = st.jobs.add([promise, left]() mutable { promise.deliver(left); });
+  auto handle = caf::actor_cast<caf::actor>(self);
+  if (auto ok = s.stream->push(std::move(owner), bytes,
+                               [handle, ack] { caf::anon_send(handle, atom::done_v, ack); });
+      !ok) {
+    st.jobs.drop(ack);
+    s.stream->close(ok.error());
+    promise.deliver(to_caf_error(ok.error()));
+  }
+  return promise;
+}
+
 } // namespace
 
 publish_summary summarize(const store::publish_report& report) {
@@ -371,27 +399,15 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       return id;
     },
     [self](atom::chunk, uint64_t id, std::vector<char>& bytes) -> caf::result<uint64_t> {
-      auto& st = self->state;
-      auto it = st.sessions.find(id);
-      if (it == st.sessions.end() || it->second.aborted)
-        return to_caf_error(no_session(id));
-      auto& s = it->second;
-      s.last_seen = self->clock().now();
-      if (bytes.size() > max_chunk_bytes)
-        return to_caf_error({errc::limit_exceeded, "a publish chunk is limited to "
-                                                     + std::to_string(max_chunk_bytes) + " bytes"});
-      auto promise = self->make_response_promise<uint64_t>();
-      const uint64_t left = s.stream->total() - s.stream->pushed() - bytes.size();
-      const uint64_t ack = st.jobs.add([promise, left]() mutable { promise.deliver(left); });
-      auto handle = caf::actor_cast<caf::actor>(self);
-      if (auto ok = s.stream->push(std::move(bytes),
-                                   [handle, ack] { caf::anon_send(handle, atom::done_v, ack); });
-          !ok) {
-        st.jobs.drop(ack);
-        s.stream->close(ok.error());
-        promise.deliver(to_caf_error(ok.error()));
-      }
-      return promise;
+      auto owned = std::make_shared<const std::vector<char>>(std::move(bytes));
+      std::span<const char> view{*owned};
+      return take_chunk(self, id, std::move(owned), view);
+    },
+    [self](atom::chunk, uint64_t id, shared_piece& piece) -> caf::result<uint64_t> {
+      if (!piece.owner || (!piece.data && piece.size > 0))
+        return to_caf_error({errc::invalid_argument, "a publish piece without its bytes"});
+      std::span<const char> view{piece.data, piece.size};
+      return take_chunk(self, id, std::move(piece.owner), view);
     },
     [self](atom::finish, uint64_t id) -> caf::result<publish_summary> {
       auto& st = self->state;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,33 @@ struct publish_summary {
   std::string reason_for_anchor;
 };
 
+/// Bytes of a streamed publish that another object already holds (an HTTP
+/// request's body): handed to the publisher in the same process without a
+/// copy. Across nodes it travels as its bytes.
+struct shared_piece {
+  /// Keeps `data` alive.
+  std::shared_ptr<const void> owner;
+  const char* data = nullptr;
+  uint64_t size = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shared_piece& x) {
+  if constexpr (Inspector::reads_state) {
+    std::string bytes;
+    if (x.owner && x.data)
+      bytes.assign(x.data, x.size);
+    return f(caf::meta::type_name("stitch.shared_piece"), bytes);
+  } else {
+    auto bytes = std::make_shared<std::string>();
+    auto outcome = f(caf::meta::type_name("stitch.shared_piece"), *bytes);
+    x.data = bytes->data();
+    x.size = bytes->size();
+    x.owner = std::move(bytes);
+    return outcome;
+  }
+}
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, publish_args& x) {
   return f(caf::meta::type_name("stitch.publish_args"), x.pool, x.run_id, x.version, x.force_anchor,
@@ -74,6 +102,7 @@ CAF_ADD_TYPE_ID(stitch_publisher, (stitch::publish_args))
 CAF_ADD_TYPE_ID(stitch_publisher, (stitch::publish_summary))
 CAF_ADD_TYPE_ID(stitch_publisher, (stitch::store::tensor_header))
 CAF_ADD_TYPE_ID(stitch_publisher, (std::vector<stitch::store::tensor_header>) )
+CAF_ADD_TYPE_ID(stitch_publisher, (stitch::shared_piece))
 CAF_ADD_ATOM(stitch_publisher, stitch::atom, publish, "pubstart")
 CAF_ADD_ATOM(stitch_publisher, stitch::atom, init_model, "initmodel")
 CAF_ADD_ATOM(stitch_publisher, stitch::atom, chunk, "chunk")
@@ -102,6 +131,8 @@ using publisher_actor = caf::typed_actor<
   // once the publish consumed them (the window a client keeps in flight is
   // all the memory it holds here) with the bytes the session still expects.
   caf::replies_to<atom::chunk, uint64_t, std::vector<char>>::with<uint64_t>,
+  // The same for bytes that stay where they are (an HTTP body in this process).
+  caf::replies_to<atom::chunk, uint64_t, shared_piece>::with<uint64_t>,
   // Ends session `id`: answers what was published.
   caf::replies_to<atom::finish, uint64_t>::with<publish_summary>,
   // Gives session `id` up: nothing of it becomes visible.

@@ -200,10 +200,10 @@ constexpr size_t feed_window = 3;
 /// order, up to `feed_window` of them in flight (the publisher answers each
 /// once consumed); `done` runs once, with nothing or the first error, when
 /// all are consumed or one failed.
-void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, std::string body,
+void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, shared_piece body,
           std::function<void(std::optional<server_response>)> done) {
   struct progress {
-    std::string body;
+    shared_piece body;
     size_t sent = 0;
     size_t consumed = 0;
     size_t in_flight = 0;
@@ -214,9 +214,10 @@ void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, std:
      st = std::make_shared<progress>(progress{std::move(body)})](caf::event_based_actor* self) {
       auto pump = std::make_shared<std::function<void()>>();
       *pump = [self, publisher, id, done, st, pump] {
-        while (!st->finished && st->in_flight < feed_window && st->sent < st->body.size()) {
-          const size_t n = std::min<size_t>(max_chunk_bytes, st->body.size() - st->sent);
-          std::vector<char> piece(st->body.data() + st->sent, st->body.data() + st->sent + n);
+        while (!st->finished && st->in_flight < feed_window && st->sent < st->body.size) {
+          const size_t n = std::min<size_t>(max_chunk_bytes, st->body.size - st->sent);
+          // The body's own bytes, shared: no copy on the way to the publisher.
+          shared_piece piece{st->body.owner, st->body.data + st->sent, n};
           st->sent += n;
           ++st->in_flight;
           self->request(publisher, std::chrono::minutes{2}, atom::chunk_v, id, std::move(piece))
@@ -226,7 +227,7 @@ void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, std:
                 st->consumed += n;
                 if (st->finished)
                   return;
-                if (st->consumed == st->body.size()) {
+                if (st->consumed == st->body.size) {
                   st->finished = true;
                   done(std::nullopt);
                   *pump = nullptr; // break the cycle
@@ -269,11 +270,18 @@ void answer_with(caf::actor_system& sys, const publisher_actor& publisher, caf::
   });
 }
 
+/// The publisher's server takes tensor bytes as they arrive (no zero-fill,
+/// no copy): they go to the publish as they are.
+transport::http_server_options with_raw_bodies(transport::http_server_options o) {
+  o.raw_large_bodies = true;
+  return o;
+}
+
 } // namespace
 
 publisher_http::publisher_http(caf::actor_system& sys, caf::actor publisher,
                                publisher_http_options options)
-    : http_surface(sys, std::move(publisher), options.server),
+    : http_surface(sys, std::move(publisher), with_raw_bodies(options.server)),
       admin_token_(std::move(options.admin_token)) {}
 
 publisher_http::~publisher_http() {
@@ -316,9 +324,9 @@ void publisher_http::when_consumed(uint64_t session, uint64_t count,
   it->second.waiting.emplace_back(count, std::move(f));
 }
 
-void publisher_http::put(uint64_t id, std::string body, std::shared_ptr<http_responder> out) {
+void publisher_http::put(uint64_t id, shared_piece body, std::shared_ptr<http_responder> out) {
   uint64_t index = 0, remaining = 0;
-  const uint64_t size = body.size();
+  const uint64_t size = body.size;
   {
     std::lock_guard lock{mutex_};
     auto it = sessions_.find(id);
@@ -381,23 +389,22 @@ void publisher_http::put(uint64_t id, std::string body, std::shared_ptr<http_res
   // stream; it is answered then too, so the client uploads the next while
   // the publisher consumes this one (two requests of a session in memory at
   // most).
-  auto bytes = std::make_shared<std::string>(std::move(body));
-  when_consumed(
-    id, index - 1,
-    [this, id, out, size, remaining, bytes, consumed](std::optional<server_response> err) {
-      if (err) {
-        consumed(std::nullopt); // nothing fed; the session's error stands
-        out->send(std::move(*err));
-        return;
-      }
-      feed(sys_, target_, id, std::move(*bytes), consumed);
-      json j;
-      j["received"] = size;
-      j["remaining"] = remaining;
-      server_response r;
-      r.body = dump(j);
-      out->send(std::move(r));
-    });
+  when_consumed(id, index - 1,
+                [this, id, out, size, remaining, bytes = std::move(body),
+                 consumed](std::optional<server_response> err) mutable {
+                  if (err) {
+                    consumed(std::nullopt); // nothing fed; the session's error stands
+                    out->send(std::move(*err));
+                    return;
+                  }
+                  feed(sys_, target_, id, std::move(bytes), consumed);
+                  json j;
+                  j["received"] = size;
+                  j["remaining"] = remaining;
+                  server_response r;
+                  r.body = dump(j);
+                  out->send(std::move(r));
+                });
 }
 
 void publisher_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
@@ -495,11 +502,20 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
     return;
   }
   if (req.method == "PUT") {
+    if (req.raw_body) {
+      // A large body, as it arrived.
+      const char* data = req.raw_body.get();
+      put(*id, shared_piece{std::move(req.raw_body), data, req.raw_body_size}, std::move(out));
+      return;
+    }
     if (req.body.empty()) {
       out->send(refuse(http_failure::bad_request, "a PUT carries the session's next bytes"));
       return;
     }
-    put(*id, std::move(req.body), std::move(out));
+    auto owned = std::make_shared<const std::string>(std::move(req.body));
+    const char* data = owned->data();
+    const size_t size = owned->size();
+    put(*id, shared_piece{std::move(owned), data, size}, std::move(out));
     return;
   }
   if (req.method == "DELETE") {

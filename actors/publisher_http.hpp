@@ -66,7 +66,7 @@ private:
   void remember(uint64_t session, const publish_args& args, uint64_t expects);
   session_names forget(uint64_t session);
   /// Feeds one PUT's bytes to the publisher and answers it.
-  void put(uint64_t id, std::string body, std::shared_ptr<transport::http_responder> out);
+  void put(uint64_t id, shared_piece body, std::shared_ptr<transport::http_responder> out);
   /// Runs `f` (with the session's first error, if any) once `count` of its
   /// PUTs were consumed.
   void when_consumed(uint64_t session, uint64_t count,

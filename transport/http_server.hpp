@@ -23,6 +23,11 @@ struct server_request {
   std::string path;
   http_headers headers;
   std::string body;
+  /// With `http_server_options::raw_large_bodies`: a body of known length of
+  /// at least 1 MiB, read into this buffer as it arrives (neither zero-filled
+  /// nor copied); `body` is then empty. Shared, so a handler may hand it on.
+  std::shared_ptr<const char[]> raw_body;
+  size_t raw_body_size = 0;
   /// The peer's address, for logs.
   std::string remote;
 
@@ -73,6 +78,9 @@ struct http_server_options {
   std::chrono::milliseconds write_timeout{30'000};
   /// Requests read ahead on one connection while earlier ones are unanswered.
   size_t max_pipeline = 16;
+  /// Large bodies of known length arrive in `server_request::raw_body`
+  /// (for handlers that take bulk bytes and know to look there).
+  bool raw_large_bodies = false;
   /// Threads running the connections.
   size_t threads = 1;
   /// `stop` waits this long for answers in flight.

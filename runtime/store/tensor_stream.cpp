@@ -99,6 +99,13 @@ uint64_t fed_stream::pushed() const {
 }
 
 status fed_stream::push(std::vector<char> bytes, std::function<void()> consumed) {
+  auto owned = std::make_shared<const std::vector<char>>(std::move(bytes));
+  std::span<const char> view{*owned};
+  return push(std::move(owned), view, std::move(consumed));
+}
+
+status fed_stream::push(std::shared_ptr<const void> owner, std::span<const char> bytes,
+                        std::function<void()> consumed) {
   {
     std::lock_guard guard{mutex_};
     if (closed_)
@@ -111,7 +118,7 @@ status fed_stream::push(std::vector<char> bytes, std::function<void()> consumed)
                         "more than " + std::to_string(max_pending_)
                           + " pieces are waiting to be read; wait for their acknowledgements");
     pushed_ += bytes.size();
-    pieces_.push_back({std::move(bytes), 0, std::move(consumed)});
+    pieces_.push_back({std::move(owner), bytes, 0, std::move(consumed)});
   }
   arrived_.notify_all();
   return {};

@@ -107,6 +107,10 @@ public:
   /// them was read. Refused past the declared total, past `max_pending`
   /// waiting pieces, and after `close`.
   status push(std::vector<char> bytes, std::function<void()> consumed);
+  /// The same for bytes another object owns: `bytes` stay valid while
+  /// `owner` lives (no copy on the way in).
+  status push(std::shared_ptr<const void> owner, std::span<const char> bytes,
+              std::function<void()> consumed);
   /// No more bytes will come; with `why`, readers fail with it.
   void close(std::optional<stitch::error> why = std::nullopt);
 
@@ -116,7 +120,8 @@ public:
 
 private:
   struct piece {
-    std::vector<char> bytes;
+    std::shared_ptr<const void> owner;
+    std::span<const char> bytes;
     size_t used = 0;
     std::function<void()> consumed;
   };

@@ -52,6 +52,7 @@ fake_publisher(publisher_actor::stateful_pointer<fake_publisher_state> self,
       return 0;
     },
     [](atom::chunk, uint64_t, std::vector<char>&) -> uint64_t { return 0; },
+    [](atom::chunk, uint64_t, stitch::shared_piece&) -> uint64_t { return 0; },
     [](atom::finish, uint64_t) -> caf::result<publish_summary> {
       return to_caf_error({errc::not_found, "no session"});
     },
