@@ -106,40 +106,49 @@ TEST_F(http_server_test, keep_alive_serves_many_requests_on_one_connection) {
   EXPECT_EQ(server->open_connections(), 1u);
 }
 
-TEST_F(http_server_test, large_bodies_arrive_whole_and_raw_when_asked_for) {
-  // With raw_large_bodies a body of 1 MiB or more arrives in `raw_body`,
-  // byte for byte (part of it read with the header, the rest after); smaller
-  // ones, and every body without the option, in `body`.
-  for (bool raw : {false, true}) {
-    http_server_options o;
-    o.raw_large_bodies = raw;
-    start(o, [&](server_request req, std::shared_ptr<http_responder> r) {
-      std::string got =
-        req.raw_body ? std::string(req.raw_body.get(), req.raw_body_size) : req.body;
-      const char* where = req.raw_body ? "raw" : "body";
-      if (req.raw_body && !req.body.empty())
-        where = "both";
-      r->send(text(std::string{where} + " " + std::to_string(got.size()) + " "
-                   + std::to_string(std::hash<std::string>{}(got))));
-    });
-    auto c = client();
-    for (size_t size : {size_t{100}, (size_t{1} << 20) + 17, size_t{5} << 20}) {
-      std::string body(size, '\0');
-      for (size_t i = 0; i < size; ++i)
-        body[i] = static_cast<char>((i * 7919) >> 3);
-      http_request req;
-      req.method = "PUT";
-      req.target = "/bytes";
-      req.body = body;
-      auto got = c.send(req);
-      ASSERT_TRUE(got) << to_string(got.error());
-      const bool large = size >= (size_t{1} << 20);
-      EXPECT_EQ(got->body, std::string{raw && large ? "raw" : "body"} + " " + std::to_string(size)
-                             + " " + std::to_string(std::hash<std::string>{}(body)))
-        << "raw=" << raw << " size=" << size;
-    }
-    server->stop();
+/// Sends bodies of 100 B, 1 MiB + 17 and 5 MiB; each answer says where the
+/// handler found the body (`raw_body` or `body`), its size and its hash.
+void expect_bodies_arrive(http_client& c, bool raw) {
+  for (size_t size : {size_t{100}, (size_t{1} << 20) + 17, size_t{5} << 20}) {
+    std::string body(size, '\0');
+    for (size_t i = 0; i < size; ++i)
+      body[i] = static_cast<char>((i * 7919) >> 3);
+    http_request req;
+    req.method = "PUT";
+    req.target = "/bytes";
+    req.body = body;
+    auto got = c.send(req);
+    ASSERT_TRUE(got) << to_string(got.error());
+    const bool large = size >= (size_t{1} << 20);
+    EXPECT_EQ(got->body, std::string{raw && large ? "raw" : "body"} + " " + std::to_string(size)
+                           + " " + std::to_string(std::hash<std::string>{}(body)))
+      << "size " << size;
   }
+}
+
+http_handler describe_body() {
+  return [](server_request req, std::shared_ptr<http_responder> r) {
+    std::string got = req.raw_body ? std::string(req.raw_body.get(), req.raw_body_size) : req.body;
+    std::string where = req.raw_body ? (req.body.empty() ? "raw" : "both") : "body";
+    r->send(text(where + " " + std::to_string(got.size()) + " "
+                 + std::to_string(std::hash<std::string>{}(got))));
+  };
+}
+
+TEST_F(http_server_test, large_bodies_arrive_whole_in_the_body) {
+  start({}, describe_body());
+  auto c = client();
+  expect_bodies_arrive(c, false);
+}
+
+TEST_F(http_server_test, large_bodies_arrive_raw_when_asked_for) {
+  // A body of 1 MiB or more in `raw_body`, byte for byte (part of it read
+  // with the header, the rest after); smaller ones in `body`.
+  http_server_options o;
+  o.raw_large_bodies = true;
+  start(o, describe_body());
+  auto c = client();
+  expect_bodies_arrive(c, true);
 }
 
 TEST_F(http_server_test, answers_from_another_thread_and_pipelined_answers_keep_their_order) {
