@@ -35,6 +35,18 @@ struct generation_request {
 
 enum class finish_reason : uint8_t { stop, length, abort };
 
+/// Generated tokens `first_token..last_token` (indices into the output,
+/// inclusive) came from weights of `version` (SGLang's
+/// `weight_version_spans`): a generation crossing an in_place activation
+/// has several.
+struct version_span {
+  uint64_t version = 0;
+  uint32_t first_token = 0;
+  uint32_t last_token = 0;
+
+  friend bool operator==(const version_span&, const version_span&) = default;
+};
+
 struct generation_result {
   std::vector<int32_t> tokens;
   std::string text;
@@ -42,6 +54,9 @@ struct generation_result {
   std::vector<float> logprobs;
   finish_reason finish = finish_reason::stop;
   uint32_t prompt_tokens = 0;
+  /// Which version produced which tokens, in order (empty when the engine
+  /// cannot say).
+  std::vector<version_span> spans;
 };
 
 /// Where staged tensor bytes come from. `read` fills `out` from the store's

@@ -387,11 +387,21 @@ result<api_request> parse_api_request(api_kind kind, std::string_view body,
 
 namespace {
 
+ordered_json spans_json(const std::vector<version_span>& spans) {
+  ordered_json a = ordered_json::array();
+  for (const auto& s : spans)
+    a.push_back(ordered_json{
+      {"version", s.version}, {"first_token", s.first_token}, {"last_token", s.last_token}});
+  return a;
+}
+
 ordered_json native_body(const api_request& req, const api_output& out, std::string_view id) {
   ordered_json j;
   j["text"] = out.text;
   j["output_ids"] = out.tokens;
   j["meta_info"] = native_meta(id, out, true, req.return_logprob);
+  if (!out.spans.empty())
+    j["meta_info"]["weight_version_spans"] = spans_json(out.spans);
   return j;
 }
 
@@ -423,6 +433,8 @@ ordered_json openai_body(const api_request& req, const api_output* out, std::str
   j["choices"] = ordered_json::array({std::move(choice)});
   if (usage && out)
     j["usage"] = usage_of(*out);
+  if (out && !out->spans.empty())
+    j["weight_version_spans"] = spans_json(out->spans);
   return j;
 }
 

@@ -57,6 +57,8 @@ struct api_output {
   /// "stop", "length" or "abort".
   std::string finish_reason;
   uint32_t prompt_tokens = 0;
+  /// `weight_version_spans` (rendered when not empty).
+  std::vector<version_span> spans;
 };
 
 /// The complete (non-streamed) response body, without stamps.

@@ -29,6 +29,8 @@ struct builtin_engine::job {
   std::function<bool()> cancelled;
   /// Called on the decode loop after each step of this request.
   std::function<void(const decoder&)> on_token;
+  /// Which served version produced which generated tokens.
+  std::vector<version_span> spans;
   std::promise<result<generation_output>> answer;
 };
 
@@ -98,7 +100,11 @@ void builtin_engine::decode_loop() {
 }
 
 void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
-  auto finish_job = [](job& j) { j.answer.set_value(std::move(j.dec).finish()); };
+  auto finish_job = [](job& j) {
+    auto out = std::move(j.dec).finish();
+    out.spans = std::move(j.spans);
+    j.answer.set_value(std::move(out));
+  };
   // Cancelled requests leave before the step.
   std::erase_if(active, [&](const std::shared_ptr<job>& j) {
     if (j->cancelled && j->cancelled()) {
@@ -110,7 +116,7 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
   });
   if (active.empty())
     return;
-  auto w = current();
+  auto [w, served_version] = current_with_version();
   if (!w) {
     for (auto& j : active)
       j->answer.set_value(fail(errc::engine_unavailable, "generate: no weights are served"));
@@ -147,10 +153,20 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
     return;
   }
   for (size_t i = 0; i < active.size(); ++i) {
+    const size_t before = active[i]->dec.progress().tokens.size();
     if (auto ok = active[i]->dec.on_logits((*logits)[i]); !ok) {
       active[i]->answer.set_value(std::move(ok).error());
       active[i].reset();
     } else {
+      // A token sampled from this step's logits came from this version.
+      auto& spans = active[i]->spans;
+      for (size_t t = before; t < active[i]->dec.progress().tokens.size(); ++t) {
+        const auto index = static_cast<uint32_t>(t);
+        if (spans.empty() || spans.back().version != served_version)
+          spans.push_back({served_version, index, index});
+        else
+          spans.back().last_token = index;
+      }
       if (active[i]->on_token)
         active[i]->on_token(active[i]->dec);
       if (active[i]->dec.done()) {
@@ -168,9 +184,13 @@ std::shared_ptr<const weights> builtin_engine::served() const {
 }
 
 std::shared_ptr<const weights> builtin_engine::current() {
+  return current_with_version().first;
+}
+
+std::pair<std::shared_ptr<const weights>, uint64_t> builtin_engine::current_with_version() {
   std::unique_lock lock{mutex_};
   resumed_.wait(lock, [&] { return !paused_; });
-  return serving_;
+  return {serving_, serving_ref_ ? serving_ref_->version : 0};
 }
 
 status builtin_engine::prefetch(const chain_plan& plan) {
@@ -463,6 +483,7 @@ result<generation_result> builtin_engine::generate(const generation_request& req
              : out->finish_reason == "length" ? finish_reason::length
                                               : finish_reason::abort;
   r.prompt_tokens = out->prompt_tokens;
+  r.spans = std::move(out->spans);
   return r;
 }
 
@@ -565,6 +586,7 @@ result<engine_reply> builtin_engine::forward(const engine_call& call, const even
   o.text = std::move(out->text);
   o.finish_reason = out->finish_reason;
   o.prompt_tokens = out->prompt_tokens;
+  o.spans = std::move(out->spans);
   reply.finish_reason = o.finish_reason;
   reply.stream = req->stream;
   if (req->stream) {

@@ -94,6 +94,8 @@ private:
 
   /// Waits while paused, then returns the served weights.
   std::shared_ptr<const weights> current();
+  /// The same, with the version they are (0 before the first commit).
+  std::pair<std::shared_ptr<const weights>, uint64_t> current_with_version();
   /// Runs one request through the decode loop and waits for it.
   result<generation_output> run(decoder d, const std::function<bool()>& cancelled,
                                 std::function<void(const decoder&)> on_token);

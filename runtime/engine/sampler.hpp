@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/core/engine_port.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/engine/model.hpp"
 #include "runtime/engine/model_config.hpp"
@@ -62,6 +63,8 @@ struct generation_output {
   /// "abort" (cancelled).
   std::string finish_reason;
   uint32_t prompt_tokens = 0;
+  /// Which served version produced which tokens (filled by the engine).
+  std::vector<version_span> spans;
 };
 
 /// One request's decoding, step by step, so a scheduler can batch many

@@ -573,5 +573,55 @@ TEST_F(builtin_engine_test, a_version_whose_config_json_does_not_fit_its_tensors
   }
 }
 
+TEST_F(builtin_engine_test, a_generation_crossing_activations_says_which_version_made_each_token) {
+  // The prompt "hi" is three tokens (BOS, h, i): step 3 samples token 0, step
+  // s token s - 3. Versions 1 and 3 are committed just before steps 7 and
+  // 12 (the engine asks `cancelled` before every step), so tokens 0-3 come
+  // from version 0, 4-8 from 1 and 9-23 from 3.
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
+  int step = 0;
+  auto activate = [&](uint64_t from, uint64_t to) {
+    auto p = plan(applied_state{{"r", from}}, to);
+    ASSERT_TRUE(e.stage(p, false, src));
+    ASSERT_TRUE(e.commit());
+  };
+  auto got = e.generate(request("hi"), [&] {
+    ++step;
+    if (step == 7)
+      activate(0, 1);
+    if (step == 12)
+      activate(1, 3);
+    return false;
+  });
+  ASSERT_TRUE(got) << to_string(got.error());
+  ASSERT_GE(got->tokens.size(), 10u) << "the generation ended (EOS) before crossing both";
+  const auto last = static_cast<uint32_t>(got->tokens.size() - 1);
+  EXPECT_EQ(got->spans, (std::vector<version_span>{{0, 0, 3}, {1, 4, 8}, {3, 9, last}}));
+  // The HTTP shapes carry them: SGLang's in meta_info, OpenAI's at the top.
+  engine_call call;
+  call.id = 9;
+  call.tag = "t9";
+  call.route = "/generate";
+  call.body = R"({"text":"hi","sampling_params":{"temperature":0,"max_new_tokens":4}})";
+  auto native = e.forward(call, {}, {});
+  ASSERT_TRUE(native);
+  auto j = nlohmann::json::parse(native->body);
+  EXPECT_EQ(j["meta_info"]["weight_version_spans"],
+            nlohmann::json::parse(R"([{"version":3,"first_token":0,"last_token":3}])"));
+  call.route = "/v1/chat/completions";
+  call.body = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true})";
+  std::vector<std::string> events;
+  auto streamed =
+    e.forward(call, [&](std::string event) { events.push_back(std::move(event)); }, {});
+  ASSERT_TRUE(streamed);
+  auto final_event = nlohmann::json::parse(streamed->body);
+  ASSERT_TRUE(final_event.contains("weight_version_spans")) << streamed->body;
+  EXPECT_EQ(final_event["weight_version_spans"][0]["version"], 3);
+  for (const auto& ev : events)
+    EXPECT_EQ(ev.find("weight_version_spans"), std::string::npos) << "only the last event";
+}
+
 } // namespace
 } // namespace stitch::engine

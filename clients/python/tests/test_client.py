@@ -64,9 +64,14 @@ class PublishAndRollouts(unittest.TestCase):
         )
         self.assertEqual(answer["meta_info"]["weight_version_start"], 0)
         self.assertEqual(answer["meta_info"]["weight_version_end"], 0)
+        # Which version made which tokens (one version here: all of them).
+        n = len(answer["output_ids"])
+        self.assertEqual(answer["meta_info"]["weight_version_spans"],
+                         [{"version": 0, "first_token": 0, "last_token": n - 1}])
         self.assertIn("stitch_replica", answer)
         chat = self.client.chat([{"role": "user", "content": "hi"}], exact_version=0, max_tokens=3)
         self.assertEqual(chat["weight_version_start"], 0)
+        self.assertEqual(chat["weight_version_spans"][0]["version"], 0)
         started = time.monotonic()
         with self.assertRaises(StitchError) as caught:
             self.client.generate("hello", min_version=99, retry_budget=1.5)
