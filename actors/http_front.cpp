@@ -58,6 +58,7 @@ std::string server_info_json(const replica_info& i) {
   mj["drain_timeouts_total"] = m.drain_timeouts_total;
   j["metrics"] = std::move(mj);
   j["transport"] = i.transport;
+  j["weight_version_spans"] = i.version_spans;
   nlohmann::ordered_json fetch;
   const auto& f = i.last_fetch;
   fetch["version"] =

@@ -427,6 +427,7 @@ replica_info describe(const replica_state& st) {
   m.bytes_fetched_total = st.bytes ? st.bytes->bytes() : 0;
   m.bytes_from_store_total = st.bytes ? st.bytes->store_bytes() : 0;
   info.transport = st.deps.transport;
+  info.version_spans = st.engine && st.engine->reports_version_spans();
   info.last_fetch = st.last_fetch;
   m.requests_admitted_total = gate.metrics().admitted_total;
   m.requests_rejected_total = gate.metrics().rejected_total;

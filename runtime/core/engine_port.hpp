@@ -150,6 +150,10 @@ public:
   /// read (`transport/ucx_peer.hpp`); none when the engine cannot expose
   /// them (an external engine's weights live in its own process).
   virtual std::optional<host_weights> host_view() { return std::nullopt; }
+  /// Whether answers say which version produced each token
+  /// (`weight_version_spans`); an engine that cannot say reports only the
+  /// start and end stamps.
+  virtual bool reports_version_spans() const { return false; }
   /// Engine control routes clients may not call through Stitch (403).
   virtual std::vector<std::string> blocked_routes() const = 0;
 };

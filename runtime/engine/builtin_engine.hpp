@@ -71,6 +71,7 @@ public:
   engine_health health() override;
   std::vector<std::string> blocked_routes() const override;
   std::optional<host_weights> host_view() override;
+  bool reports_version_spans() const override { return true; }
 
   /// The weights served now (null before the first commit).
   std::shared_ptr<const weights> served() const;

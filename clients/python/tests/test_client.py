@@ -68,6 +68,8 @@ class PublishAndRollouts(unittest.TestCase):
         n = len(answer["output_ids"])
         self.assertEqual(answer["meta_info"]["weight_version_spans"],
                          [{"version": 0, "first_token": 0, "last_token": n - 1}])
+        # And server_info says the engine reports them.
+        self.assertTrue(all(r["weight_version_spans"] for r in self.client.status()["replicas"]))
         self.assertIn("stitch_replica", answer)
         chat = self.client.chat([{"role": "user", "content": "hi"}], exact_version=0, max_tokens=3)
         self.assertEqual(chat["weight_version_start"], 0)
