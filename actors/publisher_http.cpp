@@ -256,8 +256,10 @@ void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, shar
 template <class Reply, class Render, class... Ts>
 void answer_with(caf::actor_system& sys, const publisher_actor& publisher, caf::timespan timeout,
                  std::shared_ptr<http_responder> out, Render render, Ts... xs) {
-  sys.spawn([=](caf::event_based_actor* self) {
-    self->request(publisher, timeout, xs...)
+  // The arguments (a publish's files among them) are moved, not copied.
+  sys.spawn([publisher, timeout, out, render,
+             ... xs = std::move(xs)](caf::event_based_actor* self) mutable {
+    self->request(publisher, timeout, std::move(xs)...)
       .then(
         [self, out, render](Reply& reply) {
           out->send(render(reply));
@@ -288,10 +290,10 @@ publisher_http::~publisher_http() {
   stop();
 }
 
-void publisher_http::remember(uint64_t session, const publish_args& args, uint64_t expects) {
+void publisher_http::remember(uint64_t session, session_names names, uint64_t expects) {
   std::lock_guard lock{mutex_};
   auto& st = sessions_[session];
-  st.names = {args.pool, args.run_id, args.version};
+  st.names = std::move(names);
   st.expects = expects;
   // Sessions a client opened and never ended expire at the publisher; their
   // names here are dropped oldest first.
@@ -447,8 +449,10 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
     for (const auto& h : headers)
       expects += h.size;
     const uint64_t max_request = body_limit();
-    auto render = [this, expects, max_request, args](uint64_t session) {
-      remember(session, args, expects);
+    // The answer needs the names only, not the files the arguments carry.
+    auto render = [this, expects, max_request,
+                   names = session_names{args.pool, args.run_id, args.version}](uint64_t session) {
+      remember(session, names, expects);
       json j;
       j["session"] = session;
       j["expects_bytes"] = expects;
@@ -459,7 +463,7 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
       return r;
     };
     answer_with<uint64_t>(sys_, publisher, std::chrono::seconds{30}, std::move(out), render,
-                          atom::publish_v, args, std::move(headers));
+                          atom::publish_v, std::move(args), std::move(headers));
     return;
   }
   std::string_view rest{req.path};

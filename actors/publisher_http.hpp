@@ -63,7 +63,7 @@ public:
 private:
   void handle(transport::server_request req,
               std::shared_ptr<transport::http_responder> out) override;
-  void remember(uint64_t session, const publish_args& args, uint64_t expects);
+  void remember(uint64_t session, session_names names, uint64_t expects);
   session_names forget(uint64_t session);
   /// Feeds one PUT's bytes to the publisher and answers it.
   void put(uint64_t id, shared_piece body, std::shared_ptr<transport::http_responder> out);
