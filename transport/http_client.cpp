@@ -147,6 +147,8 @@ struct http_client::impl {
   size_t served = 0;
   /// The last failure was a timeout (not worth repeating at once).
   bool timed_out_last = false;
+  /// The current request's caller cancelled it.
+  bool was_cancelled = false;
 
   stitch::error fail(std::string_view what, const beast::error_code& ec) {
     timed_out_last = ec == beast::error::timeout;
@@ -259,11 +261,94 @@ struct http_client::impl {
     return true;
   }
 
+  /// Runs the operation `start` begins; with `cancelled`, polls it every
+  /// 50 ms and closes the connection once it says so (the operation then
+  /// ends with `operation_aborted` and `was_cancelled` is set).
+  template <class Start>
+  beast::error_code wait(Start&& start, const std::function<bool()>& cancelled) {
+    if (!cancelled)
+      return run_to_completion(ioc, std::forward<Start>(start));
+    beast::error_code result = net::error::would_block;
+    bool done = false;
+    start([&](beast::error_code ec, auto&&...) {
+      result = ec;
+      done = true;
+    });
+    ioc.restart();
+    while (!done) {
+      ioc.run_for(std::chrono::milliseconds{50});
+      if (!done && !was_cancelled && cancelled()) {
+        was_cancelled = true;
+        beast::error_code ignored;
+        lowest().socket().cancel(ignored);
+        lowest().socket().close(ignored);
+      }
+      if (!done && ioc.stopped())
+        ioc.restart();
+    }
+    return result;
+  }
+
+  stitch::error read_failed(const http_request& request, const beast::error_code& ec) {
+    if (was_cancelled)
+      return make_error(errc::engine_unavailable, ep.to_string() + ": " + request.method + " "
+                                                    + request.target
+                                                    + " was cancelled (the caller went away)");
+    return fail("reading the response to " + request.method + " " + request.target, ec);
+  }
+
+  /// Reads the response, handing its body to `request.on_body` piece by piece.
+  template <class Stream>
+  result<http_response> read_pieces(Stream& stream, const http_request& request,
+                                    std::chrono::milliseconds io_limit, bool* got_response) {
+    http::response_parser<http::buffer_body> parser;
+    parser.header_limit(64 << 10);
+    parser.body_limit(boost::none);
+    if (request.method == "HEAD")
+      parser.skip(true);
+    lowest().expires_after(io_limit);
+    auto ec = wait(
+      [&](auto handler) { http::async_read_header(stream, buffer, parser, std::move(handler)); },
+      request.cancelled);
+    *got_response = parser.got_some();
+    if (ec)
+      return read_failed(request, ec);
+    http_response out;
+    out.status = parser.get().result_int();
+    for (const auto& field : parser.get())
+      out.headers.push_back({std::string{field.name_string()}, std::string{field.value()}});
+    std::vector<char> piece(64 << 10);
+    while (!parser.is_done()) {
+      parser.get().body().data = piece.data();
+      parser.get().body().size = piece.size();
+      lowest().expires_after(io_limit);
+      ec = wait(
+        [&](auto handler) { http::async_read_some(stream, buffer, parser, std::move(handler)); },
+        request.cancelled);
+      if (ec == http::error::need_buffer)
+        ec = {};
+      if (ec)
+        return read_failed(request, ec);
+      size_t n = piece.size() - parser.get().body().size;
+      if (n > 0)
+        if (auto ok = request.on_body(out, std::string_view{piece.data(), n}); !ok) {
+          disconnect();
+          return std::move(ok).error();
+        }
+    }
+    if (!parser.get().keep_alive())
+      disconnect();
+    else
+      ++served;
+    return out;
+  }
+
   /// One attempt on the current connection. `*got_response` tells whether any
   /// response byte arrived (then the request must not be replayed).
   template <class Stream>
   result<http_response> exchange(Stream& stream, const http_request& request, bool* got_response) {
     *got_response = false;
+    const auto io_limit = request.io_timeout.count() > 0 ? request.io_timeout : opts.io_timeout;
     const bool streamed = static_cast<bool>(request.producer);
     const uint64_t total = streamed ? request.producer_size : request.body.size();
 
@@ -281,7 +366,7 @@ struct http_client::impl {
     req.body().more = total > 0;
 
     http::request_serializer<http::buffer_body> serializer{req};
-    lowest().expires_after(opts.io_timeout);
+    lowest().expires_after(io_limit);
     auto ec = run_to_completion(
       ioc, [&](auto handler) { http::async_write_header(stream, serializer, std::move(handler)); });
     if (ec)
@@ -318,7 +403,7 @@ struct http_client::impl {
         sent += *n;
         req.body().more = sent < total;
       }
-      lowest().expires_after(opts.io_timeout);
+      lowest().expires_after(io_limit);
       ec = run_to_completion(
         ioc, [&](auto handler) { http::async_write(stream, serializer, std::move(handler)); });
       if (ec == http::error::need_buffer)
@@ -327,6 +412,8 @@ struct http_client::impl {
         return fail("sending " + request.method + " " + request.target, ec);
     }
 
+    if (request.on_body)
+      return read_pieces(stream, request, io_limit, got_response);
     const size_t limit = request.body_limit ? request.body_limit : opts.max_body_bytes;
     http::response_parser<http::string_body> parser;
     parser.header_limit(64 << 10);
@@ -335,14 +422,14 @@ struct http_client::impl {
       parser.skip(true);
     // The header alone first: Beast 1.74's eager parse of a header and body
     // arriving together skips the Content-Length check against the limit.
-    lowest().expires_after(opts.io_timeout);
-    ec = run_to_completion(ioc, [&](auto handler) {
-      http::async_read_header(stream, buffer, parser, std::move(handler));
-    });
+    lowest().expires_after(io_limit);
+    ec = wait(
+      [&](auto handler) { http::async_read_header(stream, buffer, parser, std::move(handler)); },
+      request.cancelled);
     if (!ec && !parser.is_done()) {
-      lowest().expires_after(opts.io_timeout);
-      ec = run_to_completion(
-        ioc, [&](auto handler) { http::async_read(stream, buffer, parser, std::move(handler)); });
+      lowest().expires_after(io_limit);
+      ec = wait([&](auto handler) { http::async_read(stream, buffer, parser, std::move(handler)); },
+                request.cancelled);
     }
     *got_response = parser.got_some();
     if (!ec && parser.get().body().size() > limit)
@@ -354,7 +441,7 @@ struct http_client::impl {
                                                 + std::to_string(limit) + " bytes");
     }
     if (ec)
-      return fail("reading the response to " + request.method + " " + request.target, ec);
+      return read_failed(request, ec);
     auto message = parser.release();
     http_response out;
     out.status = message.result_int();
@@ -371,6 +458,7 @@ struct http_client::impl {
   result<http_response> attempt(const http_request& request, bool* reused, bool* got_response) {
     *got_response = false;
     timed_out_last = false;
+    was_cancelled = false;
     if (connected() && connection_is_stale())
       disconnect();
     *reused = connected();
@@ -399,7 +487,7 @@ struct http_client::impl {
     // A kept-alive connection can die between the stale check and the write;
     // that is not the server refusing the request, so it is tried once more.
     if (!out && out.error().code == errc::backend_failure && reused && !got_response
-        && !request.producer && !timed_out_last)
+        && !request.producer && !timed_out_last && !was_cancelled)
       out = attempt(request, &reused, &got_response);
     return out;
   }

@@ -51,6 +51,12 @@ const std::string* find_header(const http_headers& headers, std::string_view nam
 /// many; 0 before the declared size is reached is an error.
 using body_producer = std::function<result<size_t>(std::span<std::byte> out)>;
 
+struct http_response {
+  unsigned status = 0;
+  http_headers headers;
+  std::string body;
+};
+
 struct http_request {
   std::string method = "GET";
   /// The request target: an already percent-encoded path plus query.
@@ -65,12 +71,19 @@ struct http_request {
   uint64_t producer_size = 0;
   /// Largest response body accepted for this request; 0 = the client's default.
   size_t body_limit = 0;
-};
-
-struct http_response {
-  unsigned status = 0;
-  http_headers headers;
-  std::string body;
+  /// With `on_body`, the response body is handed over in pieces as they
+  /// arrive (a stream of server-sent events, say) instead of being collected
+  /// in `http_response::body`, and no body limit applies. An error it returns
+  /// ends the exchange and closes the connection.
+  /// `head` is the response without its body (status and headers).
+  std::function<status(const http_response& head, std::string_view piece)> on_body;
+  /// Polled while the response is awaited (every 50 ms): once it returns
+  /// true the connection is closed (the server sees the client leave) and
+  /// `send` fails with `errc::engine_unavailable` saying it was cancelled.
+  std::function<bool()> cancelled;
+  /// Limit for each read or write of this request; 0 = the client's
+  /// `io_timeout` (a long generation answers after one long wait).
+  std::chrono::milliseconds io_timeout{0};
 };
 
 struct http_client_options {

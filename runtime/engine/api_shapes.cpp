@@ -469,4 +469,57 @@ std::string render_stream_final(const api_request& req, const api_output& out, s
   return dump(openai_body(req, &out, id, created, true, delta, false, req.stream_usage));
 }
 
+std::string add_request_fields(std::string_view route, std::string_view body,
+                               const std::vector<std::pair<std::string, std::string>>& fields) {
+  if (!api_kind_of(route))
+    return std::string{body};
+  auto doc = ordered_json::parse(body, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object())
+    return std::string{body};
+  for (const auto& [key, value] : fields)
+    doc[key] = value;
+  return dump(doc);
+}
+
+namespace {
+
+void stamp_native(ordered_json& doc, const stamps& s, std::string_view run_id) {
+  auto& meta = doc["meta_info"];
+  if (!meta.is_object())
+    meta = ordered_json::object();
+  meta["weight_version_start"] = s.start;
+  meta["weight_version_end"] = s.end;
+  meta["weight_version"] = std::to_string(s.start);
+  meta["run_id"] = run_id;
+}
+
+} // namespace
+
+std::string stamp_answer(std::string_view route, std::string_view body, const stamps& s,
+                         std::string_view run_id) {
+  auto kind = api_kind_of(route);
+  if (!kind)
+    return std::string{body};
+  auto doc = ordered_json::parse(body, nullptr, false);
+  if (doc.is_discarded())
+    return std::string{body};
+  if (*kind == api_kind::native && doc.is_array()) {
+    // A batch: every element is one prompt's answer.
+    for (auto& item : doc)
+      if (item.is_object() && !item.contains("error"))
+        stamp_native(item, s, run_id);
+    return dump(doc);
+  }
+  if (!doc.is_object() || doc.contains("error"))
+    return std::string{body};
+  if (*kind == api_kind::native) {
+    stamp_native(doc, s, run_id);
+  } else {
+    doc["weight_version_start"] = s.start;
+    doc["weight_version_end"] = s.end;
+    doc["run_id"] = run_id;
+  }
+  return dump(doc);
+}
+
 } // namespace stitch::engine

@@ -4,7 +4,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
+#include "runtime/core/admission_gate.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/engine/sampler.hpp"
 
@@ -73,5 +76,18 @@ std::string render_stream_event(const api_request& req, std::string_view id, int
 /// `delta` is the text not released by earlier events.
 std::string render_stream_final(const api_request& req, const api_output& out, std::string_view id,
                                 int64_t created, std::string_view delta);
+
+/// A versioned route's request body with `fields` set (added or replaced):
+/// the cache namespace of the version it is admitted on, say. Bodies that are
+/// not JSON objects, and other routes, pass through untouched.
+std::string add_request_fields(std::string_view route, std::string_view body,
+                               const std::vector<std::pair<std::string, std::string>>& fields);
+
+/// An answer body of a versioned route with the version stamps added
+/// (DESIGN §5): in `meta_info` for `/generate` (each element of a batch's
+/// array), at the top level for the OpenAI routes. Other bodies (not JSON, an
+/// error object, another route) pass through untouched.
+std::string stamp_answer(std::string_view route, std::string_view body, const stamps& s,
+                         std::string_view run_id);
 
 } // namespace stitch::engine

@@ -489,14 +489,6 @@ result<generation_result> builtin_engine::generate(const generation_request& req
 
 namespace {
 
-bool versioned_route(std::string_view route) {
-  return route == "/generate" || route == "/v1/completions" || route == "/v1/chat/completions";
-}
-
-} // namespace
-
-namespace {
-
 /// The longest prefix of `text` (at most `n` bytes) that does not end inside
 /// a UTF-8 sequence.
 size_t utf8_boundary(std::string_view text, size_t n) {
@@ -601,38 +593,13 @@ result<engine_reply> builtin_engine::forward(const engine_call& call, const even
 
 std::string builtin_engine::stamp_request(std::string_view route, std::string_view body,
                                           const version_ref& served) {
-  if (!versioned_route(route))
-    return std::string{body};
-  auto doc = nlohmann::ordered_json::parse(body, nullptr, false);
-  if (doc.is_discarded() || !doc.is_object())
-    return std::string{body};
   // The engine's cache key namespace: entries of other weights never match.
-  doc["extra_key"] = to_string(served);
-  return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  return add_request_fields(route, body, {{"extra_key", to_string(served)}});
 }
 
 std::string builtin_engine::stamp_response(std::string_view route, std::string_view body,
                                            const stamps& s, std::string_view run_id) {
-  auto doc = nlohmann::ordered_json::parse(body, nullptr, false);
-  // Only JSON objects carry stamps; anything else passes through untouched.
-  if (doc.is_discarded() || !doc.is_object())
-    return std::string{body};
-  if (route == "/generate") {
-    auto& meta = doc["meta_info"];
-    if (!meta.is_object())
-      meta = nlohmann::ordered_json::object();
-    meta["weight_version_start"] = s.start;
-    meta["weight_version_end"] = s.end;
-    meta["weight_version"] = std::to_string(s.start);
-    meta["run_id"] = run_id;
-  } else if (route == "/v1/completions" || route == "/v1/chat/completions") {
-    doc["weight_version_start"] = s.start;
-    doc["weight_version_end"] = s.end;
-    doc["run_id"] = run_id;
-  } else {
-    return std::string{body};
-  }
-  return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  return stamp_answer(route, body, s, run_id);
 }
 
 engine_health builtin_engine::health() {

@@ -511,7 +511,7 @@ std::string index_json(const shard_plan& plan) {
 /// Writes every file of the checkpoint into `dir` (empty, ours).
 status write_files(const fs::path& dir, std::span<const safetensors::tensor_spec> tensors,
                    const tensor_filler& fill, const shard_plan& plan, bool sync,
-                   const std::map<std::string, std::string>& files) {
+                   const std::map<std::string, std::string>& files, const shard_reuse& reuse) {
   for (const auto& [name, bytes] : files) {
     if (auto ok = validate_file_name(name); !ok)
       return ok;
@@ -527,6 +527,10 @@ status write_files(const fs::path& dir, std::span<const safetensors::tensor_spec
   for (const auto& t : tensors)
     by_name.emplace(t.name, &t);
   for (size_t i = 0; i < plan.shards.size(); ++i) {
+    if (reuse)
+      if (auto from = reuse(plan.shards[i], plan.shard_tensors[i]);
+          from && ::link(from->c_str(), (dir / plan.shards[i]).c_str()) == 0)
+        continue;
     std::vector<safetensors::tensor_spec> specs;
     for (const auto& name : plan.shard_tensors[i])
       specs.push_back(*by_name.at(name));
@@ -660,7 +664,8 @@ status write_hf_directory(const fs::path& directory, const tensor_set& tensors,
 status write_hf_directory(const fs::path& directory,
                           std::span<const safetensors::tensor_spec> tensors,
                           const tensor_filler& fill, uint64_t max_shard_bytes, bool sync,
-                          const std::map<std::string, std::string>& files) {
+                          const std::map<std::string, std::string>& files,
+                          const shard_reuse& reuse) {
   fs::path target = directory.lexically_normal();
   if (!target.has_filename())
     target = target.parent_path();
@@ -700,7 +705,7 @@ status write_hf_directory(const fs::path& directory,
     fs::remove_all(temp, ignored);
     return outcome;
   };
-  if (auto ok = write_files(temp, tensors, fill, *plan, sync, files); !ok)
+  if (auto ok = write_files(temp, tensors, fill, *plan, sync, files, reuse); !ok)
     return cleanup(std::move(ok));
   if (sync)
     if (auto ok = fsync_directory(temp); !ok)

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -117,9 +118,16 @@ using tensor_filler =
 /// target, same atomic replacement; `sync` fsyncs every file and the
 /// directories before the checkpoint appears (the in-memory form always
 /// does).
+/// A shard file already on disk with exactly the bytes a shard of the
+/// directory being written would get (its name and tensors given), to be
+/// hard-linked instead of written; nullopt writes it.
+using shard_reuse = std::function<std::optional<std::filesystem::path>(
+  const std::string& shard, const std::vector<std::string>& tensors)>;
+
 status write_hf_directory(const std::filesystem::path& directory,
                           std::span<const safetensors::tensor_spec> tensors,
                           const tensor_filler& fill, uint64_t max_shard_bytes, bool sync,
-                          const std::map<std::string, std::string>& files = {});
+                          const std::map<std::string, std::string>& files = {},
+                          const shard_reuse& reuse = {});
 
 } // namespace stitch::store

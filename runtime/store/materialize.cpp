@@ -493,18 +493,15 @@ private:
 
 } // namespace
 
-status export_version(store_backend& store, std::string_view pool, const version_ref& ref,
+status export_version(const version_reader& reader, const range_reader& read,
                       const std::filesystem::path& out_dir, const export_options& options) {
-  auto reader = version_reader::open(store, pool, ref);
-  if (!reader)
-    return std::move(reader).error();
   // The buffer: a quarter decodes deltas, the rest rotates between the
   // reading thread (read, decode, verify) and the writer (this thread).
   const size_t piece = static_cast<size_t>(
     std::clamp<uint64_t>(options.buffer_bytes / 4, size_t{1} << 20, size_t{256} << 20));
   std::vector<safetensors::tensor_spec> specs;
   std::vector<const safetensors::tensor_info*> order;
-  for (const auto& t : reader->tensors()) {
+  for (const auto& t : reader.tensors()) {
     specs.push_back({t.name, t.type, t.shape});
     order.push_back(&t);
   }
@@ -514,19 +511,31 @@ status export_version(store_backend& store, std::string_view pool, const version
   // The version's non-tensor files (config.json, ...), checked against their
   // checksums, go next to the shards byte for byte.
   std::map<std::string, std::string> files;
-  for (const auto& [name, entry] : reader->target().files) {
-    auto bytes = read_version_file(store, pool, reader->target(), name);
+  for (const auto& [name, entry] : reader.target().files) {
+    auto bytes = read_version_file(reader.target(), name, read);
     if (!bytes)
       return std::move(bytes).error();
     files.emplace(name, std::move(*bytes));
   }
-  auto ahead = read_ahead::start(*reader, std::move(order), 3, piece);
+  auto ahead = read_ahead::start(reader, std::move(order), 3, piece);
   if (!ahead)
     return std::move(ahead).error();
   tensor_filler fill = [&](const std::string& name, const safetensors::byte_sink& sink) {
     return (*ahead)->take(name, sink);
   };
   return write_hf_directory(out_dir, specs, fill, options.max_shard_bytes, options.sync, files);
+}
+
+status export_version(store_backend& store, std::string_view pool, const version_ref& ref,
+                      const std::filesystem::path& out_dir, const export_options& options) {
+  auto reader = version_reader::open(store, pool, ref);
+  if (!reader)
+    return std::move(reader).error();
+  range_reader read = [&store, pool](const version_ref& r, std::string_view tensor,
+                                     uint64_t offset, std::span<std::byte> out) {
+    return store.read_range(pool, r, tensor, offset, out);
+  };
+  return export_version(*reader, read, out_dir, options);
 }
 
 } // namespace stitch::store

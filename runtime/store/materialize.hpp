@@ -147,5 +147,9 @@ struct export_options {
 /// published, every tensor verified, memory bounded by `buffer_bytes`.
 status export_version(store_backend& store, std::string_view pool, const version_ref& ref,
                       const std::filesystem::path& out_dir, const export_options& options = {});
+/// The same from any source: `reader` over `read` (an engine's
+/// `tensor_source`, say), the version's files read through `read` too.
+status export_version(const version_reader& reader, const range_reader& read,
+                      const std::filesystem::path& out_dir, const export_options& options = {});
 
 } // namespace stitch::store
