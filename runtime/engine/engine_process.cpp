@@ -125,7 +125,8 @@ result<uint16_t> pick_free_port() {
       || ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     int e = errno;
     ::close(fd);
-    return make_error(errc::backend_failure, std::string{"cannot pick a port: "} + std::strerror(e));
+    return make_error(errc::backend_failure,
+                      std::string{"cannot pick a port: "} + std::strerror(e));
   }
   ::close(fd);
   return ntohs(addr.sin_port);
@@ -134,8 +135,8 @@ result<uint16_t> pick_free_port() {
 engine_process::engine_process(launch_options options, uint16_t port, fs::path model_dir)
     : opts_(std::move(options)), port_(port), model_dir_(std::move(model_dir)) {}
 
-result<std::unique_ptr<engine_process>> engine_process::start(launch_options options,
-                                                              uint16_t port, fs::path model_dir) {
+result<std::unique_ptr<engine_process>> engine_process::start(launch_options options, uint16_t port,
+                                                              fs::path model_dir) {
   if (auto cmd = expand_launch_command(options.command, port, options.gpus, model_dir); !cmd)
     return std::move(cmd).error();
   std::unique_ptr<engine_process> p{new engine_process(std::move(options), port, model_dir)};
@@ -158,8 +159,8 @@ status engine_process::spawn_locked() {
     return std::move(cmd).error();
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
-    return make_error(errc::backend_failure, std::string{"cannot make a pipe for the engine: "}
-                                               + std::strerror(errno));
+    return make_error(errc::backend_failure,
+                      std::string{"cannot make a pipe for the engine: "} + std::strerror(errno));
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attr;
   posix_spawn_file_actions_init(&actions);

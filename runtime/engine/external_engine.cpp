@@ -66,17 +66,30 @@ namespace {
 //   POST /flush_cache         (plain text, 200 or 400)
 //   POST /abort_request       {"rid"}
 //   GET  /health              200 when healthy, 503 while starting
-const external_engine::dialect sglang_dialect{
-  engine_kind::sglang,
-  "/health",
-  "extra_key",
-  "rid",
-  {"/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
-   "/update_weights_from_ipc", "/init_weights_update_group", "/destroy_weights_update_group",
-   "/update_weight_version", "/pause_generation", "/continue_generation", "/flush_cache",
-   "/abort_request", "/release_memory_occupation", "/resume_memory_occupation", "/start_profile",
-   "/stop_profile", "/configure_logging", "/set_internal_state", "/load_lora_adapter",
-   "/unload_lora_adapter", "/shutdown"}};
+const external_engine::dialect sglang_dialect{engine_kind::sglang,
+                                              "/health",
+                                              "extra_key",
+                                              "rid",
+                                              {"/update_weights_from_disk",
+                                               "/update_weights_from_tensor",
+                                               "/update_weights_from_distributed",
+                                               "/update_weights_from_ipc",
+                                               "/init_weights_update_group",
+                                               "/destroy_weights_update_group",
+                                               "/update_weight_version",
+                                               "/pause_generation",
+                                               "/continue_generation",
+                                               "/flush_cache",
+                                               "/abort_request",
+                                               "/release_memory_occupation",
+                                               "/resume_memory_occupation",
+                                               "/start_profile",
+                                               "/stop_profile",
+                                               "/configure_logging",
+                                               "/set_internal_state",
+                                               "/load_lora_adapter",
+                                               "/unload_lora_adapter",
+                                               "/shutdown"}};
 
 // vLLM (vllm/entrypoints/openai/api_server.py and vllm/entrypoints/serve/,
 // development mode, VLLM_SERVER_DEV_MODE=1; see `vllm_calls` below).
@@ -85,10 +98,10 @@ const external_engine::dialect vllm_dialect{
   "/health",
   "cache_salt",
   "request_id",
-  {"/pause", "/resume", "/is_paused", "/collective_rpc", "/reset_prefix_cache",
-   "/reset_mm_cache", "/sleep", "/wake_up", "/is_sleeping", "/update_weights",
-   "/init_weight_transfer", "/start_profile", "/stop_profile", "/server_info", "/scale_elastic_ep",
-   "/is_scaling_elastic_ep", "/reload", "/get_weight_version", "/update_weight_version"}};
+  {"/pause", "/resume", "/is_paused", "/collective_rpc", "/reset_prefix_cache", "/reset_mm_cache",
+   "/sleep", "/wake_up", "/is_sleeping", "/update_weights", "/init_weight_transfer",
+   "/start_profile", "/stop_profile", "/server_info", "/scale_elastic_ep", "/is_scaling_elastic_ep",
+   "/reload", "/get_weight_version", "/update_weight_version"}};
 
 bool is_json_object_text(std::string_view body, json* out = nullptr) {
   auto doc = json::parse(body, nullptr, false);
@@ -247,9 +260,8 @@ std::string config_difference(std::string_view served, std::string_view next) {
 std::string folder_of(const version_ref& ref) {
   std::string run;
   for (char c : ref.run_id)
-    run += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')
-             ? c
-             : '_';
+    run +=
+      (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
   return run + "@" + version_dir_name(ref.version);
 }
 
@@ -411,8 +423,8 @@ status external_engine::wait_ready(std::chrono::milliseconds limit) {
   for (;;) {
     {
       std::lock_guard lock{control_mutex_};
-      auto r = call_json(control(), "GET", dialect_->health_route, {},
-                         std::chrono::milliseconds{5'000});
+      auto r =
+        call_json(control(), "GET", dialect_->health_route, {}, std::chrono::milliseconds{5'000});
       if (r && r->status == 200)
         return {};
       last = r ? "status " + std::to_string(r->status) : r.error().message;
@@ -422,9 +434,9 @@ status external_engine::wait_ready(std::chrono::milliseconds limit) {
     if (process_ && !process_->running() && !process_->last_exit().empty())
       last += " (the process " + process_->last_exit() + ")";
     if (std::chrono::steady_clock::now() >= deadline)
-      return make_error(errc::engine_unavailable,
-                        describe() + " did not become healthy within "
-                          + std::to_string(limit.count() / 1000) + " s: " + last);
+      return make_error(errc::engine_unavailable, describe() + " did not become healthy within "
+                                                    + std::to_string(limit.count() / 1000)
+                                                    + " s: " + last);
     std::unique_lock lock{monitor_mutex_};
     if (monitor_wake_.wait_for(lock, std::chrono::milliseconds{250}, [&] { return stopping_; }))
       return make_error(errc::engine_unavailable, describe() + " is shutting down");
@@ -466,10 +478,11 @@ result<std::string> sglang_served_version(transport::http_client& c,
     if (r->status == 200 && is_json_object_text(r->body, &doc) && doc.contains("weight_version")
         && doc["weight_version"].is_string())
       return doc["weight_version"].get<std::string>();
-    tried += std::string{tried.empty() ? "" : ", "} + route + " answered "
-             + std::to_string(r->status);
+    tried +=
+      std::string{tried.empty() ? "" : ", "} + route + " answered " + std::to_string(r->status);
   }
-  return make_error(errc::engine_unavailable, "the engine reports no weight_version (" + tried + ")");
+  return make_error(errc::engine_unavailable,
+                    "the engine reports no weight_version (" + tried + ")");
 }
 
 /// A control call that must answer 200 with a JSON object whose `success`
@@ -488,8 +501,7 @@ status expect_success(const result<http_response>& r, std::string_view what) {
                       ? doc["message"].get<std::string>()
                       : r->body;
   return make_error(errc::activation_failed, std::string{what} + " answered "
-                                               + std::to_string(r->status) + ": "
-                                               + excerpt(why));
+                                               + std::to_string(r->status) + ": " + excerpt(why));
 }
 
 } // namespace
@@ -537,7 +549,8 @@ status external_engine::prefetch(const chain_plan&) {
 
 status external_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_source& source) {
   auto fail_stage = [&](errc code, std::string why) {
-    return make_error(code, "staging " + to_string(plan.target) + " for " + describe() + ": " + why);
+    return make_error(code,
+                      "staging " + to_string(plan.target) + " for " + describe() + ": " + why);
   };
   auto target = source.manifest_of(plan.target);
   if (!target)
@@ -578,8 +591,10 @@ status external_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_s
   if (plan.anchor || !base) {
     if (!plan.anchor)
       return fail_stage(errc::invalid_argument, "nothing is staged to build its deltas on");
-    auto reader =
-      store::version_reader::open(manifests, read, plan.target, plan.anchor->version);
+    // A rebuild names the version only: its chain starts at the nearest
+    // full anchor below it.
+    uint64_t boot = plan.reset_to_boot ? 0 : plan.anchor->version;
+    auto reader = store::version_reader::open(manifests, read, plan.target, boot);
     if (!reader)
       return std::move(reader).error();
     store::export_options eo;
@@ -631,8 +646,9 @@ status external_engine::write_delta(const staged& base, const chain_plan& plan,
   for (const auto& [name, t] : ckpt->tensors)
     ++per_shard[t.file];
   // A shard whose tensors the chain leaves alone is the same file again.
-  store::shard_reuse reuse = [&](const std::string& shard,
-                                 const std::vector<std::string>& tensors) -> std::optional<fs::path> {
+  store::shard_reuse reuse =
+    [&](const std::string& shard,
+        const std::vector<std::string>& tensors) -> std::optional<fs::path> {
     auto it = per_shard.find(shard);
     if (it == per_shard.end() || it->second != tensors.size())
       return std::nullopt;
@@ -846,8 +862,7 @@ void external_engine::prune_staging() {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(opts_.staging_dir, ec)) {
     auto name = entry.path().filename().string();
-    if (name.starts_with(".") || name.find("@weight_v") == std::string::npos
-        || keep.contains(name))
+    if (name.starts_with(".") || name.find("@weight_v") == std::string::npos || keep.contains(name))
       continue;
     std::error_code ignored;
     fs::remove_all(entry.path(), ignored);
@@ -924,8 +939,8 @@ result<engine_reply> external_engine::forward(const engine_call& call, const eve
       if (sse)
         return events.feed(piece);
       if (raw.size() + piece.size() > (size_t{64} << 20))
-        return make_error(errc::limit_exceeded, describe() + " answered " + call.route
-                                                  + " with more than 64 MiB");
+        return make_error(errc::limit_exceeded,
+                          describe() + " answered " + call.route + " with more than 64 MiB");
       raw.append(piece);
       return {};
     };
@@ -944,8 +959,8 @@ result<engine_reply> external_engine::forward(const engine_call& call, const eve
       return make_error(errc::engine_unavailable, "the caller of " + call.route + " went away");
     }
     monitor_wake_.notify_all();
-    auto e = make_error(errc::engine_unavailable, describe() + " " + call.route + ": "
-                                                    + answer.error().message);
+    auto e = make_error(errc::engine_unavailable,
+                        describe() + " " + call.route + ": " + answer.error().message);
     note_problem(e.message);
     return e;
   }
@@ -972,9 +987,9 @@ result<engine_reply> external_engine::forward(const engine_call& call, const eve
     return reply;
   auto doc = json::parse(reply.body, nullptr, false);
   if (doc.is_discarded() || !(doc.is_object() || doc.is_array())) {
-    auto e = make_error(errc::engine_unavailable, describe() + " answered " + call.route
-                                                    + " with a body that is not JSON: "
-                                                    + excerpt(reply.body));
+    auto e = make_error(errc::engine_unavailable,
+                        describe() + " answered " + call.route
+                          + " with a body that is not JSON: " + excerpt(reply.body));
     note_problem(e.message);
     return e;
   }
@@ -1010,8 +1025,10 @@ result<generation_result> external_engine::generate(const generation_request& re
             {"return_logprob", request.return_logprob}};
     call.route = "/generate";
   } else {
-    body = {{"prompt", request.prompt}, {"max_tokens", p.max_new_tokens},
-            {"temperature", p.temperature}, {"top_p", p.top_p},
+    body = {{"prompt", request.prompt},
+            {"max_tokens", p.max_new_tokens},
+            {"temperature", p.temperature},
+            {"top_p", p.top_p},
             {"top_k", p.top_k == 0 ? -1 : static_cast<int64_t>(p.top_k)},
             {"stop", p.stop}};
     if (p.seed)

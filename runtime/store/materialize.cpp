@@ -531,8 +531,8 @@ status export_version(store_backend& store, std::string_view pool, const version
   auto reader = version_reader::open(store, pool, ref);
   if (!reader)
     return std::move(reader).error();
-  range_reader read = [&store, pool](const version_ref& r, std::string_view tensor,
-                                     uint64_t offset, std::span<std::byte> out) {
+  range_reader read = [&store, pool](const version_ref& r, std::string_view tensor, uint64_t offset,
+                                     std::span<std::byte> out) {
     return store.read_range(pool, r, tensor, offset, out);
   };
   return export_version(*reader, read, out_dir, options);

@@ -1,0 +1,499 @@
+// stitch-engine-peer: a test stand-in for an SGLang or vLLM server.
+//
+// Neither engine can be installed on the machines the tests run on, so the
+// adapters of `runtime/engine/external_engine.cpp` are tested against this
+// program. It implements the part of each engine's HTTP API the adapter
+// uses, with the engine's own routes, field names, status codes and body
+// shapes, and generates with the built-in CPU model from the directory it
+// was told to load (read with the project's safetensors reader, so a wrong
+// or partial staged directory is caught). It records every call, and can
+// be told to fail, hang, or exit.
+//
+// SGLang (python/sglang/srt/entrypoints/http_server.py and
+// managers/io_struct.py, v0.5.6 and the 2026 main line):
+//   GET  /health                        200, empty body
+//   POST /generate                      {text, sampling_params, return_logprob, stream, rid,
+//                                        extra_key} -> {text, output_ids, meta_info{id,
+//                                        finish_reason{type}, prompt_tokens, completion_tokens,
+//                                        cached_tokens, weight_version, ...}}; stream: cumulative
+//                                        `data:` events, then `data: [DONE]`
+//   POST /v1/completions, /v1/chat/completions  OpenAI shapes + metadata.weight_version
+//   POST /pause_generation              {mode: abort|retract|in_place} -> {message, status: "ok"}
+//   POST /continue_generation           -> {message, status: "ok"}
+//   POST /update_weights_from_disk      {model_path, weight_version, abort_all_requests,
+//                                        flush_cache} -> 200/400 {success, message,
+//                                        num_paused_requests}
+//   GET  /model_info, /get_model_info   {model_path, weight_version, ...}
+//   GET  /get_weight_version            {weight_version}; 404 with --sglang-2026 (the 2026
+//                                        line answers "deprecated, use /model_info")
+//   POST /flush_cache                   plain text, 200
+//   POST /abort_request                 {rid} -> 200, empty body
+//
+// vLLM (vllm/entrypoints/serve/*/api_router.py, v0.16, VLLM_SERVER_DEV_MODE=1):
+//   GET  /health                        200, empty body
+//   POST /v1/completions, /v1/chat/completions  OpenAI shapes (cache_salt recorded)
+//   GET  /v1/models                     {object: "list", data: [...]}
+//   POST /pause?mode=abort|wait|keep    {status: "paused"}
+//   POST /resume                        {status: "resumed"}
+//   GET  /is_paused                     {is_paused}
+//   POST /collective_rpc                {method: "reload_weights", kwargs: {weights_path,
+//                                        is_checkpoint_format}} -> {results: [null]};
+//                                        a failing worker: 500 text/plain
+//   POST /reset_prefix_cache            200, empty body
+//   /generate does not exist in `vllm serve`: 404 {"detail": "Not Found"}.
+//
+// Test controls (not part of either engine):
+//   GET  /_peer/calls                   the recorded calls, one per line
+//   POST /_peer/fail_updates?n=N        the next N weight updates fail
+//   POST /_peer/hang_updates?n=N        the next N weight updates never answer
+//   POST /_peer/garbage?n=N             the next N generations answer a body that is not JSON
+//   POST /_peer/exit                    the process exits at once (a crash)
+//
+// Usage: stitch-engine-peer --dialect sglang|vllm --port P --model-dir DIR
+//                           [--weight-version V] [--sglang-2026]
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <unistd.h>
+
+#include "runtime/engine/api_shapes.hpp"
+#include "runtime/engine/model_config.hpp"
+#include "runtime/engine/sampler.hpp"
+#include "runtime/engine/tokenizer.hpp"
+#include "runtime/engine/weights.hpp"
+#include "runtime/store/hf_directory.hpp"
+#include "transport/http_server.hpp"
+
+namespace {
+
+using namespace stitch;
+using json = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+using transport::http_responder;
+using transport::server_request;
+using transport::server_response;
+
+struct loaded {
+  std::shared_ptr<const engine::weights> weights;
+  engine::model_config config;
+  std::string path;
+};
+
+/// Loads an HF directory the way the engines do: config.json, then every
+/// shard (the project's reader checks the files against each other).
+result<loaded> load_model(const std::string& dir) {
+  std::ifstream in{fs::path{dir} / "config.json"};
+  if (!in)
+    return make_error(errc::not_found, dir + "/config.json cannot be opened");
+  std::stringstream text;
+  text << in.rdbuf();
+  auto config = engine::parse_model_config(text.str());
+  if (!config)
+    return std::move(config).error();
+  auto tensors = store::load_hf_directory(dir);
+  if (!tensors)
+    return std::move(tensors).error();
+  auto w = engine::build_weights(*config, *tensors);
+  if (!w)
+    return std::move(w).error();
+  return loaded{std::move(*w), *config, dir};
+}
+
+class peer {
+public:
+  peer(std::string dialect, bool sglang_2026)
+      : dialect_(std::move(dialect)), new_api_(sglang_2026) {}
+
+  status boot(const std::string& dir, std::string version) {
+    auto m = load_model(dir);
+    if (!m)
+      return std::move(m).error();
+    std::lock_guard lock{mutex_};
+    model_ = std::move(*m);
+    weight_version_ = std::move(version);
+    return {};
+  }
+
+  void handle(server_request req, std::shared_ptr<http_responder> out) {
+    // Generations and updates take time: each request gets a thread.
+    std::thread{[this, req = std::move(req), out = std::move(out)]() mutable {
+      serve(std::move(req), *out);
+    }}.detach();
+  }
+
+private:
+  static server_response json_answer(unsigned status, const json& body) {
+    server_response r;
+    r.status = status;
+    r.body = body.dump();
+    return r;
+  }
+  static server_response empty(unsigned status = 200) {
+    server_response r;
+    r.status = status;
+    r.content_type = "text/plain";
+    return r;
+  }
+  static uint64_t count_of(const server_request& req) {
+    auto at = req.target.find("n=");
+    return at == std::string::npos ? 1 : std::strtoull(req.target.c_str() + at + 2, nullptr, 10);
+  }
+
+  void record(const std::string& line) {
+    std::lock_guard lock{mutex_};
+    calls_ += line + "\n";
+  }
+
+  /// Waits while paused (SGLang's in_place and vLLM's keep modes hold
+  /// requests; new ones wait too), then returns the weights to step on.
+  std::shared_ptr<const engine::weights> current() {
+    std::unique_lock lock{mutex_};
+    resumed_.wait(lock, [&] { return !paused_; });
+    return model_.weights;
+  }
+
+  void serve(server_request req, http_responder& out) {
+    const bool sglang = dialect_ == "sglang";
+    const std::string& path = req.path;
+    std::string line = req.method + " " + req.target;
+    if (req.method == "POST" && !req.body.empty() && req.body.size() < 4096)
+      line += " " + req.body;
+    if (!path.starts_with("/_peer/"))
+      record(line);
+    if (path == "/_peer/calls") {
+      std::lock_guard lock{mutex_};
+      server_response r = empty();
+      r.body = calls_;
+      return out.send(std::move(r));
+    }
+    if (path == "/_peer/fail_updates") {
+      fail_updates_ = count_of(req);
+      return out.send(empty());
+    }
+    if (path == "/_peer/hang_updates") {
+      hang_updates_ = count_of(req);
+      return out.send(empty());
+    }
+    if (path == "/_peer/garbage") {
+      garbage_ = count_of(req);
+      return out.send(empty());
+    }
+    if (path == "/_peer/exit")
+      ::_exit(3);
+    if (path == "/health")
+      return out.send(empty());
+    if (path == "/generate" && sglang)
+      return generate(req, out, engine::api_kind::native);
+    if (path == "/v1/completions")
+      return generate(req, out, engine::api_kind::completions);
+    if (path == "/v1/chat/completions")
+      return generate(req, out, engine::api_kind::chat);
+    if (sglang)
+      return sglang_control(req, out);
+    return vllm_control(req, out);
+  }
+
+  /// Runs an update: fails or hangs when told to, else loads `dir`.
+  status update(const std::string& dir) {
+    if (hang_updates_ > 0) {
+      --hang_updates_;
+      for (;;)
+        std::this_thread::sleep_for(std::chrono::hours{1});
+    }
+    if (fail_updates_ > 0) {
+      --fail_updates_;
+      return make_error(errc::backend_failure, "injected failure loading " + dir);
+    }
+    auto m = load_model(dir);
+    if (!m)
+      return std::move(m).error();
+    std::lock_guard lock{mutex_};
+    model_ = std::move(*m);
+    return {};
+  }
+
+  void sglang_control(const server_request& req, http_responder& out) {
+    const std::string& path = req.path;
+    auto body = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object())
+      return out.send(
+        json_answer(400, {{"error", {{"message", "the body is not a JSON object"}}}}));
+    if (path == "/pause_generation") {
+      std::string mode = body.value("mode", "abort");
+      if (mode != "abort" && mode != "retract" && mode != "in_place")
+        return out.send(json_answer(400, {{"error", {{"message", "invalid mode " + mode}}}}));
+      {
+        std::lock_guard lock{mutex_};
+        paused_ = true;
+      }
+      return out.send(
+        json_answer(200, {{"message", "Generation paused successfully."}, {"status", "ok"}}));
+    }
+    if (path == "/continue_generation") {
+      {
+        std::lock_guard lock{mutex_};
+        paused_ = false;
+      }
+      resumed_.notify_all();
+      return out.send(
+        json_answer(200, {{"message", "Generation continued successfully."}, {"status", "ok"}}));
+    }
+    if (path == "/update_weights_from_disk") {
+      if (!body.contains("model_path") || !body["model_path"].is_string())
+        return out.send(json_answer(400, {{"error", {{"message", "model_path is required"}}}}));
+      auto ok = update(body["model_path"].get<std::string>());
+      if (!ok)
+        return out.send(
+          json_answer(400, {{"success", false},
+                            {"message", "Failed to update weights: " + ok.error().message},
+                            {"num_paused_requests", 0}}));
+      std::string message = "Succeeded to update model weights.";
+      if (body.contains("weight_version") && body["weight_version"].is_string()) {
+        std::lock_guard lock{mutex_};
+        weight_version_ = body["weight_version"].get<std::string>();
+        message += " Weight version updated to " + weight_version_ + ".";
+      }
+      return out.send(
+        json_answer(200, {{"success", true}, {"message", message}, {"num_paused_requests", 0}}));
+    }
+    if (path == "/model_info" || path == "/get_model_info") {
+      if (path == "/model_info" && !new_api_)
+        return out.send(json_answer(404, {{"detail", "Not Found"}}));
+      std::lock_guard lock{mutex_};
+      return out.send(json_answer(200, {{"model_path", model_.path},
+                                        {"tokenizer_path", model_.path},
+                                        {"is_generation", true},
+                                        {"preferred_sampling_params", nullptr},
+                                        {"weight_version", weight_version_}}));
+    }
+    if (path == "/get_weight_version") {
+      if (new_api_)
+        return out.send(json_answer(
+          404, {{"object", "error"},
+                {"message", "Endpoint '/get_weight_version' or '/weight_version' is deprecated. "
+                            "Please use '/model_info' instead."},
+                {"type", "404"},
+                {"param", nullptr},
+                {"code", 404}}));
+      std::lock_guard lock{mutex_};
+      return out.send(json_answer(200, {{"weight_version", weight_version_}}));
+    }
+    if (path == "/flush_cache") {
+      server_response r = empty();
+      r.body = "Cache flushed.\nPlease check backend logs for more details. (When there are "
+               "running or waiting requests, the operation will not be performed.)\n";
+      return out.send(std::move(r));
+    }
+    if (path == "/abort_request")
+      return out.send(empty());
+    return out.send(json_answer(404, {{"detail", "Not Found"}}));
+  }
+
+  void vllm_control(const server_request& req, http_responder& out) {
+    const std::string& path = req.path;
+    if (path == "/pause") {
+      {
+        std::lock_guard lock{mutex_};
+        paused_ = true;
+      }
+      return out.send(json_answer(200, {{"status", "paused"}}));
+    }
+    if (path == "/resume") {
+      {
+        std::lock_guard lock{mutex_};
+        paused_ = false;
+      }
+      resumed_.notify_all();
+      return out.send(json_answer(200, {{"status", "resumed"}}));
+    }
+    if (path == "/is_paused") {
+      std::lock_guard lock{mutex_};
+      return out.send(json_answer(200, {{"is_paused", paused_}}));
+    }
+    if (path == "/reset_prefix_cache")
+      return out.send(empty());
+    if (path == "/v1/models")
+      return out.send(json_answer(
+        200, {{"object", "list"},
+              {"data",
+               json::array({{{"id", model_.path}, {"object", "model"}, {"owned_by", "vllm"}}})}}));
+    if (path == "/collective_rpc") {
+      auto body = json::parse(req.body, nullptr, false);
+      if (body.is_discarded() || !body.is_object())
+        return out.send(json_answer(400, {{"error",
+                                           {{"message", "JSON decode error"},
+                                            {"type", "Bad Request"},
+                                            {"param", nullptr},
+                                            {"code", 400}}}}));
+      if (!body.contains("method"))
+        return out.send(json_answer(400, {{"error",
+                                           {{"message", "Missing 'method' in request body"},
+                                            {"type", "Bad Request"},
+                                            {"param", nullptr},
+                                            {"code", 400}}}}));
+      if (body["method"] != "reload_weights") {
+        server_response r = empty(500);
+        r.body = "Internal Server Error";
+        return out.send(std::move(r));
+      }
+      auto kwargs = body.value("kwargs", json::object());
+      std::string dir = kwargs.value("weights_path", model_.path);
+      if (auto ok = update(dir); !ok) {
+        server_response r = empty(500);
+        r.body = "Internal Server Error";
+        return out.send(std::move(r));
+      }
+      return out.send(json_answer(200, {{"results", json::array({nullptr})}}));
+    }
+    return out.send(json_answer(404, {{"detail", "Not Found"}}));
+  }
+
+  void generate(const server_request& req, http_responder& out, engine::api_kind kind) {
+    auto parsed = engine::parse_api_request(kind, req.body);
+    if (!parsed)
+      return out.send(json_answer(400, {{"error", {{"message", parsed.error().message}}}}));
+    auto body = json::parse(req.body, nullptr, false);
+    std::string id = body.is_object() && body.contains("rid") && body["rid"].is_string()
+                       ? body["rid"].get<std::string>()
+                       : "peer-" + std::to_string(++ids_);
+    if (!parsed->seeded)
+      parsed->sampling.seed = 1;
+    if (garbage_ > 0) {
+      --garbage_;
+      server_response r;
+      r.body = "<html>this is not JSON</html>";
+      return out.send(std::move(r));
+    }
+    auto result = engine::generate([this] { return current(); }, tokenizer_, parsed->prompt,
+                                   parsed->sampling, {});
+    if (!result)
+      return out.send(json_answer(400, {{"error", {{"message", result.error().message}}}}));
+    engine::api_output o;
+    o.tokens = result->tokens;
+    o.logprobs = result->logprobs;
+    o.text = result->text;
+    o.finish_reason = result->finish_reason;
+    o.prompt_tokens = result->prompt_tokens;
+    std::string version;
+    {
+      std::lock_guard lock{mutex_};
+      version = weight_version_;
+    }
+    auto with_version = [&](std::string text) {
+      auto j = json::parse(text);
+      if (dialect_ != "sglang")
+        return j.dump();
+      if (j.contains("meta_info"))
+        j["meta_info"]["weight_version"] = version;
+      else
+        j["metadata"] = {{"weight_version", version}};
+      return j.dump();
+    };
+    const int64_t created = 1'700'000'000;
+    if (!parsed->stream)
+      return out.send(json_answer(
+        200, json::parse(with_version(engine::render_response(*parsed, o, id, created)))));
+    out.start_events({});
+    std::string so_far;
+    for (size_t i = 0; i + 1 < o.text.size(); ++i) {
+      std::string delta = o.text.substr(i, 1);
+      so_far += delta;
+      out.event(engine::render_stream_event(*parsed, id, created, so_far, delta));
+    }
+    out.event(with_version(engine::render_stream_final(
+      *parsed, o, id, created, o.text.empty() ? std::string{} : o.text.substr(o.text.size() - 1))));
+    out.end_events(true);
+  }
+
+  std::string dialect_;
+  bool new_api_ = false;
+  engine::tokenizer tokenizer_;
+  std::mutex mutex_;
+  std::condition_variable resumed_;
+  loaded model_;
+  std::string weight_version_ = "default";
+  bool paused_ = false;
+  std::string calls_;
+  std::atomic<uint64_t> fail_updates_{0};
+  std::atomic<uint64_t> hang_updates_{0};
+  std::atomic<uint64_t> garbage_{0};
+  std::atomic<uint64_t> ids_{0};
+};
+
+} // namespace
+
+int main(int argc, char** argv) {
+  std::string dialect = "sglang";
+  std::string dir;
+  std::string version = "default";
+  bool sglang_2026 = false;
+  uint16_t port = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << a << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--dialect")
+      dialect = next();
+    else if (a == "--port")
+      port = static_cast<uint16_t>(std::stoi(next()));
+    else if (a == "--model-dir")
+      dir = next();
+    else if (a == "--weight-version")
+      version = next();
+    else if (a == "--sglang-2026")
+      sglang_2026 = true;
+    else {
+      std::cerr << "unknown argument " << a << "\n";
+      return 2;
+    }
+  }
+  if ((dialect != "sglang" && dialect != "vllm") || dir.empty()) {
+    std::cerr << "usage: stitch-engine-peer --dialect sglang|vllm --port P --model-dir DIR\n";
+    return 2;
+  }
+  // Signals are taken by `sigwait` below, not by the server's threads.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  peer p{dialect, sglang_2026};
+  if (auto ok = p.boot(dir, version); !ok) {
+    std::cerr << "cannot load " << dir << ": " << stitch::to_string(ok.error()) << "\n";
+    return 1;
+  }
+  transport::http_server_options o;
+  o.threads = 2;
+  transport::http_server server{o, [&p](server_request req, std::shared_ptr<http_responder> out) {
+                                  p.handle(std::move(req), std::move(out));
+                                }};
+  auto bound = server.listen("127.0.0.1", port);
+  if (!bound) {
+    std::cerr << "cannot listen: " << stitch::to_string(bound.error()) << "\n";
+    return 1;
+  }
+  std::cout << dialect << " peer serving " << dir << " on 127.0.0.1:" << *bound << std::endl;
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::cout << "stopping on signal " << sig << std::endl;
+  std::_Exit(0);
+}

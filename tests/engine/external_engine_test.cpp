@@ -1,0 +1,516 @@
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/chain_planner.hpp"
+#include "runtime/engine/api_shapes.hpp"
+#include "runtime/engine/external_engine.hpp"
+#include "runtime/engine/model_config.hpp"
+#include "runtime/engine/sampler.hpp"
+#include "runtime/engine/weights.hpp"
+#include "runtime/store/hf_directory.hpp"
+#include "runtime/store/materialize.hpp"
+#include "runtime/store/publisher.hpp"
+#include "runtime/store/store_tensor_source.hpp"
+#include "store/memory_store.hpp"
+#include "transport/http_client.hpp"
+
+// The adapters against `stitch-engine-peer` (tests/engine/engine_peer.cpp),
+// the in-tree stand-in for SGLang and vLLM servers.
+
+namespace stitch::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using stitch::testing::memory_store;
+
+void nudge(store::host_tensor& t, uint32_t salt, size_t every = 7) {
+  for (size_t i = salt % every; i + 4 <= t.bytes.size(); i += 4 * every)
+    t.bytes[i] ^= static_cast<std::byte>(1 + salt % 200);
+}
+
+const std::string greedy_body =
+  R"({"text":"hello","sampling_params":{"temperature":0,"max_new_tokens":12},"return_logprob":true})";
+const std::string greedy_completion = R"({"prompt":"hello","temperature":0,"max_tokens":12})";
+
+template <class Pred>
+bool eventually(Pred&& p, std::chrono::milliseconds limit = std::chrono::seconds{30}) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (p())
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  }
+  return p();
+}
+
+class external_engine_test : public ::testing::TestWithParam<engine_kind> {
+protected:
+  void SetUp() override {
+    root = fs::temp_directory_path()
+           / ("stitch-ext-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    fs::create_directories(root);
+    auto c = preset("tiny");
+    ASSERT_TRUE(c);
+    config = *c;
+    auto w = random_init(config, 42);
+    ASSERT_TRUE(w);
+    versions.push_back(*w);
+    for (uint32_t v = 1; v <= 4; ++v) {
+      auto next = versions.back();
+      if (v != 3) { // v3 is an empty delta
+        nudge(next.at("lm_head.weight"), v);
+        nudge(next.at("model.layers." + std::to_string(v % 2) + ".mlp.up_proj.weight"), v);
+      }
+      versions.push_back(next);
+    }
+    store::publisher pub{db};
+    for (uint64_t v = 0; v < versions.size(); ++v) {
+      store::publish_request r{"default", "r", v, false, false};
+      r.files = {{"config.json", render_model_config(config)}};
+      auto out = pub.publish(r, versions[v]);
+      ASSERT_TRUE(out) << to_string(out.error());
+    }
+    // The engine's own boot model (what a user starts the server with).
+    boot_dir = root / "boot";
+    ASSERT_TRUE(store::write_hf_directory(boot_dir, versions[0], default_max_shard_bytes,
+                                          {{"config.json", render_model_config(config)}}));
+  }
+
+  void TearDown() override {
+    engine.reset();
+    if (peer)
+      peer->stop();
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+
+  std::string dialect() const { return GetParam() == engine_kind::sglang ? "sglang" : "vllm"; }
+  std::string generate_route() const {
+    return GetParam() == engine_kind::sglang ? "/generate" : "/v1/completions";
+  }
+  std::string generate_body() const {
+    return GetParam() == engine_kind::sglang ? greedy_body : greedy_completion;
+  }
+
+  std::string peer_command(const std::string& extra = "") const {
+    return std::string{STITCH_ENGINE_PEER} + " --dialect " + dialect()
+           + " --port {port} --model-dir {model_dir}" + extra;
+  }
+
+  /// Starts a peer on its own (the `engine.url` case).
+  void start_peer(const std::string& extra = "") {
+    auto port = pick_free_port();
+    ASSERT_TRUE(port);
+    launch_options lo;
+    lo.command = peer_command(extra);
+    lo.name = "peer";
+    auto p = engine_process::start(lo, *port, boot_dir);
+    ASSERT_TRUE(p) << to_string(p.error());
+    peer = std::move(*p);
+    peer_url = "http://127.0.0.1:" + std::to_string(*port);
+    ASSERT_TRUE(eventually([&] { return peer_get("/health").status == 200; }));
+  }
+
+  transport::http_response peer_get(const std::string& route, const std::string& method = "GET") {
+    auto ep = transport::parse_endpoint(peer_url);
+    transport::http_client c{*ep};
+    transport::http_request r;
+    r.method = method;
+    r.target = route;
+    auto out = c.send(r);
+    return out ? *out : transport::http_response{};
+  }
+
+  std::string calls() { return peer_get("/_peer/calls").body; }
+
+  external_engine_options options() {
+    external_engine_options o;
+    o.kind = GetParam();
+    o.url = peer_url;
+    o.staging_dir = root / "staging";
+    o.max_shard_bytes = 64 << 10; // many shards: unchanged ones are linked
+    o.monitor_every = std::chrono::milliseconds{100};
+    o.update_timeout = std::chrono::seconds{20};
+    return o;
+  }
+
+  void make_engine(external_engine_options o) {
+    auto e = external_engine::make(std::move(o));
+    ASSERT_TRUE(e) << to_string(e.error());
+    engine = *e;
+  }
+
+  chain_plan plan(std::optional<applied_state> applied, version_ref to,
+                  std::string pool = "default") {
+    auto out = plan_chain(applied, to, 0, [&](const version_ref& ref) -> manifest_lookup_result {
+      auto key = std::make_pair(pool, ref);
+      auto it = cache.find(key);
+      if (it == cache.end()) {
+        auto m = db.read_manifest(pool, ref);
+        if (!m)
+          return manifest_missing{};
+        it = cache.emplace(key, *m).first;
+      }
+      return manifest_found{&it->second};
+    });
+    EXPECT_TRUE(out && std::holds_alternative<chain_plan>(*out));
+    return std::get<chain_plan>(*out);
+  }
+
+  /// Stages and activates the way the replica does (pause, commit, resume).
+  status activate(const chain_plan& p, tensor_source& src) {
+    if (auto ok = engine->stage(p, false, src); !ok)
+      return ok;
+    auto paused = engine->pause();
+    auto ok = paused ? engine->commit() : paused;
+    auto resumed = engine->resume();
+    return ok ? resumed : ok;
+  }
+
+  /// What the engine answers a greedy request with, as token ids.
+  std::vector<int32_t> served_tokens(const std::string& tag = "t") {
+    engine_call call;
+    call.tag = tag;
+    call.route = generate_route();
+    call.body = generate_body();
+    auto reply = engine->forward(call, {}, {});
+    EXPECT_TRUE(reply) << (reply ? "" : to_string(reply.error()));
+    if (!reply)
+      return {};
+    EXPECT_EQ(reply->status, 200) << reply->body;
+    auto doc = json::parse(reply->body);
+    std::vector<int32_t> ids;
+    if (doc.contains("output_ids"))
+      return doc["output_ids"].get<std::vector<int32_t>>();
+    // vLLM answers text; the byte tokenizer makes it the ids.
+    for (unsigned char ch : doc["choices"][0]["text"].get<std::string>())
+      ids.push_back(ch);
+    return ids;
+  }
+
+  /// The same request answered by the built-in model on `tensors` directly.
+  std::vector<int32_t> expected_tokens(const store::tensor_set& tensors) {
+    auto kind = GetParam() == engine_kind::sglang ? api_kind::native : api_kind::completions;
+    auto req = parse_api_request(kind, generate_body());
+    EXPECT_TRUE(req);
+    req->sampling.seed = 1;
+    auto w = build_weights(config, tensors);
+    EXPECT_TRUE(w);
+    auto out = engine::generate(**w, config, tokenizer{}, req->prompt, req->sampling);
+    EXPECT_TRUE(out);
+    if (GetParam() == engine_kind::sglang)
+      return out->tokens;
+    std::vector<int32_t> ids;
+    for (unsigned char ch : out->text)
+      ids.push_back(ch);
+    return ids;
+  }
+
+  static inline int counter = 0;
+  fs::path root;
+  fs::path boot_dir;
+  model_config config;
+  memory_store db;
+  std::vector<store::tensor_set> versions;
+  std::map<std::pair<std::string, version_ref>, manifest> cache;
+  std::unique_ptr<engine_process> peer;
+  std::string peer_url;
+  std::shared_ptr<external_engine> engine;
+};
+
+TEST_P(external_engine_test, a_version_chain_is_served_exactly_with_the_engines_own_update_calls) {
+  start_peer();
+  make_engine(options());
+  store::store_tensor_source src{db, "default"};
+  EXPECT_FALSE(engine->health().healthy);
+  auto refused = engine->forward({0, "x", "POST", generate_route(), generate_body()}, {}, {});
+  ASSERT_FALSE(refused) << "nothing verified is served before the first commit";
+  EXPECT_EQ(refused.error().code, errc::engine_unavailable);
+
+  // Anchor.
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  EXPECT_TRUE(engine->health().healthy) << engine->health().detail;
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[0]));
+  auto first_dir = engine->committed_dir();
+
+  // One delta: only the shards holding changed tensors are written again.
+  auto p1 = plan(applied_state{{"r", 0}}, {"r", 1});
+  ASSERT_FALSE(p1.anchor);
+  EXPECT_EQ(p1.touched.size(), 2u);
+  ASSERT_TRUE(engine->stage(p1, false, src));
+  // Only the shards holding changed tensors are written; the others are the
+  // served version's files, linked.
+  auto staged_dir = root / "staging" / "r@weight_v000001";
+  size_t linked = 0;
+  size_t written = 0;
+  for (const auto& entry : fs::directory_iterator(staged_dir)) {
+    if (entry.path().extension() != ".safetensors")
+      continue;
+    struct stat now {};
+    struct stat before {};
+    ASSERT_EQ(::stat(entry.path().c_str(), &now), 0);
+    bool same = ::stat((first_dir / entry.path().filename()).c_str(), &before) == 0
+                && before.st_ino == now.st_ino;
+    (same ? linked : written) += 1;
+  }
+  EXPECT_GT(linked, 0u) << "unchanged shards are hard-linked";
+  EXPECT_GT(written, 0u) << "changed shards are written";
+  EXPECT_LT(written, linked) << "a two-tensor delta rewrites few shards";
+  ASSERT_TRUE(engine->pause());
+  ASSERT_TRUE(engine->commit());
+  ASSERT_TRUE(engine->resume());
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+  auto second_dir = engine->committed_dir();
+  ASSERT_EQ(second_dir, staged_dir);
+  EXPECT_FALSE(fs::exists(first_dir)) << "staged versions no longer needed are removed";
+
+  // A folded catch-up across an empty delta, byte-identical to an export.
+  auto p4 = plan(applied_state{{"r", 1}}, {"r", 4});
+  EXPECT_EQ(p4.deltas.size(), 3u);
+  ASSERT_TRUE(activate(p4, src));
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[4]));
+  auto staged = store::load_hf_directory(engine->committed_dir());
+  ASSERT_TRUE(staged) << to_string(staged.error());
+  EXPECT_EQ(*staged, versions[4]);
+
+  // The engine was told each version's identity, through its own routes.
+  auto log = calls();
+  if (GetParam() == engine_kind::sglang) {
+    EXPECT_NE(log.find(R"(POST /pause_generation {"mode":"in_place"})"), std::string::npos) << log;
+    EXPECT_NE(log.find("POST /update_weights_from_disk"), std::string::npos);
+    EXPECT_NE(log.find(R"("weight_version":"r/weight_v000004")"), std::string::npos) << log;
+    EXPECT_NE(log.find(R"("abort_all_requests":false)"), std::string::npos);
+    EXPECT_NE(log.find(R"("flush_cache":false)"), std::string::npos);
+    EXPECT_NE(log.find("POST /continue_generation"), std::string::npos);
+    EXPECT_NE(log.find("GET /get_model_info"), std::string::npos)
+      << "a 2025 server answers the old route";
+  } else {
+    EXPECT_NE(log.find("POST /pause?mode=keep"), std::string::npos) << log;
+    EXPECT_NE(log.find(R"("method":"reload_weights")"), std::string::npos) << log;
+    EXPECT_NE(log.find(R"("is_checkpoint_format":true)"), std::string::npos);
+    EXPECT_NE(log.find("POST /resume"), std::string::npos);
+  }
+}
+
+TEST_P(external_engine_test, requests_carry_the_version_namespace_and_answers_carry_stamps) {
+  // A 2026 SGLang: the version is read from /model_info.
+  start_peer(GetParam() == engine_kind::sglang ? " --sglang-2026" : "");
+  make_engine(options());
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  auto body = engine->stamp_request(generate_route(), generate_body(), {"r", 0});
+  engine_call call{7, "rep-7", "POST", generate_route(), body};
+  auto reply = engine->forward(call, {}, {});
+  ASSERT_TRUE(reply) << to_string(reply.error());
+  auto log = calls();
+  const std::string field = GetParam() == engine_kind::sglang ? "extra_key" : "cache_salt";
+  EXPECT_NE(log.find("\"" + field + "\":\"r/weight_v000000\""), std::string::npos) << log;
+  if (GetParam() == engine_kind::sglang) {
+    EXPECT_NE(log.find("GET /model_info"), std::string::npos) << log;
+  }
+  auto stamped = json::parse(engine->stamp_response(generate_route(), reply->body, {0, 0}, "r"));
+  if (GetParam() == engine_kind::sglang) {
+    EXPECT_EQ(stamped["meta_info"]["weight_version_start"], 0);
+    EXPECT_EQ(stamped["meta_info"]["run_id"], "r");
+    EXPECT_EQ(reply->finish_reason, stamped["meta_info"]["finish_reason"]["type"]);
+  } else {
+    EXPECT_EQ(stamped["weight_version_end"], 0);
+    EXPECT_EQ(stamped["run_id"], "r");
+  }
+  // Engine control routes are kept from clients.
+  auto blocked = engine->blocked_routes();
+  for (const char* route : GetParam() == engine_kind::sglang
+                             ? std::vector<const char*>{"/update_weights_from_disk",
+                                                        "/pause_generation", "/flush_cache"}
+                             : std::vector<const char*>{"/collective_rpc", "/pause", "/sleep"})
+    EXPECT_NE(std::find(blocked.begin(), blocked.end(), route), blocked.end()) << route;
+}
+
+TEST_P(external_engine_test, a_stream_passes_through_event_by_event) {
+  start_peer();
+  make_engine(options());
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  std::string body = generate_body();
+  body.insert(1, R"("stream":true,)");
+  std::vector<std::string> events;
+  auto reply = engine->forward({1, "s-1", "POST", generate_route(), body},
+                               [&](std::string ev) { events.push_back(std::move(ev)); }, {});
+  ASSERT_TRUE(reply) << to_string(reply.error());
+  EXPECT_TRUE(reply->stream);
+  EXPECT_GT(events.size(), 2u);
+  for (const auto& ev : events)
+    EXPECT_TRUE(json::parse(ev).is_object()) << ev;
+  auto last = json::parse(reply->body);
+  EXPECT_FALSE(reply->finish_reason.empty()) << reply->body;
+  EXPECT_EQ(reply->body.find("[DONE]"), std::string::npos);
+}
+
+TEST_P(external_engine_test, a_failed_update_takes_the_engine_out_until_a_rebuild_resyncs_it) {
+  start_peer();
+  auto o = options();
+  make_engine(o);
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  peer_get("/_peer/fail_updates?n=1", "POST");
+  auto failed = activate(plan(applied_state{{"r", 0}}, {"r", 1}), src);
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().code, errc::activation_failed);
+  // SGLang says why; vLLM's failing worker call answers a bare 500.
+  EXPECT_NE(failed.error().message.find(GetParam() == engine_kind::sglang ? "injected failure"
+                                                                          : "answered 500"),
+            std::string::npos)
+    << failed.error().message;
+  // The rebuild the replica runs: everything from the last good version.
+  ASSERT_TRUE(engine->reset_to_boot({"r", 0}, src));
+  EXPECT_TRUE(engine->health().healthy);
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[0]));
+  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 2}), src));
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[2]));
+}
+
+TEST_P(external_engine_test, a_hung_update_times_out_instead_of_hanging_the_replica) {
+  start_peer();
+  auto o = options();
+  o.update_timeout = std::chrono::milliseconds{1500};
+  make_engine(o);
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  peer_get("/_peer/hang_updates?n=1", "POST");
+  auto t0 = std::chrono::steady_clock::now();
+  auto failed = activate(plan(applied_state{{"r", 0}}, {"r", 1}), src);
+  ASSERT_FALSE(failed);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds{15});
+  EXPECT_FALSE(engine->health().healthy);
+  EXPECT_NE(engine->health().detail.find("timed out"), std::string::npos)
+    << engine->health().detail;
+  auto rebuilt = engine->reset_to_boot({"r", 1}, src);
+  ASSERT_TRUE(rebuilt) << to_string(rebuilt.error());
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+}
+
+TEST_P(external_engine_test, garbage_answers_and_a_dead_engine_are_clear_errors) {
+  start_peer();
+  make_engine(options());
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  peer_get("/_peer/garbage?n=1", "POST");
+  auto garbage = engine->forward({2, "g", "POST", generate_route(), generate_body()}, {}, {});
+  ASSERT_FALSE(garbage);
+  EXPECT_NE(garbage.error().message.find("not JSON"), std::string::npos) << garbage.error().message;
+  peer->kill_now();
+  auto dead = engine->forward({3, "d", "POST", generate_route(), generate_body()}, {}, {});
+  ASSERT_FALSE(dead);
+  EXPECT_EQ(dead.error().code, errc::engine_unavailable);
+  ASSERT_TRUE(eventually([&] { return !engine->health().healthy; }));
+  // The peer's supervisor restarts it from the boot model: the monitor loads
+  // the activated version into it again before it serves.
+  ASSERT_TRUE(eventually([&] { return engine->health().healthy; }, std::chrono::seconds{60}))
+    << engine->health().detail;
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[0]));
+}
+
+TEST_P(external_engine_test, a_launched_engine_starts_from_the_staged_version_and_is_restarted) {
+  auto o = options();
+  o.url.clear();
+  launch_options lo;
+  lo.command = peer_command();
+  lo.name = "replica-0";
+  lo.min_backoff = std::chrono::milliseconds{100};
+  std::atomic<int> lines{0};
+  lo.log = [&](std::string_view) { ++lines; };
+  o.launch = lo;
+  make_engine(o);
+  store::store_tensor_source src{db, "default"};
+  ASSERT_EQ(engine->process(), nullptr) << "nothing starts before there is a version";
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  ASSERT_NE(engine->process(), nullptr);
+  EXPECT_EQ(engine->process()->starts(), 1u);
+  EXPECT_GT(lines.load(), 0) << "the engine's output reaches the log";
+  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 2}), src));
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[2]));
+  engine->process()->kill_now();
+  ASSERT_TRUE(eventually([&] { return engine->process()->starts() == 2; }));
+  ASSERT_TRUE(eventually([&] { return engine->health().healthy; }, std::chrono::seconds{60}))
+    << engine->health().detail;
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[2]))
+    << "the restarted engine serves the activated version";
+}
+
+TEST_P(external_engine_test, a_config_json_that_changes_the_architecture_is_refused) {
+  start_peer();
+  make_engine(options());
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  model_config other = config;
+  other.rope_theta = 500000.0;
+  store::publisher pub{db};
+  store::publish_request r{"default", "r", 5, false, false};
+  r.files = {{"config.json", render_model_config(other)}};
+  ASSERT_TRUE(pub.publish(r, versions[4]));
+  auto p = plan(applied_state{{"r", 0}}, {"r", 5});
+  auto refused = engine->stage(p, false, src);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, errc::invalid_argument);
+  EXPECT_NE(refused.error().message.find("rope_theta"), std::string::npos)
+    << refused.error().message;
+  EXPECT_TRUE(engine->health().healthy) << "the engine keeps serving";
+}
+
+TEST_P(external_engine_test, a_caller_going_away_aborts_the_engine_request) {
+  start_peer();
+  make_engine(options());
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  // Paused engines hold requests: this one waits until its caller leaves.
+  ASSERT_TRUE(engine->pause());
+  std::atomic<bool> gone{false};
+  std::thread leave{[&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds{300});
+    gone = true;
+  }};
+  auto t0 = std::chrono::steady_clock::now();
+  auto out = engine->forward({4, "rep-4", "POST", generate_route(), generate_body()}, {},
+                             [&] { return gone.load(); });
+  leave.join();
+  ASSERT_FALSE(out);
+  EXPECT_NE(out.error().message.find("went away"), std::string::npos) << out.error().message;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds{10});
+  ASSERT_TRUE(engine->resume());
+  if (GetParam() == engine_kind::sglang) {
+    auto log = calls();
+    EXPECT_NE(log.find(R"(POST /abort_request {"rid":"rep-4"})"), std::string::npos) << log;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(dialects, external_engine_test,
+                         ::testing::Values(engine_kind::sglang, engine_kind::vllm),
+                         [](const auto& param_info) {
+                           return std::string{to_string(param_info.param)};
+                         });
+
+TEST(launch_command, placeholders_are_filled_and_quoted) {
+  auto cmd = expand_launch_command("serve --port {port} --gpus {gpu} --model {model_dir} {{x}}",
+                                   31000, {0, 3}, "/tmp/a b");
+  ASSERT_TRUE(cmd) << to_string(cmd.error());
+  EXPECT_EQ(*cmd, "serve --port 31000 --gpus '0,3' --model '/tmp/a b' {x}");
+  auto bad = expand_launch_command("serve {modeldir}", 1, {}, "/m");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("modeldir"), std::string::npos);
+  EXPECT_FALSE(expand_launch_command("serve {port", 1, {}, "/m"));
+  auto quoted = expand_launch_command("x {model_dir}", 1, {}, "/it's");
+  ASSERT_TRUE(quoted);
+  EXPECT_EQ(*quoted, R"(x '/it'\''s')");
+}
+
+} // namespace
+} // namespace stitch::engine
