@@ -59,6 +59,7 @@ std::string server_info_json(const replica_info& i) {
   j["metrics"] = std::move(mj);
   j["transport"] = i.transport;
   j["weight_version_spans"] = i.version_spans;
+  j["engine"] = {{"status", i.engine}, {"healthy", i.engine_healthy}};
   nlohmann::ordered_json fetch;
   const auto& f = i.last_fetch;
   fetch["version"] =

@@ -428,6 +428,11 @@ replica_info describe(const replica_state& st) {
   m.bytes_from_store_total = st.bytes ? st.bytes->store_bytes() : 0;
   info.transport = st.deps.transport;
   info.version_spans = st.engine && st.engine->reports_version_spans();
+  if (st.engine) {
+    auto h = st.engine->health();
+    info.engine = std::move(h.detail);
+    info.engine_healthy = h.healthy;
+  }
   info.last_fetch = st.last_fetch;
   m.requests_admitted_total = gate.metrics().admitted_total;
   m.requests_rejected_total = gate.metrics().rejected_total;

@@ -123,6 +123,10 @@ struct replica_info {
   /// The engine's answers carry `weight_version_spans` (which version made
   /// which tokens); else only the start and end stamps.
   bool version_spans = false;
+  /// The engine as it reports itself (`engine_port::health`): what it is,
+  /// what it serves, its last problem.
+  std::string engine;
+  bool engine_healthy = false;
   fetch_summary last_fetch;
 
   std::string run_id() const { return applied ? applied->run_id : std::string{}; }
@@ -214,8 +218,9 @@ typename Inspector::result_type inspect(Inspector& f, replica_info& x) {
   optional_proxy<std::string> terminal{x.terminal_error};
   return f(caf::meta::type_name("stitch.replica_info"), x.replica_id, x.pool, x.ready,
            applied.field, serving.field, pointer.field, x.state, x.reason, terminal.field, x.mode,
-           x.active_requests, x.queued_requests, x.metrics, x.transport, x.version_spans,
-           x.last_fetch, applied.commit(), serving.commit(), pointer.commit(), terminal.commit());
+           x.active_requests, x.queued_requests, x.metrics, x.transport, x.version_spans, x.engine,
+           x.engine_healthy, x.last_fetch, applied.commit(), serving.commit(), pointer.commit(),
+           terminal.commit());
 }
 
 template <class Inspector>

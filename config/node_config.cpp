@@ -165,6 +165,13 @@ const std::vector<entry>& schema() {
        [](const node_config& c) { return std::to_string(c.io_buffer_bytes); }});
     text("transfer.peers", &node_config::transfer_peers, {"ucx", "off"});
     text("model.preset", &node_config::model_preset, {"tiny", "small", "medium"});
+    text("engine.kind", &node_config::engine_kind, {"builtin", "sglang", "vllm"});
+    text("engine.url", &node_config::engine_url);
+    text("engine.launch", &node_config::engine_launch);
+    path("engine.staging_dir", &node_config::engine_staging_dir);
+    number("engine.request_timeout", &node_config::engine_request_timeout, 1, 86400);
+    number("engine.update_timeout", &node_config::engine_update_timeout, 1, 86400);
+    number("engine.ready_timeout", &node_config::engine_ready_timeout, 1, 86400);
     text("replica.pool", &node_config::pool);
     listen("replica.listen", &node_config::replica_listen);
     text("replica.commit_mode", &node_config::commit_mode, {"in_place", "quiesce"});
@@ -229,6 +236,9 @@ std::string check(const entry& e, const value& v) {
         if (!ok)
           return quote_untrusted(v.text) + " is not a pool name ([A-Za-z0-9._-]{1,64})";
       }
+      if (e.key == "engine.url" && !v.text.empty() && !v.text.starts_with("http://")
+          && !v.text.starts_with("https://"))
+        return quote_untrusted(v.text) + " is not an http:// or https:// URL";
       if (e.key == "store.uri" && !v.text.empty() && !v.text.starts_with("rocksdb:")
           && !v.text.starts_with("s3://"))
         return quote_untrusted(v.text) + " is neither rocksdb:PATH nor s3://bucket/prefix";
@@ -455,6 +465,15 @@ std::string node_config::effective_store_uri() const {
   return "rocksdb:" + (data_dir / "store").string();
 }
 
+std::filesystem::path node_config::effective_staging_dir() const {
+  if (!engine_staging_dir.empty())
+    return engine_staging_dir;
+  std::error_code ec;
+  if (std::filesystem::is_directory("/dev/shm", ec))
+    return std::filesystem::path{"/dev/shm"} / ("stitch-" + name);
+  return data_dir / "staging";
+}
+
 result<node_config> parse_node_config(std::string_view toml_text, std::string_view origin) {
   node_config c;
   std::string problems;
@@ -501,6 +520,18 @@ void validate(const node_config& c, std::string& problems) {
   if (!c.coordinator_address.empty() && !parse_listen_address(c.coordinator_address))
     problems +=
       "coordinator.address: " + quote_untrusted(c.coordinator_address) + " is not HOST:PORT\n";
+  if (c.engine_kind == "builtin") {
+    if (!c.engine_url.empty() || !c.engine_launch.empty())
+      problems += "engine.kind: engine.url and engine.launch drive an external engine; set "
+                  "engine.kind to sglang or vllm\n";
+  } else if (c.engine_url.empty() == c.engine_launch.empty()) {
+    problems += "engine.kind: " + c.engine_kind
+                + " needs exactly one of engine.url (a running server) and engine.launch (a "
+                  "command the node starts for each replica)\n";
+  } else if (!c.engine_url.empty() && c.has_role("replica") && c.replicas > 1) {
+    problems += "engine.url: one engine serves one replica; with replicas = "
+                + std::to_string(c.replicas) + " use engine.launch\n";
+  }
   int tls = !c.tls_cert.empty() + !c.tls_key.empty() + !c.tls_ca.empty();
   if (tls != 0 && tls != 3)
     problems += "tls: cert, key and ca must be given together\n";

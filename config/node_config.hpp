@@ -58,6 +58,22 @@ struct node_config {
 
   uint32_t replicas = 2;
   std::string model_preset = "tiny";
+  /// The engine each replica drives: "builtin" (the CPU engine of
+  /// `model.preset`), "sglang" or "vllm" (an external server, at
+  /// `engine.url` or started per replica with `engine.launch`).
+  std::string engine_kind = "builtin";
+  std::string engine_url;
+  /// A command line with `{port}`, `{gpu}` and `{model_dir}` placeholders.
+  std::string engine_launch;
+  /// Where versions are materialized for an external engine to load (one
+  /// folder per replica); empty: /dev/shm/stitch-<name> (a tmpfs), else
+  /// `<data_dir>/staging`.
+  std::filesystem::path engine_staging_dir;
+  /// Seconds: each read of an engine answer; a weight update; a launched
+  /// engine's start until it answers its health route.
+  double engine_request_timeout = 600;
+  double engine_update_timeout = 600;
+  double engine_ready_timeout = 900;
   std::string pool = "default";
   listen_address replica_listen{"127.0.0.1", 8100};
   std::string commit_mode = "in_place";
@@ -82,6 +98,7 @@ struct node_config {
 
   bool has_role(std::string_view role) const;
   std::string effective_store_uri() const;
+  std::filesystem::path effective_staging_dir() const;
 };
 
 /// Parses a role file. Every problem — syntax, unknown key, wrong type, bad

@@ -605,10 +605,11 @@ std::string builtin_engine::stamp_response(std::string_view route, std::string_v
 engine_health builtin_engine::health() {
   std::lock_guard guard{mutex_};
   if (!serving_)
-    return {false, "no weights activated yet"};
+    return {false, "builtin: no weights activated yet"};
+  std::string what = "builtin: serves " + (serving_ref_ ? to_string(*serving_ref_) : "weights");
   if (paused_)
-    return {true, "paused for an activation"};
-  return {true, "serving"};
+    return {true, what + " (paused for an activation)"};
+  return {true, what};
 }
 
 std::vector<std::string> builtin_engine::blocked_routes() const {

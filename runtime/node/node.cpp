@@ -16,6 +16,7 @@
 #include "actors/store.hpp"
 #include "actors/store_client.hpp"
 #include "runtime/engine/builtin_engine.hpp"
+#include "runtime/engine/external_engine.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/node/demo.hpp"
 #include "runtime/node/peer_source.hpp"
@@ -61,6 +62,8 @@ struct node::jobs {
   /// Replica HTTP fronts and actors, by replica id.
   std::map<std::string, std::unique_ptr<replica_http>> fronts;
   std::map<std::string, replica_actor> replicas;
+  /// `engine.url` -> the replica driving it (one engine serves one replica).
+  std::map<std::string, std::string> engine_users;
 
   void stop_all() {
     std::map<std::string, job> all;
@@ -231,16 +234,67 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
   return n;
 }
 
+result<engine_factory> node::engine_for(const replica_options& o, const std::string& preset,
+                                        std::vector<uint32_t> gpus) {
+  if (settings_.engine_kind == "builtin") {
+    auto model = engine::preset(preset);
+    if (!model)
+      return std::move(model).error();
+    return engine_factory{[config = *model]() -> result<std::shared_ptr<engine_port>> {
+      return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
+    }};
+  }
+  auto kind = engine::parse_engine_kind(settings_.engine_kind);
+  if (!kind)
+    return std::move(kind).error();
+  auto seconds = [](double s) { return std::chrono::milliseconds{static_cast<int64_t>(s * 1000)}; };
+  engine::external_engine_options eo;
+  eo.kind = *kind;
+  eo.url = settings_.engine_url;
+  eo.staging_dir = settings_.effective_staging_dir() / o.replica_id;
+  eo.request_timeout = seconds(settings_.engine_request_timeout);
+  eo.update_timeout = seconds(settings_.engine_update_timeout);
+  eo.ready_timeout = seconds(settings_.engine_ready_timeout);
+  eo.log = [id = o.replica_id](std::string_view line) {
+    log::warn("engine", id + ": " + std::string{line});
+  };
+  if (!settings_.engine_launch.empty()) {
+    engine::launch_options lo;
+    lo.command = settings_.engine_launch;
+    lo.name = o.replica_id;
+    lo.gpus = std::move(gpus);
+    lo.log = [id = o.replica_id](std::string_view line) {
+      log::info("engine", id + " | " + std::string{line});
+    };
+    eo.launch = std::move(lo);
+  } else {
+    std::lock_guard lock{jobs_->mutex};
+    auto [it, fresh] = jobs_->engine_users.emplace(settings_.engine_url, o.replica_id);
+    if (!fresh && it->second != o.replica_id)
+      return make_error(errc::conflict, "engine.url " + settings_.engine_url + " drives replica "
+                                          + it->second
+                                          + " already; one engine serves one "
+                                            "replica (use engine.launch for more)");
+  }
+  auto made = engine::external_engine::make(std::move(eo));
+  if (!made)
+    return std::move(made).error();
+  log::info("node",
+            o.replica_id + " drives " + (*made)->describe()
+              + (settings_.engine_launch.empty() ? "" : " (launched at its first activation)"));
+  return engine_factory{[e = std::shared_ptr<engine_port>{
+                           *made}]() -> result<std::shared_ptr<engine_port>> { return e; }};
+}
+
 result<replica_actor> node::spawn_replica(const replica_options& o, const std::string& preset,
-                                          uint16_t http_port, uint16_t* bound) {
-  auto model = engine::preset(preset);
-  if (!model)
-    return std::move(model).error();
+                                          uint16_t http_port, std::vector<uint32_t> gpus,
+                                          uint16_t* bound) {
+  auto factory = engine_for(o, preset, std::move(gpus));
+  if (!factory)
+    return std::move(factory).error();
   replica_deps d;
   d.store = store_;
-  d.make_engine = [config = *model]() -> result<std::shared_ptr<engine_port>> {
-    return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
-  };
+  d.make_engine = std::move(*factory);
   d.bytes = std::make_shared<backend_source>(backend_, o.pool);
   d.transport = transport_;
   if (ucx_) {
@@ -268,8 +322,11 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
     caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
     return std::move(port).error();
   }
-  log::info("node", o.replica_id + " serves http://" + settings_.replica_listen.host + ":"
-                      + std::to_string(*port) + " (pool " + o.pool + ", model " + preset + ")");
+  log::info("node",
+            o.replica_id + " serves http://" + settings_.replica_listen.host + ":"
+              + std::to_string(*port) + " (pool " + o.pool + ", engine "
+              + (settings_.engine_kind == "builtin" ? "builtin " + preset : settings_.engine_kind)
+              + ")");
   std::lock_guard lock{jobs_->mutex};
   if (jobs_->fronts.contains(o.replica_id)) {
     caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
@@ -302,13 +359,14 @@ status node::join_cluster(const node_settings& settings) {
     // Slot i listens on replica.listen + replicas + i (0: any free port).
     uint32_t base = settings_.replica_listen.port;
     uint16_t want = base == 0 ? 0 : static_cast<uint16_t>(base + settings_.replicas + p.slot);
-    return spawn_replica(o, spec.boot_preset, want);
+    return spawn_replica(o, spec.boot_preset, want, {p.slot});
   };
   hooks.replica_gone = [this](const std::string& id) {
     std::unique_ptr<replica_http> front;
     {
       std::lock_guard lock{jobs_->mutex};
       jobs_->replicas.erase(id);
+      std::erase_if(jobs_->engine_users, [&](const auto& u) { return u.second == id; });
       if (auto it = jobs_->fronts.find(id); it != jobs_->fronts.end()) {
         front = std::move(it->second);
         jobs_->fronts.erase(it);
@@ -436,7 +494,10 @@ status node::start_serving(const node_settings& settings) {
                       ? 0
                       : static_cast<uint16_t>(settings.replica_listen.port + i);
     uint16_t port = 0;
-    auto replica = spawn_replica(o, settings.model_preset, want, &port);
+    std::vector<uint32_t> gpus;
+    if (i < settings.gpus.size())
+      gpus.push_back(settings.gpus[i]);
+    auto replica = spawn_replica(o, settings.model_preset, want, std::move(gpus), &port);
     if (!replica)
       return std::move(replica).error();
     replicas_.push_back(*replica);

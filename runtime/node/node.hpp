@@ -64,8 +64,15 @@ private:
   status join_cluster(const node_settings& settings);
   /// A replica and its HTTP surface on `http_port` (0: any); the port it
   /// got goes to `bound` when given.
+  /// `gpus`: its GPU slots (an external engine's `{gpu}`).
   result<replica_actor> spawn_replica(const replica_options& o, const std::string& preset,
-                                      uint16_t http_port, uint16_t* bound = nullptr);
+                                      uint16_t http_port, std::vector<uint32_t> gpus,
+                                      uint16_t* bound = nullptr);
+  /// How a replica makes its engine: the built-in one of `preset`, or the
+  /// adapter of the configured external engine (made once per replica, so a
+  /// rebuild re-syncs the same engine).
+  result<engine_factory> engine_for(const replica_options& o, const std::string& preset,
+                                    std::vector<uint32_t> gpus);
 
   caf::actor_system& sys_;
   node_settings settings_;

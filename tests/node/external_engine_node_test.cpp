@@ -1,0 +1,199 @@
+// A real stitch-node whose replicas launch and drive external engines
+// (`stitch-engine-peer`, the in-tree SGLang / vLLM stand-in): versions
+// published through the CLI reach the engines through their own update
+// calls, the gateway serves stamped answers (streams included), constraints
+// give 409s, engine control routes are refused, and a launched engine that
+// dies is restarted and re-synced while the node keeps running.
+
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "node/node_process.hpp"
+#include "store/store_fixtures.hpp"
+#include "transport/http_client.hpp"
+
+namespace stitch {
+namespace {
+
+using namespace stitch::testing;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+
+transport::http_response call(const std::string& url_or_port, const std::string& method,
+                              const std::string& target, const std::string& body = {}) {
+  auto ep = url_or_port.starts_with("http")
+              ? *transport::parse_endpoint(url_or_port)
+              : transport::http_endpoint{"http", "127.0.0.1",
+                                         static_cast<uint16_t>(std::stoi(url_or_port))};
+  transport::http_client c{ep};
+  transport::http_request req;
+  req.method = method;
+  req.target = target;
+  req.body = body;
+  if (!body.empty())
+    req.headers.push_back({"Content-Type", "application/json"});
+  auto r = c.send(req);
+  return r ? *r : transport::http_response{};
+}
+
+class external_engine_node_test : public ::testing::TestWithParam<std::string> {
+protected:
+  void SetUp() override {
+    const std::string dialect = GetParam();
+    node = std::make_unique<node_process>(
+      dir.path(), std::vector<std::string>{
+                    "replicas=2", "replica.backstop=1", "engine.kind=" + dialect,
+                    "engine.launch=" + std::string{STITCH_ENGINE_PEER} + " --dialect " + dialect
+                      + " --port {port} --model-dir {model_dir}",
+                    "engine.staging_dir=" + (dir.path() / "staging").string()});
+    ASSERT_TRUE(node->started()) << node->log();
+  }
+  void TearDown() override { EXPECT_TRUE(node->stop()) << node->log(); }
+
+  bool sglang() const { return GetParam() == "sglang"; }
+
+  void publish(uint64_t version, uint64_t seed) {
+    auto model = dir.path() / ("model-" + std::to_string(version));
+    auto init = run(std::string{STITCH_BIN} + " init-model --preset tiny --seed "
+                    + std::to_string(seed) + " --out " + model.string());
+    ASSERT_EQ(init.code, 0) << init.output;
+    auto pub =
+      run(std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + node->coordinator_port
+          + " publish --run demo --version " + std::to_string(version) + " " + model.string());
+    ASSERT_EQ(pub.code, 0) << pub.output;
+  }
+
+  json pool() { return json::parse(call(node->gateway_port, "GET", "/pool").body, nullptr, false); }
+
+  void await(uint64_t version) {
+    std::string want = "demo/weight_v" + std::string(6 - std::to_string(version).size(), '0')
+                       + std::to_string(version);
+    for (int i = 0; i < 1200; ++i) {
+      auto j = pool();
+      if (!j.is_discarded() && j["summary"]["versions"].contains(want)
+          && j["summary"]["versions"][want] == 2)
+        return;
+      std::this_thread::sleep_for(50ms);
+    }
+    FAIL() << "replicas never reached " << want << "\n" << pool().dump(1) << "\n" << node->log();
+  }
+
+  std::string route() const { return sglang() ? "/generate" : "/v1/completions"; }
+  std::string body(const std::string& constraint, bool stream = false) const {
+    std::string s = stream ? R"("stream":true,)" : "";
+    if (sglang())
+      return "{" + s + constraint
+             + R"("text":"hello","sampling_params":{"temperature":0,"max_new_tokens":8}})";
+    return "{" + s + constraint + R"("prompt":"hello","temperature":0,"max_tokens":8})";
+  }
+  /// (start, end) stamps of an answer.
+  static std::pair<uint64_t, uint64_t> stamps_of(const json& j) {
+    const json& h = j.contains("meta_info") ? j["meta_info"] : j;
+    return {h.value("weight_version_start", uint64_t{999}),
+            h.value("weight_version_end", uint64_t{999})};
+  }
+
+  temp_dir dir;
+  std::unique_ptr<node_process> node;
+};
+
+TEST_P(external_engine_node_test, launched_engines_serve_each_published_version_with_stamps) {
+  publish(0, 1);
+  await(0);
+  publish(1, 2);
+  await(1);
+  publish(2, 3);
+  await(2);
+
+  auto ok = call(node->gateway_port, "POST", route(), body(R"("weight_version":{"min_version":2},)"));
+  ASSERT_EQ(ok.status, 200u) << ok.body;
+  auto j = json::parse(ok.body);
+  EXPECT_EQ(stamps_of(j), std::make_pair(uint64_t{2}, uint64_t{2})) << ok.body;
+
+  auto future = call(node->gateway_port, "POST", route(), body(R"("weight_version":{"exact_version":7},)"));
+  EXPECT_EQ(future.status, 409u) << future.body;
+
+  // A stream through the gateway: events, then the stamped last one.
+  auto streamed = call(node->gateway_port, "POST", route(), body("", true));
+  ASSERT_EQ(streamed.status, 200u) << streamed.body;
+  std::vector<json> events;
+  std::regex data{"data: ([^\n]*)\n\n"};
+  for (std::sregex_iterator it{streamed.body.begin(), streamed.body.end(), data}, end; it != end;
+       ++it)
+    if ((*it)[1] != "[DONE]")
+      events.push_back(json::parse((*it)[1].str()));
+  ASSERT_GT(events.size(), 2u) << streamed.body;
+  EXPECT_EQ(stamps_of(events.back()).first, 2u) << events.back().dump();
+  EXPECT_NE(streamed.body.find("data: [DONE]"), std::string::npos);
+
+  // The engine's control routes are not for clients.
+  auto blocked = call(node->gateway_port, "POST",
+                      sglang() ? "/update_weights_from_disk" : "/collective_rpc", "{}");
+  EXPECT_EQ(blocked.status, 403u) << blocked.body;
+
+  // Each replica says which engine it drives and what that engine serves.
+  auto p = pool();
+  ASSERT_EQ(p["replicas"].size(), 2u);
+  for (const auto& r : p["replicas"]) {
+    EXPECT_TRUE(r["engine"]["healthy"].get<bool>()) << r.dump();
+    EXPECT_NE(r["engine"]["status"].get<std::string>().find(GetParam() + " http://127.0.0.1:"),
+              std::string::npos)
+      << r.dump();
+    EXPECT_NE(r["engine"]["status"].get<std::string>().find("serves demo/weight_v000002"),
+              std::string::npos)
+      << r.dump();
+  }
+  EXPECT_NE(node->log().find("[stitch] started (pid"), std::string::npos)
+    << "the engines' output reaches the node's log";
+}
+
+TEST_P(external_engine_node_test, a_killed_engine_is_restarted_and_resynced_while_the_node_runs) {
+  publish(0, 1);
+  await(0);
+  publish(1, 2);
+  await(1);
+  // One replica's engine dies.
+  auto p = pool();
+  std::smatch m;
+  auto status = p["replicas"][0]["engine"]["status"].get<std::string>();
+  ASSERT_TRUE(std::regex_search(status, m, std::regex{"(http://127\\.0\\.0\\.1:[0-9]+)"}))
+    << status;
+  std::string engine_url = m[1];
+  call(engine_url, "POST", "/_peer/exit");
+  // Requests keep being answered (by the other replica, then by both).
+  for (int i = 0; i < 20; ++i) {
+    auto r = call(node->gateway_port, "POST", route(), body(R"("weight_version":{"min_version":1},)"));
+    EXPECT_TRUE(r.status == 200u || r.status == 503u) << r.status << " " << r.body;
+    if (r.status == 200u) {
+      EXPECT_EQ(stamps_of(json::parse(r.body)).first, 1u);
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  bool healthy = false;
+  for (int i = 0; i < 600 && !healthy; ++i) {
+    auto engine = call(engine_url, "GET", "/health");
+    auto now = pool();
+    healthy = engine.status == 200 && now["replicas"][0]["engine"]["healthy"].get<bool>()
+              && now["replicas"][1]["engine"]["healthy"].get<bool>();
+    if (!healthy)
+      std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(healthy) << pool().dump(1) << "\n" << node->log();
+  EXPECT_NE(node->log().find("re-synced"), std::string::npos) << node->log();
+  // The restarted engine serves the published version, not its boot one.
+  publish(2, 3);
+  await(2);
+  for (int i = 0; i < 6; ++i) {
+    auto r = call(node->gateway_port, "POST", route(), body(R"("weight_version":{"exact_version":2},)"));
+    ASSERT_EQ(r.status, 200u) << r.body;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(dialects, external_engine_node_test, ::testing::Values("sglang", "vllm"),
+                         [](const auto& param_info) { return param_info.param; });
+
+} // namespace
+} // namespace stitch
