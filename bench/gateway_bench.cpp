@@ -21,6 +21,7 @@
 #include "actors/http_front.hpp"
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
+#include "bench/http_load.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/publisher.hpp"
@@ -33,49 +34,11 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-struct run_stats {
-  double p50_ms = 0, p99_ms = 0, rps = 0;
-  size_t failures = 0;
-};
-
 const std::string body = R"({"text":"hi","sampling_params":{"max_new_tokens":1,"temperature":0},)"
                          R"("weight_version":{"min_version":0,"exact_version":null}})";
 
-/// `n` requests on each of `connections` keep-alive connections.
-run_stats load(uint16_t port, size_t n, size_t connections) {
-  std::vector<std::vector<double>> lat(connections);
-  std::atomic<size_t> failures{0};
-  auto t0 = clock_type::now();
-  std::vector<std::thread> threads;
-  for (size_t c = 0; c < connections; ++c)
-    threads.emplace_back([&, c] {
-      transport::http_client client{transport::http_endpoint{"http", "127.0.0.1", port}};
-      transport::http_request req;
-      req.method = "POST";
-      req.target = "/generate";
-      req.body = body;
-      req.headers = {{"Content-Type", "application/json"}};
-      for (size_t i = 0; i < n; ++i) {
-        auto s = clock_type::now();
-        auto r = client.send(req);
-        lat[c].push_back(std::chrono::duration<double, std::milli>(clock_type::now() - s).count());
-        if (!r || r->status != 200)
-          ++failures;
-      }
-    });
-  for (auto& t : threads)
-    t.join();
-  double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
-  std::vector<double> all;
-  for (auto& l : lat)
-    all.insert(all.end(), l.begin(), l.end());
-  std::sort(all.begin(), all.end());
-  run_stats out;
-  out.p50_ms = all[all.size() / 2];
-  out.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
-  out.rps = static_cast<double>(all.size()) / secs;
-  out.failures = failures;
-  return out;
+bench::load_stats load(uint16_t port, size_t n, size_t connections) {
+  return bench::http_load(port, "/generate", body, n, connections);
 }
 
 } // namespace

@@ -9,7 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libxxhash-dev libzstd-dev libssl-dev
   libtomlplusplus-dev nlohmann-json3-dev libexpat1-dev libspdlog-dev libfmt-dev libcli11-dev
   clang-14 libclang-rt-14-dev clang-format-14
-  chromium fonts-dejavu-core curl iproute2
+  chromium fonts-dejavu-core curl iproute2 nginx-light
   python3 python3-venv python3-setuptools python3-wheel python3-torch libopenblas0-pthread
 )
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -117,7 +118,9 @@ protected:
     ASSERT_TRUE(p) << to_string(p.error());
     peer = std::move(*p);
     peer_url = "http://127.0.0.1:" + std::to_string(*port);
-    ASSERT_TRUE(eventually([&] { return peer_get("/health").status == 200; }));
+    // Ours (another program could have taken the port it was given).
+    ASSERT_TRUE(eventually([&] { return peer_get("/_peer/calls").status == 200; }));
+    ASSERT_TRUE(peer->running());
   }
 
   transport::http_response peer_get(const std::string& route, const std::string& method = "GET") {
@@ -168,12 +171,18 @@ protected:
 
   /// Stages and activates the way the replica does (pause, commit, resume).
   status activate(const chain_plan& p, tensor_source& src) {
-    if (auto ok = engine->stage(p, false, src); !ok)
-      return ok;
-    auto paused = engine->pause();
-    auto ok = paused ? engine->commit() : paused;
-    auto resumed = engine->resume();
-    return ok ? resumed : ok;
+    auto ok = engine->stage(p, false, src);
+    if (ok) {
+      ok = engine->pause();
+      if (ok)
+        ok = engine->commit();
+      auto resumed = engine->resume();
+      if (ok)
+        ok = resumed;
+    }
+    if (!ok)
+      std::cerr << "activating " << to_string(p.target) << ": " << to_string(ok.error()) << "\n";
+    return ok;
   }
 
   /// What the engine answers a greedy request with, as token ids.

@@ -44,11 +44,11 @@ protected:
   void SetUp() override {
     const std::string dialect = GetParam();
     node = std::make_unique<node_process>(
-      dir.path(), std::vector<std::string>{
-                    "replicas=2", "replica.backstop=1", "engine.kind=" + dialect,
-                    "engine.launch=" + std::string{STITCH_ENGINE_PEER} + " --dialect " + dialect
-                      + " --port {port} --model-dir {model_dir}",
-                    "engine.staging_dir=" + (dir.path() / "staging").string()});
+      dir.path(),
+      std::vector<std::string>{"replicas=2", "replica.backstop=1", "engine.kind=" + dialect,
+                               "engine.launch=" + std::string{STITCH_ENGINE_PEER} + " --dialect "
+                                 + dialect + " --port {port} --model-dir {model_dir}",
+                               "engine.staging_dir=" + (dir.path() / "staging").string()});
     ASSERT_TRUE(node->started()) << node->log();
   }
   void TearDown() override { EXPECT_TRUE(node->stop()) << node->log(); }
@@ -108,12 +108,14 @@ TEST_P(external_engine_node_test, launched_engines_serve_each_published_version_
   publish(2, 3);
   await(2);
 
-  auto ok = call(node->gateway_port, "POST", route(), body(R"("weight_version":{"min_version":2},)"));
+  auto ok =
+    call(node->gateway_port, "POST", route(), body(R"("weight_version":{"min_version":2},)"));
   ASSERT_EQ(ok.status, 200u) << ok.body;
   auto j = json::parse(ok.body);
   EXPECT_EQ(stamps_of(j), std::make_pair(uint64_t{2}, uint64_t{2})) << ok.body;
 
-  auto future = call(node->gateway_port, "POST", route(), body(R"("weight_version":{"exact_version":7},)"));
+  auto future =
+    call(node->gateway_port, "POST", route(), body(R"("weight_version":{"exact_version":7},)"));
   EXPECT_EQ(future.status, 409u) << future.body;
 
   // A stream through the gateway: events, then the stamped last one.
@@ -165,7 +167,8 @@ TEST_P(external_engine_node_test, a_killed_engine_is_restarted_and_resynced_whil
   call(engine_url, "POST", "/_peer/exit");
   // Requests keep being answered (by the other replica, then by both).
   for (int i = 0; i < 20; ++i) {
-    auto r = call(node->gateway_port, "POST", route(), body(R"("weight_version":{"min_version":1},)"));
+    auto r =
+      call(node->gateway_port, "POST", route(), body(R"("weight_version":{"min_version":1},)"));
     EXPECT_TRUE(r.status == 200u || r.status == 503u) << r.status << " " << r.body;
     if (r.status == 200u) {
       EXPECT_EQ(stamps_of(json::parse(r.body)).first, 1u);
@@ -187,7 +190,8 @@ TEST_P(external_engine_node_test, a_killed_engine_is_restarted_and_resynced_whil
   publish(2, 3);
   await(2);
   for (int i = 0; i < 6; ++i) {
-    auto r = call(node->gateway_port, "POST", route(), body(R"("weight_version":{"exact_version":2},)"));
+    auto r =
+      call(node->gateway_port, "POST", route(), body(R"("weight_version":{"exact_version":2},)"));
     ASSERT_EQ(r.status, 200u) << r.body;
   }
 }

@@ -1,0 +1,262 @@
+// proxy_bench: what a replica driving an external engine adds to a request.
+// The engine is a fixed upstream that answers instantly: nginx (Debian's
+// nginx-light), started by the bench with a generated config on a free port,
+// answering SGLang's routes with canned bodies (`/generate`, the weight-update
+// calls the adapter makes to activate a version). The same `/generate`
+// requests go straight to nginx, through one replica with the SGLang
+// adapter, and through gateway + replica, in the same run: p50 latency on one
+// keep-alive connection, then requests/s on 16. Prints each path's added p50
+// and its throughput as a ratio to direct.
+//
+//   proxy_bench [--requests N] [--connections C] [--json]
+//
+// Targets (issue 14): added p50 <= 0.1 ms at c1 through the replica;
+// throughput >= 0.25 of direct at c16.
+
+#include <caf/all.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "actors/gateway.hpp"
+#include "actors/http_front.hpp"
+#include "actors/replica.hpp"
+#include "actors/store.hpp"
+#include "bench/http_load.hpp"
+#include "runtime/engine/external_engine.hpp"
+#include "runtime/engine/model_config.hpp"
+#include "runtime/engine/weights.hpp"
+#include "runtime/node/system_config.hpp"
+#include "runtime/store/publisher.hpp"
+#include "runtime/store/rocksdb_store.hpp"
+#include "runtime/store/store_tensor_source.hpp"
+
+using namespace stitch;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string body = R"({"text":"hi","sampling_params":{"max_new_tokens":1,"temperature":0},)"
+                         R"("weight_version":{"min_version":0,"exact_version":null}})";
+
+/// The canned SGLang server.
+std::string nginx_config(const fs::path& dir, uint16_t port) {
+  const std::string d = dir.string();
+  std::string c;
+  c += "daemon off;\nmaster_process off;\nworker_processes 1;\n";
+  c += "pid " + d + "/nginx.pid;\nerror_log " + d + "/error.log warn;\n";
+  c += "events { worker_connections 4096; }\n";
+  c += "http {\n  access_log off;\n  keepalive_requests 10000000;\n";
+  for (const char* t : {"client_body", "proxy", "fastcgi", "uwsgi", "scgi"})
+    c += std::string{"  "} + t + "_temp_path " + d + "/" + t + ";\n";
+  c += "  server {\n    listen 127.0.0.1:" + std::to_string(port) + ";\n";
+  c += "    default_type application/json;\n";
+  c += "    location = /health { return 200 ''; }\n";
+  c += R"(    location = /generate { return 200 '{"text":"x","output_ids":[120],"meta_info":{"id":"a","finish_reason":{"type":"length","length":1},"prompt_tokens":3,"completion_tokens":1,"cached_tokens":0,"weight_version":"bench/weight_v000000"}}'; })"
+       "\n";
+  c += R"(    location = /get_model_info { return 200 '{"model_path":"bench","weight_version":"bench/weight_v000000"}'; })"
+       "\n";
+  c += R"(    location = /update_weights_from_disk { return 200 '{"success":true,"message":"Succeeded to update model weights.","num_paused_requests":0}'; })"
+       "\n";
+  c += R"(    location = /pause_generation { return 200 '{"message":"Generation paused successfully.","status":"ok"}'; })"
+       "\n";
+  c += R"(    location = /continue_generation { return 200 '{"message":"Generation continued successfully.","status":"ok"}'; })"
+       "\n";
+  c += R"(    location / { return 404 '{"detail":"Not Found"}'; })"
+       "\n  }\n}\n";
+  return c;
+}
+
+pid_t start_nginx(const fs::path& dir, uint16_t port) {
+  {
+    std::ofstream out{dir / "nginx.conf"};
+    out << nginx_config(dir, port);
+  }
+  std::string conf = (dir / "nginx.conf").string();
+  std::string prefix = dir.string() + "/";
+  std::string errors = (dir / "error.log").string();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const char* bin : {"/usr/sbin/nginx", "nginx"})
+      ::execlp(bin, bin, "-c", conf.c_str(), "-p", prefix.c_str(), "-e", errors.c_str(), nullptr);
+    std::fprintf(stderr, "proxy_bench: cannot run nginx (install nginx-light)\n");
+    ::_exit(127);
+  }
+  return pid;
+}
+
+bool answers(uint16_t port, const std::string& target) {
+  transport::http_client c{transport::http_endpoint{"http", "127.0.0.1", port}};
+  transport::http_request h;
+  h.target = target;
+  auto r = c.send(h);
+  return r && r->status == 200;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  size_t requests = 4000;
+  size_t connections = 16;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--requests" && i + 1 < argc)
+      requests = std::strtoul(argv[++i], nullptr, 10);
+    else if (a == "--connections" && i + 1 < argc)
+      connections = std::strtoul(argv[++i], nullptr, 10);
+    else if (a == "--json")
+      json = true;
+    else {
+      std::fprintf(stderr, "usage: proxy_bench [--requests N] [--connections C] [--json]\n");
+      return 2;
+    }
+  }
+  requests = std::max<size_t>(requests, 100);
+  connections = std::max<size_t>(connections, 1);
+  auto dir = fs::temp_directory_path() / ("stitch-proxy-bench-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  int rc = 0;
+  auto nginx_port = engine::pick_free_port();
+  if (!nginx_port) {
+    std::fprintf(stderr, "proxy_bench: %s\n", to_string(nginx_port.error()).c_str());
+    return 1;
+  }
+  pid_t nginx = start_nginx(dir, *nginx_port);
+  bool up = false;
+  for (int i = 0; i < 500 && !up; ++i) {
+    up = answers(*nginx_port, "/health");
+    if (!up)
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  if (!up) {
+    std::fprintf(stderr, "proxy_bench: nginx did not start (see %s/error.log)\n",
+                 dir.string().c_str());
+    ::kill(nginx, SIGKILL);
+    ::waitpid(nginx, nullptr, 0);
+    return 1;
+  }
+  {
+    caf::actor_system_config cfg;
+    register_stitch_types(cfg);
+    cfg.set("logger.file-verbosity", caf::atom("quiet"));
+    caf::actor_system sys{cfg};
+    auto opened = store::open_rocksdb_store((dir / "db").string());
+    if (!opened) {
+      std::fprintf(stderr, "proxy_bench: %s\n", to_string(opened.error()).c_str());
+      return 1;
+    }
+    std::shared_ptr<store_backend> backend{std::move(*opened)};
+    auto config = *engine::preset("tiny");
+    store::publisher pub{*backend};
+    store::publish_request pr{"default", "bench", 0, false, false};
+    pr.files = {{"config.json", engine::render_model_config(config)}};
+    if (auto r = pub.publish(pr, *engine::random_init(config, 1)); !r) {
+      std::fprintf(stderr, "proxy_bench: %s\n", to_string(r.error()).c_str());
+      return 1;
+    }
+    engine::external_engine_options eo;
+    eo.kind = engine::engine_kind::sglang;
+    eo.url = "http://127.0.0.1:" + std::to_string(*nginx_port);
+    eo.staging_dir = dir / "staging";
+    auto made = engine::external_engine::make(eo);
+    if (!made) {
+      std::fprintf(stderr, "proxy_bench: %s\n", to_string(made.error()).c_str());
+      return 1;
+    }
+    auto store =
+      sys.spawn(store_service, backend, stitch::store_lanes::make(), stitch::store_options{});
+    replica_deps d;
+    d.store = store;
+    d.make_engine = [e = std::shared_ptr<engine_port>{*made}]() -> result<std::shared_ptr<engine_port>> {
+      return e;
+    };
+    d.bytes = std::make_shared<store::store_tensor_source>(*backend, "default");
+    d.reconcile_worker = std::make_shared<worker_pool>(1, "stage");
+    d.request_workers = std::make_shared<worker_pool>(32, "gen");
+    auto replica = sys.spawn(replica_service, replica_options{}, d);
+    auto gateway = sys.spawn(gateway_service, gateway_options{});
+    caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, replica);
+    replica_http direct{sys, caf::actor_cast<caf::actor>(replica), {}};
+    gateway_http front{sys, caf::actor_cast<caf::actor>(gateway), {}};
+    auto rport = direct.listen("127.0.0.1", 0);
+    auto gport = front.listen("127.0.0.1", 0);
+    if (!rport || !gport) {
+      std::fprintf(stderr, "proxy_bench: cannot listen\n");
+      return 1;
+    }
+    bool ready = false;
+    for (int i = 0; i < 3000 && !ready; ++i) {
+      ready = answers(*gport, "/health");
+      if (!ready)
+        std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    }
+    if (!ready) {
+      std::fprintf(stderr, "proxy_bench: the replica never activated its version\n");
+      rc = 1;
+    } else {
+      auto load = [&](uint16_t port, size_t n, size_t c) {
+        return bench::http_load(port, "/generate", body, n, c);
+      };
+      for (uint16_t p : {*nginx_port, *rport, *gport})
+        (void)load(p, 200, 1); // warm every path
+      auto n1 = load(*nginx_port, requests, 1);
+      auto r1 = load(*rport, requests, 1);
+      auto g1 = load(*gport, requests, 1);
+      auto per = std::max<size_t>(requests / connections, 50);
+      auto nn = load(*nginx_port, per, connections);
+      auto rn = load(*rport, per, connections);
+      auto gn = load(*gport, per, connections);
+      size_t failures = n1.failures + r1.failures + g1.failures + nn.failures + rn.failures
+                        + gn.failures;
+      double replica_added = r1.p50_ms - n1.p50_ms;
+      double gateway_added = g1.p50_ms - n1.p50_ms;
+      double replica_ratio = rn.rps / nn.rps;
+      double gateway_ratio = gn.rps / nn.rps;
+      if (json) {
+        std::printf(
+          "{\"requests\":%zu,\"connections\":%zu,\"direct_p50_ms\":%.4f,\"replica_p50_ms\":%.4f,"
+          "\"gateway_p50_ms\":%.4f,\"replica_added_p50_ms\":%.4f,\"gateway_added_p50_ms\":%.4f,"
+          "\"direct_rps\":%.1f,\"replica_rps\":%.1f,\"gateway_rps\":%.1f,"
+          "\"replica_throughput_ratio\":%.3f,\"gateway_throughput_ratio\":%.3f,\"failures\":%zu}\n",
+          requests, connections, n1.p50_ms, r1.p50_ms, g1.p50_ms, replica_added, gateway_added,
+          nn.rps, rn.rps, gn.rps, replica_ratio, gateway_ratio, failures);
+      } else {
+        std::printf("proxy_bench: nginx answering SGLang's /generate instantly\n\n");
+        std::printf("| path | p50 ms (1 conn) | p99 ms (1 conn) | req/s (%zu conns) | ratio |\n",
+                    connections);
+        std::printf("|---|---|---|---|---|\n");
+        std::printf("| direct to nginx | %.3f | %.3f | %.0f | 1.00 |\n", n1.p50_ms, n1.p99_ms,
+                    nn.rps);
+        std::printf("| replica (sglang adapter) | %.3f | %.3f | %.0f | %.2f |\n", r1.p50_ms,
+                    r1.p99_ms, rn.rps, replica_ratio);
+        std::printf("| gateway + replica | %.3f | %.3f | %.0f | %.2f |\n", g1.p50_ms, g1.p99_ms,
+                    gn.rps, gateway_ratio);
+        std::printf("\nreplica added p50: %.3f ms (target <= 0.1); gateway + replica: %.3f ms\n",
+                    replica_added, gateway_added);
+        std::printf("throughput at c%zu: replica %.2f, gateway + replica %.2f of direct (target "
+                    ">= 0.25)\n",
+                    connections, replica_ratio, gateway_ratio);
+        if (failures)
+          std::printf("FAILED requests: %zu\n", failures);
+      }
+      rc = failures == 0 ? 0 : 1;
+    }
+    front.stop();
+    direct.stop();
+    caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(gateway, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
+  }
+  ::kill(nginx, SIGTERM);
+  ::waitpid(nginx, nullptr, 0);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  return rc;
+}
