@@ -58,16 +58,21 @@ std::string nginx_config(const fs::path& dir, uint16_t port) {
   c += "  server {\n    listen 127.0.0.1:" + std::to_string(port) + ";\n";
   c += "    default_type application/json;\n";
   c += "    location = /health { return 200 ''; }\n";
-  c += R"(    location = /generate { return 200 '{"text":"x","output_ids":[120],"meta_info":{"id":"a","finish_reason":{"type":"length","length":1},"prompt_tokens":3,"completion_tokens":1,"cached_tokens":0,"weight_version":"bench/weight_v000000"}}'; })"
-       "\n";
-  c += R"(    location = /get_model_info { return 200 '{"model_path":"bench","weight_version":"bench/weight_v000000"}'; })"
-       "\n";
-  c += R"(    location = /update_weights_from_disk { return 200 '{"success":true,"message":"Succeeded to update model weights.","num_paused_requests":0}'; })"
-       "\n";
-  c += R"(    location = /pause_generation { return 200 '{"message":"Generation paused successfully.","status":"ok"}'; })"
-       "\n";
-  c += R"(    location = /continue_generation { return 200 '{"message":"Generation continued successfully.","status":"ok"}'; })"
-       "\n";
+  c +=
+    R"(    location = /generate { return 200 '{"text":"x","output_ids":[120],"meta_info":{"id":"a","finish_reason":{"type":"length","length":1},"prompt_tokens":3,"completion_tokens":1,"cached_tokens":0,"weight_version":"bench/weight_v000000"}}'; })"
+    "\n";
+  c +=
+    R"(    location = /get_model_info { return 200 '{"model_path":"bench","weight_version":"bench/weight_v000000"}'; })"
+    "\n";
+  c +=
+    R"(    location = /update_weights_from_disk { return 200 '{"success":true,"message":"Succeeded to update model weights.","num_paused_requests":0}'; })"
+    "\n";
+  c +=
+    R"(    location = /pause_generation { return 200 '{"message":"Generation paused successfully.","status":"ok"}'; })"
+    "\n";
+  c +=
+    R"(    location = /continue_generation { return 200 '{"message":"Generation continued successfully.","status":"ok"}'; })"
+    "\n";
   c += R"(    location / { return 404 '{"detail":"Not Found"}'; })"
        "\n  }\n}\n";
   return c;
@@ -174,9 +179,8 @@ int main(int argc, char** argv) {
       sys.spawn(store_service, backend, stitch::store_lanes::make(), stitch::store_options{});
     replica_deps d;
     d.store = store;
-    d.make_engine = [e = std::shared_ptr<engine_port>{*made}]() -> result<std::shared_ptr<engine_port>> {
-      return e;
-    };
+    d.make_engine = [e = std::shared_ptr<engine_port>{
+                       *made}]() -> result<std::shared_ptr<engine_port>> { return e; };
     d.bytes = std::make_shared<store::store_tensor_source>(*backend, "default");
     d.reconcile_worker = std::make_shared<worker_pool>(1, "stage");
     d.request_workers = std::make_shared<worker_pool>(32, "gen");
@@ -205,7 +209,7 @@ int main(int argc, char** argv) {
         return bench::http_load(port, "/generate", body, n, c);
       };
       for (uint16_t p : {*nginx_port, *rport, *gport})
-        (void)load(p, 200, 1); // warm every path
+        (void) load(p, 200, 1); // warm every path
       auto n1 = load(*nginx_port, requests, 1);
       auto r1 = load(*rport, requests, 1);
       auto g1 = load(*gport, requests, 1);
@@ -213,8 +217,8 @@ int main(int argc, char** argv) {
       auto nn = load(*nginx_port, per, connections);
       auto rn = load(*rport, per, connections);
       auto gn = load(*gport, per, connections);
-      size_t failures = n1.failures + r1.failures + g1.failures + nn.failures + rn.failures
-                        + gn.failures;
+      size_t failures =
+        n1.failures + r1.failures + g1.failures + nn.failures + rn.failures + gn.failures;
       double replica_added = r1.p50_ms - n1.p50_ms;
       double gateway_added = g1.p50_ms - n1.p50_ms;
       double replica_ratio = rn.rps / nn.rps;

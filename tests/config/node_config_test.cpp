@@ -160,5 +160,44 @@ TEST(node_config, printing_round_trips_and_hides_the_token) {
   EXPECT_NE(std::find(keys.begin(), keys.end(), "admin.token"), keys.end());
 }
 
+TEST(node_config, external_engine_settings_are_checked_together) {
+  auto launched = parse_node_config(R"(
+[engine]
+kind = "sglang"
+launch = "python -m sglang.launch_server --model-path {model_dir} --port {port}"
+staging_dir = "/mnt/nvme/stitch"
+update_timeout = 120
+)",
+                                    "sglang.toml");
+  ASSERT_TRUE(launched) << launched.error().message;
+  EXPECT_EQ(launched->engine_kind, "sglang");
+  EXPECT_EQ(launched->effective_staging_dir(), "/mnt/nvme/stitch");
+  EXPECT_EQ(launched->engine_update_timeout, 120);
+  auto printed = parse_node_config(to_toml(*launched), "printed.toml");
+  ASSERT_TRUE(printed) << printed.error().message;
+  EXPECT_EQ(printed->engine_launch, launched->engine_launch);
+
+  auto neither = parse_node_config("[engine]\nkind = \"vllm\"\n", "a.toml");
+  ASSERT_FALSE(neither);
+  EXPECT_NE(neither.error().message.find("exactly one of engine.url"), std::string::npos)
+    << neither.error().message;
+  auto builtin_with_url =
+    parse_node_config("[engine]\nurl = \"http://127.0.0.1:30000\"\n", "b.toml");
+  ASSERT_FALSE(builtin_with_url);
+  EXPECT_NE(builtin_with_url.error().message.find("engine.kind"), std::string::npos);
+  auto shared_url = parse_node_config(
+    "replicas = 2\n[engine]\nkind = \"sglang\"\nurl = \"http://127.0.0.1:30000\"\n", "c.toml");
+  ASSERT_FALSE(shared_url);
+  EXPECT_NE(shared_url.error().message.find("one engine serves one replica"), std::string::npos);
+  auto bad_url = parse_node_config(
+    "replicas = 1\n[engine]\nkind = \"sglang\"\nurl = \"127.0.0.1:30000\"\n", "d.toml");
+  ASSERT_FALSE(bad_url);
+  EXPECT_NE(bad_url.error().message.find("engine.url"), std::string::npos);
+  auto unknown = parse_node_config("[engine]\nkind = \"tgi\"\n", "e.toml");
+  ASSERT_FALSE(unknown);
+  EXPECT_NE(unknown.error().message.find("not one of builtin, sglang, vllm"), std::string::npos)
+    << unknown.error().message;
+}
+
 } // namespace
 } // namespace stitch::config

@@ -218,8 +218,11 @@ protected:
     EXPECT_TRUE(out);
     if (GetParam() == engine_kind::sglang)
       return out->tokens;
+    // As the answer carries it: JSON text, invalid UTF-8 replaced.
+    auto text = json::parse(json(out->text).dump(-1, ' ', false, json::error_handler_t::replace))
+                  .get<std::string>();
     std::vector<int32_t> ids;
-    for (unsigned char ch : out->text)
+    for (unsigned char ch : text)
       ids.push_back(ch);
     return ids;
   }
@@ -307,6 +310,28 @@ TEST_P(external_engine_test, a_version_chain_is_served_exactly_with_the_engines_
     EXPECT_NE(log.find(R"("method":"reload_weights")"), std::string::npos) << log;
     EXPECT_NE(log.find(R"("is_checkpoint_format":true)"), std::string::npos);
     EXPECT_NE(log.find("POST /resume"), std::string::npos);
+  }
+}
+
+TEST_P(external_engine_test, a_run_switch_loads_the_new_runs_weights_from_scratch) {
+  start_peer();
+  make_engine(options());
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 2}), src));
+  auto other = random_init(config, 7);
+  ASSERT_TRUE(other);
+  store::publisher pub{db};
+  store::publish_request r{"default", "b", 0, false, false};
+  r.files = {{"config.json", render_model_config(config)}};
+  ASSERT_TRUE(pub.publish(r, *other));
+  auto p = plan(applied_state{{"r", 2}}, {"b", 0});
+  EXPECT_TRUE(p.reset_to_boot);
+  ASSERT_TRUE(activate(p, src));
+  EXPECT_EQ(served_tokens(), expected_tokens(*other));
+  EXPECT_NE(expected_tokens(*other), expected_tokens(versions[2])) << "the runs differ";
+  if (GetParam() == engine_kind::sglang) {
+    auto log = calls();
+    EXPECT_NE(log.find(R"("weight_version":"b/weight_v000000")"), std::string::npos) << log;
   }
 }
 
