@@ -588,7 +588,10 @@ status external_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_s
       next.restart = true;
     }
   status written;
-  if (plan.anchor || !base) {
+  if (link_sibling_copy(next)) {
+    // Another replica of this node staged the same version: its verified
+    // files are linked, not written again (a tmpfs holds one copy).
+  } else if (plan.anchor || !base) {
     if (!plan.anchor)
       return fail_stage(errc::invalid_argument, "nothing is staged to build its deltas on");
     // A rebuild names the version only: its chain starts at the nearest
@@ -710,6 +713,39 @@ status external_engine::write_delta(const staged& base, const chain_plan& plan,
   }
   return store::write_hf_directory(next.dir, specs, fill, opts_.max_shard_bytes, false, files,
                                    reuse);
+}
+
+bool external_engine::link_sibling_copy(const staged& next) {
+  const fs::path mine = opts_.staging_dir;
+  const fs::path parent = mine.parent_path();
+  const std::string folder = next.dir.filename().string();
+  std::error_code ec;
+  if (parent.empty() || fs::exists(next.dir, ec))
+    return false;
+  for (const auto& sibling : fs::directory_iterator(parent, ec)) {
+    if (!sibling.is_directory(ec) || sibling.path() == mine)
+      continue;
+    fs::path from = sibling.path() / folder;
+    if (!fs::is_directory(from, ec))
+      continue;
+    // Versions appear by rename, so a folder that exists is complete.
+    fs::path temp = mine / ("." + folder + ".link-" + std::to_string(::getpid()));
+    fs::remove_all(temp, ec);
+    if (!fs::create_directory(temp, ec))
+      continue;
+    bool ok = true;
+    for (const auto& file : fs::directory_iterator(from, ec)) {
+      if (!file.is_regular_file(ec)
+          || ::link(file.path().c_str(), (temp / file.path().filename()).c_str()) != 0) {
+        ok = false;
+        break;
+      }
+    }
+    if (ok && !ec && ::rename(temp.c_str(), next.dir.c_str()) == 0)
+      return true;
+    fs::remove_all(temp, ec);
+  }
+  return false;
 }
 
 void external_engine::discard_shadow() {

@@ -62,7 +62,10 @@ struct external_engine_options {
 ///   is streamed from the store; a delta rewrites only the shards holding
 ///   tensors it changes (the others are hard-linked from the previous
 ///   staged version), every written tensor verified against the manifest.
-///   A version whose `config.json` changes the architecture the engine was
+///   Replicas of one node stage into sibling folders: a version one of them
+///   staged is linked by the others, so the node's staging tmpfs holds one
+///   copy of each version. A version whose `config.json` changes the
+///   architecture the engine was
 ///   started with is refused (the engine loads weights, not architectures).
 /// - `pause`/`commit`/`resume` are the engine's own pause, weight reload
 ///   from the staged directory (labelled with the version's identity), and
@@ -139,6 +142,9 @@ private:
   /// rewritten with the changed tensors patched and verified.
   status write_delta(const staged& base, const chain_plan& plan, const manifest& target,
                      tensor_source& source, const staged& next);
+  /// Links `next` from another replica's staging folder next to this one
+  /// (same version, already verified there); false when none has it.
+  bool link_sibling_copy(const staged& next);
   /// Whether the engine answers its health route now.
   bool answers_health();
   /// The engine's pause and resume calls.

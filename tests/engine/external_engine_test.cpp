@@ -313,6 +313,31 @@ TEST_P(external_engine_test, a_version_chain_is_served_exactly_with_the_engines_
   }
 }
 
+TEST_P(external_engine_test, replicas_of_a_node_share_one_staged_copy_of_a_version) {
+  start_peer();
+  auto o = options();
+  o.staging_dir = root / "staging" / "replica-0";
+  make_engine(o);
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
+  auto sibling_options = options();
+  sibling_options.staging_dir = root / "staging" / "replica-1";
+  auto sibling = external_engine::make(sibling_options);
+  ASSERT_TRUE(sibling);
+  ASSERT_TRUE((*sibling)->stage(plan(std::nullopt, {"r", 1}), false, src));
+  size_t files = 0;
+  for (const auto& entry :
+       fs::directory_iterator(root / "staging" / "replica-1" / "r@weight_v000001")) {
+    struct stat a {};
+    struct stat b {};
+    ASSERT_EQ(::stat(entry.path().c_str(), &a), 0);
+    ASSERT_EQ(::stat((engine->committed_dir() / entry.path().filename()).c_str(), &b), 0);
+    EXPECT_EQ(a.st_ino, b.st_ino) << entry.path();
+    ++files;
+  }
+  EXPECT_GT(files, 3u);
+}
+
 TEST_P(external_engine_test, a_run_switch_loads_the_new_runs_weights_from_scratch) {
   start_peer();
   make_engine(options());
