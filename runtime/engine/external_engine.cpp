@@ -91,8 +91,20 @@ const external_engine::dialect sglang_dialect{engine_kind::sglang,
                                                "/unload_lora_adapter",
                                                "/shutdown"}};
 
-// vLLM (vllm/entrypoints/openai/api_server.py and vllm/entrypoints/serve/,
-// development mode, VLLM_SERVER_DEV_MODE=1; see `vllm_calls` below).
+// vLLM 0.16 and later (vllm/entrypoints/serve/{rlhf,rpc,cache}/api_router.py,
+// vllm/v1/worker/gpu_worker.py), development mode (VLLM_SERVER_DEV_MODE=1):
+//   POST /pause?mode=keep       {"status": "paused"}   (0.12-0.15 ignore `mode` and
+//                               abort running requests: use commit_mode quiesce)
+//   POST /collective_rpc        {"method": "reload_weights", "kwargs": {"weights_path",
+//                               "is_checkpoint_format": true}} -> {"results": [...]}, one
+//                               per worker; a failing worker: 500 (before 0.16
+//                               reload_weights takes no path: unsupported)
+//   POST /resume                {"status": "resumed"}
+//   POST /reset_prefix_cache    200, empty (flush_cache)
+//   GET  /health                200; 503 once the engine died
+// vLLM keeps no weight version: the reload's answer is the verification, and
+// the monitor treats a failed health check as a restart to re-sync after.
+// `cache_salt` (chat since 0.9, completions since 0.10) namespaces the cache.
 const external_engine::dialect vllm_dialect{
   engine_kind::vllm,
   "/health",
