@@ -78,4 +78,13 @@ result<plan_outcome> plan_chain(const std::optional<applied_state>& applied,
   return plan_outcome{std::move(plan)};
 }
 
+chain_plan boot_plan(const version_ref& ref) {
+  chain_plan plan;
+  plan.target = ref;
+  plan.anchor = ref;
+  plan.reset_to_boot = true;
+  plan.activation_needed = true;
+  return plan;
+}
+
 } // namespace stitch

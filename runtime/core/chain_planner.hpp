@@ -46,6 +46,10 @@ struct chain_plan {
   friend bool operator==(const chain_plan&, const chain_plan&) = default;
 };
 
+/// The plan that rebuilds an engine's weights of `ref` from scratch (a
+/// rebuild, a reset): its chain from the nearest full anchor, activated.
+chain_plan boot_plan(const version_ref& ref);
+
 /// A manifest lookup answers one of three ways.
 struct manifest_found {
   const manifest* m;

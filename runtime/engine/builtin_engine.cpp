@@ -426,12 +426,7 @@ model_config builtin_engine::served_config() const {
 }
 
 status builtin_engine::reset_to_boot(const version_ref& ref, tensor_source& source) {
-  chain_plan plan;
-  plan.target = ref;
-  plan.anchor = ref;
-  plan.reset_to_boot = true;
-  plan.activation_needed = true;
-  if (auto ok = stage(plan, false, source); !ok)
+  if (auto ok = stage(boot_plan(ref), false, source); !ok)
     return ok;
   return commit();
 }

@@ -877,12 +877,7 @@ status external_engine::flush_cache() {
 }
 
 status external_engine::reset_to_boot(const version_ref& ref, tensor_source& source) {
-  chain_plan plan;
-  plan.target = ref;
-  plan.anchor = ref;
-  plan.reset_to_boot = true;
-  plan.activation_needed = true;
-  if (auto ok = stage(plan, false, source); !ok)
+  if (auto ok = stage(boot_plan(ref), false, source); !ok)
     return ok;
   if (opts_.launch && !answers_health()) {
     // The engine's state is unknown and it does not answer: start it anew.
