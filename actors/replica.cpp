@@ -432,6 +432,12 @@ replica_info describe(const replica_state& st) {
     auto h = st.engine->health();
     info.engine = std::move(h.detail);
     info.engine_healthy = h.healthy;
+    // An engine out of service (restarting, being re-synced) takes the
+    // replica out of rotation until it serves the activated version again.
+    if (info.ready && !h.healthy) {
+      info.ready = false;
+      info.reason = "engine unavailable: " + info.engine;
+    }
   }
   info.last_fetch = st.last_fetch;
   m.requests_admitted_total = gate.metrics().admitted_total;

@@ -102,13 +102,19 @@ public:
                              std::string_view run_id) override {
     return inner_.stamp_response(route, body, s, run_id);
   }
-  engine_health health() override { return inner_.health(); }
+  engine_health health() override {
+    if (out_of_service)
+      return {false, "injected: the engine restarted and is being re-synced"};
+    return inner_.health();
+  }
   std::vector<std::string> blocked_routes() const override {
     // What an external engine would name: its weight-update control route.
     return {"/update_weights_from_disk"};
   }
 
   std::atomic<int> stages{0}, commits{0}, flushes{0}, resets{0};
+  /// What an external engine's monitor reports while it re-syncs.
+  std::atomic<bool> out_of_service{false};
 
 private:
   engine::builtin_engine inner_;
@@ -396,6 +402,20 @@ TEST_F(replica_actor_test, fresh_replica_catches_up_and_only_then_reports_ready)
   auto ref = reference(weights_of("r", 2));
   EXPECT_EQ(ok.tokens, ref.tokens);
   EXPECT_EQ(ok.logprobs, ref.logprobs);
+}
+
+TEST_F(replica_actor_test, an_engine_out_of_service_takes_the_replica_out_of_rotation) {
+  publish("r", 0);
+  start();
+  settle();
+  ASSERT_TRUE(info().ready);
+  engines.back()->out_of_service = true;
+  auto down = info();
+  EXPECT_FALSE(down.ready);
+  EXPECT_NE(down.reason.find("engine unavailable"), std::string::npos) << down.reason;
+  EXPECT_NE(down.reason.find("re-synced"), std::string::npos) << down.reason;
+  engines.back()->out_of_service = false;
+  EXPECT_TRUE(info().ready);
 }
 
 TEST_F(replica_actor_test, folding_eight_versions_is_one_stage_and_one_commit) {
