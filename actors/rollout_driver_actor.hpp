@@ -36,7 +36,7 @@ namespace engine {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rollout_sample& x) {
   return f(caf::meta::type_name("stitch.rollout_sample"), x.prompt, x.tokens, x.behaviour_logprobs,
-           x.reward, x.version);
+           x.reward, x.version, x.token_versions);
 }
 
 template <class Inspector>

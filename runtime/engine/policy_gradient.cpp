@@ -19,6 +19,9 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
   if (!(o.temperature > 0) || !(o.clip > 0) || !std::isfinite(o.learning_rate))
     return make_error(errc::invalid_argument,
                       "policy_gradient_step: temperature and clip must be positive");
+  if (!(o.staleness_decay > 0) || o.staleness_decay > 1)
+    return make_error(errc::invalid_argument,
+                      "policy_gradient_step: staleness_decay must be in (0, 1]");
   auto head = tensors.find("lm_head.weight");
   if (head == tensors.end())
     return make_error(errc::invalid_argument, "policy_gradient_step: no lm_head.weight");
@@ -40,12 +43,18 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
   std::vector<double> grad(vocab * hidden, 0.0);
   double weight_sum = 0;
   tokenizer tok;
+  double staleness_sum = 0;
   for (const auto& s : batch) {
     if (s.behaviour_logprobs.size() != s.tokens.size())
       return make_error(errc::invalid_argument, "policy_gradient_step: a sample has "
                                                   + std::to_string(s.tokens.size()) + " tokens but "
                                                   + std::to_string(s.behaviour_logprobs.size())
                                                   + " logprobs");
+    if (!s.token_versions.empty() && s.token_versions.size() != s.tokens.size())
+      return make_error(errc::invalid_argument, "policy_gradient_step: a sample has "
+                                                  + std::to_string(s.tokens.size()) + " tokens but "
+                                                  + std::to_string(s.token_versions.size())
+                                                  + " token versions");
     const double advantage = s.reward - baseline;
     std::vector<int32_t> feed = tok.encode(s.prompt);
     if (feed.size() + s.tokens.size() > config.max_position_embeddings)
@@ -87,7 +96,13 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
       const double iw = std::min(o.clip, ratio);
       weight_sum += iw;
       ++stats.tokens;
-      const double scale = advantage * iw / o.temperature;
+      const uint64_t made_by = s.token_versions.empty() ? s.version : s.token_versions[k];
+      const uint64_t behind = o.current_version - std::min(o.current_version, made_by);
+      staleness_sum += static_cast<double>(behind);
+      stats.crossed_tokens += made_by != s.version ? 1 : 0;
+      const double decay =
+        o.staleness_decay == 1.0 ? 1.0 : std::pow(o.staleness_decay, static_cast<double>(behind));
+      const double scale = advantage * iw * decay / o.temperature;
       if (scale != 0)
         for (size_t v = 0; v < vocab; ++v) {
           const double g = scale * ((static_cast<size_t>(a) == v ? 1.0 : 0.0) - p[v]);
@@ -99,6 +114,7 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
     }
   }
   stats.mean_importance_weight = stats.tokens ? weight_sum / static_cast<double>(stats.tokens) : 0;
+  stats.mean_token_staleness = stats.tokens ? staleness_sum / static_cast<double>(stats.tokens) : 0;
   auto& bytes = head->second.bytes;
   if (bytes.size() != vocab * hidden * sizeof(float))
     return make_error(errc::invalid_argument,

@@ -20,6 +20,9 @@ struct rollout_sample {
   std::vector<float> behaviour_logprobs;
   double reward = 0;
   uint64_t version = 0;
+  /// The version that produced each token (the answer's
+  /// `weight_version_spans`); empty: every token came from `version`.
+  std::vector<uint64_t> token_versions;
 };
 
 struct pg_options {
@@ -29,12 +32,23 @@ struct pg_options {
   double clip = 2.0;
   /// The sampling temperature the logprobs were taken at.
   double temperature = 1.0;
+  /// Stale tokens count less: a token produced by the version `d` behind
+  /// `current_version` is weighted by `staleness_decay^d` on top of its
+  /// importance weight (1 = no decay). Per token, so a generation that
+  /// crossed an activation weighs its older tokens less than its newer ones.
+  double staleness_decay = 1.0;
+  uint64_t current_version = 0;
 };
 
 struct pg_stats {
   double mean_reward = 0;
   double mean_importance_weight = 0;
   size_t tokens = 0;
+  /// Versions behind `current_version`, averaged over tokens.
+  double mean_token_staleness = 0;
+  /// Tokens whose version differs from their sample's start version (they
+  /// came after an in_place activation the generation crossed).
+  size_t crossed_tokens = 0;
 };
 
 /// One policy-gradient step that trains only the output head (`lm_head`):

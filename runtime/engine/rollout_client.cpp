@@ -39,6 +39,25 @@ bool read_answer(const json& j, uint64_t min_version, rollout_result& r) {
   if (r.sample.behaviour_logprobs.size() != r.sample.tokens.size())
     return false;
   r.sample.version = meta["weight_version_start"].get<uint64_t>();
+  // Which version made which token: spans covering the output in order.
+  if (meta.contains("weight_version_spans")) {
+    const auto& spans = meta["weight_version_spans"];
+    if (!spans.is_array())
+      return false;
+    for (const auto& sp : spans) {
+      if (!sp.is_object() || !sp.contains("version") || !sp["version"].is_number_unsigned()
+          || !sp.contains("first_token") || !sp["first_token"].is_number_unsigned()
+          || !sp.contains("last_token") || !sp["last_token"].is_number_unsigned())
+        return false;
+      auto first = sp["first_token"].get<uint64_t>();
+      auto last = sp["last_token"].get<uint64_t>();
+      if (first != r.sample.token_versions.size() || last < first || last >= r.sample.tokens.size())
+        return false;
+      r.sample.token_versions.resize(last + 1, sp["version"].get<uint64_t>());
+    }
+    if (r.sample.token_versions.size() != r.sample.tokens.size())
+      return false;
+  }
   r.sample.reward = lowercase_reward(r.sample.tokens);
   r.violation = r.sample.version < min_version;
   return true;

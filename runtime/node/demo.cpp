@@ -147,6 +147,8 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
   std::vector<step_row> rows;
   uint64_t violations = 0, samples_total = 0, staleness_max = 0;
   double staleness_sum = 0, pause_max = 0;
+  uint64_t tokens_total = 0, crossed_tokens = 0;
+  double token_staleness_sum = 0;
   if (!cmd.json)
     std::fprintf(out, "%5s %8s %8s %14s %14s %12s\n", "step", "reward", "samples", "staleness mean",
                  "staleness max", "pause us");
@@ -183,9 +185,14 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     row.staleness_mean /= static_cast<double>(std::max<size_t>(1, batch.size()));
     engine::pg_options o;
     o.learning_rate = cmd.learning_rate;
+    o.current_version = latest;
+    o.staleness_decay = cmd.staleness_decay;
     auto stats = engine::policy_gradient_step(*weights, config, batch, o);
     if (!stats)
       return std::move(stats).error();
+    tokens_total += stats->tokens;
+    crossed_tokens += stats->crossed_tokens;
+    token_staleness_sum += stats->mean_token_staleness * static_cast<double>(stats->tokens);
     row.reward = stats->mean_reward;
     if (auto ok = publish_version(sys, cmd, *weights, config, scratch / "v", latest + 1); !ok)
       return ok;
@@ -220,6 +227,9 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     j["samples"] = samples_total;
     j["staleness_mean"] = staleness_mean;
     j["staleness_max"] = staleness_max;
+    j["token_staleness_mean"] =
+      tokens_total ? token_staleness_sum / static_cast<double>(tokens_total) : 0.0;
+    j["crossed_tokens"] = crossed_tokens;
     j["constraint_violations"] = violations;
     j["pause_ms_max"] = pause_max / 1000.0;
     std::fprintf(out, "%s\n", j.dump().c_str());
@@ -229,11 +239,16 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
                  "  reward (mean of first %zu steps -> last %zu): %.3f -> %.3f\n"
                  "  steps %zu, samples %llu\n"
                  "  staleness (versions behind the newest): mean %.2f, max %llu (bound %u)\n"
+                 "  tokens %llu: %.2f versions behind on average, %llu made after an activation "
+                 "their generation crossed (weighted %.2f per version behind)\n"
                  "  constraint violations: %llu\n"
                  "  largest activation pause: %.3f ms\n",
                  window, window, first, last, rows.size(),
                  static_cast<unsigned long long>(samples_total), staleness_mean,
                  static_cast<unsigned long long>(staleness_max), cmd.staleness,
+                 static_cast<unsigned long long>(tokens_total),
+                 tokens_total ? token_staleness_sum / static_cast<double>(tokens_total) : 0.0,
+                 static_cast<unsigned long long>(crossed_tokens), cmd.staleness_decay,
                  static_cast<unsigned long long>(violations), pause_max / 1000.0);
   }
   if (local)

@@ -29,6 +29,9 @@ struct demo_command {
   uint32_t steps = 30;
   uint32_t samples_per_step = 16;
   uint32_t staleness = 2;
+  /// A token `d` versions behind the newest counts `staleness_decay^d`
+  /// (by the version its span says produced it).
+  double staleness_decay = 0.8;
   double learning_rate = 0.5;
   bool json = false;
   std::string token;

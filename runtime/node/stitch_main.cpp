@@ -89,6 +89,10 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--steps", demo.steps, "training steps")->capture_default_str();
   demo_cmd->add_option("--samples", demo.samples_per_step, "rollouts per step")
     ->capture_default_str();
+  demo_cmd
+    ->add_option("--staleness-decay", demo.staleness_decay,
+                 "weight of a token per version it is behind (by its version span)")
+    ->check(CLI::Range(0.01, 1.0));
   demo_cmd->add_option("--staleness", demo.staleness, "min_version = latest - this")
     ->capture_default_str();
   demo_cmd->add_option("--gateway", demo_gateway, "gateway HOST:PORT (without --local)")

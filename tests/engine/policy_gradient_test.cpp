@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include "runtime/engine/policy_gradient.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/engine/weights.hpp"
@@ -74,6 +77,69 @@ TEST(policy_gradient, stale_samples_are_weighted_by_truncated_importance_ratios)
   auto stats = policy_gradient_step(tensors, c, batch, {1.0, 2.0, 1.0});
   ASSERT_TRUE(stats);
   EXPECT_DOUBLE_EQ(stats->mean_importance_weight, 2.0) << "ratios e^5 are clipped to 2";
+}
+
+/// lm_head after one step from `tensors` on `batch`, as floats.
+std::vector<float> head_after(store::tensor_set tensors, const model_config& c,
+                              const std::vector<rollout_sample>& batch, const pg_options& o,
+                              pg_stats* stats = nullptr) {
+  auto r = policy_gradient_step(tensors, c, batch, o);
+  EXPECT_TRUE(r) << to_string(r.error());
+  if (stats && r)
+    *stats = *r;
+  const auto& b = tensors.at("lm_head.weight").bytes;
+  std::vector<float> out(b.size() / sizeof(float));
+  std::memcpy(out.data(), b.data(), b.size());
+  return out;
+}
+
+TEST(policy_gradient, each_token_is_weighted_by_how_stale_its_own_version_is) {
+  auto c = *preset("tiny");
+  auto tensors = *random_init(c, 3);
+  auto batch = rollouts(tensors, c, 5, 6);
+  auto before = head_after(tensors, c, {}, {});
+  pg_options fresh{1.0, 2.0, 1.0};
+  fresh.current_version = 5;
+  fresh.staleness_decay = 0.5;
+  pg_stats fs;
+  auto after_fresh = head_after(tensors, c, batch, fresh, &fs);
+  EXPECT_EQ(fs.mean_token_staleness, 0.0);
+  EXPECT_EQ(fs.crossed_tokens, 0u);
+  // The same tokens, now two versions behind: the update is a quarter.
+  pg_options later = fresh;
+  later.current_version = 7;
+  pg_stats ls;
+  auto after_stale = head_after(tensors, c, batch, later, &ls);
+  EXPECT_EQ(ls.mean_token_staleness, 2.0);
+  double moved = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    double want = 0.25 * (after_fresh[i] - before[i]);
+    EXPECT_NEAR(after_stale[i] - before[i], want, 1e-6 + 1e-4 * std::abs(want)) << i;
+    moved += std::abs(want);
+  }
+  EXPECT_GT(moved, 0.0) << "the step changed nothing";
+  // A generation that crossed an activation: its later tokens (version 7,
+  // fresh) weigh fully, its earlier ones (version 5) a quarter.
+  auto crossed = batch;
+  for (auto& s : crossed) {
+    s.token_versions.assign(s.tokens.size(), 5);
+    for (size_t k = s.tokens.size() / 2; k < s.tokens.size(); ++k)
+      s.token_versions[k] = 7;
+  }
+  pg_stats cs;
+  auto after_crossed = head_after(tensors, c, crossed, later, &cs);
+  EXPECT_GT(cs.crossed_tokens, 0u);
+  EXPECT_LT(cs.mean_token_staleness, 2.0);
+  EXPECT_NE(after_crossed, after_stale);
+  auto bad = batch;
+  bad[0].token_versions = {1};
+  store::tensor_set copy = tensors;
+  auto refused = policy_gradient_step(copy, c, bad, later);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("token versions"), std::string::npos);
+  pg_options no_decay = later;
+  no_decay.staleness_decay = 0;
+  EXPECT_FALSE(policy_gradient_step(copy, c, batch, no_decay));
 }
 
 TEST(policy_gradient, bad_batches_are_refused_and_only_lm_head_changes) {
