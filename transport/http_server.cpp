@@ -332,6 +332,10 @@ private:
   void finish_head(bool keep) {
     write_timer_.cancel();
     writing_ = false;
+    // The connection closed (the client went, a timer fired) while the
+    // answer's last bytes were on their way: `close` took the pipeline.
+    if (closed_ || slots_.empty())
+      return;
     slots_.pop_front();
     // Released when this returns (it may be the last reference).
     auto last = slots_.empty() ? std::move(hold_) : nullptr;

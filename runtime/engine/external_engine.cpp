@@ -346,7 +346,7 @@ external_engine::~external_engine() {
 }
 
 std::string external_engine::describe() const {
-  return std::string{to_string(opts_.kind)} + " " + endpoint_.to_string();
+  return std::string{to_string(opts_.kind)} + " " + endpoint().to_string();
 }
 
 engine_process* external_engine::process() {
@@ -365,7 +365,7 @@ transport::http_client& external_engine::control() {
     o.connect_timeout = std::chrono::milliseconds{5'000};
     o.io_timeout = opts_.control_timeout;
     o.max_body_bytes = size_t{16} << 20;
-    control_client_ = std::make_unique<transport::http_client>(endpoint_, o);
+    control_client_ = std::make_unique<transport::http_client>(endpoint(), o);
   }
   return *control_client_;
 }
@@ -383,7 +383,7 @@ std::unique_ptr<transport::http_client> external_engine::take_client() {
   o.connect_timeout = std::chrono::milliseconds{5'000};
   o.io_timeout = opts_.request_timeout;
   o.max_body_bytes = size_t{256} << 20;
-  return std::make_unique<transport::http_client>(endpoint_, o);
+  return std::make_unique<transport::http_client>(endpoint(), o);
 }
 
 void external_engine::give_client(std::unique_ptr<transport::http_client> c) {
@@ -429,22 +429,35 @@ result<http_response> call_json(transport::http_client& client, std::string meth
 
 } // namespace
 
-status external_engine::wait_ready(std::chrono::milliseconds limit) {
+status external_engine::wait_ready(std::chrono::milliseconds limit, bool* exited) {
   auto deadline = std::chrono::steady_clock::now() + limit;
   std::string last = "no answer yet";
+  engine_process* p = nullptr;
+  {
+    std::lock_guard lock{mutex_};
+    p = process_.get();
+  }
+  const uint64_t starts = p ? p->starts() : 0;
   for (;;) {
     {
       std::lock_guard lock{control_mutex_};
       auto r =
         call_json(control(), "GET", dialect_->health_route, {}, std::chrono::milliseconds{5'000});
-      if (r && r->status == 200)
+      // Healthy, and (a launched engine) still the process that was started:
+      // not another program answering on its port.
+      bool ours = !p || (p->running() && p->starts() == starts);
+      if (r && r->status == 200 && ours)
         return {};
       last = r ? "status " + std::to_string(r->status) : r.error().message;
       if (!r)
         control().close();
     }
-    if (process_ && !process_->running() && !process_->last_exit().empty())
-      last += " (the process " + process_->last_exit() + ")";
+    if (p && (p->starts() != starts || (!p->running() && !p->last_exit().empty()))) {
+      if (exited)
+        *exited = true;
+      return make_error(errc::engine_unavailable,
+                        describe() + " exited while starting (it " + p->last_exit() + ")");
+    }
     if (std::chrono::steady_clock::now() >= deadline)
       return make_error(errc::engine_unavailable, describe() + " did not become healthy within "
                                                     + std::to_string(limit.count() / 1000)
@@ -455,6 +468,24 @@ status external_engine::wait_ready(std::chrono::milliseconds limit) {
   }
 }
 
+transport::http_endpoint external_engine::endpoint() const {
+  std::lock_guard lock{endpoint_mutex_};
+  return endpoint_;
+}
+
+void external_engine::move_to_port(uint16_t port) {
+  {
+    std::lock_guard lock{endpoint_mutex_};
+    endpoint_.port = port;
+  }
+  {
+    std::lock_guard lock{control_mutex_};
+    control_client_.reset();
+  }
+  std::lock_guard lock{pool_mutex_};
+  idle_clients_.clear();
+}
+
 status external_engine::launch_from(const fs::path& dir) {
   std::unique_ptr<engine_process> old;
   {
@@ -463,15 +494,40 @@ status external_engine::launch_from(const fs::path& dir) {
   }
   if (old)
     old->stop();
-  auto started = engine_process::start(*opts_.launch, endpoint_.port, dir);
-  if (!started)
-    return std::move(started).error();
-  {
-    std::lock_guard lock{mutex_};
-    process_ = std::move(*started);
-    process_starts_seen_ = process_->starts();
+  // The port was free when it was picked; another program may take it before
+  // the engine binds it (the engine then exits at once): another port.
+  status ready;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt > 0) {
+      auto port = pick_free_port();
+      if (!port)
+        return std::move(port).error();
+      move_to_port(*port);
+    }
+    auto started = engine_process::start(*opts_.launch, endpoint().port, dir);
+    if (!started)
+      return std::move(started).error();
+    engine_process* p = started->get();
+    {
+      std::lock_guard lock{mutex_};
+      process_ = std::move(*started);
+      process_starts_seen_ = p->starts();
+    }
+    bool exited = false;
+    ready = wait_ready(opts_.ready_timeout, &exited);
+    if (ready || !exited)
+      return ready;
+    if (opts_.log)
+      opts_.log(describe() + ": the engine exited while starting (" + p->last_exit()
+                + "); starting it on another port");
+    std::unique_ptr<engine_process> failed;
+    {
+      std::lock_guard lock{mutex_};
+      failed = std::move(process_);
+    }
+    failed->stop();
   }
-  return wait_ready(opts_.ready_timeout);
+  return ready;
 }
 
 // ---- the weight-update cycle, per engine -----------------------------------

@@ -157,7 +157,11 @@ private:
   status load_and_verify(const staged& s);
   /// Starts the launched engine from `dir` and waits until it answers.
   status launch_from(const std::filesystem::path& dir);
-  status wait_ready(std::chrono::milliseconds limit);
+  /// `exited`: set when a launched engine's process ended meanwhile.
+  status wait_ready(std::chrono::milliseconds limit, bool* exited = nullptr);
+  /// Where the engine answers (its port changes when a launch retries).
+  transport::http_endpoint endpoint() const;
+  void move_to_port(uint16_t port);
   void monitor();
   void note_problem(std::string message);
   void note_lost(std::string why);
@@ -166,6 +170,7 @@ private:
 
   external_engine_options opts_;
   const dialect* dialect_ = nullptr;
+  mutable std::mutex endpoint_mutex_;
   transport::http_endpoint endpoint_;
 
   mutable std::mutex mutex_;

@@ -68,6 +68,7 @@
 #include <string>
 #include <thread>
 
+#include <execinfo.h>
 #include <unistd.h>
 
 #include "runtime/engine/api_shapes.hpp"
@@ -436,7 +437,19 @@ private:
 
 } // namespace
 
+/// A crash prints where it happened (the peer is a test tool: its own bugs
+/// must be told apart from the adapter's).
+void on_crash(int sig) {
+  void* frames[64];
+  int n = ::backtrace(frames, 64);
+  ::dprintf(2, "stitch-engine-peer: signal %d\n", sig);
+  ::backtrace_symbols_fd(frames, n, 2);
+  ::_exit(128 + sig);
+}
+
 int main(int argc, char** argv) {
+  std::signal(SIGSEGV, on_crash);
+  std::signal(SIGABRT, on_crash);
   std::string dialect = "sglang";
   std::string dir;
   std::string version = "default";

@@ -107,20 +107,28 @@ protected:
            + " --port {port} --model-dir {model_dir}" + extra;
   }
 
-  /// Starts a peer on its own (the `engine.url` case).
+  /// Starts a peer on its own (the `engine.url` case). The port was free
+  /// when picked; if another test's peer took it first, ours exits: again.
   void start_peer(const std::string& extra = "") {
-    auto port = pick_free_port();
-    ASSERT_TRUE(port);
-    launch_options lo;
-    lo.command = peer_command(extra);
-    lo.name = "peer";
-    auto p = engine_process::start(lo, *port, boot_dir);
-    ASSERT_TRUE(p) << to_string(p.error());
-    peer = std::move(*p);
-    peer_url = "http://127.0.0.1:" + std::to_string(*port);
-    // Ours (another program could have taken the port it was given).
-    ASSERT_TRUE(eventually([&] { return peer_get("/_peer/calls").status == 200; }));
-    ASSERT_TRUE(peer->running());
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      auto port = pick_free_port();
+      ASSERT_TRUE(port);
+      launch_options lo;
+      lo.command = peer_command(extra);
+      lo.name = "peer";
+      lo.log = [](std::string_view line) { std::cerr << "peer | " << line << "\n"; };
+      auto p = engine_process::start(lo, *port, boot_dir);
+      ASSERT_TRUE(p) << to_string(p.error());
+      peer = std::move(*p);
+      peer_url = "http://127.0.0.1:" + std::to_string(*port);
+      bool up =
+        eventually([&] { return !peer->running() || peer_get("/_peer/calls").status == 200; });
+      std::this_thread::sleep_for(std::chrono::milliseconds{100});
+      if (up && peer->running() && peer->starts() == 1 && peer_get("/_peer/calls").status == 200)
+        return;
+      peer->stop();
+    }
+    FAIL() << "no peer could start";
   }
 
   transport::http_response peer_get(const std::string& route, const std::string& method = "GET") {

@@ -276,6 +276,36 @@ TEST_F(http_server_test, a_client_that_goes_away_is_reported_once) {
   EXPECT_EQ(calls.load(), 1);
 }
 
+TEST_F(http_server_test, clients_that_leave_while_their_answer_is_written_do_not_break_it) {
+  // A client sends its request and leaves at once; its answer comes from
+  // another thread. The server may see the client go (and close) between
+  // writing the answer and that write's completion: it must not touch the
+  // pipeline `close` took. (It crashed here once; the stress reproduces the
+  // interleaving within a few hundred connections.)
+  start({}, [](server_request, std::shared_ptr<http_responder> r) {
+    std::thread{[r] { r->send(text("bye")); }}.detach();
+  });
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t)
+    clients.emplace_back([this] {
+      for (int i = 0; i < 400; ++i) {
+        raw_client raw{port};
+        raw.write("GET /x HTTP/1.1\r\nHost: x\r\n\r\nGET /y HTTP/1.1\r\nHost: x\r\n\r\n");
+        if (i % 3 == 0)
+          (void) raw.read_until("bye");
+        raw.close();
+      }
+    });
+  for (auto& c : clients)
+    c.join();
+  auto c = client();
+  http_request req;
+  req.target = "/after";
+  auto r = c.send(req);
+  ASSERT_TRUE(r) << to_string(r.error());
+  EXPECT_EQ(r->body, "bye");
+}
+
 TEST_F(http_server_test, stop_lets_answers_in_flight_finish) {
   std::promise<std::shared_ptr<http_responder>> pending;
   start({}, [&](server_request, std::shared_ptr<http_responder> r) { pending.set_value(r); });
