@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   {
     caf::actor_system_config cfg;
     register_stitch_types(cfg);
+    tune_scheduler(cfg);
     cfg.set("logger.file-verbosity", caf::atom("quiet"));
     caf::actor_system sys{cfg};
     auto opened = store::open_rocksdb_store((dir / "db").string());

@@ -49,8 +49,13 @@ void register_stitch_types(caf::actor_system_config& cfg) {
                          });
 }
 
+void tune_scheduler(caf::actor_system_config& cfg) {
+  cfg.set("work-stealing.moderate-poll-attempts", 1);
+}
+
 system_config::system_config() {
   register_stitch_types(*this);
+  tune_scheduler(*this);
   load<caf::io::middleman>();
   // CAF's automatic connections (nodes opening direct connections to the
   // nodes they learn of) stay off: in 0.17 a route switching from indirect to
