@@ -44,24 +44,12 @@ bench::load_stats load(uint16_t port, size_t n, size_t connections) {
 } // namespace
 
 int main(int argc, char** argv) {
-  size_t requests = 2000;
-  size_t connections = 4;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--requests" && i + 1 < argc)
-      requests = std::strtoul(argv[++i], nullptr, 10);
-    else if (a == "--connections" && i + 1 < argc)
-      connections = std::strtoul(argv[++i], nullptr, 10);
-    else if (a == "--json")
-      json = true;
-    else {
-      std::fprintf(stderr, "usage: gateway_bench [--requests N] [--connections C] [--json]\n");
-      return 2;
-    }
-  }
-  requests = std::max<size_t>(requests, 20);
-  connections = std::max<size_t>(connections, 1);
+  bench::load_args args{2000, 4, false};
+  if (!bench::parse_load_args(argc, argv, "gateway_bench", args))
+    return 2;
+  const size_t requests = std::max<size_t>(args.requests, 20);
+  const size_t connections = args.connections;
+  const bool json = args.json;
   auto dir =
     std::filesystem::temp_directory_path() / ("stitch-gateway-bench-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

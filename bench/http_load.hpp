@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +63,33 @@ inline load_stats http_load(uint16_t port, const std::string& target, const std:
   out.rps = static_cast<double>(all.size()) / secs;
   out.failures = failures;
   return out;
+}
+
+/// `[--requests N] [--connections C] [--json]`, the load benches' arguments.
+struct load_args {
+  size_t requests = 0;
+  size_t connections = 0;
+  bool json = false;
+};
+
+/// Parses them over the defaults in `args`; false (after printing the usage
+/// line of `program`) on anything else.
+inline bool parse_load_args(int argc, char** argv, const char* program, load_args& args) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--requests" && i + 1 < argc)
+      args.requests = std::strtoul(argv[++i], nullptr, 10);
+    else if (a == "--connections" && i + 1 < argc)
+      args.connections = std::strtoul(argv[++i], nullptr, 10);
+    else if (a == "--json")
+      args.json = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--requests N] [--connections C] [--json]\n", program);
+      return false;
+    }
+  }
+  args.connections = std::max<size_t>(args.connections, 1);
+  return true;
 }
 
 } // namespace stitch::bench

@@ -107,24 +107,12 @@ bool answers(uint16_t port, const std::string& target) {
 } // namespace
 
 int main(int argc, char** argv) {
-  size_t requests = 4000;
-  size_t connections = 16;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--requests" && i + 1 < argc)
-      requests = std::strtoul(argv[++i], nullptr, 10);
-    else if (a == "--connections" && i + 1 < argc)
-      connections = std::strtoul(argv[++i], nullptr, 10);
-    else if (a == "--json")
-      json = true;
-    else {
-      std::fprintf(stderr, "usage: proxy_bench [--requests N] [--connections C] [--json]\n");
-      return 2;
-    }
-  }
-  requests = std::max<size_t>(requests, 100);
-  connections = std::max<size_t>(connections, 1);
+  bench::load_args args{4000, 16, false};
+  if (!bench::parse_load_args(argc, argv, "proxy_bench", args))
+    return 2;
+  const size_t requests = std::max<size_t>(args.requests, 100);
+  const size_t connections = args.connections;
+  const bool json = args.json;
   auto dir = fs::temp_directory_path() / ("stitch-proxy-bench-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   int rc = 0;
