@@ -909,6 +909,7 @@ status external_engine::commit() {
       boot_config_ = next->config;
     if (process_)
       process_->set_model_dir(next->dir);
+    previous_version_ = committed_ ? weight_version_of(committed_->ref) : std::string{};
     committed_ = std::move(next);
     shadow_.reset();
     in_sync_ = true;
@@ -994,6 +995,9 @@ result<engine_reply> external_engine::forward(const engine_call& call, const eve
     for (const auto* s : {&committed_, &shadow_})
       if (*s)
         accepted.insert(weight_version_of((*s)->ref));
+    // An answer made just before the last commit can arrive just after it.
+    if (!previous_version_.empty())
+      accepted.insert(previous_version_);
   }
   const bool versioned = api_kind_of(call.route).has_value();
   std::string body = call.body;

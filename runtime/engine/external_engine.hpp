@@ -176,6 +176,8 @@ private:
   mutable std::mutex mutex_;
   std::optional<staged> committed_;
   std::optional<staged> shadow_;
+  /// The identity of the version committed before `committed_`.
+  std::string previous_version_;
   /// The architecture (config.json) the engine was started with.
   std::string boot_config_;
   /// The engine serves `committed_` (verified); false after it was seen to

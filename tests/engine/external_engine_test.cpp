@@ -131,12 +131,16 @@ protected:
     FAIL() << "no peer could start";
   }
 
-  transport::http_response peer_get(const std::string& route, const std::string& method = "GET") {
+  transport::http_response peer_get(const std::string& route, const std::string& method = "GET",
+                                    const std::string& body = {}) {
     auto ep = transport::parse_endpoint(peer_url);
     transport::http_client c{*ep};
     transport::http_request r;
     r.method = method;
     r.target = route;
+    r.body = body;
+    if (!body.empty())
+      r.headers.push_back({"Content-Type", "application/json"});
     auto out = c.send(r);
     return out ? *out : transport::http_response{};
   }
@@ -486,6 +490,27 @@ TEST_P(external_engine_test, garbage_answers_and_a_dead_engine_are_clear_errors)
   EXPECT_EQ(served_tokens(), expected_tokens(versions[0]));
 }
 
+/// What only SGLang can be checked for: it reports the version it serves.
+class sglang_engine_test : public external_engine_test {};
+
+TEST_P(sglang_engine_test, weights_loaded_behind_its_back_are_never_stamped_and_are_replaced) {
+  start_peer();
+  make_engine(options());
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
+  // Someone else loads the boot model into the engine, under another name.
+  auto rogue =
+    peer_get("/update_weights_from_disk", "POST",
+             json{{"model_path", boot_dir.string()}, {"weight_version", "rogue"}}.dump());
+  ASSERT_EQ(rogue.status, 200u) << rogue.body;
+  auto refused = engine->forward({5, "x", "POST", generate_route(), generate_body()}, {}, {});
+  ASSERT_FALSE(refused) << "an answer of other weights must not be stamped";
+  EXPECT_NE(refused.error().message.find("rogue"), std::string::npos) << refused.error().message;
+  // The monitor loads the activated version again.
+  ASSERT_TRUE(eventually([&] { return engine->health().healthy; })) << engine->health().detail;
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+}
+
 TEST_P(external_engine_test, a_launched_engine_starts_from_the_staged_version_and_is_restarted) {
   auto o = options();
   o.url.clear();
@@ -558,6 +583,11 @@ TEST_P(external_engine_test, a_caller_going_away_aborts_the_engine_request) {
     EXPECT_NE(log.find(R"(POST /abort_request {"rid":"rep-4"})"), std::string::npos) << log;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(sglang, sglang_engine_test, ::testing::Values(engine_kind::sglang),
+                         [](const auto& param_info) {
+                           return std::string{to_string(param_info.param)};
+                         });
 
 INSTANTIATE_TEST_SUITE_P(dialects, external_engine_test,
                          ::testing::Values(engine_kind::sglang, engine_kind::vllm),
