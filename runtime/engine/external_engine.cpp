@@ -298,6 +298,7 @@ std::string external_engine::weight_version_of(const version_ref& ref) {
 
 external_engine::external_engine(external_engine_options options) : opts_(std::move(options)) {
   dialect_ = opts_.kind == engine_kind::sglang ? &sglang_dialect : &vllm_dialect;
+  closing_ = [this] { return closing_flag_.load(); };
 }
 
 result<std::shared_ptr<external_engine>> external_engine::make(external_engine_options options) {
@@ -329,6 +330,9 @@ result<std::shared_ptr<external_engine>> external_engine::make(external_engine_o
 }
 
 external_engine::~external_engine() {
+  // Calls to the engine in flight (a monitor's re-sync to a hung engine)
+  // give up at once.
+  closing_flag_ = true;
   {
     std::lock_guard lock{monitor_mutex_};
     stopping_ = true;
@@ -416,8 +420,10 @@ namespace {
 /// A JSON POST (or GET with an empty body) through `client`.
 result<http_response> call_json(transport::http_client& client, std::string method,
                                 std::string target, const std::string& body,
-                                std::chrono::milliseconds timeout) {
+                                std::chrono::milliseconds timeout,
+                                const std::function<bool()>& cancelled = {}) {
   http_request r;
+  r.cancelled = cancelled;
   r.method = std::move(method);
   r.target = std::move(target);
   if (!body.empty() || r.method == "POST")
@@ -441,8 +447,8 @@ status external_engine::wait_ready(std::chrono::milliseconds limit, bool* exited
   for (;;) {
     {
       std::lock_guard lock{control_mutex_};
-      auto r =
-        call_json(control(), "GET", dialect_->health_route, {}, std::chrono::milliseconds{5'000});
+      auto r = call_json(control(), "GET", dialect_->health_route, {},
+                         std::chrono::milliseconds{5'000}, closing_);
       // Healthy, and (a launched engine) still the process that was started:
       // not another program answering on its port.
       bool ours = !p || (p->running() && p->starts() == starts);
@@ -536,10 +542,11 @@ namespace {
 
 /// `weight_version` as the engine reports it now.
 result<std::string> sglang_served_version(transport::http_client& c,
-                                          std::chrono::milliseconds timeout) {
+                                          std::chrono::milliseconds timeout,
+                                          const std::function<bool()>& closing_) {
   std::string tried;
   for (const char* route : {"/model_info", "/get_model_info", "/get_weight_version"}) {
-    auto r = call_json(c, "GET", route, {}, timeout);
+    auto r = call_json(c, "GET", route, {}, timeout, closing_);
     if (!r)
       return std::move(r).error();
     json doc;
@@ -583,10 +590,11 @@ status external_engine::load_and_verify(const staged& s) {
                  {"weight_version", id},
                  {"abort_all_requests", false},
                  {"flush_cache", false}};
-    auto r = call_json(c, "POST", "/update_weights_from_disk", dump(body), opts_.update_timeout);
+    auto r =
+      call_json(c, "POST", "/update_weights_from_disk", dump(body), opts_.update_timeout, closing_);
     if (auto ok = expect_success(r, describe() + " /update_weights_from_disk"); !ok)
       return ok;
-    auto now = sglang_served_version(c, opts_.control_timeout);
+    auto now = sglang_served_version(c, opts_.control_timeout, closing_);
     if (!now)
       return make_error(errc::activation_failed, describe() + ": " + now.error().message);
     if (*now != id)
@@ -598,7 +606,7 @@ status external_engine::load_and_verify(const staged& s) {
   // result per worker (none of them an error) is the verification.
   json body = {{"method", "reload_weights"},
                {"kwargs", {{"weights_path", s.dir.string()}, {"is_checkpoint_format", true}}}};
-  auto r = call_json(c, "POST", "/collective_rpc", dump(body), opts_.update_timeout);
+  auto r = call_json(c, "POST", "/collective_rpc", dump(body), opts_.update_timeout, closing_);
   if (auto ok = expect_success(r, describe() + " /collective_rpc reload_weights"); !ok)
     return ok;
   json doc;
@@ -823,7 +831,7 @@ void external_engine::discard_shadow() {
 
 bool external_engine::answers_health() {
   std::lock_guard lock{control_mutex_};
-  auto r = call_json(control(), "GET", dialect_->health_route, {}, opts_.control_timeout);
+  auto r = call_json(control(), "GET", dialect_->health_route, {}, opts_.control_timeout, closing_);
   if (!r)
     control().close();
   return r && r->status == 200;
@@ -834,8 +842,8 @@ status external_engine::pause_engine() {
   result<http_response> r =
     opts_.kind == engine_kind::sglang
       ? call_json(control(), "POST", "/pause_generation", R"({"mode":"in_place"})",
-                  opts_.control_timeout)
-      : call_json(control(), "POST", "/pause?mode=keep", {}, opts_.control_timeout);
+                  opts_.control_timeout, closing_)
+      : call_json(control(), "POST", "/pause?mode=keep", {}, opts_.control_timeout, closing_);
   return expect_success(r, describe() + " pause");
 }
 
@@ -843,8 +851,8 @@ status external_engine::resume_engine() {
   std::lock_guard lock{control_mutex_};
   result<http_response> r =
     opts_.kind == engine_kind::sglang
-      ? call_json(control(), "POST", "/continue_generation", "{}", opts_.control_timeout)
-      : call_json(control(), "POST", "/resume", {}, opts_.control_timeout);
+      ? call_json(control(), "POST", "/continue_generation", "{}", opts_.control_timeout, closing_)
+      : call_json(control(), "POST", "/resume", {}, opts_.control_timeout, closing_);
   return expect_success(r, describe() + " resume");
 }
 
@@ -922,8 +930,8 @@ status external_engine::flush_cache() {
   std::lock_guard lock{control_mutex_};
   result<http_response> r =
     opts_.kind == engine_kind::sglang
-      ? call_json(control(), "POST", "/flush_cache", {}, opts_.control_timeout)
-      : call_json(control(), "POST", "/reset_prefix_cache", {}, opts_.control_timeout);
+      ? call_json(control(), "POST", "/flush_cache", {}, opts_.control_timeout, closing_)
+      : call_json(control(), "POST", "/reset_prefix_cache", {}, opts_.control_timeout, closing_);
   if (!r)
     return make_error(errc::backend_failure, describe() + " flush: " + r.error().message);
   if (r->status != 200)
@@ -1055,7 +1063,7 @@ result<engine_reply> external_engine::forward(const engine_call& call, const eve
         // SGLang aborts a disconnected stream after 2 s; tell it at once.
         auto aborter = take_client();
         auto a = call_json(*aborter, "POST", "/abort_request", dump(json{{"rid", rid}}),
-                           opts_.control_timeout);
+                           opts_.control_timeout, closing_);
         if (a)
           give_client(std::move(aborter));
       }
@@ -1249,13 +1257,14 @@ void external_engine::monitor() {
     std::string mismatch;
     {
       std::lock_guard lock{control_mutex_};
-      auto r = call_json(control(), "GET", dialect_->health_route, {}, opts_.control_timeout);
+      auto r =
+        call_json(control(), "GET", dialect_->health_route, {}, opts_.control_timeout, closing_);
       if (!r || r->status != 200) {
         control().close();
         unhealthy =
           "health check: " + (r ? "status " + std::to_string(r->status) : r.error().message);
       } else if (opts_.kind == engine_kind::sglang) {
-        auto v = sglang_served_version(control(), opts_.control_timeout);
+        auto v = sglang_served_version(control(), opts_.control_timeout, closing_);
         if (!v)
           unhealthy = v.error().message;
         else if (*v != id)

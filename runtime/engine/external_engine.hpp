@@ -196,6 +196,10 @@ private:
   std::mutex pool_mutex_;
   std::vector<std::unique_ptr<transport::http_client>> idle_clients_;
 
+  /// Set first thing by the destructor; `closing_` reads it (control calls
+  /// poll it and give up).
+  std::atomic<bool> closing_flag_{false};
+  std::function<bool()> closing_;
   std::mutex monitor_mutex_;
   std::condition_variable monitor_wake_;
   bool stopping_ = false;

@@ -511,6 +511,29 @@ TEST_P(sglang_engine_test, weights_loaded_behind_its_back_are_never_stamped_and_
   EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
 }
 
+TEST_P(sglang_engine_test, an_adapter_stopped_during_a_hung_resync_stops_at_once) {
+  start_peer();
+  auto o = options();
+  o.update_timeout = std::chrono::seconds{120};
+  make_engine(o);
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  ASSERT_EQ(peer_get("/update_weights_from_disk", "POST",
+                     json{{"model_path", boot_dir.string()}, {"weight_version", "rogue"}}.dump())
+              .status,
+            200u);
+  peer_get("/_peer/hang_updates?n=1", "POST");
+  // The monitor's re-sync now waits on an update that never answers.
+  ASSERT_TRUE(eventually([&] {
+    return calls().find("\"weight_version\":\"r/weight_v000000\"")
+           != calls().rfind("\"weight_version\":\"r/weight_v000000\"");
+  }))
+    << calls();
+  auto t0 = std::chrono::steady_clock::now();
+  engine.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds{10});
+}
+
 TEST_P(external_engine_test, a_launched_engine_starts_from_the_staged_version_and_is_restarted) {
   auto o = options();
   o.url.clear();
