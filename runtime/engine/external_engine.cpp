@@ -1012,10 +1012,13 @@ result<engine_reply> external_engine::forward(const engine_call& call, const eve
   std::string rid;
   if (versioned && opts_.kind == engine_kind::sglang) {
     // A request id of our own, so that a client going away aborts it.
+    // SGLang aborts every request whose rid starts with the one given (a
+    // batch's items are `<rid>_<i>`): ours end in ':' so that none is the
+    // start of another's.
     json doc;
     if (is_json_object_text(body, &doc)) {
       if (!doc.contains("rid")) {
-        doc["rid"] = call.tag;
+        doc["rid"] = "stitch:" + call.tag + ":";
         body = dump(doc);
       }
       if (doc["rid"].is_string())

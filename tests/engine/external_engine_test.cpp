@@ -603,7 +603,7 @@ TEST_P(external_engine_test, a_caller_going_away_aborts_the_engine_request) {
   ASSERT_TRUE(engine->resume());
   if (GetParam() == engine_kind::sglang) {
     auto log = calls();
-    EXPECT_NE(log.find(R"(POST /abort_request {"rid":"rep-4"})"), std::string::npos) << log;
+    EXPECT_NE(log.find(R"(POST /abort_request {"rid":"stitch:rep-4:"})"), std::string::npos) << log;
   }
 }
 
