@@ -11,6 +11,7 @@ packages=(
   clang-14 libclang-rt-14-dev clang-format-14
   chromium fonts-dejavu-core curl iproute2 nginx-light
   python3 python3-venv python3-setuptools python3-wheel python3-torch libopenblas0-pthread
+  python3-botocore
 )
 
 missing=()
