@@ -67,6 +67,16 @@ export STITCH_S3_ENDPOINT
 trap 'scripts/s3-test-server.sh stop >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 ctest --preset default -j "$jobs" --timeout 600
 
+step "the S3 store again, against the strict S3 peer (SigV4 verified, conditional writes enforced)"
+/usr/bin/python3 scripts/s3_strict_peer.py --access-key S3RVER --secret-key S3RVER >"$work/strict.out" 2>&1 &
+strict_pid=$!
+for _ in $(seq 100); do [ -s "$work/strict.out" ] && break; sleep 0.1; done
+strict_rc=0
+STITCH_S3_ENDPOINT=$(head -1 "$work/strict.out") ctest --preset default -j "$jobs" --timeout 600 \
+  -R '^(s3_store_test|backends/store_backend_test\..*/s3)' || strict_rc=$?
+kill "$strict_pid" 2>/dev/null || true
+[ "$strict_rc" -eq 0 ]
+
 step "Python client: installed offline into a venv, tested against a real stitch-node"
 # Debian's python3 (with python3-venv, -setuptools, -wheel), whatever else is on PATH.
 /usr/bin/python3 -m venv --system-site-packages "$work/venv"
