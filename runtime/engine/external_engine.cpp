@@ -993,6 +993,154 @@ bool asks_to_stream(std::string_view body) {
 
 result<engine_reply> external_engine::forward(const engine_call& call, const event_sink& on_event,
                                               const std::function<bool()>& cancelled) {
+  if (opts_.kind == engine_kind::vllm && call.route == "/generate")
+    return generate_over_completions(call, on_event, cancelled);
+  return pass_through(call, on_event, cancelled);
+}
+
+namespace {
+
+/// What a vLLM completion (or its stream so far) says, gathered into
+/// SGLang's native answer.
+struct native_answer {
+  std::string id;
+  std::string text;
+  json output_ids = json::array();
+  json logprobs = json::array();
+  std::string finish;
+  json usage;
+  bool want_logprobs = false;
+
+  /// Takes in one completion object or stream chunk; `delta`: its text and
+  /// ids add to what came before (a stream), else they are the whole.
+  void take(const json& doc, bool delta) {
+    if (doc.contains("id") && doc["id"].is_string())
+      id = doc["id"].get<std::string>();
+    if (doc.contains("usage") && doc["usage"].is_object())
+      usage = doc["usage"];
+    if (!doc.contains("choices") || !doc["choices"].is_array() || doc["choices"].empty())
+      return;
+    const json& c = doc["choices"][0];
+    if (!c.is_object())
+      return;
+    std::string t = c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : "";
+    json ids =
+      c.contains("token_ids") && c["token_ids"].is_array() ? c["token_ids"] : json::array();
+    json lps = json::array();
+    if (c.contains("logprobs") && c["logprobs"].is_object()) {
+      const json& l = c["logprobs"];
+      if (l.contains("token_logprobs") && l["token_logprobs"].is_array())
+        for (size_t i = 0; i < l["token_logprobs"].size(); ++i)
+          lps.push_back(json::array(
+            {l["token_logprobs"][i], i < ids.size() ? ids[i] : json(nullptr), nullptr}));
+    }
+    if (delta) {
+      text += t;
+      for (auto& x : ids)
+        output_ids.push_back(x);
+      for (auto& x : lps)
+        logprobs.push_back(x);
+    } else {
+      text = std::move(t);
+      output_ids = std::move(ids);
+      logprobs = std::move(lps);
+    }
+    if (c.contains("finish_reason") && c["finish_reason"].is_string())
+      finish = c["finish_reason"].get<std::string>();
+  }
+
+  /// SGLang's shape: `{text, output_ids, meta_info}` (`finish_reason` null
+  /// until the end).
+  std::string render(bool last) const {
+    json meta;
+    meta["id"] = id;
+    if (last && !finish.empty())
+      meta["finish_reason"] = {{"type", finish == "abort" ? "abort" : finish}};
+    else
+      meta["finish_reason"] = nullptr;
+    if (usage.is_object()) {
+      meta["prompt_tokens"] = usage.value("prompt_tokens", 0);
+      meta["completion_tokens"] = usage.value("completion_tokens", 0);
+    } else {
+      meta["completion_tokens"] = output_ids.size();
+    }
+    if (want_logprobs)
+      meta["output_token_logprobs"] = logprobs;
+    json out;
+    out["text"] = text;
+    out["output_ids"] = output_ids;
+    out["meta_info"] = std::move(meta);
+    return dump(out);
+  }
+};
+
+} // namespace
+
+result<engine_reply>
+external_engine::generate_over_completions(const engine_call& call, const event_sink& on_event,
+                                           const std::function<bool()>& cancelled) {
+  // vLLM serves no /generate: SGLang's native request becomes a completion
+  // (the same sampling; token ids and logprobs asked for), and the answer
+  // (or each stream chunk) SGLang's native shape again.
+  auto req = parse_api_request(api_kind::native, call.body);
+  if (!req)
+    return std::move(req).error();
+  json in;
+  (void) is_json_object_text(call.body, &in);
+  const auto& sp = req->sampling;
+  json body = {{"prompt", req->prompt},
+               {"max_tokens", sp.max_tokens},
+               {"temperature", sp.temperature},
+               {"top_p", sp.top_p},
+               {"top_k", sp.top_k == 0 ? -1 : static_cast<int64_t>(sp.top_k)},
+               {"return_token_ids", true}};
+  if (!sp.stop.empty())
+    body["stop"] = sp.stop;
+  if (req->seeded)
+    body["seed"] = sp.seed;
+  if (req->return_logprob)
+    body["logprobs"] = 0;
+  if (in.contains("cache_salt"))
+    body["cache_salt"] = in["cache_salt"];
+  if (req->stream) {
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+  }
+  engine_call sub = call;
+  sub.route = "/v1/completions";
+  sub.body = dump(body);
+  native_answer acc;
+  acc.want_logprobs = req->return_logprob;
+  event_sink sink;
+  if (req->stream)
+    sink = [&](std::string ev) {
+      auto doc = json::parse(ev, nullptr, false);
+      if (doc.is_discarded() || !doc.is_object() || doc.contains("error")) {
+        if (on_event)
+          on_event(std::move(ev));
+        return;
+      }
+      acc.take(doc, true);
+      if (on_event && doc.contains("choices") && doc["choices"].is_array()
+          && !doc["choices"].empty())
+        on_event(acc.render(false));
+    };
+  auto reply = pass_through(sub, sink, cancelled);
+  if (!reply || reply->status != 200)
+    return reply;
+  auto doc = json::parse(reply->body, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || doc.contains("error"))
+    return reply;
+  acc.take(doc, reply->stream);
+  reply->body = acc.render(true);
+  reply->content_type = "application/json";
+  reply->finish_reason = acc.finish;
+  return reply;
+}
+
+result<engine_reply> external_engine::pass_through(const engine_call& call,
+                                                   const event_sink& on_event,
+                                                   const std::function<bool()>& cancelled) {
   std::set<std::string> accepted;
   {
     std::lock_guard lock{mutex_};

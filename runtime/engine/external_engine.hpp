@@ -140,6 +140,14 @@ private:
   transport::http_client& control();
   std::unique_ptr<transport::http_client> take_client();
   void give_client(std::unique_ptr<transport::http_client> c);
+  /// The engine's answer to `call`, as it comes.
+  result<engine_reply> pass_through(const engine_call& call, const event_sink& on_event,
+                                    const std::function<bool()>& cancelled);
+  /// vLLM: SGLang's `/generate` through `/v1/completions`, answered in
+  /// SGLang's native shape (streams included).
+  result<engine_reply> generate_over_completions(const engine_call& call,
+                                                 const event_sink& on_event,
+                                                 const std::function<bool()>& cancelled);
   /// Writes `next` from `base` (the staged version the plan's deltas start
   /// from): shards without a changed tensor are hard-linked, the others
   /// rewritten with the changed tensors patched and verified.

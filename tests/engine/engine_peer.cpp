@@ -405,18 +405,38 @@ private:
       return j.dump();
     };
     const int64_t created = 1'700'000'000;
+    // vLLM's `return_token_ids`: each choice (each chunk's) carries its ids.
+    const bool with_ids =
+      dialect_ == "vllm" && body.is_object() && body.value("return_token_ids", false);
+    auto with_ids_of = [&](std::string text, size_t from, size_t to) {
+      if (!with_ids)
+        return text;
+      auto j = json::parse(text);
+      if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
+        json ids = json::array();
+        for (size_t k = from; k < to && k < o.tokens.size(); ++k)
+          ids.push_back(o.tokens[k]);
+        j["choices"][0]["token_ids"] = std::move(ids);
+      }
+      return j.dump();
+    };
     if (!parsed->stream)
       return out.send(json_answer(
-        200, json::parse(with_version(engine::render_response(*parsed, o, id, created)))));
+        200, json::parse(with_ids_of(with_version(engine::render_response(*parsed, o, id, created)),
+                                     0, o.tokens.size()))));
     out.start_events({});
     std::string so_far;
-    for (size_t i = 0; i + 1 < o.text.size(); ++i) {
+    size_t i = 0;
+    for (; i + 1 < o.text.size(); ++i) {
       std::string delta = o.text.substr(i, 1);
       so_far += delta;
-      out.event(engine::render_stream_event(*parsed, id, created, so_far, delta));
+      out.event(
+        with_ids_of(engine::render_stream_event(*parsed, id, created, so_far, delta), i, i + 1));
     }
-    out.event(with_version(engine::render_stream_final(
-      *parsed, o, id, created, o.text.empty() ? std::string{} : o.text.substr(o.text.size() - 1))));
+    out.event(with_ids_of(with_version(engine::render_stream_final(
+                            *parsed, o, id, created,
+                            o.text.empty() ? std::string{} : o.text.substr(o.text.size() - 1))),
+                          i, o.tokens.size()));
     out.end_events(true);
   }
 

@@ -493,6 +493,62 @@ TEST_P(external_engine_test, garbage_answers_and_a_dead_engine_are_clear_errors)
 /// What only SGLang can be checked for: it reports the version it serves.
 class sglang_engine_test : public external_engine_test {};
 
+/// vLLM only: `vllm serve` has no `/generate`.
+class vllm_engine_test : public external_engine_test {};
+
+TEST_P(vllm_engine_test, sglang_generate_is_served_through_completions_in_sglangs_shape) {
+  start_peer();
+  make_engine(options());
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 2}), src));
+  auto body = engine->stamp_request("/generate", greedy_body, {"r", 2});
+  auto reply = engine->forward({8, "v-8", "POST", "/generate", body}, {}, {});
+  ASSERT_TRUE(reply) << to_string(reply.error());
+  ASSERT_EQ(reply->status, 200) << reply->body;
+  auto doc = json::parse(reply->body);
+  // The same tokens the built-in model makes for SGLang's request.
+  auto req = parse_api_request(api_kind::native, greedy_body);
+  ASSERT_TRUE(req);
+  req->sampling.seed = 1;
+  auto w = build_weights(config, versions[2]);
+  ASSERT_TRUE(w);
+  auto want = engine::generate(**w, config, tokenizer{}, req->prompt, req->sampling);
+  ASSERT_TRUE(want);
+  EXPECT_EQ(doc["output_ids"].get<std::vector<int32_t>>(), want->tokens);
+  EXPECT_EQ(doc["meta_info"]["finish_reason"]["type"], want->finish_reason);
+  EXPECT_EQ(reply->finish_reason, want->finish_reason);
+  ASSERT_EQ(doc["meta_info"]["output_token_logprobs"].size(), want->logprobs.size());
+  for (size_t i = 0; i < want->logprobs.size(); ++i) {
+    EXPECT_NEAR(doc["meta_info"]["output_token_logprobs"][i][0].get<double>(), want->logprobs[i],
+                1e-6);
+    EXPECT_EQ(doc["meta_info"]["output_token_logprobs"][i][1], want->tokens[i]);
+  }
+  auto log = calls();
+  EXPECT_NE(log.find("POST /v1/completions"), std::string::npos) << log;
+  EXPECT_NE(log.find(R"("cache_salt":"r/weight_v000002")"), std::string::npos) << log;
+  EXPECT_EQ(log.find("POST /generate"), std::string::npos) << "vLLM has no /generate";
+  auto stamped = json::parse(engine->stamp_response("/generate", reply->body, {2, 2}, "r"));
+  EXPECT_EQ(stamped["meta_info"]["weight_version_start"], 2);
+
+  // A stream: SGLang's cumulative events, the last with the finish reason.
+  std::string streamed = greedy_body;
+  streamed.insert(1, R"("stream":true,)");
+  std::vector<json> events;
+  auto last = engine->forward({9, "v-9", "POST", "/generate", streamed},
+                              [&](std::string ev) { events.push_back(json::parse(ev)); }, {});
+  ASSERT_TRUE(last) << to_string(last.error());
+  ASSERT_TRUE(last->stream);
+  ASSERT_GT(events.size(), 2u);
+  for (size_t i = 1; i < events.size(); ++i) {
+    auto before = events[i - 1]["text"].get<std::string>();
+    EXPECT_EQ(events[i]["text"].get<std::string>().rfind(before, 0), 0u) << "cumulative text";
+    EXPECT_TRUE(events[i]["meta_info"]["finish_reason"].is_null());
+  }
+  auto end = json::parse(last->body);
+  EXPECT_EQ(end["output_ids"].get<std::vector<int32_t>>(), want->tokens);
+  EXPECT_EQ(end["meta_info"]["finish_reason"]["type"], want->finish_reason);
+}
+
 TEST_P(sglang_engine_test, weights_loaded_behind_its_back_are_never_stamped_and_are_replaced) {
   start_peer();
   make_engine(options());
@@ -608,6 +664,11 @@ TEST_P(external_engine_test, a_caller_going_away_aborts_the_engine_request) {
 }
 
 INSTANTIATE_TEST_SUITE_P(sglang, sglang_engine_test, ::testing::Values(engine_kind::sglang),
+                         [](const auto& param_info) {
+                           return std::string{to_string(param_info.param)};
+                         });
+
+INSTANTIATE_TEST_SUITE_P(vllm, vllm_engine_test, ::testing::Values(engine_kind::vllm),
                          [](const auto& param_info) {
                            return std::string{to_string(param_info.param)};
                          });

@@ -114,6 +114,16 @@ TEST_P(external_engine_node_test, launched_engines_serve_each_published_version_
   auto j = json::parse(ok.body);
   EXPECT_EQ(stamps_of(j), std::make_pair(uint64_t{2}, uint64_t{2})) << ok.body;
 
+  // SGLang's native route works in front of either engine (vLLM's through
+  // its completions route).
+  auto native = call(node->gateway_port, "POST", "/generate",
+                     R"({"text":"hello","sampling_params":{"temperature":0,"max_new_tokens":8},)"
+                     R"("weight_version":{"min_version":2}})");
+  ASSERT_EQ(native.status, 200u) << native.body;
+  auto nj = json::parse(native.body);
+  EXPECT_EQ(stamps_of(nj), std::make_pair(uint64_t{2}, uint64_t{2})) << native.body;
+  EXPECT_TRUE(nj["output_ids"].is_array() && !nj["output_ids"].empty()) << native.body;
+
   auto future =
     call(node->gateway_port, "POST", route(), body(R"("weight_version":{"exact_version":7},)"));
   EXPECT_EQ(future.status, 409u) << future.body;
