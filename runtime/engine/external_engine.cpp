@@ -102,6 +102,10 @@ const external_engine::dialect sglang_dialect{engine_kind::sglang,
 //   POST /resume                {"status": "resumed"}
 //   POST /reset_prefix_cache    200, empty (flush_cache)
 //   GET  /health                200; 503 once the engine died
+//   POST /v1/completions        SGLang's /generate goes here (vllm serve has none):
+//                               {prompt, max_tokens, temperature, top_p, top_k, seed,
+//                               stop, logprobs: 0, return_token_ids: true (0.10.2+),
+//                               cache_salt, stream, stream_options.include_usage}
 // vLLM keeps no weight version: the reload's answer is the verification, and
 // the monitor treats a failed health check as a restart to re-sync after.
 // `cache_salt` (chat since 0.9, completions since 0.10) namespaces the cache.

@@ -31,7 +31,8 @@
 //
 // vLLM (vllm/entrypoints/serve/*/api_router.py, v0.16, VLLM_SERVER_DEV_MODE=1):
 //   GET  /health                        200, empty body
-//   POST /v1/completions, /v1/chat/completions  OpenAI shapes (cache_salt recorded)
+//   POST /v1/completions, /v1/chat/completions  OpenAI shapes (cache_salt recorded;
+//                                        `return_token_ids`: each choice's `token_ids`)
 //   GET  /v1/models                     {object: "list", data: [...]}
 //   POST /pause?mode=abort|wait|keep    {status: "paused"}
 //   POST /resume                        {status: "resumed"}
