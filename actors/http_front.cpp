@@ -198,6 +198,32 @@ void http_surface::stop() {
     server_->stop();
 }
 
+transport::http_server_stats http_surface::stats() const {
+  return server_ ? server_->stats() : transport::http_server_stats{};
+}
+
+std::string http_surface_metrics(
+  const std::vector<std::pair<std::string, transport::http_server_stats>>& surfaces) {
+  if (surfaces.empty())
+    return {};
+  std::string out;
+  out += "# HELP stitch_http_connections Open HTTP connections of each surface of this node.\n";
+  out += "# TYPE stitch_http_connections gauge\n";
+  for (const auto& [name, st] : surfaces)
+    out += "stitch_http_connections{surface=\"" + name + "\"} "
+           + std::to_string(st.open_connections) + "\n";
+  out += "# HELP stitch_http_refused_connections_total Connections answered 503 over a limit "
+         "(http.max_connections, http.max_connections_per_client).\n";
+  out += "# TYPE stitch_http_refused_connections_total counter\n";
+  for (const auto& [name, st] : surfaces) {
+    out += "stitch_http_refused_connections_total{surface=\"" + name
+           + "\",limit=\"max_connections\"} " + std::to_string(st.refused_max_connections) + "\n";
+    out += "stitch_http_refused_connections_total{surface=\"" + name + "\",limit=\"per_client\"} "
+           + std::to_string(st.refused_per_client) + "\n";
+  }
+  return out;
+}
+
 replica_http::replica_http(caf::actor_system& sys, caf::actor replica, replica_http_options options)
     : http_surface(sys, std::move(replica), options.server), router_(std::move(options.router)) {}
 
@@ -349,8 +375,9 @@ void gateway_http::handle(transport::server_request req, std::shared_ptr<http_re
 }
 
 status_http::status_http(caf::actor_system& sys, caf::actor status,
-                         transport::http_server_options options)
-    : http_surface(sys, std::move(status), options) {}
+                         transport::http_server_options options,
+                         std::function<std::string()> local_metrics)
+    : http_surface(sys, std::move(status), options), local_metrics_(std::move(local_metrics)) {}
 
 status_http::~status_http() {
   stop();
@@ -381,11 +408,13 @@ void status_http::handle(transport::server_request req, std::shared_ptr<http_res
   }
   bool metrics = req.path == "/metrics";
   auto target = target_;
-  auto render = [metrics](std::string& body) {
+  auto render = [metrics, local = metrics ? local_metrics_ : nullptr](std::string& body) {
     server_response r;
     if (metrics)
       r.content_type = "text/plain; version=0.0.4; charset=utf-8";
     r.body = std::move(body);
+    if (local)
+      r.body += local();
     return r;
   };
   if (metrics)

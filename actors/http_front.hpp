@@ -3,8 +3,11 @@
 #include <caf/fwd.hpp>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "actors/replica_actor.hpp"
 #include "transport/http_router.hpp"
@@ -46,6 +49,8 @@ public:
   result<uint16_t> listen(const std::string& host, uint16_t port);
   /// Drains answers in flight, then closes. Derived destructors call it.
   void stop();
+  /// Connections held and refused (zeros before `listen`).
+  transport::http_server_stats stats() const;
 
 protected:
   virtual void handle(transport::server_request req,
@@ -93,13 +98,22 @@ private:
 /// `GET /metrics`, `GET /` (the dashboard).
 class status_http final : public http_surface {
 public:
-  status_http(caf::actor_system& sys, caf::actor status, transport::http_server_options options);
+  /// `local_metrics` (may be empty) renders more Prometheus lines for
+  /// `/metrics`: this node's own HTTP surfaces, say.
+  status_http(caf::actor_system& sys, caf::actor status, transport::http_server_options options,
+              std::function<std::string()> local_metrics = {});
   ~status_http() override;
 
 private:
   void handle(transport::server_request req,
               std::shared_ptr<transport::http_responder> out) override;
+  std::function<std::string()> local_metrics_;
 };
+
+/// Prometheus lines for HTTP surfaces by name: open connections and
+/// connections refused by each limit.
+std::string http_surface_metrics(
+  const std::vector<std::pair<std::string, transport::http_server_stats>>& surfaces);
 
 /// `GET /pool` of the gateway: every replica's server_info and a summary.
 std::string pool_json(const std::string& pool, const std::vector<replica_info>& replicas);

@@ -70,6 +70,9 @@ struct load_args {
   size_t requests = 0;
   size_t connections = 0;
   bool json = false;
+  /// `--idle N`: idle connections held open during a measurement (benches
+  /// that take it).
+  size_t idle = 0;
 };
 
 /// Parses them over the defaults in `args`; false (after printing the usage
@@ -83,8 +86,11 @@ inline bool parse_load_args(int argc, char** argv, const char* program, load_arg
       args.connections = std::strtoul(argv[++i], nullptr, 10);
     else if (a == "--json")
       args.json = true;
+    else if (a == "--idle" && i + 1 < argc)
+      args.idle = std::strtoul(argv[++i], nullptr, 10);
     else {
-      std::fprintf(stderr, "usage: %s [--requests N] [--connections C] [--json]\n", program);
+      std::fprintf(stderr, "usage: %s [--requests N] [--connections C] [--idle N] [--json]\n",
+                   program);
       return false;
     }
   }

@@ -107,7 +107,7 @@ bool answers(uint16_t port, const std::string& target) {
 } // namespace
 
 int main(int argc, char** argv) {
-  bench::load_args args{4000, 16, false};
+  bench::load_args args{4000, 16, false, 0};
   if (!bench::parse_load_args(argc, argv, "proxy_bench", args))
     return 2;
   const size_t requests = std::max<size_t>(args.requests, 100);

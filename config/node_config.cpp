@@ -199,6 +199,19 @@ const std::vector<entry>& schema() {
        {},
        [](node_config& c, const value& v) { c.body_limit = static_cast<uint64_t>(v.number); },
        [](const node_config& c) { return std::to_string(c.body_limit); }});
+    auto count = [&](std::string key, uint64_t node_config::*field, double max) {
+      e.push_back(
+        {key,
+         kind::integer,
+         0,
+         max,
+         {},
+         [field](node_config& c, const value& v) { c.*field = static_cast<uint64_t>(v.number); },
+         [field](const node_config& c) { return std::to_string(c.*field); }});
+    };
+    count("http.max_connections", &node_config::http_max_connections, 1'000'000);
+    count("http.max_connections_per_client", &node_config::http_max_connections_per_client,
+          1'000'000);
     text("admin.token", &node_config::admin_token);
     path("tls.cert", &node_config::tls_cert);
     path("tls.key", &node_config::tls_key);

@@ -90,6 +90,10 @@ struct node_config {
   /// is dropped, leaving nothing visible.
   double session_idle_timeout = 600;
   uint64_t body_limit = uint64_t{16} << 20;
+  /// Open connections each HTTP surface holds at most, and from one client
+  /// address; more are answered 503 and counted in /metrics. 0 = no limit.
+  uint64_t http_max_connections = 8192;
+  uint64_t http_max_connections_per_client = 1024;
 
   std::string admin_token;
   std::filesystem::path tls_cert;

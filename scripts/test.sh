@@ -50,7 +50,7 @@ done
 
 step "benchmarks (smoke run)"
 build/bin/codec_bench --mb 8 >/dev/null
-build/bin/gateway_bench --requests 200 --connections 2 >/dev/null
+build/bin/gateway_bench --requests 200 --connections 2 --idle 300 >/dev/null
 build/bin/proxy_bench --requests 400 --json
 build/bin/store_bench --mb 16 --json
 build/bin/activation_bench --mb 16 --json

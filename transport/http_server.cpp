@@ -11,9 +11,11 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -102,10 +104,26 @@ struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
       : opts(o), handler(std::move(h)), work(net::make_work_guard(ioc)), acceptor(ioc) {}
 
   void accept();
-  void session_closed() {
+  void session_closed(const std::string& client) {
     std::lock_guard guard{mutex};
     --connections;
+    if (auto it = per_client.find(client); it != per_client.end() && --it->second == 0)
+      per_client.erase(it);
     drained.notify_all();
+  }
+  /// Answers a connection over a limit with a 503 naming it, and closes it.
+  static void refuse(tcp::socket& socket, std::string_view why) {
+    auto e = make_http_error(http_failure::unavailable, std::string{why});
+    std::string body = e.body();
+    std::string head = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                       "Retry-After: 1\r\nConnection: close\r\nContent-Length: "
+                       + std::to_string(body.size()) + "\r\n\r\n";
+    boost::system::error_code ec;
+    socket.non_blocking(true, ec);
+    std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(body)};
+    socket.write_some(parts, ec);
+    socket.shutdown(tcp::socket::shutdown_both, ec);
+    socket.close(ec);
   }
 
   http_server_options opts;
@@ -119,6 +137,10 @@ struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
   std::mutex mutex;
   std::condition_variable drained;
   size_t connections = 0;
+  /// Open connections by client address.
+  std::map<std::string, size_t> per_client;
+  uint64_t refused_max = 0;
+  uint64_t refused_client = 0;
   std::vector<std::weak_ptr<session>> sessions;
   bool stopped = false;
 };
@@ -132,11 +154,13 @@ public:
         read_timer_(strand_), write_timer_(strand_) {
     boost::system::error_code ec;
     auto ep = socket_.remote_endpoint(ec);
-    if (!ec)
-      remote_ = ep.address().to_string() + ":" + std::to_string(ep.port());
+    if (!ec) {
+      client_ = ep.address().to_string();
+      remote_ = client_ + ":" + std::to_string(ep.port());
+    }
   }
 
-  ~session() { server_->session_closed(); }
+  ~session() { server_->session_closed(client_); }
 
   net::strand<net::io_context::executor_type>& strand() { return strand_; }
 
@@ -462,6 +486,8 @@ private:
   std::deque<std::shared_ptr<slot>> slots_;
   std::shared_ptr<session> hold_;
   std::string remote_;
+  /// The client's address (what the per-client limit counts by).
+  std::string client_;
   bool reading_ = false;
   bool writing_ = false;
   bool stop_reading_ = false;
@@ -542,15 +568,43 @@ void http_server::impl::accept() {
     if (!ec) {
       boost::system::error_code nd;
       socket.set_option(tcp::no_delay(true), nd);
+      auto peer = socket.remote_endpoint(nd);
+      const std::string client = nd ? std::string{} : peer.address().to_string();
       std::shared_ptr<session> s;
       {
         std::lock_guard guard{self->mutex};
+        const auto& o = self->opts;
+        if (o.max_connections && self->connections >= o.max_connections) {
+          ++self->refused_max;
+          refuse(socket, "this server has its " + std::to_string(o.max_connections)
+                           + " connections open (http.max_connections)");
+          self->accept();
+          return;
+        }
+        if (o.max_connections_per_client
+            && self->per_client[client] >= o.max_connections_per_client) {
+          ++self->refused_client;
+          refuse(socket, "this client has " + std::to_string(o.max_connections_per_client)
+                           + " connections open (http.max_connections_per_client)");
+          self->accept();
+          return;
+        }
         ++self->connections;
+        ++self->per_client[client];
         s = std::make_shared<session>(std::move(socket), self);
         std::erase_if(self->sessions, [](const auto& w) { return w.expired(); });
         self->sessions.push_back(s);
       }
       s->start();
+    } else if (ec != net::error::operation_aborted) {
+      // Out of descriptors (EMFILE) or the like: accepting again at once
+      // would spin on the same error; connections wait in the backlog.
+      auto pause = std::make_shared<net::steady_timer>(self->ioc, std::chrono::milliseconds{50});
+      pause->async_wait([self, pause](boost::system::error_code) {
+        if (!self->stopping)
+          self->accept();
+      });
+      return;
     }
     self->accept();
   });
@@ -634,6 +688,11 @@ uint16_t http_server::port() const noexcept {
 size_t http_server::open_connections() const noexcept {
   std::lock_guard guard{impl_->mutex};
   return impl_->connections;
+}
+
+http_server_stats http_server::stats() const {
+  std::lock_guard guard{impl_->mutex};
+  return {impl_->connections, impl_->refused_max, impl_->refused_client};
 }
 
 } // namespace stitch::transport

@@ -85,6 +85,21 @@ struct http_server_options {
   size_t threads = 1;
   /// `stop` waits this long for answers in flight.
   std::chrono::milliseconds drain_timeout{30'000};
+  /// Open connections at most (`http.max_connections`); one more is
+  /// answered 503 and closed. 0 = no limit.
+  size_t max_connections = 8192;
+  /// Open connections from one client address at most
+  /// (`http.max_connections_per_client`); 0 = no limit.
+  size_t max_connections_per_client = 1024;
+};
+
+/// What a server has refused and holds (for `/metrics`).
+struct http_server_stats {
+  size_t open_connections = 0;
+  /// Connections answered 503 because `max_connections` were open.
+  uint64_t refused_max_connections = 0;
+  /// ... because their client had `max_connections_per_client` open.
+  uint64_t refused_per_client = 0;
 };
 
 /// An HTTP/1.1 server (Boost.Beast): keep-alive, a bounded pipeline per
@@ -105,6 +120,7 @@ public:
   void stop();
   uint16_t port() const noexcept;
   size_t open_connections() const noexcept;
+  http_server_stats stats() const;
 
   struct impl;
 

@@ -314,6 +314,8 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
   auto replica = sys_.spawn(replica_service, o, d);
   replica_http_options front;
   front.server.body_limit = settings_.body_limit;
+  front.server.max_connections = settings_.http_max_connections;
+  front.server.max_connections_per_client = settings_.http_max_connections_per_client;
   front.router.admin_token = settings_.admin_token;
   front.router.affinity_headers = settings_.affinity_headers;
   auto http = std::make_unique<replica_http>(sys_, caf::actor_cast<caf::actor>(replica), front);
@@ -461,6 +463,8 @@ status node::start_serving(const node_settings& settings) {
     return std::move(mode).error();
   transport::http_server_options server;
   server.body_limit = settings.body_limit;
+  server.max_connections = settings.http_max_connections;
+  server.max_connections_per_client = settings.http_max_connections_per_client;
   replica_http_options front;
   front.server = server;
   front.router.admin_token = settings.admin_token;
@@ -518,8 +522,22 @@ status node::start_serving(const node_settings& settings) {
     http_.gateway = *gw;
   }
   if (status_) {
-    status_front_ =
-      std::make_unique<status_http>(sys_, caf::actor_cast<caf::actor>(status_), server);
+    // /metrics also counts this node's own HTTP surfaces.
+    auto local_metrics = [this] {
+      std::vector<std::pair<std::string, transport::http_server_stats>> all;
+      std::lock_guard lock{jobs_->mutex};
+      if (gateway_front_)
+        all.emplace_back("gateway", gateway_front_->stats());
+      if (status_front_)
+        all.emplace_back("status", status_front_->stats());
+      if (publisher_front_)
+        all.emplace_back("publisher", publisher_front_->stats());
+      for (const auto& [id, f] : jobs_->fronts)
+        all.emplace_back("replica " + id, f->stats());
+      return http_surface_metrics(all);
+    };
+    status_front_ = std::make_unique<status_http>(sys_, caf::actor_cast<caf::actor>(status_),
+                                                  server, std::move(local_metrics));
     auto st = status_front_->listen(settings.status_listen.host, settings.status_listen.port);
     if (!st)
       return std::move(st).error();
@@ -535,8 +553,13 @@ status node::start_serving(const node_settings& settings) {
     po.server.body_limit = std::max<size_t>(server.body_limit, size_t{64} << 20);
     po.server.read_timeout = std::chrono::minutes{2};
     po.admin_token = settings.admin_token;
-    publisher_front_ =
+    auto front_of_publisher =
       std::make_unique<publisher_http>(sys_, caf::actor_cast<caf::actor>(publisher_), po);
+    {
+      // The status surface's /metrics may already read the fronts.
+      std::lock_guard lock{jobs_->mutex};
+      publisher_front_ = std::move(front_of_publisher);
+    }
     auto pb = publisher_front_->listen(at->host, at->port);
     if (!pb)
       return std::move(pb).error();

@@ -103,6 +103,13 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
             std::string::npos);
   EXPECT_NE(metrics.body.find("stitch_activation_pause_seconds_bucket"), std::string::npos);
   EXPECT_NE(metrics.body.find("stitch_request_duration_seconds_count"), std::string::npos);
+  // This node's HTTP surfaces: connections held and refused by each limit.
+  EXPECT_NE(metrics.body.find("stitch_http_connections{surface=\"gateway\"}"), std::string::npos)
+    << metrics.body;
+  EXPECT_NE(metrics.body.find("stitch_http_refused_connections_total{surface=\"replica replica-0\","
+                              "limit=\"per_client\"} 0"),
+            std::string::npos)
+    << metrics.body;
   EXPECT_NE(metrics.body.find("stitch_gateway_responses_total{gateway=\"0\",code=\"409\"} 1"),
             std::string::npos)
     << metrics.body;

@@ -306,6 +306,57 @@ TEST_F(http_server_test, clients_that_leave_while_their_answer_is_written_do_not
   EXPECT_EQ(r->body, "bye");
 }
 
+TEST_F(http_server_test, connections_over_the_limits_are_answered_503_and_counted) {
+  http_server_options o;
+  o.max_connections = 4;
+  o.max_connections_per_client = 3;
+  start(o, [](server_request, std::shared_ptr<http_responder> r) { r->send(text("ok")); });
+  // Idle connections up to the per-client limit are held.
+  std::vector<std::unique_ptr<raw_client>> idle;
+  for (int i = 0; i < 3; ++i)
+    idle.push_back(std::make_unique<raw_client>(port));
+  for (int i = 0; i < 200 && server->open_connections() < 3; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(server->open_connections(), 3u);
+  {
+    raw_client over{port};
+    auto answer = over.read_to_close();
+    EXPECT_NE(answer.find("HTTP/1.1 503"), std::string::npos) << answer;
+    EXPECT_NE(answer.find("http.max_connections_per_client"), std::string::npos) << answer;
+    EXPECT_TRUE(over.closed_by_peer());
+  }
+  EXPECT_EQ(server->stats().refused_per_client, 1u);
+  EXPECT_EQ(server->stats().refused_max_connections, 0u);
+  // The clients it holds are still served.
+  idle[0]->write("GET /a HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(idle[0]->read_until("ok").find("200 OK"), std::string::npos);
+  // The server-wide limit: a fourth connection is held (per-client off),
+  // a fifth refused.
+  server.reset();
+  o.max_connections_per_client = 0;
+  idle.clear();
+  start(o, [](server_request, std::shared_ptr<http_responder> r) { r->send(text("ok")); });
+  for (int i = 0; i < 4; ++i)
+    idle.push_back(std::make_unique<raw_client>(port));
+  for (int i = 0; i < 200 && server->open_connections() < 4; ++i)
+    std::this_thread::sleep_for(10ms);
+  raw_client over{port};
+  auto answer = over.read_to_close();
+  EXPECT_NE(answer.find("HTTP/1.1 503"), std::string::npos) << answer;
+  EXPECT_NE(answer.find("(http.max_connections)"), std::string::npos) << answer;
+  EXPECT_EQ(server->stats().refused_max_connections, 1u);
+  // Once one leaves, a new client is served again.
+  idle.pop_back();
+  for (int i = 0; i < 200 && server->open_connections() >= 4; ++i)
+    std::this_thread::sleep_for(10ms);
+  auto c = client();
+  http_request req;
+  req.target = "/b";
+  auto r = c.send(req);
+  ASSERT_TRUE(r) << to_string(r.error());
+  EXPECT_EQ(r->body, "ok");
+}
+
 TEST_F(http_server_test, stop_lets_answers_in_flight_finish) {
   std::promise<std::shared_ptr<http_responder>> pending;
   start({}, [&](server_request, std::shared_ptr<http_responder> r) { pending.set_value(r); });
