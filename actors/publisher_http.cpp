@@ -1,4 +1,5 @@
 #include "actors/publisher_http.hpp"
+#include "runtime/core/json_depth.hpp"
 
 #include <openssl/evp.h>
 
@@ -128,6 +129,8 @@ std::variant<std::map<std::string, std::string>, std::string> parse_files(const 
 std::variant<std::pair<publish_args, std::vector<store::tensor_header>>, server_response>
 parse_open(const std::string& body) {
   auto bad = [](std::string m) { return refuse(http_failure::bad_request, std::move(m)); };
+  if (!json_nesting_within(body))
+    return bad("the body nests JSON deeper than " + std::to_string(max_json_depth) + " levels");
   auto j = json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return bad("the body is not a JSON object");

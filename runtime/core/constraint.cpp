@@ -1,4 +1,5 @@
 #include "runtime/core/constraint.hpp"
+#include "runtime/core/json_depth.hpp"
 
 #include <charconv>
 #include <cstdio>
@@ -245,6 +246,9 @@ struct located {
 };
 
 result<located> locate(std::string_view body) {
+  if (!json_nesting_within(body))
+    return bad_request("request body nests JSON deeper than " + std::to_string(max_json_depth)
+                       + " levels");
   try {
     syntax_checker checker;
     if (!json::sax_parse(body.begin(), body.end(), &checker))

@@ -1,4 +1,5 @@
 #include "runtime/engine/api_shapes.hpp"
+#include "runtime/core/json_depth.hpp"
 
 #include <cmath>
 
@@ -307,6 +308,8 @@ std::optional<api_kind> api_kind_of(std::string_view route) {
 
 result<api_request> parse_api_request(api_kind kind, std::string_view body,
                                       const api_limits& limits) {
+  if (!json_nesting_within(body))
+    return bad("body", "nests JSON deeper than " + std::to_string(max_json_depth) + " levels");
   json doc = json::parse(body, nullptr, false);
   if (doc.is_discarded())
     return make_error(errc::invalid_argument, "the request body is not valid JSON");
@@ -471,7 +474,7 @@ std::string render_stream_final(const api_request& req, const api_output& out, s
 
 std::string add_request_fields(std::string_view route, std::string_view body,
                                const std::vector<std::pair<std::string, std::string>>& fields) {
-  if (!api_kind_of(route))
+  if (!api_kind_of(route) || !json_nesting_within(body))
     return std::string{body};
   auto doc = ordered_json::parse(body, nullptr, false);
   if (doc.is_discarded() || !doc.is_object())
@@ -498,7 +501,7 @@ void stamp_native(ordered_json& doc, const stamps& s, std::string_view run_id) {
 std::string stamp_answer(std::string_view route, std::string_view body, const stamps& s,
                          std::string_view run_id) {
   auto kind = api_kind_of(route);
-  if (!kind)
+  if (!kind || !json_nesting_within(body))
     return std::string{body};
   auto doc = ordered_json::parse(body, nullptr, false);
   if (doc.is_discarded())

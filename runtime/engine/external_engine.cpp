@@ -12,6 +12,7 @@
 
 #include "gpu/checksum.hpp"
 #include "runtime/core/checksum.hpp"
+#include "runtime/core/json_depth.hpp"
 #include "runtime/engine/api_shapes.hpp"
 #include "runtime/store/hf_directory.hpp"
 #include "runtime/store/materialize.hpp"
@@ -120,6 +121,8 @@ const external_engine::dialect vllm_dialect{
    "/reload", "/get_weight_version", "/update_weight_version"}};
 
 bool is_json_object_text(std::string_view body, json* out = nullptr) {
+  if (!json_nesting_within(body))
+    return false;
   auto doc = json::parse(body, nullptr, false);
   if (doc.is_discarded() || !doc.is_object())
     return false;
@@ -984,7 +987,7 @@ void external_engine::prune_staging() {
 namespace {
 
 bool asks_to_stream(std::string_view body) {
-  if (body.find("\"stream\"") == std::string_view::npos)
+  if (body.find("\"stream\"") == std::string_view::npos || !json_nesting_within(body))
     return false;
   auto doc = json::parse(body, nullptr, false);
   if (doc.is_discarded() || !doc.is_object())
@@ -1190,6 +1193,11 @@ result<engine_reply> external_engine::pass_through(const engine_call& call,
   sse_reader events{[&](std::string data) -> status {
     if (data == "[DONE]")
       return {};
+    if (!json_nesting_within(data))
+      return make_error(errc::engine_unavailable, describe()
+                                                    + " streamed an event nesting JSON "
+                                                      "deeper than "
+                                                    + std::to_string(max_json_depth) + " levels");
     if (held && on_event)
       on_event(std::move(*held));
     held = std::move(data);
@@ -1251,6 +1259,14 @@ result<engine_reply> external_engine::pass_through(const engine_call& call,
   }
   if (!versioned || reply.status != 200)
     return reply;
+  if (!json_nesting_within(reply.body)) {
+    // Stamping would write it out again: nlohmann's writer recurses.
+    auto e = make_error(errc::engine_unavailable, describe() + " answered " + call.route
+                                                    + " with JSON nested deeper than "
+                                                    + std::to_string(max_json_depth) + " levels");
+    note_problem(e.message);
+    return e;
+  }
   auto doc = json::parse(reply.body, nullptr, false);
   if (doc.is_discarded() || !(doc.is_object() || doc.is_array())) {
     auto e = make_error(errc::engine_unavailable,

@@ -226,4 +226,15 @@ TEST(api_shapes, mutated_bodies_never_throw_and_errors_say_why) {
 }
 
 } // namespace
+TEST(api_shapes, bodies_nesting_too_deep_are_refused_and_never_rewritten) {
+  std::string deep =
+    R"({"text":"hi","x":)" + std::string(100'000, '[') + std::string(100'000, ']') + "}";
+  auto req = parse_api_request(api_kind::native, deep);
+  ASSERT_FALSE(req);
+  EXPECT_NE(req.error().message.find("deeper than 64"), std::string::npos) << req.error().message;
+  // Rewriting would write it out again (a recursion as deep): untouched.
+  EXPECT_EQ(add_request_fields("/generate", deep, {{"extra_key", "k"}}), deep);
+  EXPECT_EQ(stamp_answer("/generate", deep, {1, 1}, "r"), deep);
+}
+
 } // namespace stitch::engine

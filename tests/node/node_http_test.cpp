@@ -98,6 +98,18 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
     EXPECT_EQ(r["applied_version"], 1);
     EXPECT_GE(r["history"].size(), 2u) << "v0 then v1";
   }
+  // A body nesting JSON a hundred thousand levels deep once crashed the node
+  // (a stack overflow writing it back out): refused by name, and the node
+  // keeps serving.
+  std::string deep =
+    R"({"text":"hi","x":)" + std::string(100'000, '[') + std::string(100'000, ']') + "}";
+  auto bomb = get(node->gateway_port, "POST", "/generate", deep);
+  EXPECT_EQ(bomb.status, 400u) << bomb.body;
+  EXPECT_NE(bomb.body.find("deeper than 64 levels"), std::string::npos) << bomb.body;
+  auto after_bomb = get(node->gateway_port, "POST", "/generate",
+                        R"({"text":"hi","sampling_params":{"max_new_tokens":2}})");
+  EXPECT_EQ(after_bomb.status, 200u) << after_bomb.body;
+
   auto metrics = get(node->status_port, "GET", "/metrics");
   EXPECT_NE(metrics.body.find("stitch_replica_applied_version{replica=\"replica-0\""),
             std::string::npos);
