@@ -251,6 +251,8 @@ bool cosmetic_config_key(std::string_view key) {
 
 /// The first architecture setting two config.json texts disagree on, or empty.
 std::string config_difference(std::string_view served, std::string_view next) {
+  if (!json_nesting_within(next) || !json_nesting_within(served))
+    return "config.json nests JSON deeper than " + std::to_string(max_json_depth) + " levels";
   auto a = json::parse(served, nullptr, false);
   auto b = json::parse(next, nullptr, false);
   if (a.is_discarded() || !a.is_object())
