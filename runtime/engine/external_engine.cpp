@@ -37,17 +37,11 @@ std::string excerpt(std::string_view body) {
 
 } // namespace
 
-/// What differs between engines: the routes of the weight-update cycle,
-/// the cache namespace field, the control routes to keep from clients.
-/// Each route names the engine source it follows.
+/// What differs between engines besides their update calls: the request
+/// field that namespaces the prefix cache, the control routes to keep from
+/// clients. Each route below names the engine source it follows.
 struct external_engine::dialect {
-  engine_kind kind;
-  /// GET; 200 = healthy.
-  std::string health_route;
-  /// The request body field that namespaces the engine's prefix cache.
   std::string cache_key_field;
-  /// The request body field naming a request, so that it can be aborted.
-  std::string request_id_field;
   std::vector<std::string> blocked;
 };
 
@@ -67,10 +61,7 @@ namespace {
 //   POST /flush_cache         (plain text, 200 or 400)
 //   POST /abort_request       {"rid"}
 //   GET  /health              200 when healthy, 503 while starting
-const external_engine::dialect sglang_dialect{engine_kind::sglang,
-                                              "/health",
-                                              "extra_key",
-                                              "rid",
+const external_engine::dialect sglang_dialect{"extra_key",
                                               {"/update_weights_from_disk",
                                                "/update_weights_from_tensor",
                                                "/update_weights_from_distributed",
@@ -111,14 +102,14 @@ const external_engine::dialect sglang_dialect{engine_kind::sglang,
 // the monitor treats a failed health check as a restart to re-sync after.
 // `cache_salt` (chat since 0.9, completions since 0.10) namespaces the cache.
 const external_engine::dialect vllm_dialect{
-  engine_kind::vllm,
-  "/health",
   "cache_salt",
-  "request_id",
   {"/pause", "/resume", "/is_paused", "/collective_rpc", "/reset_prefix_cache", "/reset_mm_cache",
    "/sleep", "/wake_up", "/is_sleeping", "/update_weights", "/init_weight_transfer",
    "/start_profile", "/stop_profile", "/server_info", "/scale_elastic_ep", "/is_scaling_elastic_ep",
    "/reload", "/get_weight_version", "/update_weight_version"}};
+
+/// Both engines answer GET /health 200 when they can serve.
+constexpr const char* health_route = "/health";
 
 bool is_json_object_text(std::string_view body, json* out = nullptr) {
   if (!json_nesting_within(body))
@@ -196,15 +187,16 @@ private:
   std::string pending_;
 };
 
+/// The answer object of a versioned route: the last item of a batch.
+const json* answer_item(const json& doc) {
+  const json* item = doc.is_array() ? (doc.empty() ? nullptr : &doc.back()) : &doc;
+  return item && item->is_object() ? item : nullptr;
+}
+
 /// "stop", "length" or "abort" from an answer of a versioned route, or empty.
 std::string finish_reason_of(const json& doc) {
-  const json* item = &doc;
-  if (doc.is_array()) {
-    if (doc.empty())
-      return {};
-    item = &doc.back();
-  }
-  if (!item->is_object())
+  const json* item = answer_item(doc);
+  if (!item)
     return {};
   if (auto meta = item->find("meta_info"); meta != item->end() && meta->is_object()) {
     auto f = meta->find("finish_reason");
@@ -224,13 +216,8 @@ std::string finish_reason_of(const json& doc) {
 /// The `weight_version` an SGLang answer reports (`meta_info` of the native
 /// route, `metadata` of the OpenAI ones), if any.
 std::optional<std::string> reported_version(const json& doc) {
-  const json* item = &doc;
-  if (doc.is_array()) {
-    if (doc.empty())
-      return std::nullopt;
-    item = &doc.back();
-  }
-  if (!item->is_object())
+  const json* item = answer_item(doc);
+  if (!item)
     return std::nullopt;
   for (const char* holder : {"meta_info", "metadata"}) {
     auto h = item->find(holder);
@@ -246,7 +233,7 @@ std::optional<std::string> reported_version(const json& doc) {
 /// config.json keys that do not change how weights are used.
 bool cosmetic_config_key(std::string_view key) {
   return key == "_name_or_path" || key == "transformers_version" || key == "torch_dtype"
-         || key == "dtype" || key == "use_cache" || key == "architectures_note";
+         || key == "dtype" || key == "use_cache";
 }
 
 /// The first architecture setting two config.json texts disagree on, or empty.
@@ -456,16 +443,14 @@ status external_engine::wait_ready(std::chrono::milliseconds limit, bool* exited
   for (;;) {
     {
       std::lock_guard lock{control_mutex_};
-      auto r = call_json(control(), "GET", dialect_->health_route, {},
-                         std::chrono::milliseconds{5'000}, closing_);
+      last = probe_health(std::chrono::milliseconds{5'000});
       // Healthy, and (a launched engine) still the process that was started:
       // not another program answering on its port.
       bool ours = !p || (p->running() && p->starts() == starts);
-      if (r && r->status == 200 && ours)
+      if (last.empty() && ours)
         return {};
-      last = r ? "status " + std::to_string(r->status) : r.error().message;
-      if (!r)
-        control().close();
+      if (last.empty())
+        last = "another program answers on its port";
     }
     if (p && (p->starts() != starts || (!p->running() && !p->last_exit().empty()))) {
       if (exited)
@@ -552,10 +537,10 @@ namespace {
 /// `weight_version` as the engine reports it now.
 result<std::string> sglang_served_version(transport::http_client& c,
                                           std::chrono::milliseconds timeout,
-                                          const std::function<bool()>& closing_) {
+                                          const std::function<bool()>& cancelled) {
   std::string tried;
   for (const char* route : {"/model_info", "/get_model_info", "/get_weight_version"}) {
-    auto r = call_json(c, "GET", route, {}, timeout, closing_);
+    auto r = call_json(c, "GET", route, {}, timeout, cancelled);
     if (!r)
       return std::move(r).error();
     json doc;
@@ -838,12 +823,19 @@ void external_engine::discard_shadow() {
   shadow_.reset();
 }
 
-bool external_engine::answers_health() {
-  std::lock_guard lock{control_mutex_};
-  auto r = call_json(control(), "GET", dialect_->health_route, {}, opts_.control_timeout, closing_);
+std::string external_engine::probe_health(std::chrono::milliseconds timeout) {
+  // The caller holds control_mutex_.
+  auto r = call_json(control(), "GET", health_route, {}, timeout, closing_);
+  if (r && r->status == 200)
+    return {};
   if (!r)
     control().close();
-  return r && r->status == 200;
+  return r ? "status " + std::to_string(r->status) : r.error().message;
+}
+
+bool external_engine::answers_health() {
+  std::lock_guard lock{control_mutex_};
+  return probe_health(opts_.control_timeout).empty();
 }
 
 status external_engine::pause_engine() {
@@ -986,20 +978,6 @@ void external_engine::prune_staging() {
   }
 }
 
-namespace {
-
-bool asks_to_stream(std::string_view body) {
-  if (body.find("\"stream\"") == std::string_view::npos || !json_nesting_within(body))
-    return false;
-  auto doc = json::parse(body, nullptr, false);
-  if (doc.is_discarded() || !doc.is_object())
-    return false;
-  auto it = doc.find("stream");
-  return it != doc.end() && it->is_boolean() && it->get<bool>();
-}
-
-} // namespace
-
 result<engine_reply> external_engine::forward(const engine_call& call, const event_sink& on_event,
                                               const std::function<bool()>& cancelled) {
   if (opts_.kind == engine_kind::vllm && call.route == "/generate")
@@ -1064,7 +1042,7 @@ struct native_answer {
     json meta;
     meta["id"] = id;
     if (last && !finish.empty())
-      meta["finish_reason"] = {{"type", finish == "abort" ? "abort" : finish}};
+      meta["finish_reason"] = {{"type", finish}};
     else
       meta["finish_reason"] = nullptr;
     if (usage.is_object()) {
@@ -1167,13 +1145,16 @@ result<engine_reply> external_engine::pass_through(const engine_call& call,
   const bool versioned = api_kind_of(call.route).has_value();
   std::string body = call.body;
   std::string rid;
-  if (versioned && opts_.kind == engine_kind::sglang) {
-    // A request id of our own, so that a client going away aborts it.
-    // SGLang aborts every request whose rid starts with the one given (a
-    // batch's items are `<rid>_<i>`): ours end in ':' so that none is the
-    // start of another's.
-    json doc;
-    if (is_json_object_text(body, &doc)) {
+  bool stream = false;
+  // One parse of the body: does it ask for a stream, and (SGLang) a request
+  // id of our own, so that a client going away aborts it. SGLang aborts
+  // every request whose rid starts with the one given (a batch's items are
+  // `<rid>_<i>`): ours end in ':' so that none is the start of another's.
+  if (json doc; (versioned || body.find("\"stream\"") != std::string::npos)
+                && is_json_object_text(body, &doc)) {
+    auto s = doc.find("stream");
+    stream = s != doc.end() && s->is_boolean() && s->get<bool>();
+    if (versioned && opts_.kind == engine_kind::sglang) {
       if (!doc.contains("rid")) {
         doc["rid"] = "stitch:" + call.tag + ":";
         body = dump(doc);
@@ -1206,7 +1187,7 @@ result<engine_reply> external_engine::pass_through(const engine_call& call,
     return {};
   }};
   std::string raw;
-  if (asks_to_stream(body))
+  if (stream)
     r.on_body = [&](const http_response& head, std::string_view piece) -> status {
       if (!sse) {
         auto* type = transport::find_header(head.headers, "Content-Type");
@@ -1291,37 +1272,23 @@ result<engine_reply> external_engine::pass_through(const engine_call& call,
 
 result<generation_result> external_engine::generate(const generation_request& request,
                                                     const std::function<bool()>& cancelled) {
-  json body;
+  // SGLang's native route for both engines (vLLM's goes through its
+  // completions route in `forward`).
+  const auto& p = request.sampling;
+  json sampling = {{"temperature", p.temperature},
+                   {"top_p", p.top_p},
+                   {"top_k", p.top_k == 0 ? -1 : static_cast<int64_t>(p.top_k)},
+                   {"max_new_tokens", p.max_new_tokens},
+                   {"stop", p.stop}};
+  if (p.seed)
+    sampling["sampling_seed"] = *p.seed;
   engine_call call;
   call.id = request.id;
   call.tag = "gen-" + std::to_string(request.id);
-  const auto& p = request.sampling;
-  if (opts_.kind == engine_kind::sglang) {
-    json sampling = {{"temperature", p.temperature},
-                     {"top_p", p.top_p},
-                     {"top_k", p.top_k == 0 ? -1 : static_cast<int64_t>(p.top_k)},
-                     {"max_new_tokens", p.max_new_tokens},
-                     {"stop", p.stop}};
-    if (p.seed)
-      sampling["sampling_seed"] = *p.seed;
-    body = {{"text", request.prompt},
-            {"sampling_params", sampling},
-            {"return_logprob", request.return_logprob}};
-    call.route = "/generate";
-  } else {
-    body = {{"prompt", request.prompt},
-            {"max_tokens", p.max_new_tokens},
-            {"temperature", p.temperature},
-            {"top_p", p.top_p},
-            {"top_k", p.top_k == 0 ? -1 : static_cast<int64_t>(p.top_k)},
-            {"stop", p.stop}};
-    if (p.seed)
-      body["seed"] = *p.seed;
-    if (request.return_logprob)
-      body["logprobs"] = 0;
-    call.route = "/v1/completions";
-  }
-  call.body = dump(body);
+  call.route = "/generate";
+  call.body = dump(json{{"text", request.prompt},
+                        {"sampling_params", sampling},
+                        {"return_logprob", request.return_logprob}});
   auto reply = forward(call, {}, cancelled);
   if (!reply)
     return std::move(reply).error();
@@ -1336,26 +1303,14 @@ result<generation_result> external_engine::generate(const generation_request& re
                : finish == "abort" ? finish_reason::abort
                                    : finish_reason::stop;
   try {
-    if (opts_.kind == engine_kind::sglang) {
-      out.text = doc.value("text", "");
-      for (const auto& id : doc.value("output_ids", json::array()))
-        out.tokens.push_back(id.get<int32_t>());
-      const auto& meta = doc["meta_info"];
-      out.prompt_tokens = meta.value("prompt_tokens", 0u);
-      for (const auto& lp : meta.value("output_token_logprobs", json::array()))
-        if (lp.is_array() && !lp.empty() && lp[0].is_number())
-          out.logprobs.push_back(lp[0].get<float>());
-    } else {
-      const auto& c = doc.at("choices").at(0);
-      out.text = c.value("text", "");
-      if (c.contains("token_ids") && c["token_ids"].is_array())
-        for (const auto& id : c["token_ids"])
-          out.tokens.push_back(id.get<int32_t>());
-      if (c.contains("logprobs") && c["logprobs"].is_object())
-        for (const auto& lp : c["logprobs"].value("token_logprobs", json::array()))
-          out.logprobs.push_back(lp.is_number() ? lp.get<float>() : 0.0f);
-      out.prompt_tokens = doc.value("usage", json::object()).value("prompt_tokens", 0u);
-    }
+    out.text = doc.value("text", "");
+    for (const auto& id : doc.value("output_ids", json::array()))
+      out.tokens.push_back(id.get<int32_t>());
+    const auto& meta = doc.at("meta_info");
+    out.prompt_tokens = meta.value("prompt_tokens", 0u);
+    for (const auto& lp : meta.value("output_token_logprobs", json::array()))
+      if (lp.is_array() && !lp.empty() && lp[0].is_number())
+        out.logprobs.push_back(lp[0].get<float>());
   } catch (const json::exception& e) {
     return make_error(errc::engine_unavailable, describe() + " answered " + call.route
                                                   + " in an unexpected shape: " + e.what());
@@ -1398,11 +1353,9 @@ void external_engine::monitor() {
       if (stopping_)
         return;
     }
-    std::optional<staged> expected;
     bool skip = false;
     {
       std::lock_guard lock{mutex_};
-      expected = committed_;
       skip = paused_ || !committed_;
       if (process_ && process_->starts() != process_starts_seen_) {
         process_starts_seen_ = process_->starts();
@@ -1419,6 +1372,7 @@ void external_engine::monitor() {
     std::unique_lock sync{sync_mutex_, std::try_to_lock};
     if (!sync.owns_lock())
       continue; // a commit is under way; it verifies what it loads
+    std::optional<staged> expected;
     {
       std::lock_guard lock{mutex_};
       expected = committed_;
@@ -1430,12 +1384,8 @@ void external_engine::monitor() {
     std::string mismatch;
     {
       std::lock_guard lock{control_mutex_};
-      auto r =
-        call_json(control(), "GET", dialect_->health_route, {}, opts_.control_timeout, closing_);
-      if (!r || r->status != 200) {
-        control().close();
-        unhealthy =
-          "health check: " + (r ? "status " + std::to_string(r->status) : r.error().message);
+      if (auto why = probe_health(opts_.control_timeout); !why.empty()) {
+        unhealthy = "health check: " + why;
       } else if (opts_.kind == engine_kind::sglang) {
         auto v = sglang_served_version(control(), opts_.control_timeout, closing_);
         if (!v)

@@ -156,6 +156,9 @@ private:
   /// Links `next` from another replica's staging folder next to this one
   /// (same version, already verified there); false when none has it.
   bool link_sibling_copy(const staged& next);
+  /// Empty when the engine answers its health route now, else why not;
+  /// the caller holds `control_mutex_`.
+  std::string probe_health(std::chrono::milliseconds timeout);
   /// Whether the engine answers its health route now.
   bool answers_health();
   /// The engine's pause and resume calls.

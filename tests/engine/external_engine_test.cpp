@@ -406,6 +406,33 @@ TEST_P(external_engine_test, requests_carry_the_version_namespace_and_answers_ca
     EXPECT_NE(std::find(blocked.begin(), blocked.end(), route), blocked.end()) << route;
 }
 
+TEST_P(external_engine_test, the_ports_generate_returns_the_engines_tokens_and_logprobs) {
+  start_peer();
+  make_engine(options());
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
+  generation_request r;
+  r.id = 3;
+  r.prompt = "hello";
+  r.sampling.temperature = 0;
+  r.sampling.max_new_tokens = 12;
+  r.return_logprob = true;
+  auto got = engine->generate(r, {});
+  ASSERT_TRUE(got) << to_string(got.error());
+  auto req = parse_api_request(api_kind::native, greedy_body);
+  ASSERT_TRUE(req);
+  req->sampling.seed = 1;
+  auto w = build_weights(config, versions[1]);
+  ASSERT_TRUE(w);
+  auto want = engine::generate(**w, config, tokenizer{}, req->prompt, req->sampling);
+  ASSERT_TRUE(want);
+  EXPECT_EQ(got->tokens, want->tokens);
+  ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
+  for (size_t i = 0; i < want->logprobs.size(); ++i)
+    EXPECT_NEAR(got->logprobs[i], want->logprobs[i], 1e-6);
+  EXPECT_EQ(got->finish == finish_reason::length ? "length" : "stop", want->finish_reason);
+}
+
 TEST_P(external_engine_test, a_stream_passes_through_event_by_event) {
   start_peer();
   make_engine(options());
