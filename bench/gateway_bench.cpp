@@ -25,16 +25,9 @@
 #include <thread>
 #include <vector>
 
-#include "actors/gateway.hpp"
-#include "actors/http_front.hpp"
-#include "actors/replica.hpp"
-#include "actors/store.hpp"
 #include "bench/http_load.hpp"
+#include "bench/replica_rig.hpp"
 #include "runtime/engine/builtin_engine.hpp"
-#include "runtime/node/system_config.hpp"
-#include "runtime/store/publisher.hpp"
-#include "runtime/store/rocksdb_store.hpp"
-#include "runtime/store/store_tensor_source.hpp"
 #include "transport/http_client.hpp"
 
 using namespace stitch;
@@ -71,59 +64,25 @@ int main(int argc, char** argv) {
   int rc = 0;
   {
     caf::actor_system_config cfg;
-    register_stitch_types(cfg);
-    tune_scheduler(cfg);
-    cfg.set("logger.file-verbosity", caf::atom("quiet"));
-    caf::actor_system sys{cfg};
-    auto opened = store::open_rocksdb_store((dir / "db").string());
-    if (!opened) {
-      std::fprintf(stderr, "gateway_bench: %s\n", to_string(opened.error()).c_str());
-      return 1;
-    }
-    std::shared_ptr<store_backend> backend{std::move(*opened)};
-    auto config = *engine::preset("tiny");
-    store::publisher pub{*backend};
-    if (auto r =
-          pub.publish({"default", "bench", 0, false, false}, *engine::random_init(config, 1));
-        !r) {
-      std::fprintf(stderr, "gateway_bench: %s\n", to_string(r.error()).c_str());
-      return 1;
-    }
-    auto store =
-      sys.spawn(store_service, backend, stitch::store_lanes::make(), stitch::store_options{});
-    replica_deps d;
-    d.store = store;
-    d.make_engine = [config]() -> result<std::shared_ptr<engine_port>> {
-      return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
-    };
-    d.bytes = std::make_shared<store::store_tensor_source>(*backend, "default");
-    d.reconcile_worker = std::make_shared<worker_pool>(1, "stage");
-    d.request_workers = std::make_shared<worker_pool>(16, "gen");
-    auto replica = sys.spawn(replica_service, replica_options{}, d);
-    auto gateway = sys.spawn(gateway_service, gateway_options{});
-    caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, replica);
-    replica_http direct{sys, caf::actor_cast<caf::actor>(replica), {}};
+    caf::actor_system sys{bench::bench_config(cfg)};
+    bench::replica_rig rig{sys};
+    bench::replica_rig::options o;
     // Room for the idle connections below, all from this one address.
-    replica_http_options gateway_options_http;
-    gateway_options_http.server.max_connections = idle + 1024;
-    gateway_options_http.server.max_connections_per_client = 0;
-    gateway_http front{sys, caf::actor_cast<caf::actor>(gateway), gateway_options_http};
-    auto dport = direct.listen("127.0.0.1", 0);
-    auto gport = front.listen("127.0.0.1", 0);
-    if (!dport || !gport) {
-      std::fprintf(stderr, "gateway_bench: cannot listen\n");
+    o.gateway_http.server.max_connections = idle + 1024;
+    o.gateway_http.server.max_connections_per_client = 0;
+    auto started = rig.start(
+      dir,
+      [config = bench::replica_rig::model()]() -> result<std::shared_ptr<engine_port>> {
+        return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
+      },
+      std::move(o));
+    if (!started) {
+      std::fprintf(stderr, "gateway_bench: %s\n", to_string(started.error()).c_str());
       return 1;
     }
-    // Wait until the gateway routes to a ready replica.
-    for (int i = 0; i < 2000; ++i) {
-      transport::http_client c{transport::http_endpoint{"http", "127.0.0.1", *gport}};
-      transport::http_request h;
-      h.target = "/health";
-      auto r = c.send(h);
-      if (r && r->status == 200)
-        break;
-      std::this_thread::sleep_for(std::chrono::milliseconds{10});
-    }
+    const uint16_t* dport = &rig.replica_port;
+    const uint16_t* gport = &rig.gateway_port;
+    const auto& front = rig.gateway_front();
     (void) load(*dport, 50, 1); // warm up both paths
     (void) load(*gport, 50, 1);
     auto d1 = load(*dport, requests, 1);
@@ -184,11 +143,6 @@ int main(int argc, char** argv) {
         std::printf("FAILED requests: %zu\n", failures);
     }
     rc = failures == 0 && held >= parked.size() ? 0 : 1;
-    front.stop();
-    direct.stop();
-    caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(gateway, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);

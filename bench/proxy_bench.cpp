@@ -24,18 +24,9 @@
 #include <fstream>
 #include <thread>
 
-#include "actors/gateway.hpp"
-#include "actors/http_front.hpp"
-#include "actors/replica.hpp"
-#include "actors/store.hpp"
 #include "bench/http_load.hpp"
+#include "bench/replica_rig.hpp"
 #include "runtime/engine/external_engine.hpp"
-#include "runtime/engine/model_config.hpp"
-#include "runtime/engine/weights.hpp"
-#include "runtime/node/system_config.hpp"
-#include "runtime/store/publisher.hpp"
-#include "runtime/store/rocksdb_store.hpp"
-#include "runtime/store/store_tensor_source.hpp"
 
 using namespace stitch;
 namespace fs = std::filesystem;
@@ -137,24 +128,7 @@ int main(int argc, char** argv) {
   }
   {
     caf::actor_system_config cfg;
-    register_stitch_types(cfg);
-    tune_scheduler(cfg);
-    cfg.set("logger.file-verbosity", caf::atom("quiet"));
-    caf::actor_system sys{cfg};
-    auto opened = store::open_rocksdb_store((dir / "db").string());
-    if (!opened) {
-      std::fprintf(stderr, "proxy_bench: %s\n", to_string(opened.error()).c_str());
-      return 1;
-    }
-    std::shared_ptr<store_backend> backend{std::move(*opened)};
-    auto config = *engine::preset("tiny");
-    store::publisher pub{*backend};
-    store::publish_request pr{"default", "bench", 0, false, false};
-    pr.files = {{"config.json", engine::render_model_config(config)}};
-    if (auto r = pub.publish(pr, *engine::random_init(config, 1)); !r) {
-      std::fprintf(stderr, "proxy_bench: %s\n", to_string(r.error()).c_str());
-      return 1;
-    }
+    caf::actor_system sys{bench::bench_config(cfg)};
     engine::external_engine_options eo;
     eo.kind = engine::engine_kind::sglang;
     eo.url = "http://127.0.0.1:" + std::to_string(*nginx_port);
@@ -164,36 +138,21 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "proxy_bench: %s\n", to_string(made.error()).c_str());
       return 1;
     }
-    auto store =
-      sys.spawn(store_service, backend, stitch::store_lanes::make(), stitch::store_options{});
-    replica_deps d;
-    d.store = store;
-    d.make_engine = [e = std::shared_ptr<engine_port>{
-                       *made}]() -> result<std::shared_ptr<engine_port>> { return e; };
-    d.bytes = std::make_shared<store::store_tensor_source>(*backend, "default");
-    d.reconcile_worker = std::make_shared<worker_pool>(1, "stage");
-    d.request_workers = std::make_shared<worker_pool>(32, "gen");
-    auto replica = sys.spawn(replica_service, replica_options{}, d);
-    auto gateway = sys.spawn(gateway_service, gateway_options{});
-    caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, replica);
-    replica_http direct{sys, caf::actor_cast<caf::actor>(replica), {}};
-    gateway_http front{sys, caf::actor_cast<caf::actor>(gateway), {}};
-    auto rport = direct.listen("127.0.0.1", 0);
-    auto gport = front.listen("127.0.0.1", 0);
-    if (!rport || !gport) {
-      std::fprintf(stderr, "proxy_bench: cannot listen\n");
-      return 1;
-    }
-    bool ready = false;
-    for (int i = 0; i < 3000 && !ready; ++i) {
-      ready = answers(*gport, "/health");
-      if (!ready)
-        std::this_thread::sleep_for(std::chrono::milliseconds{10});
-    }
-    if (!ready) {
-      std::fprintf(stderr, "proxy_bench: the replica never activated its version\n");
+    bench::replica_rig rig{sys};
+    bench::replica_rig::options o;
+    o.request_workers = 32;
+    auto started = rig.start(
+      dir,
+      [e = std::shared_ptr<engine_port>{*made}]() -> result<std::shared_ptr<engine_port>> {
+        return e;
+      },
+      std::move(o));
+    if (!started) {
+      std::fprintf(stderr, "proxy_bench: %s\n", to_string(started.error()).c_str());
       rc = 1;
     } else {
+      const uint16_t* rport = &rig.replica_port;
+      const uint16_t* gport = &rig.gateway_port;
       auto load = [&](uint16_t port, size_t n, size_t c) {
         return bench::http_load(port, "/generate", body, n, c);
       };
@@ -241,11 +200,6 @@ int main(int argc, char** argv) {
       }
       rc = failures == 0 ? 0 : 1;
     }
-    front.stop();
-    direct.stop();
-    caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(gateway, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
   }
   ::kill(nginx, SIGTERM);
   ::waitpid(nginx, nullptr, 0);
