@@ -101,8 +101,9 @@ public:
       gateway_front_->stop();
     if (replica_front_)
       replica_front_->stop();
-    for (const auto& a : {caf::actor_cast<caf::actor>(replica_),
-                          caf::actor_cast<caf::actor>(gateway_), caf::actor_cast<caf::actor>(store_)})
+    for (const auto& a :
+         {caf::actor_cast<caf::actor>(replica_), caf::actor_cast<caf::actor>(gateway_),
+          caf::actor_cast<caf::actor>(store_)})
       if (a)
         caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   }

@@ -1045,12 +1045,16 @@ struct native_answer {
       meta["finish_reason"] = {{"type", finish}};
     else
       meta["finish_reason"] = nullptr;
-    if (usage.is_object()) {
-      meta["prompt_tokens"] = usage.value("prompt_tokens", 0);
-      meta["completion_tokens"] = usage.value("completion_tokens", 0);
-    } else {
-      meta["completion_tokens"] = output_ids.size();
-    }
+    // An engine's garbage must not throw here: counts are taken only when
+    // they are counts.
+    auto count = [&](const char* key) -> json {
+      if (usage.is_object() && usage.contains(key) && usage[key].is_number_unsigned())
+        return usage[key];
+      return nullptr;
+    };
+    meta["prompt_tokens"] = count("prompt_tokens");
+    meta["completion_tokens"] =
+      count("completion_tokens").is_null() ? json(output_ids.size()) : count("completion_tokens");
     if (want_logprobs)
       meta["output_token_logprobs"] = logprobs;
     json out;

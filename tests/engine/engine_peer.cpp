@@ -48,6 +48,7 @@
 //   POST /_peer/fail_updates?n=N        the next N weight updates fail
 //   POST /_peer/hang_updates?n=N        the next N weight updates never answer
 //   POST /_peer/garbage?n=N             the next N generations answer a body that is not JSON
+//   POST /_peer/odd_usage?n=N           the next N completions carry `usage` of the wrong types
 //   POST /_peer/exit                    the process exits at once (a crash)
 //
 // Usage: stitch-engine-peer --dialect sglang|vllm --port P --model-dir DIR
@@ -192,6 +193,10 @@ private:
     }
     if (path == "/_peer/garbage") {
       garbage_ = count_of(req);
+      return out.send(empty());
+    }
+    if (path == "/_peer/odd_usage") {
+      odd_usage_ = count_of(req);
       return out.send(empty());
     }
     if (path == "/_peer/exit")
@@ -409,10 +414,13 @@ private:
     // vLLM's `return_token_ids`: each choice (each chunk's) carries its ids.
     const bool with_ids =
       dialect_ == "vllm" && body.is_object() && body.value("return_token_ids", false);
+    const bool odd = odd_usage_ > 0 && (--odd_usage_, true);
     auto with_ids_of = [&](std::string text, size_t from, size_t to) {
       if (!with_ids)
         return text;
       auto j = json::parse(text);
+      if (odd && j.contains("usage"))
+        j["usage"] = {{"prompt_tokens", "many"}, {"completion_tokens", -1}};
       if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
         json ids = json::array();
         for (size_t k = from; k < to && k < o.tokens.size(); ++k)
@@ -453,6 +461,7 @@ private:
   std::atomic<uint64_t> fail_updates_{0};
   std::atomic<uint64_t> hang_updates_{0};
   std::atomic<uint64_t> garbage_{0};
+  std::atomic<uint64_t> odd_usage_{0};
   std::atomic<uint64_t> ids_{0};
 };
 

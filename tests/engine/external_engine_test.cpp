@@ -574,6 +574,14 @@ TEST_P(vllm_engine_test, sglang_generate_is_served_through_completions_in_sglang
   auto end = json::parse(last->body);
   EXPECT_EQ(end["output_ids"].get<std::vector<int32_t>>(), want->tokens);
   EXPECT_EQ(end["meta_info"]["finish_reason"]["type"], want->finish_reason);
+
+  // Counts of the wrong types from the engine are left out, never a throw.
+  peer_get("/_peer/odd_usage?n=1", "POST");
+  auto odd = engine->forward({10, "v-10", "POST", "/generate", body}, {}, {});
+  ASSERT_TRUE(odd) << to_string(odd.error());
+  auto oj = json::parse(odd->body);
+  EXPECT_TRUE(oj["meta_info"]["prompt_tokens"].is_null()) << odd->body;
+  EXPECT_EQ(oj["meta_info"]["completion_tokens"], want->tokens.size()) << odd->body;
 }
 
 TEST_P(sglang_engine_test, weights_loaded_behind_its_back_are_never_stamped_and_are_replaced) {
