@@ -218,6 +218,18 @@ protected:
     return ids;
   }
 
+  /// SGLang's greedy request answered by the built-in model on `tensors`
+  /// directly (the peer seeds unseeded requests with 1).
+  std::optional<generation_output> native_reference(const store::tensor_set& tensors) {
+    auto req = parse_api_request(api_kind::native, greedy_body);
+    auto w = build_weights(config, tensors);
+    if (!req || !w)
+      return std::nullopt;
+    req->sampling.seed = 1;
+    auto out = engine::generate(**w, config, tokenizer{}, req->prompt, req->sampling);
+    return out ? std::optional<generation_output>{std::move(*out)} : std::nullopt;
+  }
+
   /// The same request answered by the built-in model on `tensors` directly.
   std::vector<int32_t> expected_tokens(const store::tensor_set& tensors) {
     auto kind = GetParam() == engine_kind::sglang ? api_kind::native : api_kind::completions;
@@ -419,12 +431,7 @@ TEST_P(external_engine_test, the_ports_generate_returns_the_engines_tokens_and_l
   r.return_logprob = true;
   auto got = engine->generate(r, {});
   ASSERT_TRUE(got) << to_string(got.error());
-  auto req = parse_api_request(api_kind::native, greedy_body);
-  ASSERT_TRUE(req);
-  req->sampling.seed = 1;
-  auto w = build_weights(config, versions[1]);
-  ASSERT_TRUE(w);
-  auto want = engine::generate(**w, config, tokenizer{}, req->prompt, req->sampling);
+  auto want = native_reference(versions[1]);
   ASSERT_TRUE(want);
   EXPECT_EQ(got->tokens, want->tokens);
   ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
@@ -534,12 +541,7 @@ TEST_P(vllm_engine_test, sglang_generate_is_served_through_completions_in_sglang
   ASSERT_EQ(reply->status, 200) << reply->body;
   auto doc = json::parse(reply->body);
   // The same tokens the built-in model makes for SGLang's request.
-  auto req = parse_api_request(api_kind::native, greedy_body);
-  ASSERT_TRUE(req);
-  req->sampling.seed = 1;
-  auto w = build_weights(config, versions[2]);
-  ASSERT_TRUE(w);
-  auto want = engine::generate(**w, config, tokenizer{}, req->prompt, req->sampling);
+  auto want = native_reference(versions[2]);
   ASSERT_TRUE(want);
   EXPECT_EQ(doc["output_ids"].get<std::vector<int32_t>>(), want->tokens);
   EXPECT_EQ(doc["meta_info"]["finish_reason"]["type"], want->finish_reason);
