@@ -282,6 +282,12 @@ private:
 
 } // namespace
 
+publisher_state::~publisher_state() {
+  for (auto& [id, s] : sessions)
+    if (s.stream)
+      s.stream->close(error{errc::engine_unavailable, "the publisher stopped"});
+}
+
 publisher_actor::behavior_type
 publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   std::shared_ptr<store_backend> backend, store_actor store,
@@ -300,11 +306,6 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
   if (init.lending.holders && init.lending.registry)
     init.impl->watch(std::make_shared<lending_watcher>(
       init.lending, caf::actor_cast<caf::weak_actor_ptr>(self->ctrl())));
-  self->attach_functor([self] {
-    // Publishes waiting for bytes stop now.
-    for (auto& [id, s] : self->state.sessions)
-      s.stream->close(error{errc::engine_unavailable, "the publisher stopped"});
-  });
   self->delayed_send(self, sweep_every(init.limits), atom::tick_v);
   return {
     [self](atom::publish, const publish_args& args,

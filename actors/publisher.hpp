@@ -84,6 +84,14 @@ struct publisher_state {
   /// (publishes faster than collections coalesce into one more).
   std::set<std::string> collecting;
   std::set<std::string> collect_again;
+
+  publisher_state() = default;
+  publisher_state(const publisher_state&) = delete;
+  publisher_state& operator=(const publisher_state&) = delete;
+  /// Runs as the actor ends: publishes waiting for bytes stop. (CAF destroys
+  /// a stateful actor's state before its attached functors run, so those
+  /// must never touch the state.)
+  ~publisher_state();
 };
 
 /// Publishes through `backend` (the store's own, or a `remote_store`) on

@@ -293,9 +293,12 @@ void carry_out(self_ptr self, rfx::advance e) {
   if (auto ok = st.life.advance(e.target.version); !ok)
     log::warn("replica", st.opts.replica_id + " cannot advance to " + to_string(e.target) + ": "
                            + to_string(ok.error()));
-  else
+  else {
+    // Tokens from now on are the new version's, as the stamps say.
+    st.engine->relabel(e.target);
     log::info("replica", st.opts.replica_id + " advanced to " + to_string(e.target)
                            + " (the tail changes no weights: no activation)");
+  }
 }
 
 void carry_out(self_ptr self, rfx::discard_shadow) {
@@ -475,11 +478,6 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
   self->set_down_handler([self](const caf::down_msg& down) {
     std::erase_if(self->state.subscribers,
                   [&](const replica_watcher_actor& a) { return a.address() == down.source; });
-  });
-  self->attach_functor([self] {
-    // Generations still running stop at their next step.
-    for (auto& [id, r] : self->state.requests)
-      r.cancelled->store(true);
   });
   self->send(init.deps.store, atom::subscribe_v, init.opts.pool,
              caf::actor_cast<pointer_listener_actor>(self));

@@ -181,6 +181,17 @@ struct replica_state {
   std::optional<std::tuple<bool, std::optional<version_ref>, std::optional<uint64_t>, sync_state,
                            std::string, std::optional<std::string>>>
     last_published;
+
+  replica_state() = default;
+  replica_state(const replica_state&) = delete;
+  replica_state& operator=(const replica_state&) = delete;
+  /// Runs as the actor ends: generations still running stop at their next
+  /// step. (CAF destroys a stateful actor's state before its attached
+  /// functors run, so those must never touch the state.)
+  ~replica_state() {
+    for (auto& [id, r] : requests)
+      r.cancelled->store(true);
+  }
 };
 
 /// A replica over `deps`. Spawn it on the cooperative scheduler: everything

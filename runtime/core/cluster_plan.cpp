@@ -84,9 +84,7 @@ result<std::vector<plan_effect>> cluster_plan::submit(const experiment_spec& spe
   if (spec.trainer.enabled && pick_trainer_node().empty())
     return make_error(errc::not_found,
                       "the experiment wants a trainer but no member hosts the role 'trainer'");
-  if (spec.trainer.enabled && std::none_of(members_.begin(), members_.end(), [](const auto& kv) {
-        return kv.second.has_role("gateway");
-      }))
+  if (spec.trainer.enabled && !has_gateway())
     return make_error(errc::not_found, "the experiment's trainer samples through a gateway but "
                                        "no member hosts the role 'gateway'");
   experiments_.emplace(spec.run_id, experiment{spec, {}, false, 0});
@@ -216,7 +214,9 @@ std::vector<plan_effect> cluster_plan::fill() {
       placements_.emplace(p.replica_id, p);
       out.push_back({plan_effect::kind::place_replica, std::move(p), {}, {}});
     }
-    if (e.spec.trainer.enabled && !e.trainer_done && e.trainer_node.empty()) {
+    // A trainer samples through a gateway: with none among the members
+    // (the front door died or is cut off), it waits for one to join.
+    if (e.spec.trainer.enabled && !e.trainer_done && e.trainer_node.empty() && has_gateway()) {
       e.trainer_node = pick_trainer_node();
       if (!e.trainer_node.empty())
         out.push_back({plan_effect::kind::start_trainer, {}, e.trainer_node, run});
@@ -257,6 +257,11 @@ size_t cluster_plan::active_replicas(const std::string& run) const {
                   [&](const auto& kv) { return kv.second.run_id == run && !kv.second.retiring; }));
 }
 
+bool cluster_plan::has_gateway() const {
+  return std::any_of(members_.begin(), members_.end(),
+                     [](const auto& kv) { return kv.second.has_role("gateway"); });
+}
+
 std::string cluster_plan::pick_trainer_node() const {
   std::map<std::string, size_t> load;
   for (const auto& [name, m] : members_)
@@ -281,8 +286,10 @@ std::string cluster_plan::shortfall_of(const experiment& e) const {
   if (active < e.spec.replicas)
     out = std::to_string(e.spec.replicas - active) + " replica(s) waiting for a free slot";
   if (e.spec.trainer.enabled && !e.trainer_done && e.trainer_node.empty())
-    out +=
-      std::string{out.empty() ? "" : "; "} + "trainer waiting for a node with the role 'trainer'";
+    out += std::string{out.empty() ? "" : "; "}
+           + (has_gateway() ? "trainer waiting for a node with the role 'trainer'"
+                            : "trainer waiting for a node with the role 'gateway' to sample "
+                              "through");
   return out;
 }
 

@@ -167,6 +167,7 @@ private:
   std::set<uint32_t> used_slots(const std::string& node) const;
   size_t active_replicas(const std::string& run) const;
   std::string pick_trainer_node() const;
+  bool has_gateway() const;
   std::string shortfall_of(const experiment& e) const;
 
   std::map<std::string, member_info> members_;

@@ -150,6 +150,12 @@ public:
   /// read (`transport/ucx_peer.hpp`); none when the engine cannot expose
   /// them (an external engine's weights live in its own process).
   virtual std::optional<host_weights> host_view() { return std::nullopt; }
+  /// The served weights are also version `ref`: the versions after the
+  /// served one change no weights, and the host advanced to `ref` without an
+  /// activation. Tokens generated from now on are counted as `ref`
+  /// (`weight_version_spans`, which must agree with the stamps), and peers
+  /// are offered the weights as `ref`. Called on the host's thread: cheap.
+  virtual void relabel(const version_ref& ref) { (void) ref; }
   /// Whether answers say which version produced each token
   /// (`weight_version_spans`); an engine that cannot say reports only the
   /// start and end stamps.

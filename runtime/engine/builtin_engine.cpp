@@ -387,6 +387,12 @@ status builtin_engine::commit() {
   return {};
 }
 
+void builtin_engine::relabel(const version_ref& ref) {
+  std::lock_guard guard{mutex_};
+  if (serving_)
+    serving_ref_ = ref;
+}
+
 std::optional<host_weights> builtin_engine::host_view() {
   std::lock_guard guard{mutex_};
   if (!serving_ || !serving_ref_)

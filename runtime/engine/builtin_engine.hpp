@@ -55,6 +55,7 @@ public:
   status prefetch(const chain_plan& plan) override;
   status stage(const chain_plan& plan, bool onto_shadow, tensor_source& source) override;
   void discard_shadow() override;
+  void relabel(const version_ref& ref) override;
   status commit() override;
   status pause() override;
   status resume() override;

@@ -67,6 +67,7 @@ public:
     return inner.stage(p, o, s);
   }
   void discard_shadow() override { inner.discard_shadow(); }
+  void relabel(const version_ref& ref) override { inner.relabel(ref); }
   status commit() override { return inner.commit(); }
   status pause() override { return inner.pause(); }
   status resume() override { return inner.resume(); }

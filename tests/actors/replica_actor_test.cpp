@@ -68,6 +68,8 @@ public:
     return inner_.stage(p, onto, s);
   }
   void discard_shadow() override { inner_.discard_shadow(); }
+  void relabel(const version_ref& ref) override { inner_.relabel(ref); }
+  std::optional<host_weights> host_view() override { return inner_.host_view(); }
   status commit() override {
     ++commits;
     if (fail_commits_->load() > 0) {
@@ -317,6 +319,11 @@ protected:
     EXPECT_EQ(meta["weight_version_end"], v.weight_version_end);
     EXPECT_EQ(meta["weight_version"], std::to_string(v.weight_version_start));
     EXPECT_EQ(meta["run_id"], a.run_id);
+    // Which version made each token agrees with the stamps.
+    for (const auto& span : meta.value("weight_version_spans", nlohmann::json::array())) {
+      EXPECT_GE(span["version"].get<uint64_t>(), v.weight_version_start) << a.body;
+      EXPECT_LE(span["version"].get<uint64_t>(), v.weight_version_end) << a.body;
+    }
     v.tokens = body["output_ids"].get<std::vector<int32_t>>();
     for (const auto& lp : meta["output_token_logprobs"])
       v.logprobs.push_back(lp[0].get<float>());
@@ -464,6 +471,11 @@ TEST_F(replica_actor_test, an_all_empty_tail_advances_the_version_without_an_act
   auto r = reply();
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.weight_version_start, 2u);
+  // The engine counts its tokens as version 2 too (reply() checks the spans
+  // against the stamps), and offers its weights to peers as version 2.
+  auto view = engines.at(0)->host_view();
+  ASSERT_TRUE(view);
+  EXPECT_EQ(view->version, (version_ref{"r", 2}));
 }
 
 TEST_F(replica_actor_test, a_run_switch_drains_every_request_and_resets_to_the_boot) {

@@ -236,6 +236,26 @@ TEST_F(publisher_actor_test, streamed_sessions_are_bounded_checked_and_dropped_w
   EXPECT_TRUE(!listed || listed->empty());
 }
 
+TEST_F(publisher_actor_test, a_publisher_that_stops_ends_the_publishes_waiting_for_bytes) {
+  start();
+  publish_args args;
+  args.run_id = "r";
+  std::vector<store::tensor_header> good{{"a", safetensors::dtype::f32, {2}, 8}};
+  self->send(publisher, atom::publish_v, args, good);
+  sched.run();
+  std::string err;
+  ASSERT_TRUE(answer<uint64_t>(&err)) << err;
+  // The node stops: the publish on a worker, waiting for bytes no client
+  // will send now, ends at once (it would wait forever otherwise) and
+  // leaves nothing visible.
+  caf::anon_send_exit(publisher, caf::exit_reason::user_shutdown);
+  sched.run();
+  publisher = publisher_actor{};
+  workers->run_all();
+  auto listed = backend->list_versions("default", "r");
+  EXPECT_TRUE(!listed || listed->empty());
+}
+
 TEST_F(publisher_actor_test, collections_after_publishes_keep_what_the_directory_pins) {
   // Keep 1, an anchor every 2 versions; a replica still serves version 1.
   start({}, {}, 1, {version_ref{"r", 1}}, false, 2);

@@ -134,6 +134,20 @@ TEST(cluster_plan, a_trainer_needs_a_gateway_to_sample_through) {
   plan.retired("run1-r0");
   ASSERT_TRUE(plan.join({"g", {"gateway"}, {}, "127.0.0.1:8080"}));
   EXPECT_TRUE(plan.submit(spec("run2", 1, true)));
+  // The gateway node dies, and the trainer's node with it: the trainer
+  // waits for a gateway (and is not given up), and starts when one joins.
+  EXPECT_TRUE(plan.leave("g").empty());
+  auto lost = plan.leave("t");
+  EXPECT_EQ(count(lost, plan_effect::kind::start_trainer), 0u);
+  auto back = plan.join({"t", {"trainer"}, {}, {}});
+  ASSERT_TRUE(back);
+  EXPECT_EQ(count(*back, plan_effect::kind::start_trainer), 0u);
+  EXPECT_NE(plan.experiments()[0].shortfall.find("'gateway'"), std::string::npos)
+    << plan.experiments()[0].shortfall;
+  auto gw = plan.join({"g", {"gateway"}, {}, "127.0.0.1:8080"});
+  ASSERT_TRUE(gw);
+  ASSERT_EQ(count(*gw, plan_effect::kind::start_trainer), 1u);
+  EXPECT_EQ(plan.experiments()[0].trainer_node, "t");
 }
 
 TEST(cluster_plan, stop_retires_every_replica_and_the_trainer) {
