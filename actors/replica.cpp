@@ -146,8 +146,12 @@ void start_generation(self_ptr self, request_id id, std::optional<uint64_t> serv
     event_sink sink;
     if (caller)
       sink = [&](std::string ev) { caf::anon_send(caller, atom::event_v, key, std::move(ev)); };
-    auto [reply, err] = answer_of(engine->forward(call, sink, [&] { return cancelled->load(); }));
-    caf::anon_send(handle, atom::generated_v, id, std::move(reply), std::move(err));
+    auto out = engine->forward(call, sink, [&] { return cancelled->load(); });
+    caf::optional<uint64_t> last;
+    if (out && out->last_token_version)
+      last = *out->last_token_version;
+    auto [reply, err] = answer_of(std::move(out));
+    caf::anon_send(handle, atom::generated_v, id, std::move(reply), std::move(err), last);
   });
 }
 
@@ -660,7 +664,8 @@ replica_actor::behavior_type behavior(self_ptr self) {
                     r.op, outcome ? error{errc::engine_unavailable, "rebuild produced no engine"}
                                   : outcome.error()));
     },
-    [self](atom::generated, uint64_t id, replica_answer& reply, caf::error& err) {
+    [self](atom::generated, uint64_t id, replica_answer& reply, caf::error& err,
+           const caf::optional<uint64_t>& last_token_version) {
       auto& st = self->state;
       auto it = st.requests.find(id);
       if (it == st.requests.end())
@@ -670,6 +675,8 @@ replica_actor::behavior_type behavior(self_ptr self) {
         outcome.failed = from_caf_error(self->system(), err);
       else
         outcome.ok = reply.status == 200;
+      if (last_token_version)
+        outcome.last_token_version = *last_token_version;
       it->second.reply = std::move(reply);
       carry(self, st.life.engine_done(id, outcome, now_of(self)));
     },

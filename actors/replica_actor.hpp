@@ -238,6 +238,7 @@ CAF_ADD_TYPE_ID(stitch_replica, (stitch::replica_info))
 CAF_ADD_TYPE_ID(stitch_replica, (std::vector<stitch::replica_info>) )
 CAF_ADD_TYPE_ID(stitch_replica, (stitch::work_report))
 CAF_ADD_TYPE_ID(stitch_replica, (stitch::peer_offer))
+CAF_ADD_TYPE_ID(stitch_replica, (caf::optional<uint64_t>) )
 CAF_ADD_ATOM(stitch_replica, stitch::atom, generate, "generate")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, cancel, "cancel")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, wake, "wake")
@@ -297,7 +298,7 @@ using replica_actor = caf::typed_actor<
   // Internal: reports of the replica's worker threads.
   caf::reacts_to<atom::staged, work_report>, caf::reacts_to<atom::committed, work_report>,
   caf::reacts_to<atom::rebuilt, work_report>,
-  caf::reacts_to<atom::generated, uint64_t, replica_answer, caf::error>>;
+  caf::reacts_to<atom::generated, uint64_t, replica_answer, caf::error, caf::optional<uint64_t>>>;
 
 /// Whoever lends a version's bytes to peers: a replica, or a publisher.
 using peer_holder_actor =

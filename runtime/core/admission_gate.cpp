@@ -60,8 +60,8 @@ admission admission_gate::admit(request_id id, const constraint& c, clock_time) 
   return decision;
 }
 
-std::pair<std::optional<stamps>, std::vector<gate_effect>> admission_gate::finish(request_id id,
-                                                                                  clock_time now) {
+std::pair<std::optional<stamps>, std::vector<gate_effect>>
+admission_gate::finish(request_id id, clock_time now, std::optional<uint64_t> last_token_version) {
   auto it = active_.find(id);
   if (it == active_.end()) {
     std::erase_if(queue_, [id](const waiting& w) { return w.id == id; });
@@ -73,6 +73,11 @@ std::pair<std::optional<stamps>, std::vector<gate_effect>> admission_gate::finis
   // says so: start = end = the pin.
   const uint64_t start = it->second.start_version;
   stamps s{start, it->second.exact ? start : served_.value_or(start)};
+  // In place, the engine can activate a version and make a token with it
+  // before the host hears the activation: the end stamp is no earlier than
+  // the version the engine says made the last token.
+  if (!it->second.exact && last_token_version && *last_token_version > s.end)
+    s.end = *last_token_version;
   if (it->second.exact)
     --exact_pins_;
   active_.erase(it);

@@ -120,7 +120,8 @@ public:
   /// A request completed (or was cancelled). Returns its stamps — nullopt for
   /// a request the gate does not hold (already aborted, or never admitted) —
   /// and the effects its departure unblocks.
-  std::pair<std::optional<stamps>, std::vector<gate_effect>> finish(request_id id, clock_time now);
+  std::pair<std::optional<stamps>, std::vector<gate_effect>>
+  finish(request_id id, clock_time now, std::optional<uint64_t> last_token_version = {});
 
   /// Closes admission and starts draining. `drain_all` forces a full drain
   /// (a run switch); otherwise `mode` decides who is waited for.

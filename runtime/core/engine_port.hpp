@@ -94,6 +94,10 @@ struct engine_reply {
   bool stream = false;
   /// Versioned routes: "stop", "length" or "abort".
   std::string finish_reason;
+  /// The version that made the last token, from an engine that reports
+  /// spans: an activation can land between the engine's last step and the
+  /// host hearing of it, and the end stamp is then no earlier than this.
+  std::optional<uint64_t> last_token_version;
 };
 
 /// Receives a stream's events before the last, each one JSON object.

@@ -63,7 +63,7 @@ request_lifecycle::engine_done(request_id id, const engine_outcome& outcome, clo
   std::vector<gate_effect> unblocked;
   std::optional<stamps> stamped;
   if (r.kind == request_kind::versioned)
-    std::tie(stamped, unblocked) = gate_.finish(id, now);
+    std::tie(stamped, unblocked) = gate_.finish(id, now, outcome.last_token_version);
   if (r.engine_failed)
     out.emplace_back(fx::fail{id, make_http_error(http_failure::unavailable,
                                                   "the engine failed while activating new "

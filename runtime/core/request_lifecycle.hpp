@@ -27,6 +27,9 @@ struct engine_outcome {
   bool ok = false;
   /// The engine call itself failed: answered as this error.
   std::optional<error> failed;
+  /// The version that made the last token, when the engine says
+  /// (`engine_reply::last_token_version`).
+  std::optional<uint64_t> last_token_version = std::nullopt;
 };
 
 /// Effects a request lifecycle asks its host (the replica actor) to carry

@@ -1,6 +1,8 @@
 #include "runtime/engine/api_shapes.hpp"
+
 #include "runtime/core/json_depth.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -486,10 +488,35 @@ std::string add_request_fields(std::string_view route, std::string_view body,
 
 namespace {
 
+/// Span versions within the stamps, neighbours of one version merged: an
+/// exact pin whose version advanced under it (equal weights, see
+/// `engine_port::relabel`) says its pin for every token, as its stamps do.
+void clamp_spans(ordered_json& holder, const stamps& s) {
+  auto it = holder.find("weight_version_spans");
+  if (it == holder.end() || !it->is_array())
+    return;
+  ordered_json out = ordered_json::array();
+  for (auto& span : *it) {
+    if (!span.is_object() || !span["version"].is_number_unsigned()) {
+      out.push_back(span);
+      continue;
+    }
+    auto v = std::clamp(span["version"].get<uint64_t>(), s.start, s.end);
+    span["version"] = v;
+    if (!out.empty() && out.back().is_object() && out.back()["version"] == v
+        && span.contains("last_token"))
+      out.back()["last_token"] = span["last_token"];
+    else
+      out.push_back(span);
+  }
+  *it = std::move(out);
+}
+
 void stamp_native(ordered_json& doc, const stamps& s, std::string_view run_id) {
   auto& meta = doc["meta_info"];
   if (!meta.is_object())
     meta = ordered_json::object();
+  clamp_spans(meta, s);
   meta["weight_version_start"] = s.start;
   meta["weight_version_end"] = s.end;
   meta["weight_version"] = std::to_string(s.start);
@@ -518,6 +545,7 @@ std::string stamp_answer(std::string_view route, std::string_view body, const st
   if (*kind == api_kind::native) {
     stamp_native(doc, s, run_id);
   } else {
+    clamp_spans(doc, s);
     doc["weight_version_start"] = s.start;
     doc["weight_version_end"] = s.end;
     doc["run_id"] = run_id;

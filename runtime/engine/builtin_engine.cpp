@@ -580,6 +580,8 @@ result<engine_reply> builtin_engine::forward(const engine_call& call, const even
   o.finish_reason = out->finish_reason;
   o.prompt_tokens = out->prompt_tokens;
   o.spans = std::move(out->spans);
+  if (!o.spans.empty())
+    reply.last_token_version = o.spans.back().version;
   reply.finish_reason = o.finish_reason;
   reply.stream = req->stream;
   if (req->stream) {

@@ -68,7 +68,8 @@ inline replica_actor::behavior_type scripted_replica(scripted_replica_ptr self, 
     [](atom::staged, const work_report&) {},
     [](atom::committed, const work_report&) {},
     [](atom::rebuilt, const work_report&) {},
-    [](atom::generated, uint64_t, const replica_answer&, const caf::error&) {},
+    [](atom::generated, uint64_t, const replica_answer&, const caf::error&,
+       const caf::optional<uint64_t>&) {},
   };
 }
 

@@ -116,6 +116,22 @@ TEST(request_lifecycle, in_place_commit_lets_floors_cross_and_stamps_the_interva
   EXPECT_EQ(names(l.engine_done(2, ok(), 4s)), (list{"deliver 2 [6,6]"}));
 }
 
+TEST(request_lifecycle, the_end_stamp_covers_a_token_made_before_the_host_heard_the_activation) {
+  auto l = serving(5);
+  l.arrive(1, versioned, min_v(0), 0s);
+  l.arrive(2, versioned, exact_v(5), 0s);
+  // The engine activated 6 and made request 1's last token with it; the
+  // host has not heard yet (the gate still serves 5). An exact pin says
+  // its pin whatever (only equal weights can move under it).
+  engine_outcome made_by_6{true, std::nullopt, 6};
+  EXPECT_EQ(names(l.engine_done(1, made_by_6, 1s)), (list{"deliver 1 [5,6]"}));
+  EXPECT_EQ(names(l.engine_done(2, made_by_6, 1s)), (list{"deliver 2 [5,5]"}));
+  // An engine that reports an older version changes nothing.
+  l.arrive(3, versioned, any(), 2s);
+  EXPECT_EQ(names(l.engine_done(3, engine_outcome{true, std::nullopt, 4}, 3s)),
+            (list{"deliver 3 [5,5]"}));
+}
+
 TEST(request_lifecycle, exact_pin_holds_the_commit_until_it_finishes) {
   auto l = serving(5);
   l.arrive(1, versioned, exact_v(5), 0s);

@@ -238,3 +238,26 @@ TEST(api_shapes, bodies_nesting_too_deep_are_refused_and_never_rewritten) {
 }
 
 } // namespace stitch::engine
+
+namespace stitch::engine {
+
+TEST(api_shapes, stamping_keeps_the_spans_within_the_stamps) {
+  // An exact pin of 5 whose version advanced to 6 under it (equal weights):
+  // the engine counted its last tokens as 6; the answer says 5 throughout.
+  std::string native =
+    R"({"text":"ab","meta_info":{"weight_version_spans":[{"version":5,"first_token":0,)"
+    R"("last_token":1},{"version":6,"first_token":2,"last_token":3}]}})";
+  auto stamped = nlohmann::json::parse(stamp_answer("/generate", native, {5, 5}, "r"));
+  EXPECT_EQ(stamped["meta_info"]["weight_version_spans"],
+            nlohmann::json::parse(R"([{"version":5,"first_token":0,"last_token":3}])"));
+  EXPECT_EQ(stamped["meta_info"]["weight_version_end"], 5);
+  // Within the stamps nothing changes (OpenAI's shape: at the top level).
+  std::string openai =
+    R"({"choices":[],"weight_version_spans":[{"version":5,"first_token":0,"last_token":1},)"
+    R"({"version":6,"first_token":2,"last_token":3}]})";
+  auto crossing = nlohmann::json::parse(stamp_answer("/v1/completions", openai, {5, 6}, "r"));
+  EXPECT_EQ(crossing["weight_version_spans"],
+            nlohmann::json::parse(openai)["weight_version_spans"]);
+}
+
+} // namespace stitch::engine
