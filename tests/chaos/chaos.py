@@ -424,12 +424,10 @@ class Chaos:
                     with self.lock:
                         before = self.pointers.get(p["pool"])
                         self.pointer_polls += 1
-                        if before and before[0] == now[0] and now[1] < before[1]:
-                            pass_back = True
-                        else:
-                            pass_back = False
+                        back = before and before[0] == now[0] and now[1] < before[1]
+                        if not back:
                             self.pointers[p["pool"]] = now
-                    if pass_back:
+                    if back:
                         self.violate(f"pool {p['pool']} pointer moved back from "
                                      f"{before[1]} to {now[1]}")
             self.check_recoveries()
@@ -641,8 +639,9 @@ class Chaos:
                 self.stop_flag.wait(1.5)
             else:
                 # The hub paused or a link down: not a loss, try again.
-                self.fault_notes["side publish refused: " + out.strip().splitlines()[-1][:80]
-                                 if out.strip() else "side publish failed"] += 1
+                why = out.strip().splitlines()[-1][:80] if out.strip() else "no output"
+                with self.lock:
+                    self.fault_notes["side publish refused: " + why] += 1
                 self.stop_flag.wait(1.0)
 
     # -- faults --------------------------------------------------------------
@@ -945,8 +944,9 @@ def main():
         print(f"chaos: {e}", file=sys.stderr)
         print(json.dumps({"seed": args.seed, "error": str(e)[:2000]}))
         code = 2
-    shutil.rmtree(chaos.work, ignore_errors=True) if code == 0 else None
-    if code != 0:
+    if code == 0:
+        shutil.rmtree(chaos.work, ignore_errors=True)
+    else:
         print(f"chaos: logs kept in {chaos.work}", file=sys.stderr)
     sys.exit(code)
 
