@@ -22,6 +22,8 @@ void try_join(self_ptr self) {
         st.heartbeat = std::chrono::milliseconds{heartbeat_ms};
         log::info("node", "joined the coordinator; heartbeat every " + std::to_string(heartbeat_ms)
                             + " ms");
+        if (st.joins++ > 0 && st.hooks.rejoined)
+          st.hooks.rejoined();
         self->delayed_send(self, st.heartbeat, atom::tick_v);
       },
       [self](const caf::error& err) {

@@ -24,6 +24,9 @@ struct node_agent_hooks {
   /// (`progress` per step, `trained` at the end).
   std::function<status(const experiment_spec&, const std::string& gateway, node_agent_actor agent)>
     start_trainer;
+  /// The node joined again after the coordinator removed it: enroll its
+  /// roles again (the coordinator dropped them with the member).
+  std::function<void()> rejoined;
   /// Asks a run's trainer to stop after its current step.
   std::function<void(const std::string& run)> stop_trainer;
 };
@@ -35,6 +38,8 @@ struct node_agent_state {
   coordinator_actor coordinator;
   node_agent_hooks hooks;
   bool joined = false;
+  /// Successful joins so far (the first is the node's start).
+  uint64_t joins = 0;
   /// The coordinator is gone: no more joining.
   bool lost = false;
   std::chrono::milliseconds heartbeat{500};

@@ -354,17 +354,18 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
 
 namespace {
 
-/// Follows a pool's pointer: a subscription and a first read.
+/// Follows a pool's pointer: a first read (the subscription to every pool's
+/// moves brings the rest).
 void watch_pool(status_actor::stateful_pointer<status_state> self, const std::string& pool) {
   auto& st = self->state;
   st.watched.insert(pool);
   if (!st.store)
     return;
-  self->send(st.store, atom::subscribe_v, pool, caf::actor_cast<pointer_listener_actor>(self));
   self->request(st.store, std::chrono::seconds{30}, atom::read_pointer_v, pool)
     .then(
       [self, pool](const caf::optional<pointer_record>& r) {
-        if (r)
+        // A move heard meanwhile is newer than this read.
+        if (r && !self->state.pointers.contains(pool))
           self->state.pointers[pool] = *r;
       },
       [](caf::error&) {});
@@ -389,6 +390,20 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
   });
   for (const auto& pool : st.opts.pools)
     watch_pool(self, pool);
+  if (st.store) {
+    // Every pool, those without replicas (a publisher's alone) included:
+    // the pools the store holds now, then every pointer move.
+    self->send(st.store, atom::subscribe_v, std::string{},
+               caf::actor_cast<pointer_listener_actor>(self));
+    self->request(st.store, std::chrono::seconds{30}, atom::list_pools_v, std::string{})
+      .then(
+        [self](const std::vector<std::string>& pools) {
+          for (const auto& pool : pools)
+            if (!self->state.watched.contains(pool))
+              watch_pool(self, pool);
+        },
+        [](caf::error&) {});
+  }
   return {
     [self](atom::enroll, const std::string& pool, const replica_actor& r) {
       auto& replicas = self->state.replicas;
@@ -409,6 +424,7 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
     },
     [self](atom::replica_state, replica_info& info) { on_state(self, std::move(info)); },
     [self](atom::pointer_moved, const std::string& pool, const pointer_record& p) {
+      self->state.watched.insert(pool);
       self->state.pointers[pool] = p;
     },
     [self](atom::cluster_view, cluster_view& view) { self->state.cluster = std::move(view); },

@@ -13,13 +13,16 @@ using self_ptr = store_actor::stateful_pointer<store_state>;
 
 constexpr auto sweep_every = std::chrono::seconds{30};
 
-/// Tells every listener of `pool` where its pointer is now.
+/// Tells every listener of `pool`, and those of every pool, where its
+/// pointer is now.
 void tell_listeners(self_ptr self, const std::string& pool, const pointer_record& p) {
-  auto it = self->state.listeners.find(pool);
-  if (it == self->state.listeners.end())
-    return;
-  for (const auto& l : it->second)
-    self->send(l, atom::pointer_moved_v, pool, p);
+  for (const auto& key : {pool, std::string{}}) {
+    auto it = self->state.listeners.find(key);
+    if (it == self->state.listeners.end())
+      continue;
+    for (const auto& l : it->second)
+      self->send(l, atom::pointer_moved_v, pool, p);
+  }
 }
 
 /// Forgets an upload; its writer (and, unless committed, what it wrote) goes

@@ -87,7 +87,8 @@ using store_actor = caf::typed_actor<
   caf::replies_to<atom::put_end, uint64_t, manifest>::with<bool>,
   // Drops upload `id` and what it wrote (its writer gave up).
   caf::reacts_to<atom::put_abort, uint64_t>,
-  // Tells `listener` of every pointer move in `pool`.
+  // Tells `listener` of every pointer move in `pool` (in every pool when
+  // `pool` is empty: pool names never are).
   caf::reacts_to<atom::subscribe, std::string, pointer_listener_actor>,
   // The pointer of a pool may have moved (someone wrote the backend
   // directly): re-read it and tell the listeners.

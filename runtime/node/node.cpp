@@ -157,8 +157,6 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     so.io_buffer_bytes = settings.io_buffer_bytes;
     n->store_ = sys.spawn(store_service, n->backend_, store_lanes::make(), so);
     n->owns_store_ = true;
-    caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"store"},
-                   caf::actor_cast<caf::actor>(n->store_));
   } else {
     auto found = keep_trying([&] {
       return ask_actor<caf::actor>(sys, n->coordinator_, std::chrono::seconds{10}, atom::lookup_v,
@@ -214,19 +212,16 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
       sys.spawn(publisher_service, n->backend_, n->store_, po,
                 std::make_shared<worker_pool>(6, "publish", 0, priority::background),
                 settings.admin_token, limits, std::move(retention), std::move(lending));
-    caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"publisher"},
-                   caf::actor_cast<caf::actor>(n->publisher_));
   }
   if (settings.has_role("rollout_driver")) {
     n->rollout_driver_ = caf::actor_cast<caf::actor>(
       sys.spawn(rollout_driver, std::make_shared<worker_pool>(4, "rollouts")));
-    caf::anon_send(n->coordinator_, atom::enroll_v, std::string{"rollout_driver"},
-                   n->rollout_driver_);
   }
   if (auto ok = n->start_serving(settings); !ok) {
     n->stop();
     return std::move(ok).error();
   }
+  n->enroll_roles();
   if (auto ok = n->join_cluster(settings); !ok) {
     n->stop();
     return std::move(ok).error();
@@ -448,6 +443,9 @@ status node::join_cluster(const node_settings& settings) {
     }};
     return {};
   };
+  // Removed after missed heartbeats (a partition, a stall), the node joins
+  // again: the coordinator dropped its role handles with it.
+  hooks.rejoined = [this] { enroll_roles(); };
   hooks.stop_trainer = [this](const std::string& run) {
     std::lock_guard lock{jobs_->mutex};
     if (auto it = jobs_->by_run.find(run); it != jobs_->by_run.end())
@@ -455,6 +453,24 @@ status node::join_cluster(const node_settings& settings) {
   };
   agent_ = sys_.spawn(node_agent, me, coordinator_, std::move(hooks));
   return {};
+}
+
+void node::enroll_roles() {
+  // The coordinator's directory: other nodes find the store, publisher,
+  // gateway, status and rollout driver through it; `stitch status` finds the
+  // status actor; retention keeps what the config's replicas use.
+  auto enroll = [this](const char* role, const caf::actor& handle) {
+    if (handle)
+      caf::anon_send(coordinator_, atom::enroll_v, std::string{role}, handle);
+  };
+  if (owns_store_)
+    enroll("store", caf::actor_cast<caf::actor>(store_));
+  enroll("publisher", caf::actor_cast<caf::actor>(publisher_));
+  enroll("rollout_driver", rollout_driver_);
+  enroll("gateway", caf::actor_cast<caf::actor>(gateway_));
+  enroll("status", caf::actor_cast<caf::actor>(status_));
+  for (const auto& replica : replicas_)
+    caf::anon_send(coordinator_, atom::enroll_v, settings_.pool, replica);
 }
 
 status node::start_serving(const node_settings& settings) {
@@ -472,8 +488,6 @@ status node::start_serving(const node_settings& settings) {
 
   if (settings.has_role("gateway")) {
     gateway_ = sys_.spawn(gateway_service, gateway_options{});
-    caf::anon_send(coordinator_, atom::enroll_v, std::string{"gateway"},
-                   caf::actor_cast<caf::actor>(gateway_));
   }
   if (settings.has_role("status")) {
     status_options so;
@@ -483,10 +497,6 @@ status node::start_serving(const node_settings& settings) {
     status_ = sys_.spawn(status_service, so, store_);
     if (gateway_)
       caf::anon_send(status_, atom::enroll_v, gateway_);
-    // `stitch status` finds it through the coordinator, which also tells it
-    // of every replica it places.
-    caf::anon_send(coordinator_, atom::enroll_v, std::string{"status"},
-                   caf::actor_cast<caf::actor>(status_));
   }
   uint32_t replicas = settings.has_role("replica") ? settings.replicas : 0;
   for (uint32_t i = 0; i < replicas; ++i) {
@@ -510,8 +520,6 @@ status node::start_serving(const node_settings& settings) {
       caf::anon_send(gateway_, atom::enroll_v, settings.pool, *replica);
     if (status_)
       caf::anon_send(status_, atom::enroll_v, settings.pool, *replica);
-    // The coordinator's directory (retention keeps what replicas use).
-    caf::anon_send(coordinator_, atom::enroll_v, settings.pool, *replica);
   }
   if (gateway_) {
     gateway_front_ =

@@ -61,6 +61,8 @@ private:
   explicit node(caf::actor_system& sys);
   /// Replicas, gateway and status with their HTTP surfaces.
   status start_serving(const node_settings& settings);
+  /// Tells the coordinator which roles this node serves (again after a rejoin).
+  void enroll_roles();
   status join_cluster(const node_settings& settings);
   /// A replica and its HTTP surface on `http_port` (0: any); the port it
   /// got goes to `bound` when given.

@@ -79,6 +79,8 @@ struct node_log {
   /// The replicas report this applied version.
   std::optional<version_ref> applied;
   bool trainer_fails = false;
+  /// Joins after the first (the agent re-enrolls the node's roles on each).
+  int rejoins = 0;
 };
 
 /// Gateways see enrolls and retires: recorded as text.
@@ -163,6 +165,7 @@ protected:
       return {};
     };
     hooks.stop_trainer = [](const std::string&) {};
+    hooks.rejoined = [log] { ++log->rejoins; };
     member_info me{name, std::move(roles), std::move(slots), std::move(gateway)};
     agents[name] = sys.spawn(node_agent, me, coord, hooks);
     sched.run();
@@ -428,6 +431,29 @@ TEST_F(cluster_roles_test, a_member_missing_its_heartbeats_is_removed) {
   bool member = true;
   self->receive([&](bool b) { member = b; }, caf::after(0s) >> [] {});
   EXPECT_FALSE(member);
+}
+
+TEST_F(cluster_roles_test, a_removed_node_joins_again_and_enrolls_its_roles_again) {
+  coordinator_options o;
+  o.heartbeat_timeout = 1ms;
+  start(o);
+  auto& n1 = join("n1", {}, {"status"});
+  EXPECT_EQ(n1.rejoins, 0);
+  // A partition: its heartbeats stop long enough for the coordinator to
+  // remove it, which drops the node's role handles...
+  std::this_thread::sleep_for(5ms);
+  self->send(coord, atom::tick_v);
+  sched.run();
+  ASSERT_TRUE(view().nodes.empty());
+  // ...then its heartbeat is answered false and its next tick joins again.
+  for (int i = 0; i < 10 && n1.rejoins == 0; ++i) {
+    sched.trigger_timeouts();
+    sched.run();
+  }
+  EXPECT_EQ(n1.rejoins, 1);
+  auto nodes = view().nodes;
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].name, "n1");
 }
 
 TEST_F(cluster_roles_test, a_node_agent_that_loses_its_coordinator_stops_rejoining) {

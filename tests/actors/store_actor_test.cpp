@@ -5,12 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
 
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/executors.hpp"
 #include "actors/fakes.hpp"
+#include "actors/status.hpp"
 #include "actors/store.hpp"
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/rocksdb_store.hpp"
@@ -117,6 +121,52 @@ TEST_F(store_actor_test, handlers_only_queue_work_and_answer_when_the_lane_repor
   settle();
   EXPECT_EQ(answer_code<pointer_record>(), errc::none);
   EXPECT_EQ((*backend->read_pointer(pool))->latest, (version_ref{"r", 0}));
+}
+
+TEST_F(store_actor_test, a_listener_of_every_pool_hears_each_pools_moves) {
+  self->send(actor, atom::subscribe_v, std::string{},
+             caf::actor_cast<pointer_listener_actor>(self));
+  settle();
+  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
+  ASSERT_TRUE(put(*backend, pool, v0));
+  ASSERT_TRUE(put(*backend, "other", v0));
+  self->send(actor, atom::claim_v, pool, v0.m.ref);
+  self->send(actor, atom::claim_v, std::string{"other"}, v0.m.ref);
+  settle();
+  std::set<std::string> heard;
+  for (int i = 0; i < 4; ++i)
+    self->receive(
+      [&](atom::pointer_moved, const std::string& p, const pointer_record& r) {
+        EXPECT_EQ(r, (pointer_record{{"r", 0}, 0}));
+        heard.insert(p);
+      },
+      [&](const pointer_record&) {}, caf::after(std::chrono::seconds{0}) >> [] {});
+  EXPECT_EQ(heard, (std::set<std::string>{pool, "other"}));
+}
+
+TEST_F(store_actor_test, status_shows_every_pool_of_the_store_those_without_replicas_included) {
+  published("side", "s", 1);
+  auto status = sys.spawn(status_service, status_options{}, actor);
+  settle();
+  // A pool claimed after the status actor started, through the store.
+  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 2)}});
+  ASSERT_TRUE(put(*backend, pool, v0));
+  self->send(actor, atom::claim_v, pool, v0.m.ref);
+  settle();
+  EXPECT_EQ(answer_code<pointer_record>(), errc::none);
+  self->send(status, atom::status_view_v);
+  settle();
+  std::string text;
+  ASSERT_TRUE(next([&](const std::string& s) { text = s; }));
+  auto j = nlohmann::json::parse(text);
+  std::map<std::string, std::string> pools;
+  for (const auto& p : j["pools"])
+    pools[p["pool"]] = p["pointer"];
+  EXPECT_EQ(pools, (std::map<std::string, std::string>{{"side", "s/weight_v000000"},
+                                                       {pool, "r/weight_v000000"}}))
+    << text;
+  caf::anon_send_exit(status, caf::exit_reason::user_shutdown);
+  settle();
 }
 
 TEST_F(store_actor_test, listeners_hear_the_pointer_move_before_the_claim_is_answered) {
