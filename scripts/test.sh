@@ -29,24 +29,9 @@ cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs" --timeout 300
 
 step "fuzz the parsers (${fuzz_seconds}s each)"
-cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz -j "$jobs"
+scripts/fuzz.sh "$fuzz_seconds"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for fuzzer in build-fuzz/bin/fuzz_*; do
-  name=$(basename "$fuzzer")
-  mkdir -p "$work/$name"
-  if [ -d "tests/fuzz/corpus/$name" ]; then
-    cp -r "tests/fuzz/corpus/$name/." "$work/$name/"
-  fi
-  (cd "$work" && "$root/$fuzzer" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 \
-    -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1 "$work/$name" 2>"$work/$name.log") || {
-    tail -n 60 "$work/$name.log"
-    echo "fuzzer $name found a problem" >&2
-    exit 1
-  }
-  grep -E 'stat::number_of_executed_units' "$work/$name.log" | sed "s/^/$name: /"
-done
 
 step "benchmarks (smoke run)"
 build/bin/codec_bench --mb 8 >/dev/null

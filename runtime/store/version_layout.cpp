@@ -248,7 +248,12 @@ struct pointer_msg {
 template <class T>
 result<T> unpack(std::string_view bytes, std::string_view what) {
   try {
-    auto handle = msgpack::unpack(bytes.data(), bytes.size());
+    // Every element takes at least a byte, so no container or string in
+    // `bytes` is longer than `bytes`: a forged length is refused before
+    // msgpack allocates for it.
+    const auto n = static_cast<std::size_t>(bytes.size());
+    msgpack::unpack_limit limit(n, n, n, n, n, 8);
+    auto handle = msgpack::unpack(bytes.data(), bytes.size(), nullptr, nullptr, limit);
     T out;
     handle.get().convert(out);
     return out;
