@@ -131,8 +131,16 @@ parse_open(const std::string& body) {
   auto bad = [](std::string m) { return refuse(http_failure::bad_request, std::move(m)); };
   if (!json_nesting_within(body))
     return bad("the body nests JSON deeper than " + std::to_string(max_json_depth) + " levels");
-  auto j = json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    // The parser's own text quotes the bytes it read: name the place instead.
+    bool utf8 = std::string_view{e.what()}.find("UTF-8") != std::string_view::npos;
+    return bad(std::string{utf8 ? "the body is not valid UTF-8" : "the body is not valid JSON"}
+               + " (at byte " + std::to_string(e.byte) + ")");
+  }
+  if (!j.is_object())
     return bad("the body is not a JSON object");
   publish_args args;
   if (j.contains("pool")) {

@@ -161,7 +161,7 @@ std::string xml_escape(std::string_view text) {
 }
 
 std::optional<std::string> find_xml_text(std::string_view xml,
-                                     std::initializer_list<std::string_view> path) {
+                                         std::initializer_list<std::string_view> path) {
   std::optional<std::string> found;
   auto ok = scan_xml(xml, [&](const xml_event& e) -> status {
     if (!e.open && !found && path_is(e.path, path))

@@ -123,7 +123,9 @@ private:
   std::shared_ptr<std::atomic<int>> fail_commits_;
 };
 
-/// Flips a byte of one tensor's reads while `corrupt` is set.
+/// Flips a byte of one tensor's reads while `corrupt` is set; fails them
+/// half way (after filling half the buffer) while `fail` is set, as a disk
+/// read error or a peer lost mid-transfer would.
 class corrupting_source final : public tensor_source {
 public:
   explicit corrupting_source(std::shared_ptr<tensor_source> inner) : inner_(std::move(inner)) {}
@@ -131,11 +133,17 @@ public:
   status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
               std::span<std::byte> out) override {
     auto ok = inner_->read(ref, tensor, offset, out);
+    if (ok && fail && tensor == "lm_head.weight") {
+      ++failed_reads;
+      return make_error(errc::backend_failure, "read of lm_head.weight: Input/output error");
+    }
     if (ok && corrupt && tensor == "lm_head.weight" && !out.empty())
       out[out.size() / 2] ^= std::byte{0x40};
     return ok;
   }
   std::atomic<bool> corrupt{false};
+  std::atomic<bool> fail{false};
+  std::atomic<int> failed_reads{0};
 
 private:
   std::shared_ptr<tensor_source> inner_;
@@ -661,6 +669,42 @@ TEST_F(replica_actor_test,
   auto good = info();
   EXPECT_EQ(good.applied_version, 1);
   EXPECT_EQ(good.sync_state, "IDLE");
+}
+
+TEST_F(replica_actor_test, a_read_error_mid_fetch_never_activates_and_the_fetch_is_retried_later) {
+  publish("r", 0);
+  start();
+  settle();
+  bytes->fail = true;
+  publish("r", 1, true, std::nullopt, true);
+  settle();
+  auto bad = info();
+  EXPECT_GT(bytes->failed_reads.load(), 0);
+  EXPECT_EQ(bad.sync_state, "ERROR");
+  EXPECT_NE(bad.reason.find("Input/output error"), std::string::npos) << bad.reason;
+  EXPECT_EQ(bad.applied_version, 0);
+  EXPECT_TRUE(bad.ready) << "the serving weights are untouched and keep serving";
+  EXPECT_EQ(engines.at(0)->commits.load(), 1);
+  send(call(1));
+  requests->run_all();
+  sched.run();
+  auto r = reply();
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.tokens, reference(weights_of("r", 0)).tokens);
+
+  // The store reads again: the next trigger fetches the whole version anew.
+  bytes->fail = false;
+  self->send(replica, atom::wake_v);
+  settle();
+  auto good = info();
+  EXPECT_EQ(good.applied_version, 1);
+  EXPECT_EQ(good.sync_state, "IDLE");
+  send(call(2));
+  requests->run_all();
+  sched.run();
+  r = reply();
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.tokens, reference(weights_of("r", 1)).tokens);
 }
 
 TEST_F(replica_actor_test, a_failed_activation_leaves_rotation_until_the_engine_is_rebuilt) {

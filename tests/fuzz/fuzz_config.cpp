@@ -38,8 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::abort();
       // What it renders reads back the same.
       auto again = stitch::engine::parse_model_config(stitch::engine::render_model_config(*m));
-      if (!again || stitch::engine::render_model_config(*again)
-                      != stitch::engine::render_model_config(*m))
+      if (!again
+          || stitch::engine::render_model_config(*again) != stitch::engine::render_model_config(*m))
         std::abort();
       break;
     }

@@ -28,7 +28,8 @@ void check_pool(const std::string& pool) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0)
     return 0;
-  static const char* methods[] = {"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "Get"};
+  static const char* methods[] = {"GET",  "POST",    "PUT",   "DELETE",
+                                  "HEAD", "OPTIONS", "PATCH", "Get"};
   uint8_t flags = data[0];
   std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
   surface where = (flags & 1) ? surface::gateway : surface::replica;

@@ -354,6 +354,18 @@ TEST_F(hf_directory_test, hostile_headers) {
   EXPECT_EQ(err.code, errc::invalid_format);
   EXPECT_NE(err.message.find("evil"), std::string::npos) << err.message;
 
+  // Every other name that could leave a directory or break a log line.
+  for (std::string name :
+       {std::string{"/etc/passwd"}, std::string{"a/../../b"}, std::string{"a\\\\b"},
+        std::string{"nul\\u0000byte"}, std::string{"bad\xff\xfe"}, std::string(2000, 'x')}) {
+    write_bytes(
+      dir / "model.safetensors",
+      raw_file("{\"" + name + "\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4));
+    err = open_error();
+    EXPECT_EQ(err.code, errc::invalid_format) << name;
+    EXPECT_NE(err.message.find("model.safetensors"), std::string::npos) << err.message;
+  }
+
   // Not a regular file.
   fs::remove(dir / "model.safetensors");
   fs::create_directory(dir / "model.safetensors");

@@ -254,6 +254,36 @@ class PublishAndRollouts(unittest.TestCase):
         self.assertIn("'version'", str(caught.exception))
 
 
+    def test_hostile_tensor_names_are_refused_naming_the_tensor(self):
+        # Names a tensor could use to reach outside a staging or export
+        # directory, or to break a log line: each refused with a 400 naming
+        # the tensor, before any byte is read.
+        for name, why in (("../../etc/passwd", "'..'"), ("/etc/passwd", "absolute"),
+                          ("a/./b", "'.'"), ("a//b", "empty path component"),
+                          ("a\\b", "backslash"), ("nul\x00byte", "control byte"),
+                          ("x" * 1025, "longer than 1024")):
+            with self.assertRaises(StitchError) as caught:
+                self.client.open_session([(name, "U8", [1])], run="hostile", version=0, pool="hostile")
+            self.assertEqual(caught.exception.status, 400, name)
+            self.assertIn("tensor name", str(caught.exception), name)
+            self.assertIn(why, str(caught.exception), name)
+        # Bytes that are not UTF-8 cannot be a JSON string: the body is refused.
+        host, port = self.node.publisher[len("http://"):].rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        body = (b'{"run_id": "hostile", "version": 0, "pool": "hostile", "tensors": '
+                b'[{"name": "bad\xff\xfe", "dtype": "U8", "shape": [1]}]}')
+        conn.request("POST", "/publish", body, {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        self.assertEqual(answer.status, 400)
+        self.assertIn("UTF-8", answer.read().decode("utf-8", "replace"))
+        conn.close()
+        # Nothing of them was written anywhere under the node's directory.
+        for root, dirs, files in os.walk(os.path.join(self.tmp, "node")):
+            for entry in dirs + files:
+                self.assertNotIn("passwd", entry)
+                self.assertNotIn("hostile", entry)
+
+
 class SessionLifetime(unittest.TestCase):
     def test_an_idle_session_expires_and_a_restart_mid_session_leaves_nothing(self):
         tmp = tempfile.mkdtemp(prefix="stitch-client-expiry-")
