@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, builds everything, and
 # runs the whole test suite — formatting check, runtime/core under ASan+UBSan,
-# a short bounded fuzz run of every parser, a smoke run of the benchmarks, and
-# every unit test (the closing ctest summary is the verdict).
+# a short bounded fuzz run of every parser, a smoke run of the benchmarks,
+# every unit test, the Python client and example, and a bounded chaos run
+# (its last line, a JSON report, is the verdict).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # ccache hits across clones in other folders (CI builds a fresh clone).
@@ -84,3 +85,8 @@ step "PyTorch example: the engine's logprobs against PyTorch's, a short async RL
 # bfloat16) is part of the equivalence check here.
 STITCH_TEST_MEDIUM=1 PYTHONPATH="clients/python/tests:examples/pytorch_async_rl" \
   python_tests pytorch -s examples/pytorch_async_rl/tests
+
+step "chaos suite (bounded): a namespace cluster under a seeded fault schedule"
+# tests/chaos/README.md: the invariants, the long runs recorded. The last line
+# is the JSON report; any violation or lost version fails the run.
+tests/chaos/run.sh --seed "${STITCH_CHAOS_SEED:-1}" --minutes "${STITCH_CHAOS_MINUTES:-2}" --calm 20

@@ -141,6 +141,7 @@ TEST_F(full_disk_test, a_publish_that_runs_out_of_space_fails_cleanly_and_works_
   ASSERT_FALSE(full);
   EXPECT_EQ(full.error().code, errc::backend_failure) << to_string(full.error());
   EXPECT_THAT(full.error().message, HasSubstr("No space left on device"));
+  EXPECT_THAT(full.error().message, HasSubstr(".safetensors")) << "names the shard";
 
   // Nothing visible, the pointer where it was, and the attempt's bytes gone
   // (a full disk that stays full after a failed publish fails every later one).
