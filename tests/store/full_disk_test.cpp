@@ -29,8 +29,8 @@ namespace {
 using namespace stitch;
 using namespace stitch::store;
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using stitch::safetensors::dtype;
+using ::testing::HasSubstr;
 
 /// Threads of this process; the mount namespace must be made before any.
 size_t thread_count() {
@@ -41,7 +41,7 @@ size_t thread_count() {
 }
 
 uint64_t used_bytes(const fs::path& dir) {
-  struct statvfs s{};
+  struct statvfs s {};
   if (::statvfs(dir.c_str(), &s) != 0)
     return 0;
   return (s.f_blocks - s.f_bfree) * s.f_frsize;
@@ -52,8 +52,8 @@ tensor_set model(size_t tensors, size_t mib, uint64_t seed) {
   std::mt19937_64 rng{seed};
   tensor_set w;
   for (size_t i = 0; i < tensors; ++i) {
-    auto t = stitch::testing::make_tensor("model.layers." + std::to_string(i) + ".weight", dtype::f32,
-                                  {mib << 18}, rng);
+    auto t = stitch::testing::make_tensor("model.layers." + std::to_string(i) + ".weight",
+                                          dtype::f32, {mib << 18}, rng);
     w.emplace(t.name, std::move(t));
   }
   return w;
@@ -74,7 +74,7 @@ protected:
       GTEST_SKIP() << "a tmpfs needs root (CI runs as root)";
     // Once per process, before any thread starts: threads made later share
     // the namespace, so RocksDB's see the tmpfs too.
-    static const std::string private_mounts = [] () -> std::string {
+    static const std::string private_mounts = []() -> std::string {
       if (thread_count() != 1)
         return "threads were started before the mount namespace could be made";
       if (::unshare(CLONE_NEWNS) != 0)
@@ -128,7 +128,8 @@ protected:
   std::unique_ptr<store_backend> backend;
 };
 
-TEST_F(full_disk_test, a_publish_that_runs_out_of_space_fails_cleanly_and_works_once_space_is_freed) {
+TEST_F(full_disk_test,
+       a_publish_that_runs_out_of_space_fails_cleanly_and_works_once_space_is_freed) {
   open();
   publisher pub{*backend};
   auto v0 = model(2, 1, 1);
@@ -176,8 +177,9 @@ TEST_F(full_disk_test, records_written_on_a_full_disk_fail_and_the_store_recover
   auto v0 = model(1, 1, 3);
   ASSERT_TRUE(pub.publish(req("r", 0), v0));
   // Stored, not yet claimed: claiming it later writes records only.
-  ASSERT_TRUE(stitch::testing::put(*backend, "other",
-                                   stitch::testing::full_version("q", 0, {{"a", stitch::testing::random_bytes(64, 1)}})));
+  ASSERT_TRUE(stitch::testing::put(
+    *backend, "other",
+    stitch::testing::full_version("q", 0, {{"a", stitch::testing::random_bytes(64, 1)}})));
 
   // Fill every byte left, then try the small writes a store makes: a
   // publish (shards and records) of a tiny version.
