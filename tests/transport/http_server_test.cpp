@@ -228,6 +228,125 @@ TEST_F(http_server_test, a_slow_or_idle_connection_is_closed_by_the_timeout) {
   EXPECT_EQ(server->open_connections(), 0u);
 }
 
+TEST_F(http_server_test, slowloris_headers_and_bodies_are_cut_at_a_deadline_not_kept_alive) {
+  // A byte every 20 ms keeps a connection busy forever where the timeout is
+  // on inactivity; here the header and the body each have a deadline.
+  http_server_options o;
+  o.idle_timeout = 300ms;
+  o.read_timeout = 300ms;
+  std::atomic<int> handled{0};
+  start(o, [&](server_request, std::shared_ptr<http_responder> r) {
+    ++handled;
+    r->send(text("ok"));
+  });
+  auto dribble = [&](std::string head, std::string rest) {
+    raw_client slow{port};
+    slow.write(head);
+    size_t sent = 0;
+    try {
+      for (; sent < rest.size(); ++sent) {
+        slow.write(rest.substr(sent, 1));
+        std::this_thread::sleep_for(20ms);
+      }
+    } catch (const std::exception&) {
+      // The server closed: the write failed.
+    }
+    return std::make_pair(sent, slow.read_to_close());
+  };
+  // 500 bytes at 20 ms each would take 10 s; the deadline is 0.3 s.
+  auto [header_sent, header_answer] =
+    dribble("GET / HTTP/1.1\r\n", "X-Slow: " + std::string(500, 'a') + "\r\n\r\n");
+  EXPECT_LT(header_sent, 500u) << "the dribbled header was read to its end";
+  EXPECT_EQ(header_answer.find("200"), std::string::npos) << header_answer;
+  auto [body_sent, body_answer] =
+    dribble("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n", std::string(500, 'b'));
+  EXPECT_LT(body_sent, 500u) << "the dribbled body was read to its end";
+  EXPECT_EQ(body_answer.find("200"), std::string::npos) << body_answer;
+  EXPECT_EQ(handled.load(), 0);
+  for (int i = 0; i < 200 && server->open_connections() != 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server->open_connections(), 0u);
+  // Well-behaved clients are served throughout.
+  auto c = client();
+  http_request req;
+  req.target = "/fine";
+  auto r = c.send(req);
+  ASSERT_TRUE(r) << to_string(r.error());
+  EXPECT_EQ(r->body, "ok");
+}
+
+TEST_F(http_server_test, a_client_that_never_reads_its_stream_is_closed_and_reported_gone) {
+  // The handler streams 64 KiB events until it hears the client is gone;
+  // the client never reads. The socket buffers fill, the write deadline
+  // passes, the server closes and says so: the stream stops.
+  http_server_options o;
+  o.write_timeout = 300ms;
+  std::promise<void> gone;
+  std::atomic<bool> stop{false};
+  std::atomic<int> events{0};
+  std::thread streamer;
+  start(o, [&](server_request, std::shared_ptr<http_responder> r) {
+    r->on_disconnect([&] {
+      stop = true;
+      gone.set_value();
+    });
+    streamer = std::thread{[r, &stop, &events] {
+      r->start_events({});
+      std::string chunk(64 * 1024, 'e');
+      // Bounded even if the server never said the client left (a failure).
+      for (int i = 0; i < 20'000 && !stop; ++i) {
+        r->event(chunk);
+        ++events;
+        std::this_thread::sleep_for(1ms);
+      }
+    }};
+  });
+  raw_client deaf{port};
+  deaf.write("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+  ASSERT_EQ(gone.get_future().wait_for(30s), std::future_status::ready)
+    << "the server never gave up on a client that does not read";
+  streamer.join();
+  EXPECT_LT(events.load(), 20'000);
+  for (int i = 0; i < 200 && server->open_connections() != 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server->open_connections(), 0u);
+}
+
+TEST_F(http_server_test, a_pipelining_flood_is_read_a_window_at_a_time_and_answered_in_order) {
+  // 2,000 requests written at once on one connection: the server reads at
+  // most `max_pipeline` ahead of its answers, answers all in order, and
+  // never holds more than the window.
+  http_server_options o;
+  o.max_pipeline = 8;
+  std::atomic<int> in_flight{0};
+  std::atomic<int> most{0};
+  start(o, [&](server_request req, std::shared_ptr<http_responder> r) {
+    int now = ++in_flight;
+    for (int m = most.load(); now > m && !most.compare_exchange_weak(m, now);)
+      ;
+    std::thread{[r, target = req.target, &in_flight] {
+      std::this_thread::sleep_for(100us);
+      --in_flight;
+      r->send(text(target + ";"));
+    }}.detach();
+  });
+  raw_client flood{port};
+  std::string all;
+  for (int i = 0; i < 2000; ++i)
+    all += "GET /" + std::to_string(i) + " HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::thread writer{[&] { flood.write(all); }};
+  auto got = flood.read_until("\r\n\r\n/1999;");
+  writer.join();
+  size_t at = 0;
+  for (int i = 0; i < 2000; ++i) {
+    auto body = "\r\n\r\n/" + std::to_string(i) + ";";
+    auto next = got.find(body, at);
+    ASSERT_NE(next, std::string::npos) << "answer " << i << " missing or out of order";
+    at = next + body.size();
+  }
+  EXPECT_LE(most.load(), 8) << "more requests were read ahead than the window";
+}
+
 TEST_F(http_server_test, events_stream_as_chunks) {
   start({}, [&](server_request, std::shared_ptr<http_responder> r) {
     std::thread{[r] {
