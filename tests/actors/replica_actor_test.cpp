@@ -366,6 +366,43 @@ protected:
   store_actor store;
   engine::model_config config;
   std::unique_ptr<store::publisher> pub;
+  /// Serves r/0, publishes anchor r/1 while `fault` is set, and checks the
+  /// failed fetch: nothing activated, v0 still served. Then clears `fault`,
+  /// wakes the replica and checks the whole version is fetched anew and
+  /// served. Returns the replica's state while it failed.
+  info_view fetch_while(std::atomic<bool>& fault) {
+    publish("r", 0);
+    start();
+    settle();
+    fault = true;
+    publish("r", 1, true, std::nullopt, true);
+    settle();
+    auto bad = info();
+    EXPECT_EQ(bad.sync_state, "ERROR");
+    EXPECT_EQ(bad.applied_version, 0);
+    EXPECT_TRUE(bad.ready) << "the serving weights are untouched and keep serving";
+    EXPECT_EQ(engines.at(0)->commits.load(), 1);
+    expect_served(1, 0);
+    fault = false;
+    self->send(replica, atom::wake_v);
+    settle();
+    auto good = info();
+    EXPECT_EQ(good.applied_version, 1);
+    EXPECT_EQ(good.sync_state, "IDLE");
+    expect_served(2, 1);
+    return bad;
+  }
+
+  /// A request with `key` is answered 200 with version `v`'s tokens.
+  void expect_served(uint64_t key, uint64_t v) {
+    send(call(key));
+    requests->run_all();
+    sched.run();
+    auto r = reply();
+    ASSERT_EQ(r.status, 200);
+    EXPECT_EQ(r.tokens, reference(weights_of("r", v)).tokens);
+  }
+
   std::shared_ptr<corrupting_source> bytes;
   std::shared_ptr<stepped_executor> reconcile = std::make_shared<stepped_executor>();
   std::shared_ptr<stepped_executor> requests = std::make_shared<stepped_executor>();
@@ -643,68 +680,15 @@ TEST_F(replica_actor_test,
 
 TEST_F(replica_actor_test,
        corrupt_bytes_are_never_activated_and_are_refetched_on_the_next_trigger) {
-  publish("r", 0);
-  start();
-  settle();
-  bytes->corrupt = true;
-  publish("r", 1, true, std::nullopt, true); // an anchor: the flipped byte decodes fine
-  settle();
-  auto bad = info();
-  EXPECT_EQ(bad.sync_state, "ERROR");
+  auto bad = fetch_while(bytes->corrupt); // an anchor: the flipped byte decodes fine
   EXPECT_NE(bad.reason.find("lm_head.weight"), std::string::npos) << bad.reason;
   EXPECT_EQ(bad.metrics.checksum_failures_total, 1u);
-  EXPECT_EQ(bad.applied_version, 0);
-  EXPECT_TRUE(bad.ready) << "the serving weights are untouched and keep serving";
-  EXPECT_EQ(engines.at(0)->commits.load(), 1);
-  send(call(1));
-  requests->run_all();
-  sched.run();
-  auto r = reply();
-  ASSERT_EQ(r.status, 200);
-  EXPECT_EQ(r.tokens, reference(weights_of("r", 0)).tokens);
-
-  bytes->corrupt = false;
-  self->send(replica, atom::wake_v);
-  settle();
-  auto good = info();
-  EXPECT_EQ(good.applied_version, 1);
-  EXPECT_EQ(good.sync_state, "IDLE");
 }
 
 TEST_F(replica_actor_test, a_read_error_mid_fetch_never_activates_and_the_fetch_is_retried_later) {
-  publish("r", 0);
-  start();
-  settle();
-  bytes->fail = true;
-  publish("r", 1, true, std::nullopt, true);
-  settle();
-  auto bad = info();
+  auto bad = fetch_while(bytes->fail);
   EXPECT_GT(bytes->failed_reads.load(), 0);
-  EXPECT_EQ(bad.sync_state, "ERROR");
   EXPECT_NE(bad.reason.find("Input/output error"), std::string::npos) << bad.reason;
-  EXPECT_EQ(bad.applied_version, 0);
-  EXPECT_TRUE(bad.ready) << "the serving weights are untouched and keep serving";
-  EXPECT_EQ(engines.at(0)->commits.load(), 1);
-  send(call(1));
-  requests->run_all();
-  sched.run();
-  auto r = reply();
-  ASSERT_EQ(r.status, 200);
-  EXPECT_EQ(r.tokens, reference(weights_of("r", 0)).tokens);
-
-  // The store reads again: the next trigger fetches the whole version anew.
-  bytes->fail = false;
-  self->send(replica, atom::wake_v);
-  settle();
-  auto good = info();
-  EXPECT_EQ(good.applied_version, 1);
-  EXPECT_EQ(good.sync_state, "IDLE");
-  send(call(2));
-  requests->run_all();
-  sched.run();
-  r = reply();
-  ASSERT_EQ(r.status, 200);
-  EXPECT_EQ(r.tokens, reference(weights_of("r", 1)).tokens);
 }
 
 TEST_F(replica_actor_test, a_failed_activation_leaves_rotation_until_the_engine_is_rebuilt) {

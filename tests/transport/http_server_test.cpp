@@ -80,6 +80,21 @@ protected:
     port = *p;
   }
   http_client client() { return http_client{http_endpoint{"http", "127.0.0.1", port}}; }
+  /// A GET of `target` on a fresh connection is answered with `body`.
+  void expect_answer(std::string target, std::string_view body) {
+    auto c = client();
+    http_request req;
+    req.target = std::move(target);
+    auto r = c.send(req);
+    ASSERT_TRUE(r) << to_string(r.error());
+    EXPECT_EQ(r->body, body);
+  }
+  /// Every connection is closed (waits up to 2 s for the server to see it).
+  void expect_no_open_connections() {
+    for (int i = 0; i < 200 && server->open_connections() != 0; ++i)
+      std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(server->open_connections(), 0u);
+  }
 
   std::unique_ptr<http_server> server;
   uint16_t port = 0;
@@ -223,9 +238,7 @@ TEST_F(http_server_test, a_slow_or_idle_connection_is_closed_by_the_timeout) {
   auto answered = idle.read_to_close();
   EXPECT_EQ(answered.rfind("HTTP/1.1 200", 0), 0u) << answered;
   EXPECT_TRUE(idle.closed_by_peer()) << "the idle keep-alive connection was closed";
-  for (int i = 0; i < 200 && server->open_connections() != 0; ++i)
-    std::this_thread::sleep_for(10ms);
-  EXPECT_EQ(server->open_connections(), 0u);
+  expect_no_open_connections();
 }
 
 TEST_F(http_server_test, slowloris_headers_and_bodies_are_cut_at_a_deadline_not_kept_alive) {
@@ -263,16 +276,9 @@ TEST_F(http_server_test, slowloris_headers_and_bodies_are_cut_at_a_deadline_not_
   EXPECT_LT(body_sent, 500u) << "the dribbled body was read to its end";
   EXPECT_EQ(body_answer.find("200"), std::string::npos) << body_answer;
   EXPECT_EQ(handled.load(), 0);
-  for (int i = 0; i < 200 && server->open_connections() != 0; ++i)
-    std::this_thread::sleep_for(10ms);
-  EXPECT_EQ(server->open_connections(), 0u);
+  expect_no_open_connections();
   // Well-behaved clients are served throughout.
-  auto c = client();
-  http_request req;
-  req.target = "/fine";
-  auto r = c.send(req);
-  ASSERT_TRUE(r) << to_string(r.error());
-  EXPECT_EQ(r->body, "ok");
+  expect_answer("/fine", "ok");
 }
 
 TEST_F(http_server_test, a_client_that_never_reads_its_stream_is_closed_and_reported_gone) {
@@ -307,9 +313,7 @@ TEST_F(http_server_test, a_client_that_never_reads_its_stream_is_closed_and_repo
     << "the server never gave up on a client that does not read";
   streamer.join();
   EXPECT_LT(events.load(), 20'000);
-  for (int i = 0; i < 200 && server->open_connections() != 0; ++i)
-    std::this_thread::sleep_for(10ms);
-  EXPECT_EQ(server->open_connections(), 0u);
+  expect_no_open_connections();
 }
 
 TEST_F(http_server_test, a_pipelining_flood_is_read_a_window_at_a_time_and_answered_in_order) {
@@ -417,12 +421,7 @@ TEST_F(http_server_test, clients_that_leave_while_their_answer_is_written_do_not
     });
   for (auto& c : clients)
     c.join();
-  auto c = client();
-  http_request req;
-  req.target = "/after";
-  auto r = c.send(req);
-  ASSERT_TRUE(r) << to_string(r.error());
-  EXPECT_EQ(r->body, "bye");
+  expect_answer("/after", "bye");
 }
 
 TEST_F(http_server_test, connections_over_the_limits_are_answered_503_and_counted) {
