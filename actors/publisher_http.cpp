@@ -1,7 +1,7 @@
 #include "actors/publisher_http.hpp"
-#include "runtime/core/json_depth.hpp"
 
-#include <openssl/evp.h>
+#include "runtime/core/base64.hpp"
+#include "runtime/core/json_depth.hpp"
 
 #include <caf/all.hpp>
 
@@ -68,33 +68,6 @@ std::optional<uint64_t> session_of(std::string_view rest) {
   return id;
 }
 
-/// Strict base64 (RFC 4648, padded, no whitespace) to bytes; nullopt when
-/// `text` is not that.
-std::optional<std::string> decode_base64(const std::string& text) {
-  if (text.size() % 4 != 0)
-    return std::nullopt;
-  size_t padding = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    const bool plain = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
-                       || c == '+' || c == '/';
-    if (c == '=' && i + 2 >= text.size())
-      ++padding;
-    else if (!plain || padding > 0)
-      return std::nullopt;
-  }
-  std::string out(text.size() / 4 * 3, '\0');
-  if (!text.empty()) {
-    const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                  reinterpret_cast<const unsigned char*>(text.data()),
-                                  static_cast<int>(text.size()));
-    if (n < 0 || static_cast<size_t>(n) != out.size())
-      return std::nullopt;
-  }
-  out.resize(out.size() - padding);
-  return out;
-}
-
 /// The open request's `files`: name -> the file's text (a JSON string, kept
 /// as its UTF-8 bytes) or {"base64": "..."} for any bytes.
 std::variant<std::map<std::string, std::string>, std::string> parse_files(const json& files) {
@@ -110,7 +83,7 @@ std::variant<std::map<std::string, std::string>, std::string> parse_files(const 
       out[name] = value.get<std::string>();
     } else if (value.is_object() && value.size() == 1 && value.contains("base64")
                && value["base64"].is_string()) {
-      auto bytes = decode_base64(value["base64"].get<std::string>());
+      auto bytes = base64_decode(value["base64"].get<std::string>());
       if (!bytes)
         return at + ".base64 is not padded base64 (RFC 4648)";
       out[name] = std::move(*bytes);

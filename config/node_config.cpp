@@ -164,7 +164,8 @@ const std::vector<entry>& schema() {
        [](node_config& c, const value& v) { c.io_buffer_bytes = static_cast<uint64_t>(v.number); },
        [](const node_config& c) { return std::to_string(c.io_buffer_bytes); }});
     text("transfer.peers", &node_config::transfer_peers, {"ucx", "off"});
-    text("model.preset", &node_config::model_preset, {"tiny", "small", "medium"});
+    text("model.preset", &node_config::model_preset,
+         {"tiny", "small", "medium", "moe-tiny", "moe-small"});
     text("engine.kind", &node_config::engine_kind, {"builtin", "sglang", "vllm"});
     text("engine.url", &node_config::engine_url);
     text("engine.launch", &node_config::engine_launch);

@@ -7,10 +7,20 @@ It is written from the architecture (Hugging Face's ``LlamaForCausalLM``:
 RMSNorm, rotary embeddings on halves, grouped-query attention, SwiGLU MLP, an
 untied output head), not from the engine's C++, so that comparing the two
 checks the engine's forward pass against PyTorch's operators.
+
+The mixture-of-experts presets (``moe-tiny``, ``moe-small``) are Hugging
+Face's ``Qwen3MoeForCausalLM``: queries and keys RMS-normalized per head before
+rotary, and in every layer a sparse block of SwiGLU experts behind a linear
+router (``mlp.gate``) that sends each token to its top ``num_experts_per_tok``
+experts by softmax score. The forward can replay a given routing (the
+``routed_experts`` a rollout returned, R3) instead of routing itself: the
+experts are the given ones, their mixing weights still the router's own
+scores, so the router keeps its gradient.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -39,10 +49,19 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     torch_dtype: str = "float32"
+    model_type: str = "llama"
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.model_type == "qwen3_moe"
 
     @classmethod
     def from_json(cls, text: str) -> "LlamaConfig":
@@ -56,9 +75,17 @@ class LlamaConfig:
             return cls.from_json(f.read())
 
     def to_json(self) -> str:
-        """A config.json transformers loads as ``LlamaForCausalLM``."""
-        doc = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu"}
-        doc.update(asdict(self))
+        """A config.json transformers loads as ``LlamaForCausalLM`` or
+        ``Qwen3MoeForCausalLM``."""
+        doc = asdict(self)
+        arch = "Qwen3MoeForCausalLM" if self.is_moe else "LlamaForCausalLM"
+        doc.update(architectures=[arch], hidden_act="silu")
+        if self.is_moe:
+            doc.update(head_dim=self.head_dim, decoder_sparse_step=1, mlp_only_layers=[])
+        else:
+            for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                        "norm_topk_prob"):
+                del doc[key]
         doc.update(tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
         return json.dumps(doc, indent=2)
 
@@ -69,6 +96,14 @@ PRESETS: Dict[str, LlamaConfig] = {
     "small": LlamaConfig(512, 1376, 4, 8, 4, max_position_embeddings=2048),
     "medium": LlamaConfig(
         2048, 5632, 10, 16, 8, max_position_embeddings=4096, torch_dtype="bfloat16"
+    ),
+    "moe-tiny": LlamaConfig(
+        64, 128, 2, 4, 2, max_position_embeddings=512, model_type="qwen3_moe",
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+    ),
+    "moe-small": LlamaConfig(
+        512, 1376, 4, 8, 4, max_position_embeddings=2048, model_type="qwen3_moe",
+        num_experts=16, num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True,
     ),
 }
 
@@ -97,6 +132,10 @@ class Attention(torch.nn.Module):
         self.k_proj = torch.nn.Linear(c.hidden_size, kv, bias=False)
         self.v_proj = torch.nn.Linear(c.hidden_size, kv, bias=False)
         self.o_proj = torch.nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        if c.is_moe:
+            # Qwen3: per-head RMSNorm of queries and keys, before rotary.
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         c = self.c
@@ -104,6 +143,8 @@ class Attention(torch.nn.Module):
         q = self.q_proj(x).view(n, c.num_attention_heads, c.head_dim).transpose(0, 1)
         k = self.k_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
         v = self.v_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        if c.is_moe:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         group = c.num_attention_heads // c.num_key_value_heads
         k = k.repeat_interleave(group, dim=0)
@@ -133,17 +174,63 @@ class MLP(torch.nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class Expert(torch.nn.Module):
+    """One expert: a SwiGLU MLP of ``moe_intermediate_size``."""
+
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(c.hidden_size, c.moe_intermediate_size, bias=False)
+        self.up_proj = torch.nn.Linear(c.hidden_size, c.moe_intermediate_size, bias=False)
+        self.down_proj = torch.nn.Linear(c.moe_intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SparseMoE(torch.nn.Module):
+    """Qwen3-MoE's sparse block: softmax router scores, the top-k experts of
+    each token (or the replayed ones), mixed by their scores (renormalized
+    over the chosen with ``norm_topk_prob``)."""
+
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.c = c
+        self.gate = torch.nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        self.experts = torch.nn.ModuleList(Expert(c) for _ in range(c.num_experts))
+
+    def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None):
+        """(output, own routing, used routing): routings are (tokens, k) ids."""
+        c = self.c
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        _, own = torch.topk(probs, c.num_experts_per_tok, dim=-1)
+        used = own if replay is None else replay.to(torch.long)
+        weights = probs.gather(1, used)
+        if c.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in range(c.num_experts):
+            rows, slot = (used == e).nonzero(as_tuple=True)
+            if rows.numel():
+                out.index_add_(0, rows, self.experts[e](x[rows]) * weights[rows, slot, None])
+        return out, own, used
+
+
 class Layer(torch.nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
         self.self_attn = Attention(c)
-        self.mlp = MLP(c)
+        self.mlp = SparseMoE(c) if c.is_moe else MLP(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x, cos, sin, replay=None):
+        """(hidden, own routing, used routing); the routings are None for a
+        dense layer."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if isinstance(self.mlp, SparseMoE):
+            out, own, used = self.mlp(self.post_attention_layernorm(x), replay)
+            return x + out, own, used
+        return x + self.mlp(self.post_attention_layernorm(x)), None, None
 
 
 class Decoder(torch.nn.Module):
@@ -182,21 +269,42 @@ class LlamaForCausalLM(torch.nn.Module):
         angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
         return angles.cos().float(), angles.sin().float()
 
-    def forward(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Logits (len(tokens), vocab) of one sequence: row i predicts token i + 1."""
+    def forward(self, tokens: Sequence[int], routing: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (len(tokens), vocab) of one sequence: row i predicts token i + 1.
+
+        For a mixture of experts, ``routing`` (len(tokens), layers, k) replays
+        the experts of every position; ``self.own_routing`` and
+        ``self.used_routing`` hold, after the call, the router's own top-k and
+        the experts used, in the same shape."""
         ids = torch.tensor(list(tokens), dtype=torch.long)
+        if routing is not None:
+            c = self.config
+            want = (len(ids), c.num_hidden_layers, c.num_experts_per_tok)
+            if not c.is_moe or tuple(routing.shape) != want:
+                raise ValueError(f"routing of shape {tuple(routing.shape)}, expected {want}")
         cos, sin = self.rope(len(ids))
         x = self.model.embed_tokens(ids)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin)
+        own, used = [], []
+        for i, layer in enumerate(self.model.layers):
+            x, o, u = layer(x, cos, sin, None if routing is None else routing[:, i, :])
+            own.append(o)
+            used.append(u)
+        if self.config.is_moe:
+            self.own_routing = torch.stack(own, dim=1)
+            self.used_routing = torch.stack(used, dim=1)
         return self.lm_head(self.model.norm(x))
 
     def token_logprobs(
-        self, prompt: Sequence[int], output: Sequence[int], temperature: float = 1.0
+        self,
+        prompt: Sequence[int],
+        output: Sequence[int],
+        temperature: float = 1.0,
+        routing: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """log softmax(logits / T) of each output token given what precedes it
-        (the engine's ``output_token_logprobs``), computed in float64."""
-        logits = self.forward(list(prompt) + list(output)[:-1])[len(prompt) - 1 :]
+        (the engine's ``output_token_logprobs``), computed in float64;
+        ``routing`` replays a mixture's experts for every fed position."""
+        logits = self.forward(list(prompt) + list(output)[:-1], routing)[len(prompt) - 1 :]
         logp = torch.log_softmax(logits.double() / temperature, dim=-1)
         return logp.gather(1, torch.tensor(list(output))[:, None])[:, 0]
 
@@ -215,6 +323,14 @@ class LlamaForCausalLM(torch.nn.Module):
                 f"extra {sorted(set(tensors) - set(own))}"
             )
         self.load_state_dict({k: v.float() for k, v in tensors.items()})
+
+
+def decode_routed_experts(text: str, layers: int, k: int) -> torch.Tensor:
+    """SGLang's ``meta_info["routed_experts"]``: base64 of little-endian int32
+    ids, as (fed positions, layers, k)."""
+    raw = base64.b64decode(text, validate=True)
+    ids = torch.frombuffer(bytearray(raw), dtype=torch.int32)
+    return ids.reshape(-1, layers, k).clone()
 
 
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}

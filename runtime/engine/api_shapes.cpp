@@ -1,5 +1,6 @@
 #include "runtime/engine/api_shapes.hpp"
 
+#include "runtime/core/base64.hpp"
 #include "runtime/core/json_depth.hpp"
 
 #include <algorithm>
@@ -348,6 +349,8 @@ result<api_request> parse_api_request(api_kind kind, std::string_view body,
         return std::move(ok).error();
       STITCH_TRY(lp, flag(doc, "return_logprob", ""));
       req.return_logprob = *lp;
+      STITCH_TRY(routed, flag(doc, "return_routed_experts", ""));
+      req.return_routed_experts = *routed;
       break;
     }
     case api_kind::completions: {
@@ -400,6 +403,19 @@ ordered_json spans_json(const std::vector<version_span>& spans) {
   return a;
 }
 
+/// SGLang's `routed_experts`: base64 of the little-endian int32 ids
+/// (python/sglang/srt/managers/tokenizer_manager.py encodes the tensor's
+/// bytes; layers/moe/routed_experts_capturer.py gives its shape).
+std::string routed_experts_base64(const std::vector<int32_t>& ids) {
+  std::string bytes(ids.size() * 4, '\0');
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto v = static_cast<uint32_t>(ids[i]);
+    for (size_t b = 0; b < 4; ++b)
+      bytes[i * 4 + b] = static_cast<char>((v >> (8 * b)) & 0xFF);
+  }
+  return base64_encode(bytes);
+}
+
 ordered_json native_body(const api_request& req, const api_output& out, std::string_view id) {
   ordered_json j;
   j["text"] = out.text;
@@ -407,6 +423,14 @@ ordered_json native_body(const api_request& req, const api_output& out, std::str
   j["meta_info"] = native_meta(id, out, true, req.return_logprob);
   if (!out.spans.empty())
     j["meta_info"]["weight_version_spans"] = spans_json(out.spans);
+  if (req.return_routed_experts) {
+    j["meta_info"]["routed_experts"] = routed_experts_base64(out.routed_experts);
+    ordered_json rows = ordered_json::array();
+    for (const auto& s : out.routed_spans)
+      rows.push_back(ordered_json{
+        {"version", s.version}, {"first_row", s.first_token}, {"last_row", s.last_token}});
+    j["meta_info"]["routed_experts_version_spans"] = std::move(rows);
+  }
   return j;
 }
 
@@ -491,8 +515,9 @@ namespace {
 /// Span versions within the stamps, neighbours of one version merged: an
 /// exact pin whose version advanced under it (equal weights, see
 /// `engine_port::relabel`) says its pin for every token, as its stamps do.
-void clamp_spans(ordered_json& holder, const stamps& s) {
-  auto it = holder.find("weight_version_spans");
+void clamp_spans(ordered_json& holder, const stamps& s, const char* key = "weight_version_spans",
+                 const char* last_key = "last_token") {
+  auto it = holder.find(key);
   if (it == holder.end() || !it->is_array())
     return;
   ordered_json out = ordered_json::array();
@@ -504,8 +529,8 @@ void clamp_spans(ordered_json& holder, const stamps& s) {
     auto v = std::clamp(span["version"].get<uint64_t>(), s.start, s.end);
     span["version"] = v;
     if (!out.empty() && out.back().is_object() && out.back()["version"] == v
-        && span.contains("last_token"))
-      out.back()["last_token"] = span["last_token"];
+        && span.contains(last_key))
+      out.back()[last_key] = span[last_key];
     else
       out.push_back(span);
   }
@@ -517,6 +542,7 @@ void stamp_native(ordered_json& doc, const stamps& s, std::string_view run_id) {
   if (!meta.is_object())
     meta = ordered_json::object();
   clamp_spans(meta, s);
+  clamp_spans(meta, s, "routed_experts_version_spans", "last_row");
   meta["weight_version_start"] = s.start;
   meta["weight_version_end"] = s.end;
   meta["weight_version"] = std::to_string(s.start);

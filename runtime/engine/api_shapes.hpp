@@ -29,6 +29,8 @@ struct api_request {
   /// False: the engine picks the seed (from the request id).
   bool seeded = false;
   bool return_logprob = false;
+  /// SGLang's `return_routed_experts` (mixture-of-experts models).
+  bool return_routed_experts = false;
   bool stream = false;
   /// OpenAI `stream_options.include_usage`.
   bool stream_usage = false;
@@ -62,6 +64,14 @@ struct api_output {
   uint32_t prompt_tokens = 0;
   /// `weight_version_spans` (rendered when not empty).
   std::vector<version_span> spans;
+  /// When routed experts were asked for: `meta_info.routed_experts`, the
+  /// experts of every fed position as SGLang returns them — base64 of the
+  /// little-endian int32 array `[prompt + completion - 1][layers][k]` (the
+  /// last token is never fed) — and `meta_info.routed_experts_version_spans`,
+  /// `[{version, first_row, last_row}]`: which version's router chose which
+  /// rows. Rendered in `/generate` answers (SGLang's native route).
+  std::vector<int32_t> routed_experts;
+  std::vector<version_span> routed_spans;
 };
 
 /// The complete (non-streamed) response body, without stamps.

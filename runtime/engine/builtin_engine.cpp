@@ -31,6 +31,8 @@ struct builtin_engine::job {
   std::function<void(const decoder&)> on_token;
   /// Which served version produced which generated tokens.
   std::vector<version_span> spans;
+  /// Which served version routed which fed positions (mixtures of experts).
+  std::vector<version_span> routed_spans;
   std::promise<result<generation_output>> answer;
 };
 
@@ -103,6 +105,7 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
   auto finish_job = [](job& j) {
     auto out = std::move(j.dec).finish();
     out.spans = std::move(j.spans);
+    out.routed_spans = std::move(j.routed_spans);
     j.answer.set_value(std::move(out));
   };
   // Cancelled requests leave before the step.
@@ -139,6 +142,7 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
     feed.push_back(j->dec.next_token());
   }
   auto logits = step(*w, batch, feed);
+  const bool w_config_is_moe = w->config.is_moe();
   w.reset();
   {
     std::lock_guard guard{jobs_mutex_};
@@ -153,6 +157,15 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
     return;
   }
   for (size_t i = 0; i < active.size(); ++i) {
+    if (w_config_is_moe) {
+      // The position this step fed was routed by this version's router.
+      auto& routed = active[i]->routed_spans;
+      const auto row = static_cast<uint32_t>(active[i]->dec.seq().position - 1);
+      if (routed.empty() || routed.back().version != served_version)
+        routed.push_back({served_version, row, row});
+      else
+        routed.back().last_token = row;
+    }
     const size_t before = active[i]->dec.progress().tokens.size();
     if (auto ok = active[i]->dec.on_logits((*logits)[i]); !ok) {
       active[i]->answer.set_value(std::move(ok).error());
@@ -545,7 +558,12 @@ result<engine_reply> builtin_engine::forward(const engine_call& call, const even
     req->sampling.seed = seed_for(call.id);
   if (req->model.empty())
     req->model = "stitch-builtin";
-  auto started = decoder::start(served_config(), tokenizer_, req->prompt, req->sampling);
+  const model_config served_arch = served_config();
+  if (req->return_routed_experts && !served_arch.is_moe())
+    return fail(errc::invalid_argument,
+                "return_routed_experts: the served model has no experts (model_type "
+                  + std::string(to_string(served_arch.arch)) + ")");
+  auto started = decoder::start(served_arch, tokenizer_, req->prompt, req->sampling);
   if (!started)
     return std::move(started).error();
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
@@ -580,6 +598,10 @@ result<engine_reply> builtin_engine::forward(const engine_call& call, const even
   o.finish_reason = out->finish_reason;
   o.prompt_tokens = out->prompt_tokens;
   o.spans = std::move(out->spans);
+  if (req->return_routed_experts) {
+    o.routed_experts = std::move(out->routed_experts);
+    o.routed_spans = std::move(out->routed_spans);
+  }
   if (!o.spans.empty())
     reply.last_token_version = o.spans.back().version;
   reply.finish_reason = o.finish_reason;

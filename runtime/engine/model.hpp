@@ -22,6 +22,35 @@ struct sequence {
   /// position-major: `[position][kv_heads * head_dim]`, rotary applied to keys.
   std::vector<std::vector<float>> keys;
   std::vector<std::vector<float>> values;
+
+  /// Mixtures of experts (qwen3_moe): the experts each processed position
+  /// was routed to, position-major `[position][layer][num_experts_per_tok]`,
+  /// each position's experts in descending router score (lowest id first
+  /// on ties). Its layout is SGLang's `routed_experts` (see api_shapes.hpp).
+  std::vector<int32_t> routed_experts;
+  /// Routing replay: when not empty, the experts to use at each position, in
+  /// the layout of `routed_experts` (what a rollout returned), instead of
+  /// the router's own top-k; the mixing weights are still the router's own
+  /// scores of those experts. It must cover every position stepped.
+  std::vector<int32_t> replay_experts;
+  /// Under replay, how many (position, layer) choices of the router's own
+  /// top-k differ (as a set) from the replayed experts.
+  uint64_t replay_disagreements = 0;
+};
+
+/// What the last layer's mixture of experts did for one sequence in one
+/// step: what a trainer needs for the router's gradient.
+struct moe_trace {
+  /// The normalized hidden state the router and the experts read.
+  std::vector<float> input;
+  /// The router's logits, `num_experts` floats.
+  std::vector<float> router_logits;
+  /// The experts used (`num_experts_per_tok`), as in `routed_experts`.
+  std::vector<int32_t> experts;
+  /// Their outputs before mixing: `num_experts_per_tok x hidden_size`.
+  std::vector<float> expert_outputs;
+  /// The hidden state after the last layer, before the final norm.
+  std::vector<float> residual;
 };
 
 /// One logits vector (`vocab_size` floats) per sequence of a step.
@@ -39,10 +68,17 @@ using step_logits = std::vector<std::vector<float>>;
 /// reduction. On error (a size mismatch, a token outside the vocabulary, a
 /// sequence at `max_position_embeddings`, a sequence twice in the batch) no
 /// sequence is touched. With `hidden`, it also receives each sequence's final
-/// normalized hidden state (`hidden_size` floats): the input of `lm_head`.
+/// normalized hidden state (`hidden_size` floats): the input of `lm_head`;
+/// with `last_moe` (a mixture-of-experts model), each sequence's trace of the
+/// last layer's mixture. A replay that does not cover the position, or names
+/// an expert outside the layer or twice, is an error.
 result<step_logits> step(const weights& w, std::span<sequence* const> batch,
                          std::span<const int32_t> next_tokens, parallel_for& pool,
-                         step_logits* hidden = nullptr);
+                         step_logits* hidden = nullptr, std::vector<moe_trace>* last_moe = nullptr);
+
+/// The `k` largest of `scores` (`n` floats), in descending order, the lowest
+/// index first among equal scores; `out` receives `k` indices.
+void top_k(const float* scores, size_t n, size_t k, int32_t* out) noexcept;
 
 /// `step` on the process-wide thread pool.
 result<step_logits> step(const weights& w, std::span<sequence* const> batch,

@@ -18,6 +18,7 @@ constexpr uint32_t max_heads = 512;
 constexpr uint32_t max_head_dim = 1024;
 constexpr uint32_t max_vocab = 1u << 20;
 constexpr uint32_t max_positions = 1u << 20;
+constexpr uint32_t max_experts = 1024;
 
 error bad_field(std::string_view field, const std::string& why) {
   return make_error(errc::invalid_argument, "model config: " + std::string(field) + " " + why);
@@ -61,20 +62,76 @@ result<double> read_double(const json& doc, std::string_view field) {
   return it->get<double>();
 }
 
+/// The Qwen3-MoE fields of `doc` into `c`, refusing the variants the engine
+/// does not implement rather than serving them wrong.
+status parse_moe_fields(const json& doc, model_config& c) {
+  struct uint_field {
+    std::string_view name;
+    uint32_t* target;
+    uint32_t hi;
+  };
+  const uint_field fields[] = {
+    {"num_experts", &c.num_experts, max_experts},
+    {"num_experts_per_tok", &c.num_experts_per_tok, max_experts},
+    {"moe_intermediate_size", &c.moe_intermediate_size, max_intermediate},
+  };
+  for (const auto& f : fields) {
+    auto value = read_uint(doc, f.name, 1, f.hi);
+    if (!value) {
+      return std::move(value).error();
+    }
+    *f.target = *value;
+  }
+  if (auto norm = doc.find("norm_topk_prob"); norm != doc.end()) {
+    if (!norm->is_boolean()) {
+      return bad_field("norm_topk_prob", "must be a boolean");
+    }
+    c.norm_topk_prob = norm->get<bool>();
+  }
+  if (auto step = doc.find("decoder_sparse_step");
+      step != doc.end() && !(step->is_number_integer() && *step == 1)) {
+    return bad_field("decoder_sparse_step", "must be 1 (every layer a mixture of experts)");
+  }
+  if (auto dense = doc.find("mlp_only_layers");
+      dense != doc.end() && !(dense->is_array() && dense->empty()) && !dense->is_null()) {
+    return bad_field("mlp_only_layers", "must be empty (every layer a mixture of experts)");
+  }
+  if (auto bias = doc.find("attention_bias");
+      bias != doc.end() && !(bias->is_boolean() && !bias->get<bool>())) {
+    return bad_field("attention_bias", "must be false");
+  }
+  if (auto hd = doc.find("head_dim"); hd != doc.end() && !hd->is_null()) {
+    const uint64_t heads = c.num_attention_heads == 0 ? 1 : c.num_attention_heads;
+    if (!hd->is_number_unsigned() || hd->get<uint64_t>() * heads != c.hidden_size) {
+      return bad_field("head_dim", "must be hidden_size / num_attention_heads");
+    }
+  }
+  return {};
+}
+
 } // namespace
 
 std::string_view to_string(weight_dtype type) noexcept {
   return type == weight_dtype::bfloat16 ? "bfloat16" : "float32";
 }
 
+std::string_view to_string(architecture arch) noexcept {
+  return arch == architecture::qwen3_moe ? "qwen3_moe" : "llama";
+}
+
 uint64_t model_config::parameter_count() const noexcept {
   uint64_t h = hidden_size;
-  uint64_t per_layer = h * h                          // q_proj
+  uint64_t attention = h * h                          // q_proj
                        + 2 * uint64_t{kv_width()} * h // k_proj, v_proj
                        + h * h                        // o_proj
-                       + 3 * h * intermediate_size    // gate, up, down
                        + 2 * h;                       // the two norms
-  return num_hidden_layers * per_layer + 2 * uint64_t{vocab_size} * h + h;
+  uint64_t mlp = 3 * h * intermediate_size;           // gate, up, down
+  if (is_moe()) {
+    mlp = uint64_t{num_experts} * h                               // the router
+          + uint64_t{num_experts} * 3 * h * moe_intermediate_size // the experts
+          + 2 * uint64_t{head_dim()};                             // q_norm, k_norm
+  }
+  return num_hidden_layers * (attention + mlp) + 2 * uint64_t{vocab_size} * h + h;
 }
 
 status validate(const model_config& c) {
@@ -124,6 +181,23 @@ status validate(const model_config& c) {
   if (c.tie_word_embeddings) {
     return bad_field("tie_word_embeddings", "must be false (lm_head.weight is its own tensor)");
   }
+  if (c.is_moe()) {
+    if (auto ok = check_range("num_experts", c.num_experts, 1, max_experts); !ok) {
+      return ok;
+    }
+    if (auto ok = check_range("num_experts_per_tok", c.num_experts_per_tok, 1, c.num_experts);
+        !ok) {
+      return ok;
+    }
+    if (auto ok =
+          check_range("moe_intermediate_size", c.moe_intermediate_size, 1, max_intermediate);
+        !ok) {
+      return ok;
+    }
+  } else if (c.num_experts != 0 || c.num_experts_per_tok != 0 || c.moe_intermediate_size != 0
+             || c.norm_topk_prob) {
+    return bad_field("num_experts", "is for model_type \"qwen3_moe\"; a llama model has none");
+  }
   if (c.parameter_count() > max_parameter_count) {
     return make_error(errc::limit_exceeded, "model config: " + std::to_string(c.parameter_count())
                                               + " parameters exceed the limit of "
@@ -137,14 +211,20 @@ result<model_config> parse_model_config(std::string_view json_text) {
   if (doc.is_discarded() || !doc.is_object()) {
     return make_error(errc::invalid_argument, "model config: not a JSON object");
   }
-  for (std::string_view field : {"model_type", "hidden_act"}) {
-    auto it = doc.find(field);
-    std::string_view expected = field == "model_type" ? "llama" : "silu";
-    if (it != doc.end() && (!it->is_string() || it->get<std::string>() != expected)) {
-      return bad_field(field, "must be \"" + std::string(expected) + "\"");
+  model_config c;
+  if (auto type = doc.find("model_type"); type != doc.end()) {
+    if (type->is_string() && *type == "llama") {
+      c.arch = architecture::llama;
+    } else if (type->is_string() && *type == "qwen3_moe") {
+      c.arch = architecture::qwen3_moe;
+    } else {
+      return bad_field("model_type", "must be \"llama\" or \"qwen3_moe\"");
     }
   }
-  model_config c;
+  if (auto act = doc.find("hidden_act");
+      act != doc.end() && (!act->is_string() || act->get<std::string>() != "silu")) {
+    return bad_field("hidden_act", "must be \"silu\"");
+  }
   struct uint_field {
     std::string_view name;
     uint32_t* target;
@@ -194,6 +274,11 @@ result<model_config> parse_model_config(std::string_view json_text) {
     }
     c.tie_word_embeddings = tie->get<bool>();
   }
+  if (c.is_moe()) {
+    if (auto ok = parse_moe_fields(doc, c); !ok) {
+      return std::move(ok).error();
+    }
+  }
   if (auto ok = validate(c); !ok) {
     return std::move(ok).error();
   }
@@ -202,8 +287,8 @@ result<model_config> parse_model_config(std::string_view json_text) {
 
 std::string render_model_config(const model_config& c) {
   nlohmann::ordered_json doc;
-  doc["architectures"] = {"LlamaForCausalLM"};
-  doc["model_type"] = "llama";
+  doc["architectures"] = {c.is_moe() ? "Qwen3MoeForCausalLM" : "LlamaForCausalLM"};
+  doc["model_type"] = to_string(c.arch);
   doc["hidden_act"] = "silu";
   doc["hidden_size"] = c.hidden_size;
   doc["intermediate_size"] = c.intermediate_size;
@@ -217,7 +302,19 @@ std::string render_model_config(const model_config& c) {
   doc["torch_dtype"] = to_string(c.torch_dtype);
   doc["tie_word_embeddings"] = c.tie_word_embeddings;
   doc["attention_bias"] = false;
-  doc["mlp_bias"] = false;
+  if (c.is_moe()) {
+    doc["head_dim"] = c.head_dim();
+    doc["num_experts"] = c.num_experts;
+    doc["num_experts_per_tok"] = c.num_experts_per_tok;
+    doc["moe_intermediate_size"] = c.moe_intermediate_size;
+    doc["norm_topk_prob"] = c.norm_topk_prob;
+    doc["decoder_sparse_step"] = 1;
+    doc["mlp_only_layers"] = nlohmann::ordered_json::array();
+    doc["output_router_logits"] = false;
+    doc["use_sliding_window"] = false;
+  } else {
+    doc["mlp_bias"] = false;
+  }
   doc["bos_token_id"] = 256;
   doc["eos_token_id"] = 257;
   return doc.dump(2);
@@ -252,9 +349,24 @@ result<model_config> preset(std::string_view name) {
     c.num_key_value_heads = 8;
     c.max_position_embeddings = 4096;
     c.torch_dtype = weight_dtype::bfloat16;
+  } else if (name == "moe-tiny" || name == "moe-small") {
+    const bool tiny = name == "moe-tiny";
+    c.arch = architecture::qwen3_moe;
+    c.hidden_size = tiny ? 64 : 512;
+    c.intermediate_size = tiny ? 128 : 1376;
+    c.num_hidden_layers = tiny ? 2 : 4;
+    c.num_attention_heads = tiny ? 4 : 8;
+    c.num_key_value_heads = tiny ? 2 : 4;
+    c.max_position_embeddings = tiny ? 512 : 2048;
+    c.num_experts = tiny ? 8 : 16;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = tiny ? 32 : 128;
+    c.norm_topk_prob = true;
+    c.torch_dtype = weight_dtype::float32;
   } else {
-    return make_error(errc::invalid_argument, "unknown model preset " + quote_untrusted(name)
-                                                + " (expected tiny, small or medium)");
+    return make_error(errc::invalid_argument,
+                      "unknown model preset " + quote_untrusted(name)
+                        + " (expected tiny, small, medium, moe-tiny or moe-small)");
   }
   return c;
 }

@@ -10,6 +10,107 @@
 
 namespace stitch::engine {
 
+namespace {
+
+std::string router_name(const model_config& c) {
+  return "model.layers." + std::to_string(c.num_hidden_layers - 1) + ".mlp.gate.weight";
+}
+
+/// `tensor += step * grad` over fp32 bytes.
+void ascend(std::vector<std::byte>& bytes, const std::vector<double>& grad, double step) {
+  for (size_t i = 0; i < grad.size(); ++i) {
+    float f;
+    std::memcpy(&f, bytes.data() + i * sizeof(float), sizeof f);
+    f = static_cast<float>(f + step * grad[i]);
+    std::memcpy(bytes.data() + i * sizeof(float), &f, sizeof f);
+  }
+}
+
+/// Adds `scale * d log p(a) / d router` of the last layer to `out`
+/// (`num_experts x hidden`), `p` the softmax of this step's logits (without
+/// the 1/T, which `scale` carries). The path: logits = lm_head . norm(z), z =
+/// the residual + sum_j w_j E_j(x), w the router's softmax scores of the
+/// experts used (renormalized over them with norm_topk_prob), scores =
+/// router . x.
+void add_router_gradient(const weights& w, const moe_trace& t, int32_t a,
+                         const std::vector<double>& p, double scale, std::vector<double>& out) {
+  const model_config& c = w.config;
+  const size_t h = c.hidden_size;
+  const size_t vocab = c.vocab_size;
+  const size_t experts = c.num_experts;
+  const size_t k = c.num_experts_per_tok;
+  // d/d xn: the head's rows weighted by (1[v = a] - p_v).
+  std::vector<double> dxn(h, 0.0);
+  for (size_t v = 0; v < vocab; ++v) {
+    const double g = (static_cast<size_t>(a) == v ? 1.0 : 0.0) - p[v];
+    const float* row = w.lm_head.row(static_cast<uint32_t>(v));
+    for (size_t j = 0; j < h; ++j)
+      dxn[j] += g * row[j];
+  }
+  // Through the final RMSNorm: xn = g * z * r, r = 1 / sqrt(mean(z^2) + eps).
+  double mean_square = 0;
+  for (size_t j = 0; j < h; ++j)
+    mean_square += double{t.residual[j]} * t.residual[j];
+  mean_square /= static_cast<double>(h);
+  const double r = 1.0 / std::sqrt(mean_square + c.rms_norm_eps);
+  std::vector<double> u(h);
+  double uz = 0;
+  for (size_t j = 0; j < h; ++j) {
+    u[j] = double{w.norm[j]} * dxn[j];
+    uz += u[j] * t.residual[j];
+  }
+  std::vector<double> dz(h);
+  for (size_t j = 0; j < h; ++j)
+    dz[j] = r * u[j] - r * r * r * t.residual[j] * uz / static_cast<double>(h);
+  // Into the mixing weights, then the router's scores.
+  std::vector<double> dw(k, 0.0);
+  for (size_t j = 0; j < k; ++j)
+    for (size_t d = 0; d < h; ++d)
+      dw[j] += dz[d] * t.expert_outputs[j * h + d];
+  double top = -INFINITY;
+  for (size_t e = 0; e < experts; ++e)
+    top = std::max(top, double{t.router_logits[e]});
+  std::vector<double> prob(experts);
+  double total = 0;
+  for (size_t e = 0; e < experts; ++e)
+    total += prob[e] = std::exp(t.router_logits[e] - top);
+  for (auto& q : prob)
+    q /= total;
+  std::vector<double> ds(experts, 0.0);
+  if (c.norm_topk_prob) {
+    // w_j = exp(s_j) / sum over the used experts: a softmax over them.
+    double used = 0;
+    for (size_t j = 0; j < k; ++j)
+      used += prob[static_cast<size_t>(t.experts[j])];
+    double mean = 0;
+    std::vector<double> wj(k);
+    for (size_t j = 0; j < k; ++j) {
+      wj[j] = prob[static_cast<size_t>(t.experts[j])] / used;
+      mean += dw[j] * wj[j];
+    }
+    for (size_t j = 0; j < k; ++j)
+      ds[static_cast<size_t>(t.experts[j])] += wj[j] * (dw[j] - mean);
+  } else {
+    // w_j = p_j, the softmax over every expert.
+    double mean = 0;
+    for (size_t j = 0; j < k; ++j)
+      mean += dw[j] * prob[static_cast<size_t>(t.experts[j])];
+    for (size_t j = 0; j < k; ++j)
+      ds[static_cast<size_t>(t.experts[j])] += dw[j] * prob[static_cast<size_t>(t.experts[j])];
+    for (size_t e = 0; e < experts; ++e)
+      ds[e] -= prob[e] * mean;
+  }
+  for (size_t e = 0; e < experts; ++e) {
+    if (ds[e] == 0)
+      continue;
+    double* row = &out[e * h];
+    for (size_t d = 0; d < h; ++d)
+      row[d] += scale * ds[e] * t.input[d];
+  }
+}
+
+} // namespace
+
 result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_config& config,
                                       std::span<const rollout_sample> batch, const pg_options& o) {
   if (config.torch_dtype != weight_dtype::float32)
@@ -41,6 +142,10 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
   stats.mean_reward = baseline;
 
   std::vector<double> grad(vocab * hidden, 0.0);
+  const bool train_router = config.is_moe() && o.router_learning_rate != 0;
+  const size_t experts = config.num_experts;
+  std::vector<double> router_grad(train_router ? experts * hidden : 0, 0.0);
+  std::vector<moe_trace> trace;
   double weight_sum = 0;
   tokenizer tok;
   double staleness_sum = 0;
@@ -62,6 +167,22 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
                                               "max_position_embeddings");
     sequence seq(config);
     sequence* one[] = {&seq};
+    if (!s.routed_experts.empty()) {
+      const size_t rows = feed.size() + s.tokens.size() - 1;
+      const size_t per_row = size_t{config.num_hidden_layers} * config.num_experts_per_tok;
+      if (!config.is_moe())
+        return make_error(errc::invalid_argument,
+                          "policy_gradient_step: a sample has routed experts, but the model has "
+                          "no experts");
+      if (s.routed_experts.size() != rows * per_row)
+        return make_error(errc::invalid_argument,
+                          "policy_gradient_step: a sample's routed experts hold "
+                            + std::to_string(s.routed_experts.size()) + " ids, its "
+                            + std::to_string(rows) + " fed positions need "
+                            + std::to_string(rows * per_row));
+      seq.replay_experts = s.routed_experts;
+      stats.routing_decisions += rows * config.num_hidden_layers;
+    }
     step_logits logits, h;
     // Teacher-force the prompt, then each sampled token; the state after
     // feeding position i predicts token i + 1.
@@ -73,7 +194,7 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
     int32_t next = feed.back();
     for (size_t k = 0; k < s.tokens.size(); ++k) {
       int32_t t[] = {next};
-      auto r = step(w, one, t, gpu::shared_pool(), &h);
+      auto r = step(w, one, t, gpu::shared_pool(), &h, train_router ? &trace : nullptr);
       if (!r)
         return std::move(r).error();
       const auto& l = (*r)[0];
@@ -110,8 +231,11 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
           for (size_t j = 0; j < hidden; ++j)
             row[j] += g * x[j];
         }
+      if (train_router && scale != 0)
+        add_router_gradient(w, trace[0], a, p, scale / o.temperature, router_grad);
       next = a;
     }
+    stats.routing_disagreements += seq.replay_disagreements;
   }
   stats.mean_importance_weight = stats.tokens ? weight_sum / static_cast<double>(stats.tokens) : 0;
   stats.mean_token_staleness = stats.tokens ? staleness_sum / static_cast<double>(stats.tokens) : 0;
@@ -119,13 +243,15 @@ result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_co
   if (bytes.size() != vocab * hidden * sizeof(float))
     return make_error(errc::invalid_argument,
                       "policy_gradient_step: lm_head.weight has the wrong size");
-  const double step_size = o.learning_rate / static_cast<double>(batch.size());
-  for (size_t i = 0; i < vocab * hidden; ++i) {
-    float f;
-    std::memcpy(&f, bytes.data() + i * sizeof(float), sizeof f);
-    f = static_cast<float>(f + step_size * grad[i]);
-    std::memcpy(bytes.data() + i * sizeof(float), &f, sizeof f);
+  if (train_router) {
+    auto router = tensors.find(router_name(config));
+    if (router == tensors.end() || router->second.bytes.size() != experts * hidden * sizeof(float))
+      return make_error(errc::invalid_argument, "policy_gradient_step: " + router_name(config)
+                                                  + " is missing or the wrong size");
+    ascend(router->second.bytes, router_grad,
+           o.router_learning_rate / static_cast<double>(batch.size()));
   }
+  ascend(bytes, grad, o.learning_rate / static_cast<double>(batch.size()));
   return stats;
 }
 

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/base64.hpp"
 #include "transport/http_client.hpp"
 
 namespace stitch::engine {
@@ -58,6 +59,22 @@ bool read_answer(const json& j, uint64_t min_version, rollout_result& r) {
     if (r.sample.token_versions.size() != r.sample.tokens.size())
       return false;
   }
+  if (meta.contains("routed_experts")) {
+    // SGLang's shape: base64 of little-endian int32 ids.
+    const auto& routed = meta["routed_experts"];
+    if (!routed.is_string())
+      return false;
+    auto bytes = base64_decode(routed.get<std::string>());
+    if (!bytes || bytes->size() % 4 != 0)
+      return false;
+    r.sample.routed_experts.resize(bytes->size() / 4);
+    for (size_t i = 0; i < r.sample.routed_experts.size(); ++i) {
+      uint32_t v = 0;
+      for (size_t b = 0; b < 4; ++b)
+        v |= uint32_t{static_cast<unsigned char>((*bytes)[i * 4 + b])} << (8 * b);
+      r.sample.routed_experts[i] = static_cast<int32_t>(v);
+    }
+  }
   r.sample.reward = lowercase_reward(r.sample.tokens);
   r.violation = r.sample.version < min_version;
   return true;
@@ -82,6 +99,8 @@ rollout_result rollout_once(const rollout_target& gateway, uint64_t min_version,
   body["text"] = prompt;
   body["sampling_params"] = {{"temperature", 1.0}, {"max_new_tokens", 8}, {"sampling_seed", seed}};
   body["return_logprob"] = true;
+  if (gateway.routed_experts)
+    body["return_routed_experts"] = true;
   body["weight_version"] = {{"min_version", min_version}, {"exact_version", nullptr}};
   std::string text = body.dump(); // the request only views its body
   transport::http_request req;

@@ -21,6 +21,9 @@ struct rollout_target {
   std::string host;
   uint16_t port = 0;
   std::string pool = "default";
+  /// Ask for the experts every position was routed to (mixtures of
+  /// experts), kept in each sample for the trainer to replay.
+  bool routed_experts = false;
 };
 
 struct rollout_result {

@@ -213,6 +213,7 @@ status decoder::on_logits(std::span<const float> logits) {
 }
 
 generation_output decoder::finish() && {
+  out_.routed_experts = std::move(seq_->routed_experts);
   return std::move(out_);
 }
 

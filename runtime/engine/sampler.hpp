@@ -65,6 +65,12 @@ struct generation_output {
   uint32_t prompt_tokens = 0;
   /// Which served version produced which tokens (filled by the engine).
   std::vector<version_span> spans;
+  /// Mixtures of experts: the experts every fed position was routed to
+  /// (`sequence::routed_experts`: prompt and generated tokens but the last,
+  /// `[position][layer][k]`), and which version's router chose them, as
+  /// spans over positions (the spans filled by the engine).
+  std::vector<int32_t> routed_experts;
+  std::vector<version_span> routed_spans;
 };
 
 /// One request's decoding, step by step, so a scheduler can batch many

@@ -121,9 +121,23 @@ std::vector<tensor_spec> expected_tensors(const model_config& c) {
     specs.push_back({p + "self_attn.k_proj.weight", {kv, h}});
     specs.push_back({p + "self_attn.v_proj.weight", {kv, h}});
     specs.push_back({p + "self_attn.o_proj.weight", {h, h}});
-    specs.push_back({p + "mlp.gate_proj.weight", {im, h}});
-    specs.push_back({p + "mlp.up_proj.weight", {im, h}});
-    specs.push_back({p + "mlp.down_proj.weight", {h, im}});
+    if (c.is_moe()) {
+      const uint64_t hd = c.head_dim();
+      const uint64_t mi = c.moe_intermediate_size;
+      specs.push_back({p + "self_attn.q_norm.weight", {hd}});
+      specs.push_back({p + "self_attn.k_norm.weight", {hd}});
+      specs.push_back({p + "mlp.gate.weight", {c.num_experts, h}});
+      for (uint32_t e = 0; e < c.num_experts; ++e) {
+        std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        specs.push_back({x + "gate_proj.weight", {mi, h}});
+        specs.push_back({x + "up_proj.weight", {mi, h}});
+        specs.push_back({x + "down_proj.weight", {h, mi}});
+      }
+    } else {
+      specs.push_back({p + "mlp.gate_proj.weight", {im, h}});
+      specs.push_back({p + "mlp.up_proj.weight", {im, h}});
+      specs.push_back({p + "mlp.down_proj.weight", {h, im}});
+    }
     specs.push_back({p + "input_layernorm.weight", {h}});
     specs.push_back({p + "post_attention_layernorm.weight", {h}});
   }
@@ -208,9 +222,21 @@ result<std::shared_ptr<const weights>> build_weights(const model_config& config,
     layer.k_proj = mat(p + "self_attn.k_proj.weight");
     layer.v_proj = mat(p + "self_attn.v_proj.weight");
     layer.o_proj = mat(p + "self_attn.o_proj.weight");
-    layer.gate_proj = mat(p + "mlp.gate_proj.weight");
-    layer.up_proj = mat(p + "mlp.up_proj.weight");
-    layer.down_proj = mat(p + "mlp.down_proj.weight");
+    if (config.is_moe()) {
+      layer.q_norm = floats(p + "self_attn.q_norm.weight");
+      layer.k_norm = floats(p + "self_attn.k_norm.weight");
+      layer.router = mat(p + "mlp.gate.weight");
+      layer.experts.resize(config.num_experts);
+      for (uint32_t e = 0; e < config.num_experts; ++e) {
+        std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        layer.experts[e] = {mat(x + "gate_proj.weight"), mat(x + "up_proj.weight"),
+                            mat(x + "down_proj.weight")};
+      }
+    } else {
+      layer.gate_proj = mat(p + "mlp.gate_proj.weight");
+      layer.up_proj = mat(p + "mlp.up_proj.weight");
+      layer.down_proj = mat(p + "mlp.down_proj.weight");
+    }
     layer.input_layernorm = floats(p + "input_layernorm.weight");
     layer.post_attention_layernorm = floats(p + "post_attention_layernorm.weight");
   });

@@ -45,6 +45,13 @@ struct matrix {
   const float* row(uint32_t r) const noexcept { return data.data() + size_t{r} * cols; }
 };
 
+/// One expert of a mixture-of-experts layer: a SwiGLU MLP.
+struct expert_weights {
+  matrix gate_proj;
+  matrix up_proj;
+  matrix down_proj;
+};
+
 struct layer_weights {
   matrix q_proj;
   matrix k_proj;
@@ -55,6 +62,13 @@ struct layer_weights {
   matrix down_proj;
   std::span<const float> input_layernorm;
   std::span<const float> post_attention_layernorm;
+  /// qwen3_moe: per-head RMSNorm of queries and keys (`head_dim` floats
+  /// each), the router (`[num_experts, hidden]`) and the experts; the dense
+  /// `gate_proj`/`up_proj`/`down_proj` above are then empty.
+  std::span<const float> q_norm;
+  std::span<const float> k_norm;
+  matrix router;
+  std::vector<expert_weights> experts;
 };
 
 /// A model's weights ready for the forward pass: views of fp32 tensors in

@@ -95,6 +95,8 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     s.replica_listen = {"127.0.0.1", 0};
     s.backstop = 1;
     s.admin_token = cmd.token;
+    if (cmd.moe)
+      s.model_preset = "moe-tiny";
     auto started = node::start(sys, s);
     if (!started)
       return std::move(started).error();
@@ -105,7 +107,12 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
       std::fprintf(out, "demo: local node up; dashboard at http://127.0.0.1:%u/\n",
                    static_cast<unsigned>(local->http().status));
   }
+  if (cmd.moe && cmd.preset == "tiny")
+    cmd.preset = "moe-tiny";
   auto model = engine::preset(cmd.preset);
+  if (model && cmd.moe && !model->is_moe())
+    return make_error(errc::invalid_argument,
+                      "demo: --moe needs a mixture-of-experts preset, not " + cmd.preset);
   if (!model)
     return std::move(model).error();
   auto config = *model;
@@ -148,6 +155,7 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
   uint64_t violations = 0, samples_total = 0, staleness_max = 0;
   double staleness_sum = 0, pause_max = 0;
   uint64_t tokens_total = 0, crossed_tokens = 0;
+  uint64_t routing_decisions = 0, routing_disagreements = 0;
   double token_staleness_sum = 0;
   if (!cmd.json)
     std::fprintf(out, "%5s %8s %8s %14s %14s %12s\n", "step", "reward", "samples", "staleness mean",
@@ -165,8 +173,8 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
         return std::move(got).error();
       results = std::move(*got);
     } else {
-      results = engine::rollout_batch({cmd.gateway.host, cmd.gateway.port, cmd.pool}, min_version,
-                                      cmd.samples_per_step, seed_base, cmd.stop);
+      results = engine::rollout_batch({cmd.gateway.host, cmd.gateway.port, cmd.pool, cmd.moe},
+                                      min_version, cmd.samples_per_step, seed_base, cmd.stop);
     }
     std::vector<engine::rollout_sample> batch;
     step_row row{0, 0, 0, 0, 0};
@@ -187,11 +195,15 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     o.learning_rate = cmd.learning_rate;
     o.current_version = latest;
     o.staleness_decay = cmd.staleness_decay;
+    if (cmd.moe)
+      o.router_learning_rate = cmd.router_learning_rate;
     auto stats = engine::policy_gradient_step(*weights, config, batch, o);
     if (!stats)
       return std::move(stats).error();
     tokens_total += stats->tokens;
     crossed_tokens += stats->crossed_tokens;
+    routing_decisions += stats->routing_decisions;
+    routing_disagreements += stats->routing_disagreements;
     token_staleness_sum += stats->mean_token_staleness * static_cast<double>(stats->tokens);
     row.reward = stats->mean_reward;
     if (auto ok = publish_version(sys, cmd, *weights, config, scratch / "v", latest + 1); !ok)
@@ -232,6 +244,14 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     j["crossed_tokens"] = crossed_tokens;
     j["constraint_violations"] = violations;
     j["pause_ms_max"] = pause_max / 1000.0;
+    if (cmd.moe) {
+      j["routing_decisions"] = routing_decisions;
+      j["routing_disagreements"] = routing_disagreements;
+      j["routing_disagreement_rate"] =
+        routing_decisions
+          ? static_cast<double>(routing_disagreements) / static_cast<double>(routing_decisions)
+          : 0.0;
+    }
     std::fprintf(out, "%s\n", j.dump().c_str());
   } else {
     std::fprintf(out,
@@ -250,6 +270,15 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
                  tokens_total ? token_staleness_sum / static_cast<double>(tokens_total) : 0.0,
                  static_cast<unsigned long long>(crossed_tokens), cmd.staleness_decay,
                  static_cast<unsigned long long>(violations), pause_max / 1000.0);
+    if (cmd.moe)
+      std::fprintf(out,
+                   "  routing replay: %llu (position, layer) choices replayed; the trainer's own "
+                   "router would have chosen other experts in %llu (%.2f%%)\n",
+                   static_cast<unsigned long long>(routing_decisions),
+                   static_cast<unsigned long long>(routing_disagreements),
+                   routing_decisions ? 100.0 * static_cast<double>(routing_disagreements)
+                                         / static_cast<double>(routing_decisions)
+                                     : 0.0);
   }
   if (local)
     local->stop();

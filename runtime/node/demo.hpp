@@ -40,6 +40,12 @@ struct demo_command {
   /// The boot checkpoint: built-in model `preset` initialised from `seed`,
   /// published as `boot_version` (the trainer's steps follow it).
   std::string preset = "tiny";
+  /// A mixture of experts (`stitch demo --moe`): the `moe-tiny` preset,
+  /// rollouts that return their routed experts, a trainer that replays them
+  /// and trains the last layer's router too (at `router_learning_rate`), and
+  /// a report of how often the trainer's own routing would have differed.
+  bool moe = false;
+  double router_learning_rate = 2.0;
   uint64_t seed = 7;
   uint64_t boot_version = 0;
   /// The trainer role: when the pool already serves this run (the

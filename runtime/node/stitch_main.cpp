@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
 
   init_model_command init;
   auto* init_model = app.add_subcommand("init-model", "write a random-init boot checkpoint");
-  init_model->add_option("--preset", init.preset, "tiny | small | medium")->capture_default_str();
+  init_model->add_option("--preset", init.preset, "tiny | small | medium | moe-tiny | moe-small")
+    ->capture_default_str();
   init_model->add_option("--seed", init.seed, "random seed")->capture_default_str();
   init_model->add_option("--out", init.out_dir, "output directory")->required();
 
@@ -98,6 +99,12 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--gateway", demo_gateway, "gateway HOST:PORT (without --local)")
     ->capture_default_str();
   demo_cmd->add_flag("--json", demo.json, "end with one summary JSON object");
+  demo_cmd->add_flag("--moe", demo.moe,
+                     "train the moe-tiny mixture of experts with routing replay (R3)");
+  demo_cmd
+    ->add_option("--router-lr", demo.router_learning_rate,
+                 "with --moe: step size on the last layer's router")
+    ->capture_default_str();
 
   submit_command sub;
   auto* submit = app.add_subcommand("submit", "submit an experiment: claim its run, place its "

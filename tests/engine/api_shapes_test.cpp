@@ -261,3 +261,30 @@ TEST(api_shapes, stamping_keeps_the_spans_within_the_stamps) {
 }
 
 } // namespace stitch::engine
+
+namespace stitch::engine {
+namespace {
+
+TEST(api_shapes, routed_experts_are_asked_for_rendered_in_meta_info_and_their_spans_stamped) {
+  auto req = parse_api_request(api_kind::native, R"({"text":"x","return_routed_experts":true})");
+  ASSERT_TRUE(req);
+  EXPECT_TRUE(req->return_routed_experts);
+  EXPECT_FALSE(parse_api_request(api_kind::native, R"({"text":"x","return_routed_experts":1})"));
+  EXPECT_FALSE(parse_api_request(api_kind::native, R"({"text":"x"})")->return_routed_experts);
+  api_output out;
+  out.tokens = {1, 2};
+  out.text = "ab";
+  out.finish_reason = "length";
+  out.routed_experts = {0, 7, -1, 256};
+  out.routed_spans = {{4, 0, 0}, {6, 1, 1}};
+  auto body = json::parse(render_response(*req, out, "id", 0));
+  // Little-endian int32: 0, 7, -1, 256.
+  EXPECT_EQ(body["meta_info"]["routed_experts"], "AAAAAAcAAAD/////AAEAAA==");
+  // An exact pin at 5 whose version advanced under it to 6: the rows say 5.
+  auto stamped = json::parse(stamp_answer("/generate", body.dump(), {5, 5}, "r"));
+  EXPECT_EQ(stamped["meta_info"]["routed_experts_version_spans"],
+            json::parse(R"([{"version":5,"first_row":0,"last_row":1}])"));
+}
+
+} // namespace
+} // namespace stitch::engine

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/base64.hpp"
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/core/checksum.hpp"
 #include "runtime/engine/builtin_engine.hpp"
@@ -55,12 +56,13 @@ protected:
     }
   }
 
-  chain_plan plan(std::optional<applied_state> applied, uint64_t to) {
+  chain_plan plan(std::optional<applied_state> applied, uint64_t to, std::string run = "r",
+                  std::string pool = "default") {
     auto out =
-      plan_chain(applied, {"r", to}, 0, [&](const version_ref& ref) -> manifest_lookup_result {
+      plan_chain(applied, {run, to}, 0, [&](const version_ref& ref) -> manifest_lookup_result {
         auto it = cache.find(ref);
         if (it == cache.end()) {
-          auto m = db.read_manifest("default", ref);
+          auto m = db.read_manifest(pool, ref);
           if (!m)
             return manifest_missing{};
           it = cache.emplace(ref, *m).first;
@@ -621,6 +623,116 @@ TEST_F(builtin_engine_test, a_generation_crossing_activations_says_which_version
   EXPECT_EQ(final_event["weight_version_spans"][0]["version"], 3);
   for (const auto& ev : events)
     EXPECT_EQ(ev.find("weight_version_spans"), std::string::npos) << "only the last event";
+}
+
+/// SGLang's `routed_experts`: base64 of little-endian int32 ids.
+std::vector<int32_t> decode_routed(const nlohmann::json& meta) {
+  auto bytes = base64_decode(meta["routed_experts"].get<std::string>());
+  EXPECT_TRUE(bytes);
+  std::vector<int32_t> ids(bytes ? bytes->size() / 4 : 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    uint32_t v = 0;
+    for (size_t b = 0; b < 4; ++b)
+      v |= uint32_t{static_cast<unsigned char>((*bytes)[i * 4 + b])} << (8 * b);
+    ids[i] = static_cast<int32_t>(v);
+  }
+  return ids;
+}
+
+TEST_F(builtin_engine_test, a_mixture_of_experts_returns_its_routing_as_sglang_does) {
+  // A moe-tiny run served by an engine built for the dense preset: the
+  // version's config.json decides the architecture.
+  auto moe = *preset("moe-tiny");
+  std::vector<store::tensor_set> moe_versions{*random_init(moe, 9)};
+  moe_versions.push_back(moe_versions[0]);
+  nudge(moe_versions[1].at("model.layers.0.mlp.gate.weight"), 5, 1);
+  store::publisher pub{db};
+  for (uint64_t v = 0; v < 2; ++v) {
+    store::publish_request r{"moe", "m", v, false, false};
+    r.files = {{"config.json", render_model_config(moe)}};
+    ASSERT_TRUE(pub.publish(r, moe_versions[v]));
+  }
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "moe"};
+  ASSERT_TRUE(e.reset_to_boot({"m", 0}, src));
+  ASSERT_EQ(e.served_config(), moe);
+
+  engine_call call;
+  call.id = 3;
+  call.tag = "t3";
+  call.route = "/generate";
+  call.body = R"({"text":"hi","sampling_params":{"temperature":0,"max_new_tokens":6},
+                  "return_routed_experts":true})";
+  auto got = e.forward(call, {}, {});
+  ASSERT_TRUE(got) << to_string(got.error());
+  auto j = nlohmann::json::parse(got->body);
+  const auto& meta = j["meta_info"];
+  ASSERT_TRUE(meta["routed_experts"].is_string()) << got->body;
+  auto ids = decode_routed(meta);
+  // The same generation on a reference: its sequence's routing, every fed
+  // position (BOS, the prompt, all generated tokens but the last).
+  auto w = build_weights(moe, moe_versions[0]);
+  ASSERT_TRUE(w);
+  sampling_options o;
+  o.max_tokens = 6;
+  auto expected = engine::generate(**w, moe, tokenizer{}, "hi", o);
+  ASSERT_TRUE(expected);
+  EXPECT_EQ(j["output_ids"].get<std::vector<int32_t>>(), expected->tokens);
+  const size_t per_row = size_t{moe.num_hidden_layers} * moe.num_experts_per_tok;
+  EXPECT_EQ(ids.size(), (3 + expected->tokens.size() - 1) * per_row);
+  EXPECT_EQ(ids, expected->routed_experts);
+  const auto last_row = static_cast<uint32_t>(ids.size() / per_row - 1);
+  EXPECT_EQ(meta["routed_experts_version_spans"],
+            nlohmann::json::parse(R"([{"version":0,"first_row":0,"last_row":)"
+                                  + std::to_string(last_row) + "}]"));
+  // Without the flag, no routing.
+  call.body = R"({"text":"hi","sampling_params":{"temperature":0,"max_new_tokens":6}})";
+  auto plain = e.forward(call, {}, {});
+  ASSERT_TRUE(plain);
+  EXPECT_FALSE(nlohmann::json::parse(plain->body)["meta_info"].contains("routed_experts"));
+
+  // Crossing an activation: rows fed before the commit were routed by
+  // version 0's router, the others by version 1's. The commit lands before
+  // the 5th step: rows 0-3 are version 0's.
+  int step = 0;
+  call.body = R"({"text":"hi","sampling_params":{"temperature":0,"max_new_tokens":8},
+                  "return_routed_experts":true})";
+  auto crossed = e.forward(call, {}, [&] {
+    if (++step == 5) {
+      auto p = plan(applied_state{{"m", 0}}, 1, "m", "moe");
+      EXPECT_TRUE(e.stage(p, false, src));
+      EXPECT_TRUE(e.commit());
+    }
+    return false;
+  });
+  ASSERT_TRUE(crossed) << to_string(crossed.error());
+  auto cj = nlohmann::json::parse(crossed->body);
+  auto crossed_ids = decode_routed(cj["meta_info"]);
+  ASSERT_GE(crossed_ids.size(), 6 * per_row) << "the generation ended before crossing";
+  const auto crossed_last = static_cast<uint32_t>(crossed_ids.size() / per_row - 1);
+  EXPECT_EQ(cj["meta_info"]["routed_experts_version_spans"],
+            nlohmann::json::parse(R"([{"version":0,"first_row":0,"last_row":3},)"
+                                  R"({"version":1,"first_row":4,"last_row":)"
+                                  + std::to_string(crossed_last) + "}]"));
+  for (int32_t id : crossed_ids) {
+    EXPECT_GE(id, 0);
+    EXPECT_LT(id, static_cast<int32_t>(moe.num_experts));
+  }
+}
+
+TEST_F(builtin_engine_test, routed_experts_from_a_dense_model_are_refused_by_name) {
+  builtin_engine e{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
+  engine_call call;
+  call.id = 4;
+  call.tag = "t4";
+  call.route = "/generate";
+  call.body = R"({"text":"hi","return_routed_experts":true})";
+  auto got = e.forward(call, {}, {});
+  ASSERT_FALSE(got);
+  EXPECT_EQ(got.error().code, errc::invalid_argument);
+  EXPECT_NE(got.error().message.find("return_routed_experts"), std::string::npos);
 }
 
 } // namespace

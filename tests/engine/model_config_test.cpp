@@ -20,7 +20,7 @@ std::string refusal(const json& doc) {
 }
 
 TEST(model_config, presets_validate_and_have_their_sizes) {
-  for (auto name : {"tiny", "small", "medium"}) {
+  for (auto name : {"tiny", "small", "medium", "moe-tiny", "moe-small"}) {
     auto c = preset(name);
     ASSERT_TRUE(c) << name;
     EXPECT_TRUE(validate(*c)) << name;
@@ -40,7 +40,7 @@ TEST(model_config, presets_validate_and_have_their_sizes) {
 }
 
 TEST(model_config, render_parse_round_trip) {
-  for (auto name : {"tiny", "small", "medium"}) {
+  for (auto name : {"tiny", "small", "medium", "moe-tiny", "moe-small"}) {
     auto c = *preset(name);
     auto back = parse_model_config(render_model_config(c));
     ASSERT_TRUE(back) << back.error().message;
@@ -116,6 +116,66 @@ TEST(model_config, malformed_json_is_refused) {
   EXPECT_FALSE(parse_model_config("{"));
   EXPECT_FALSE(parse_model_config("[1, 2]"));
   EXPECT_FALSE(parse_model_config(""));
+}
+
+} // namespace
+} // namespace stitch::engine
+
+namespace stitch::engine {
+namespace {
+
+json moe_json() {
+  return json::parse(render_model_config(*preset("moe-tiny")));
+}
+
+TEST(model_config, a_qwen3_moe_config_says_what_hugging_face_reads) {
+  auto c = *preset("moe-tiny");
+  EXPECT_TRUE(c.is_moe());
+  auto doc = moe_json();
+  EXPECT_EQ(doc["model_type"], "qwen3_moe");
+  EXPECT_EQ(doc["architectures"][0], "Qwen3MoeForCausalLM");
+  EXPECT_EQ(doc["num_experts"], 8);
+  EXPECT_EQ(doc["num_experts_per_tok"], 2);
+  EXPECT_EQ(doc["moe_intermediate_size"], 32);
+  EXPECT_EQ(doc["norm_topk_prob"], true);
+  EXPECT_EQ(doc["head_dim"], 16);
+  EXPECT_EQ(doc["decoder_sparse_step"], 1);
+  // Router, experts and the per-head norms count.
+  uint64_t h = c.hidden_size;
+  uint64_t per_layer =
+    h * h * 2 + 2 * uint64_t{c.kv_width()} * h + 2 * h + 8 * h + 8 * 3 * h * 32 + 2 * 16;
+  EXPECT_EQ(c.parameter_count(), 2 * per_layer + 2 * 258 * h + h);
+  auto small = *preset("moe-small");
+  EXPECT_GT(small.parameter_count() * 4, uint64_t{40} << 20);
+  EXPECT_LT(small.parameter_count() * 4, uint64_t{100} << 20);
+}
+
+TEST(model_config, qwen3_moe_variants_the_engine_cannot_serve_are_refused_by_name) {
+  const std::vector<std::pair<std::string, json>> cases = {
+    {"num_experts", json()},
+    {"num_experts_per_tok", json(9)},
+    {"moe_intermediate_size", json(0)},
+    {"mlp_only_layers", json::array({1})},
+    {"decoder_sparse_step", json(2)},
+    {"head_dim", json(32)},
+    {"attention_bias", json(true)},
+    {"norm_topk_prob", json("yes")},
+    {"model_type", json("mixtral")},
+  };
+  for (const auto& [field, value] : cases) {
+    auto doc = moe_json();
+    if (value.is_null())
+      doc.erase(field);
+    else
+      doc[field] = value;
+    auto got = parse_model_config(doc.dump());
+    ASSERT_FALSE(got) << field;
+    EXPECT_NE(got.error().message.find(field), std::string::npos) << got.error().message;
+  }
+  // A llama config with experts is not a mixture.
+  auto dense = *preset("tiny");
+  dense.num_experts = 4;
+  EXPECT_FALSE(validate(dense));
 }
 
 } // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "gpu/cpu_parallel.hpp"
 #include "runtime/engine/model.hpp"
 
 namespace stitch::engine {
@@ -66,7 +67,63 @@ void ref_rope(double* head, size_t d, size_t pos, double theta) {
   }
 }
 
-vec reference_logits(const weights& w, const std::vector<int32_t>& tokens) {
+// Qwen3-MoE's sparse block (HF Qwen3MoeSparseMoeBlock) for one position:
+// softmax router scores, top-k (lowest id first on ties), renormalized with
+// norm_topk_prob, each chosen expert's SwiGLU output mixed in; appends the
+// chosen ids to `routed`.
+vec ref_moe(const model_config& c, const layer_weights& lw, const vec& xn,
+            std::vector<int32_t>& routed) {
+  vec s = ref_matvec(lw.router, xn);
+  double top = *std::max_element(s.begin(), s.end());
+  double total = 0;
+  for (double& v : s) {
+    v = std::exp(v - top);
+    total += v;
+  }
+  for (double& v : s)
+    v /= total;
+  std::vector<int32_t> ids;
+  for (uint32_t j = 0; j < c.num_experts_per_tok; ++j) {
+    int32_t best = -1;
+    for (uint32_t e = 0; e < c.num_experts; ++e)
+      if (std::find(ids.begin(), ids.end(), static_cast<int32_t>(e)) == ids.end()
+          && (best < 0 || s[e] > s[static_cast<size_t>(best)]))
+        best = static_cast<int32_t>(e);
+    ids.push_back(best);
+  }
+  double sum = 0;
+  for (int32_t id : ids)
+    sum += s[static_cast<size_t>(id)];
+  vec out(c.hidden_size, 0.0);
+  for (int32_t id : ids) {
+    const auto& ex = lw.experts[static_cast<size_t>(id)];
+    vec g = ref_matvec(ex.gate_proj, xn);
+    vec u = ref_matvec(ex.up_proj, xn);
+    for (size_t i = 0; i < g.size(); ++i)
+      g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+    vec d = ref_matvec(ex.down_proj, g);
+    double weight = s[static_cast<size_t>(id)] / (c.norm_topk_prob ? sum : 1.0);
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] += weight * d[i];
+  }
+  routed.insert(routed.end(), ids.begin(), ids.end());
+  return out;
+}
+
+// Per-head RMSNorm (Qwen3's q_norm / k_norm) of `heads` heads in place.
+void ref_head_norm(vec& x, size_t heads, size_t hd, std::span<const float> w, double eps) {
+  for (size_t hh = 0; hh < heads; ++hh) {
+    vec head(x.begin() + static_cast<ptrdiff_t>(hh * hd),
+             x.begin() + static_cast<ptrdiff_t>((hh + 1) * hd));
+    head = ref_rms_norm(head, w, eps);
+    std::copy(head.begin(), head.end(), x.begin() + static_cast<ptrdiff_t>(hh * hd));
+  }
+}
+
+// With `routed` (a mixture of experts), the experts every position chose,
+// `[position][layer][k]`.
+vec reference_logits(const weights& w, const std::vector<int32_t>& tokens,
+                     std::vector<int32_t>* routed = nullptr) {
   const auto& c = w.config;
   size_t h = c.hidden_size;
   size_t hd = c.head_dim();
@@ -76,6 +133,7 @@ vec reference_logits(const weights& w, const std::vector<int32_t>& tokens) {
     const float* e = w.embed_tokens.row(static_cast<uint32_t>(tokens[t]));
     x[t].assign(e, e + h);
   }
+  std::vector<std::vector<int32_t>> chosen(n);
   for (const auto& lw : w.layers) {
     std::vector<vec> q(n);
     std::vector<vec> k(n);
@@ -85,6 +143,10 @@ vec reference_logits(const weights& w, const std::vector<int32_t>& tokens) {
       q[t] = ref_matvec(lw.q_proj, xn);
       k[t] = ref_matvec(lw.k_proj, xn);
       v[t] = ref_matvec(lw.v_proj, xn);
+      if (c.is_moe()) {
+        ref_head_norm(q[t], c.num_attention_heads, hd, lw.q_norm, c.rms_norm_eps);
+        ref_head_norm(k[t], c.num_key_value_heads, hd, lw.k_norm, c.rms_norm_eps);
+      }
       for (size_t hh = 0; hh < c.num_attention_heads; ++hh) {
         ref_rope(&q[t][hh * hd], hd, t, c.rope_theta);
       }
@@ -123,6 +185,12 @@ vec reference_logits(const weights& w, const std::vector<int32_t>& tokens) {
         x[t][i] += o[i];
       }
       vec xn = ref_rms_norm(x[t], lw.post_attention_layernorm, c.rms_norm_eps);
+      if (c.is_moe()) {
+        vec m = ref_moe(c, lw, xn, chosen[t]);
+        for (size_t i = 0; i < h; ++i)
+          x[t][i] += m[i];
+        continue;
+      }
       vec g = ref_matvec(lw.gate_proj, xn);
       vec u = ref_matvec(lw.up_proj, xn);
       for (size_t i = 0; i < g.size(); ++i) {
@@ -133,6 +201,11 @@ vec reference_logits(const weights& w, const std::vector<int32_t>& tokens) {
         x[t][i] += d[i];
       }
     }
+  }
+  if (routed) {
+    routed->clear();
+    for (const auto& ids : chosen)
+      routed->insert(routed->end(), ids.begin(), ids.end());
   }
   return ref_matvec(w.lm_head, ref_rms_norm(x[n - 1], w.norm, c.rms_norm_eps));
 }
@@ -154,9 +227,24 @@ std::shared_ptr<const weights> loud_weights(const model_config& c, uint64_t seed
   scale("model.embed_tokens.weight", 50.0F);
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    for (const char* m : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+    for (const char* m :
+         {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"})
       scale(p + m + ".weight", 20.0F);
+    if (c.is_moe()) {
+      scale(p + "mlp.gate.weight", 40.0F);
+      for (uint32_t e = 0; e < c.num_experts; ++e)
+        for (const char* m : {"gate_proj", "up_proj", "down_proj"})
+          scale(p + "mlp.experts." + std::to_string(e) + "." + m + ".weight", 20.0F);
+      auto qn = floats(p + "self_attn.q_norm.weight");
+      auto kn = floats(p + "self_attn.k_norm.weight");
+      for (size_t i = 0; i < qn.size(); ++i) {
+        qn[i] = 0.8F + 0.04F * static_cast<float>(i % 6);
+        kn[i] = 1.2F - 0.05F * static_cast<float>(i % 4);
+      }
+    } else {
+      for (const char* m : {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+        scale(p + m + ".weight", 20.0F);
+    }
     auto in = floats(p + "input_layernorm.weight");
     auto post = floats(p + "post_attention_layernorm.weight");
     for (size_t i = 0; i < in.size(); ++i) {
@@ -290,7 +378,7 @@ std::vector<std::vector<float>> run_alone(const weights& w, const std::vector<in
 }
 
 TEST(model, logits_are_batch_invariant) {
-  for (const char* name : {"tiny", "small"}) {
+  for (const char* name : {"tiny", "small", "moe-tiny"}) {
     auto c = *preset(name);
     auto w = make_weights(c, 21);
     std::vector<int32_t> a_tokens{256, 'b', 'a', 't', 'c', 'h'};
@@ -380,6 +468,164 @@ TEST(model, bad_steps_are_refused_and_touch_nothing) {
   sequence wrong(one_layer());
   sequence* other[] = {&wrong};
   EXPECT_FALSE(step(*w, other, feed));
+}
+
+} // namespace
+} // namespace stitch::engine
+
+namespace stitch::engine {
+namespace {
+
+// One step of `tokens[t]` at a time through `seq`: every position's logits.
+std::vector<std::vector<float>> feed_all(const weights& w, sequence& seq,
+                                         const std::vector<int32_t>& tokens) {
+  std::vector<std::vector<float>> out;
+  sequence* batch[] = {&seq};
+  for (int32_t t : tokens) {
+    int32_t feed[] = {t};
+    auto logits = step(w, batch, feed);
+    EXPECT_TRUE(logits) << logits.error().message;
+    if (!logits)
+      return out;
+    out.push_back((*logits)[0]);
+  }
+  return out;
+}
+
+TEST(model, top_k_is_descending_with_the_lowest_id_first_on_ties) {
+  const float scores[] = {0.1F, 0.7F, 0.3F, 0.7F, 0.05F};
+  int32_t out[3];
+  top_k(scores, 5, 3, out);
+  EXPECT_EQ(out[0], 1);
+  EXPECT_EQ(out[1], 3);
+  EXPECT_EQ(out[2], 2);
+}
+
+TEST(model, a_mixture_of_experts_matches_a_from_scratch_reference_and_records_its_routing) {
+  auto c = *preset("moe-tiny");
+  ASSERT_TRUE(c.is_moe());
+  auto w = loud_weights(c, 31);
+  std::vector<int32_t> tokens{256, 'M', 'o', 'E', ' ', 'r', 'o', 'u', 't', 'e', 's', 257};
+  sequence seq(c);
+  auto logits = feed_all(*w, seq, tokens);
+  ASSERT_EQ(logits.size(), tokens.size());
+  std::vector<int32_t> want_routing;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(t + 1));
+    expect_close(logits[t], reference_logits(*w, prefix, &want_routing), 1e-4);
+  }
+  const size_t per_position = size_t{c.num_hidden_layers} * c.num_experts_per_tok;
+  ASSERT_EQ(seq.routed_experts.size(), tokens.size() * per_position);
+  EXPECT_EQ(seq.routed_experts, want_routing);
+  // The loud router spreads the tokens over several experts.
+  std::vector<int32_t> used(seq.routed_experts);
+  std::sort(used.begin(), used.end());
+  used.erase(std::unique(used.begin(), used.end()), used.end());
+  EXPECT_GE(used.size(), 4u);
+  EXPECT_EQ(seq.replay_disagreements, 0u);
+}
+
+TEST(model, replaying_its_own_routing_changes_nothing_and_other_routing_changes_the_logits) {
+  auto c = *preset("moe-tiny");
+  auto w = loud_weights(c, 32);
+  std::vector<int32_t> tokens{256, 'r', 'e', 'p', 'l', 'a', 'y'};
+  sequence own(c);
+  auto own_logits = feed_all(*w, own, tokens);
+
+  sequence same(c);
+  same.replay_experts = own.routed_experts;
+  auto same_logits = feed_all(*w, same, tokens);
+  ASSERT_EQ(same_logits.size(), own_logits.size());
+  for (size_t t = 0; t < tokens.size(); ++t)
+    EXPECT_EQ(std::memcmp(same_logits[t].data(), own_logits[t].data(), own_logits[t].size() * 4), 0)
+      << "position " << t;
+  EXPECT_EQ(same.routed_experts, own.routed_experts);
+  EXPECT_EQ(same.replay_disagreements, 0u);
+
+  // Route the last position's last layer to two other experts.
+  auto other = own.routed_experts;
+  const size_t k = c.num_experts_per_tok;
+  const size_t at = ((tokens.size() - 1) * c.num_hidden_layers + c.num_hidden_layers - 1) * k;
+  std::vector<int32_t> fresh;
+  for (int32_t e = 0; e < static_cast<int32_t>(c.num_experts) && fresh.size() < k; ++e)
+    if (std::find(other.begin() + static_cast<ptrdiff_t>(at),
+                  other.begin() + static_cast<ptrdiff_t>(at + k), e)
+        == other.begin() + static_cast<ptrdiff_t>(at + k))
+      fresh.push_back(e);
+  std::copy(fresh.begin(), fresh.end(), other.begin() + static_cast<ptrdiff_t>(at));
+  sequence replayed(c);
+  replayed.replay_experts = other;
+  auto replayed_logits = feed_all(*w, replayed, tokens);
+  ASSERT_EQ(replayed_logits.size(), tokens.size());
+  for (size_t t = 0; t + 1 < tokens.size(); ++t)
+    EXPECT_EQ(replayed_logits[t], own_logits[t]) << "position " << t;
+  double moved = 0;
+  for (size_t i = 0; i < own_logits.back().size(); ++i)
+    moved = std::max(moved, double{std::abs(replayed_logits.back()[i] - own_logits.back()[i])});
+  EXPECT_GT(moved, 1e-3);
+  EXPECT_EQ(replayed.routed_experts, other);
+  EXPECT_EQ(replayed.replay_disagreements, 1u);
+}
+
+TEST(model, a_bad_routing_replay_is_refused_naming_the_problem) {
+  auto c = *preset("moe-tiny");
+  auto w = make_weights(c, 33);
+  const size_t per_position = size_t{c.num_hidden_layers} * c.num_experts_per_tok;
+  auto refused = [&](std::vector<int32_t> replay, const std::string& says) {
+    sequence seq(c);
+    seq.replay_experts = std::move(replay);
+    sequence* batch[] = {&seq};
+    int32_t feed[] = {256};
+    auto r = step(*w, batch, feed);
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message.find(says), std::string::npos) << r.error().message;
+    EXPECT_EQ(seq.position, 0u);
+    EXPECT_TRUE(seq.routed_experts.empty());
+  };
+  refused(std::vector<int32_t>(per_position - 1, 0), "covers 0 positions");
+  std::vector<int32_t> outside(per_position, 1);
+  for (size_t i = 0; i < outside.size(); i += 2)
+    outside[i] = 0;
+  outside[1] = static_cast<int32_t>(c.num_experts);
+  refused(outside, "names expert 8");
+  refused(std::vector<int32_t>(per_position, 3), "twice");
+  // A dense model has nothing to replay.
+  auto dense = *preset("tiny");
+  auto dw = make_weights(dense, 34);
+  sequence seq(dense);
+  seq.replay_experts = {0, 1};
+  sequence* batch[] = {&seq};
+  int32_t feed[] = {256};
+  auto r = step(*dw, batch, feed);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("no experts"), std::string::npos);
+}
+
+TEST(model, the_last_layers_trace_holds_what_the_router_and_experts_did) {
+  auto c = *preset("moe-tiny");
+  auto w = loud_weights(c, 35);
+  sequence seq(c);
+  sequence* batch[] = {&seq};
+  int32_t feed[] = {256};
+  std::vector<moe_trace> trace;
+  step_logits hidden;
+  ASSERT_TRUE(step(*w, batch, feed, gpu::shared_pool(), &hidden, &trace));
+  ASSERT_EQ(trace.size(), 1u);
+  const auto& t = trace[0];
+  const size_t h = c.hidden_size;
+  const size_t k = c.num_experts_per_tok;
+  ASSERT_EQ(t.router_logits.size(), c.num_experts);
+  ASSERT_EQ(t.experts.size(), k);
+  ASSERT_EQ(t.expert_outputs.size(), k * h);
+  ASSERT_EQ(t.residual.size(), h);
+  // The last layer's routing is the sequence's record.
+  const size_t at = size_t{c.num_hidden_layers - 1} * k;
+  EXPECT_TRUE(std::equal(t.experts.begin(), t.experts.end(),
+                         seq.routed_experts.begin() + static_cast<ptrdiff_t>(at)));
+  // The final normalized hidden state is the norm of the residual.
+  std::vector<float> normed(h);
+  rms_norm(t.residual.data(), w->norm.data(), h, c.rms_norm_eps, normed.data());
+  EXPECT_EQ(normed, hidden[0]);
 }
 
 } // namespace

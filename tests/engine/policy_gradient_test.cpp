@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -37,6 +38,8 @@ std::vector<rollout_sample> rollouts(const store::tensor_set& tensors, const mod
     EXPECT_TRUE(g);
     s.tokens = g->tokens;
     s.behaviour_logprobs = g->logprobs;
+    // A mixture of experts returns its routing, which the trainer replays.
+    s.routed_experts = g->routed_experts;
     s.reward = reward_of(g->text, g->tokens.size());
     s.version = round;
     out.push_back(std::move(s));
@@ -159,6 +162,121 @@ TEST(policy_gradient, bad_batches_are_refused_and_only_lm_head_changes) {
       EXPECT_NE(t.bytes, before.at(name).bytes);
     else
       EXPECT_EQ(t.bytes, before.at(name).bytes) << name;
+}
+
+} // namespace
+} // namespace stitch::engine
+
+namespace stitch::engine {
+namespace {
+
+// A MoE model whose router and experts are loud enough for the routing to
+// matter, as f32 tensors.
+store::tensor_set loud_moe(const model_config& c, uint64_t seed) {
+  auto set = *random_init(c, seed);
+  for (auto& [name, t] : set) {
+    float f = name.find("mlp.gate.") != std::string::npos      ? 60.0F
+              : name.find("mlp.experts.") != std::string::npos ? 15.0F
+              : name.find("embed_tokens") != std::string::npos ? 30.0F
+                                                               : 1.0F;
+    auto* v = reinterpret_cast<float*>(t.bytes.data());
+    for (size_t i = 0; i < t.bytes.size() / 4; ++i)
+      v[i] *= f;
+  }
+  return set;
+}
+
+/// sum over samples of advantage * sum of log pi(token), the routing of each
+/// sample replayed: what one policy-gradient step ascends (importance
+/// weights 1, on-policy).
+double objective(const store::tensor_set& tensors, const model_config& c,
+                 const std::vector<rollout_sample>& batch) {
+  auto w = build_weights(c, tensors);
+  EXPECT_TRUE(w);
+  double baseline = 0;
+  for (const auto& s : batch)
+    baseline += s.reward / static_cast<double>(batch.size());
+  tokenizer tok;
+  double j = 0;
+  for (const auto& s : batch) {
+    sequence seq(c);
+    seq.replay_experts = s.routed_experts;
+    sequence* one[] = {&seq};
+    std::vector<int32_t> feed = tok.encode(s.prompt);
+    feed.insert(feed.end(), s.tokens.begin(), s.tokens.end() - 1);
+    const size_t first = tok.encode(s.prompt).size() - 1;
+    for (size_t i = 0; i < feed.size(); ++i) {
+      int32_t t[] = {feed[i]};
+      auto l = step(**w, one, t);
+      EXPECT_TRUE(l);
+      if (i < first)
+        continue;
+      const auto& v = (*l)[0];
+      double top = *std::max_element(v.begin(), v.end());
+      double total = 0;
+      for (float x : v)
+        total += std::exp(double{x} - top);
+      j += (s.reward - baseline)
+           * (v[static_cast<size_t>(s.tokens[i - first])] - top - std::log(total));
+    }
+  }
+  return j;
+}
+
+TEST(policy_gradient, the_router_step_ascends_the_objective_to_first_order) {
+  auto c = *preset("moe-tiny");
+  auto tensors = loud_moe(c, 5);
+  auto batch = rollouts(tensors, c, 1, 6);
+  const double before = objective(tensors, c, batch);
+  const std::string router = "model.layers.1.mlp.gate.weight";
+  auto old_router = tensors.at(router).bytes;
+  auto old_head = tensors.at("lm_head.weight").bytes;
+  pg_options o;
+  o.learning_rate = 0; // the router alone moves
+  o.router_learning_rate = 1e-3;
+  auto stats = policy_gradient_step(tensors, c, batch, o);
+  ASSERT_TRUE(stats) << to_string(stats.error());
+  ASSERT_FALSE(batch[0].routed_experts.empty());
+  EXPECT_EQ(tensors.at("lm_head.weight").bytes, old_head);
+  // The step is step_size * g; the objective must rise by step_size * |g|^2.
+  const auto* a = reinterpret_cast<const float*>(old_router.data());
+  const auto* b = reinterpret_cast<const float*>(tensors.at(router).bytes.data());
+  double moved_sq = 0;
+  for (size_t i = 0; i < old_router.size() / 4; ++i)
+    moved_sq += (double{b[i]} - a[i]) * (double{b[i]} - a[i]);
+  const double step_size = o.router_learning_rate / static_cast<double>(batch.size());
+  const double predicted = moved_sq / step_size;
+  const double after = objective(tensors, c, batch);
+  ASSERT_GT(predicted, 0) << "the router's gradient is zero";
+  EXPECT_NEAR(after - before, predicted, 0.1 * predicted)
+    << "before " << before << " after " << after;
+  // Replayed on-policy routing: the trainer's router agrees everywhere.
+  const size_t rows = (tokenizer{}.encode(batch[0].prompt).size() + 8 - 1) * batch.size();
+  EXPECT_EQ(stats->routing_decisions, rows * c.num_hidden_layers);
+  EXPECT_EQ(stats->routing_disagreements, 0u);
+}
+
+TEST(policy_gradient, stale_routing_is_replayed_and_the_disagreements_counted) {
+  auto c = *preset("moe-tiny");
+  auto tensors = loud_moe(c, 6);
+  auto batch = rollouts(tensors, c, 2, 4);
+  // The trainer's router has moved on since the rollouts.
+  auto& gate = tensors.at("model.layers.0.mlp.gate.weight").bytes;
+  auto* g = reinterpret_cast<float*>(gate.data());
+  for (size_t i = 0; i < gate.size() / 4; ++i)
+    g[i] = -g[i];
+  pg_options o;
+  o.router_learning_rate = 0.5;
+  auto stats = policy_gradient_step(tensors, c, batch, o);
+  ASSERT_TRUE(stats) << to_string(stats.error());
+  EXPECT_GT(stats->routing_disagreements, 0u);
+  EXPECT_LE(stats->routing_disagreements, stats->routing_decisions);
+
+  // Routing of the wrong length is refused by name.
+  batch[0].routed_experts.pop_back();
+  auto bad = policy_gradient_step(tensors, c, batch, o);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("routed experts"), std::string::npos);
 }
 
 } // namespace

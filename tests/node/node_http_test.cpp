@@ -180,6 +180,24 @@ TEST(stitch_demo, the_trainer_learns_while_replicas_serve_within_the_staleness_b
     EXPECT_TRUE(j.contains(k)) << k;
 }
 
+TEST(stitch_demo, a_mixture_of_experts_trains_with_routing_replay) {
+  auto r = run(std::string{STITCH_BIN}
+               + " demo --local --moe --steps 12 --staleness 2 --json 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto last_line = r.output.substr(r.output.rfind('{'));
+  auto j = nlohmann::json::parse(last_line);
+  EXPECT_EQ(j["steps"], 12);
+  EXPECT_EQ(j["constraint_violations"], 0);
+  // Every sample came back with its routing and the trainer replayed it:
+  // (16 prompt tokens + up to 8 generated - 1) positions x 2 layers each.
+  EXPECT_LE(j["routing_decisions"].get<uint64_t>(), 12u * 16u * (16u + 8u - 1u) * 2u) << last_line;
+  EXPECT_GE(j["routing_decisions"].get<uint64_t>(), 12u * 16u * 16u * 2u) << last_line;
+  // Stale samples were routed by older routers than the trainer's.
+  EXPECT_GT(j["routing_disagreements"].get<uint64_t>(), 0u) << last_line;
+  EXPECT_LT(j["routing_disagreement_rate"].get<double>(), 0.5) << last_line;
+  EXPECT_GT(j["reward_last"].get<double>(), j["reward_first"].get<double>()) << last_line;
+}
+
 TEST(node_security, the_admin_token_guards_wake_and_publish) {
   temp_dir dir;
   node_process node{dir.path(), {"replicas=0", "admin.token=let-me-in"}};
