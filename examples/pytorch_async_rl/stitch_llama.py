@@ -164,24 +164,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class MLP(torch.nn.Module):
-    def __init__(self, c: LlamaConfig):
+    """A SwiGLU MLP: the dense layers' (``intermediate_size``) and each expert's
+    (``moe_intermediate_size``)."""
+
+    def __init__(self, c: LlamaConfig, width: int | None = None):
         super().__init__()
-        self.gate_proj = torch.nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = torch.nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = torch.nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Expert(torch.nn.Module):
-    """One expert: a SwiGLU MLP of ``moe_intermediate_size``."""
-
-    def __init__(self, c: LlamaConfig):
-        super().__init__()
-        self.gate_proj = torch.nn.Linear(c.hidden_size, c.moe_intermediate_size, bias=False)
-        self.up_proj = torch.nn.Linear(c.hidden_size, c.moe_intermediate_size, bias=False)
-        self.down_proj = torch.nn.Linear(c.moe_intermediate_size, c.hidden_size, bias=False)
+        width = c.intermediate_size if width is None else width
+        self.gate_proj = torch.nn.Linear(c.hidden_size, width, bias=False)
+        self.up_proj = torch.nn.Linear(c.hidden_size, width, bias=False)
+        self.down_proj = torch.nn.Linear(width, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -196,7 +187,9 @@ class SparseMoE(torch.nn.Module):
         super().__init__()
         self.c = c
         self.gate = torch.nn.Linear(c.hidden_size, c.num_experts, bias=False)
-        self.experts = torch.nn.ModuleList(Expert(c) for _ in range(c.num_experts))
+        self.experts = torch.nn.ModuleList(
+            MLP(c, c.moe_intermediate_size) for _ in range(c.num_experts)
+        )
 
     def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None):
         """(output, own routing, used routing): routings are (tokens, k) ids."""

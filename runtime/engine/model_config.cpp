@@ -51,6 +51,24 @@ result<uint32_t> read_uint(const json& doc, std::string_view field, uint32_t lo,
                             + "], got " + std::to_string(it->get<int64_t>()));
 }
 
+struct uint_field {
+  std::string_view name;
+  uint32_t* target;
+  uint32_t hi;
+};
+
+/// Each field, at least 1 and at most its `hi`, into its target.
+status read_uints(const json& doc, std::initializer_list<uint_field> fields) {
+  for (const auto& f : fields) {
+    auto value = read_uint(doc, f.name, 1, f.hi);
+    if (!value) {
+      return std::move(value).error();
+    }
+    *f.target = *value;
+  }
+  return {};
+}
+
 result<double> read_double(const json& doc, std::string_view field) {
   auto it = doc.find(field);
   if (it == doc.end()) {
@@ -65,22 +83,12 @@ result<double> read_double(const json& doc, std::string_view field) {
 /// The Qwen3-MoE fields of `doc` into `c`, refusing the variants the engine
 /// does not implement rather than serving them wrong.
 status parse_moe_fields(const json& doc, model_config& c) {
-  struct uint_field {
-    std::string_view name;
-    uint32_t* target;
-    uint32_t hi;
-  };
-  const uint_field fields[] = {
-    {"num_experts", &c.num_experts, max_experts},
-    {"num_experts_per_tok", &c.num_experts_per_tok, max_experts},
-    {"moe_intermediate_size", &c.moe_intermediate_size, max_intermediate},
-  };
-  for (const auto& f : fields) {
-    auto value = read_uint(doc, f.name, 1, f.hi);
-    if (!value) {
-      return std::move(value).error();
-    }
-    *f.target = *value;
+  if (auto ok =
+        read_uints(doc, {{"num_experts", &c.num_experts, max_experts},
+                         {"num_experts_per_tok", &c.num_experts_per_tok, max_experts},
+                         {"moe_intermediate_size", &c.moe_intermediate_size, max_intermediate}});
+      !ok) {
+    return ok;
   }
   if (auto norm = doc.find("norm_topk_prob"); norm != doc.end()) {
     if (!norm->is_boolean()) {
@@ -225,26 +233,16 @@ result<model_config> parse_model_config(std::string_view json_text) {
       act != doc.end() && (!act->is_string() || act->get<std::string>() != "silu")) {
     return bad_field("hidden_act", "must be \"silu\"");
   }
-  struct uint_field {
-    std::string_view name;
-    uint32_t* target;
-    uint32_t hi;
-  };
-  const uint_field fields[] = {
-    {"hidden_size", &c.hidden_size, max_hidden},
-    {"intermediate_size", &c.intermediate_size, max_intermediate},
-    {"num_hidden_layers", &c.num_hidden_layers, max_layers},
-    {"num_attention_heads", &c.num_attention_heads, max_heads},
-    {"num_key_value_heads", &c.num_key_value_heads, max_heads},
-    {"vocab_size", &c.vocab_size, max_vocab},
-    {"max_position_embeddings", &c.max_position_embeddings, max_positions},
-  };
-  for (const auto& f : fields) {
-    auto value = read_uint(doc, f.name, 1, f.hi);
-    if (!value) {
-      return std::move(value).error();
-    }
-    *f.target = *value;
+  if (auto ok =
+        read_uints(doc, {{"hidden_size", &c.hidden_size, max_hidden},
+                         {"intermediate_size", &c.intermediate_size, max_intermediate},
+                         {"num_hidden_layers", &c.num_hidden_layers, max_layers},
+                         {"num_attention_heads", &c.num_attention_heads, max_heads},
+                         {"num_key_value_heads", &c.num_key_value_heads, max_heads},
+                         {"vocab_size", &c.vocab_size, max_vocab},
+                         {"max_position_embeddings", &c.max_position_embeddings, max_positions}});
+      !ok) {
+    return std::move(ok).error();
   }
   auto eps = read_double(doc, "rms_norm_eps");
   if (!eps) {

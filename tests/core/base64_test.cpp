@@ -30,8 +30,8 @@ TEST(base64, decoding_inverts_encoding_for_every_byte) {
 }
 
 TEST(base64, anything_but_strict_padded_base64_is_refused) {
-  for (const char* bad : {"Zg", "Zg=", "Zm9", "Z===", "Zg==Zg==", "Zm 9v", "Zm9v\n", "Zm-v",
-                          "=Zm9", "Zg=a"})
+  for (const char* bad :
+       {"Zg", "Zg=", "Zm9", "Z===", "Zg==Zg==", "Zm 9v", "Zm9v\n", "Zm-v", "=Zm9", "Zg=a"})
     EXPECT_FALSE(base64_decode(bad)) << bad;
 }
 
