@@ -318,6 +318,25 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       if (auto it = st.lenders.find(holder); it != st.lenders.end())
         st.holders.holds(holder, {}, pool, std::nullopt, true);
     },
+    [self](atom::profile, const std::string& id,
+           const std::string& token) -> caf::result<replica_actor> {
+      auto& st = self->state;
+      if (!token_matches(st.opts.admin_token, token))
+        return unauthorized("profiling a replica");
+      if (auto r = st.replicas.find(id); r != st.replicas.end())
+        return r->second;
+      std::string known;
+      for (const auto& [name, r] : st.replicas)
+        known += (known.empty() ? "" : ", ") + name;
+      for (const auto& [addr, r] : st.standalone_replicas) {
+        if (r.info && r.info->replica_id == id)
+          return r.handle;
+        if (r.info)
+          known += (known.empty() ? "" : ", ") + r.info->replica_id;
+      }
+      return refused(errc::not_found, "no replica named " + id + " ("
+                                        + (known.empty() ? "none is up" : "up: " + known) + ")");
+    },
     [self](atom::replica_state, replica_info& info) {
       auto& st = self->state;
       if (auto it =

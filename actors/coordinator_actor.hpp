@@ -59,6 +59,9 @@ using coordinator_actor = caf::typed_actor<
   caf::replies_to<atom::submit, experiment_spec, std::string>::with<std::string>,
   caf::replies_to<atom::scale, std::string, uint32_t, std::string>::with<std::string>,
   caf::replies_to<atom::stop, std::string, std::string>::with<std::string>,
+  // `stitch profile`: the replica named by the first string, placed or
+  // standalone (the second is the admin token).
+  caf::replies_to<atom::profile, std::string, std::string>::with<replica_actor>,
   // Members, experiments and the version directory (`stitch status`).
   caf::replies_to<atom::cluster_view>::with<cluster_view>,
   // From placed replicas (the coordinator subscribes): their state.

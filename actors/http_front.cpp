@@ -70,6 +70,9 @@ std::string server_info_json(const replica_info& i) {
   fetch["from_peers"] = std::move(peers);
   fetch["from_store"] = f.from_store;
   fetch["seconds"] = f.seconds;
+  fetch["fetch_s"] = f.fetch_s;
+  fetch["decode_s"] = f.decode_s;
+  fetch["verify_s"] = f.verify_s;
   fetch["problems"] = f.problems;
   j["last_fetch"] = std::move(fetch);
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);

@@ -431,6 +431,26 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       it->second.stream->close(error{errc::invalid_argument, "the client aborted the publish"});
       settle(self, id);
     },
+    [self](atom::collect, const std::string& pool, const std::vector<std::string>& runs,
+           const std::string& token) -> caf::result<retention_report> {
+      auto& st = self->state;
+      if (!token_matches(st.admin_token, token))
+        return to_caf_error({errc::unauthorized, "dropping runs needs the admin token (--token "
+                                                 "or STITCH_TOKEN)"});
+      if (auto ok = store::validate_pool(pool); !ok)
+        return to_caf_error(ok.error());
+      retention_request req;
+      req.keep_last = std::max<size_t>(1, st.retention.keep_last);
+      req.drop_runs.insert(runs.begin(), runs.end());
+      auto promise = self->make_response_promise<retention_report>();
+      collect(self, pool, std::move(req), [promise](result<retention_report> r) mutable {
+        if (r)
+          promise.deliver(std::move(*r));
+        else
+          promise.deliver(to_caf_error(r.error()));
+      });
+      return promise;
+    },
     [self](atom::collect, const std::string& pool, uint32_t keep, bool dry_run,
            const std::string& token) -> caf::result<retention_report> {
       auto& st = self->state;

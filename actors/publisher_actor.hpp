@@ -142,6 +142,11 @@ using publisher_actor = caf::typed_actor<
   // chain they need, the boot and what replicas use; a dry run only
   // reports. The last string is the admin token (a dry run needs none).
   caf::replies_to<atom::collect, std::string, uint32_t, bool, std::string>::with<retention_report>,
+  // Drops runs of `pool` entirely (every version, the boot included) unless
+  // the pointer or a replica uses one of theirs: `stitch profile`'s scratch
+  // runs. The last string is the admin token.
+  caf::replies_to<atom::collect, std::string, std::vector<std::string>,
+                  std::string>::with<retention_report>,
   // A peer's lease on a run's remembered version, which the publisher lends
   // (peer transfer; `not_found` for any other); released when read.
   caf::replies_to<atom::offer, version_ref>::with<peer_offer>,

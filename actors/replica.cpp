@@ -7,7 +7,9 @@
 
 #include "actors/log.hpp"
 #include "runtime/core/constraint.hpp"
+#include "runtime/core/checksum.hpp"
 #include "runtime/core/manifest.hpp"
+#include "gpu/checksum.hpp"
 
 namespace stitch {
 
@@ -100,6 +102,7 @@ bool blocked(const std::vector<std::string>& routes, std::string_view route) {
 
 void apply(self_ptr self, std::vector<reconcile_effect> effects);
 void carry(self_ptr self, std::vector<request_effect> effects);
+void profile_progress(self_ptr self);
 void publish_state(self_ptr self);
 
 void answer(self_ptr self, request_id id, replica_answer reply) {
@@ -111,6 +114,8 @@ void answer(self_ptr self, request_id id, replica_answer reply) {
   it->second.promise.deliver(std::move(reply));
   st.by_key.erase({it->second.caller.address(), it->second.call.key});
   st.requests.erase(it);
+  if (st.profile && !st.profile->started)
+    profile_progress(self);
   // A retiring replica leaves with its last answer, whichever path gave it.
   if (st.life.retiring() && st.requests.empty()) {
     log::info("replica", st.opts.replica_id + " drained; leaving");
@@ -119,6 +124,10 @@ void answer(self_ptr self, request_id id, replica_answer reply) {
 }
 
 void reconcile_now(self_ptr self, trigger why) {
+  // A profile runs its passes one by one, when told (a folded catch-up
+  // needs the versions published with no pass in between).
+  if (const auto& p = self->state.profile; p && p->started && !p->end)
+    return;
   apply(self, self->state.rec.on_trigger(why));
 }
 
@@ -273,14 +282,23 @@ void carry_out(self_ptr self, rfx::stage e) {
   st.deps.reconcile_worker->post([handle, engine = st.engine, bytes = st.bytes, e] {
     auto t0 = std::chrono::steady_clock::now();
     auto before = bytes->snapshot();
-    status outcome = engine->prefetch(e.plan);
-    if (outcome)
-      outcome = engine->stage(e.plan, e.onto_shadow, *bytes);
+    store::stage_meter meter;
+    status outcome;
+    {
+      store::stage_meter::installed timed{&meter};
+      outcome = engine->prefetch(e.plan);
+      if (outcome)
+        outcome = engine->stage(e.plan, e.onto_shadow, *bytes);
+    }
     auto report = report_of(e.op, outcome, since(t0));
     report.version = e.plan.target;
     report.fetched = fetched_between(before, bytes->snapshot());
     report.fetched.version = e.plan.target;
     report.fetched.seconds = std::chrono::duration<double>(since(t0)).count();
+    auto phases = meter.times();
+    report.fetched.fetch_s = phases.fetch_s;
+    report.fetched.decode_s = phases.decode_s;
+    report.fetched.verify_s = phases.verify_s;
     caf::anon_send(handle, atom::staged_v, std::move(report));
   });
 }
@@ -344,6 +362,7 @@ void publish_state(self_ptr self) {
 void apply(self_ptr self, std::vector<reconcile_effect> effects) {
   for (auto& e : effects)
     std::visit([self](auto& x) { carry_out(self, std::move(x)); }, e);
+  profile_progress(self);
   publish_state(self);
 }
 
@@ -381,6 +400,157 @@ void carry(self_ptr self, std::vector<request_effect> effects) {
   publish_state(self);
 }
 
+caf::error profile_refusal(errc code, std::string message) {
+  return to_caf_error(error{code, std::move(message)});
+}
+
+/// The checksum verdict on what the engine serves after a profile step: its
+/// every tensor hashed against `target`'s manifest when its weights are in
+/// host memory; otherwise what the stage verified.
+void judge_served(profile_step& out, engine_port& engine, tensor_source& bytes) {
+  auto view = engine.host_view();
+  if (!view) {
+    out.checksum_basis = "staged tensors";
+    out.checksum_ok = true;
+    out.checksum_detail = "the engine's weights are not readable from the host; every tensor "
+                          "the stage wrote was verified against the manifest before activation";
+    return;
+  }
+  out.checksum_basis = "served weights";
+  if (view->version != out.target) {
+    out.checksum_detail = "the engine serves " + to_string(view->version);
+    return;
+  }
+  auto m = bytes.manifest_of(out.target);
+  if (!m) {
+    out.checksum_detail = "reading the manifest failed: " + to_string(m.error());
+    return;
+  }
+  uint64_t hashed = 0;
+  for (const auto& t : view->tensors) {
+    auto expected = m->checksums.find(t.name);
+    if (expected == m->checksums.end()) {
+      out.checksum_detail = "the engine serves tensor '" + t.name + "', which the manifest lacks";
+      return;
+    }
+    if (uint64_t got = gpu::parallel_tree_checksum(t.bytes); got != expected->second) {
+      out.checksum_detail = "tensor '" + t.name + "' has checksum " + checksum::to_hex(got)
+                            + " but the manifest says " + checksum::to_hex(expected->second);
+      return;
+    }
+    hashed += t.bytes.size();
+  }
+  if (view->tensors.size() != m->checksums.size()) {
+    out.checksum_detail = "the engine serves " + std::to_string(view->tensors.size())
+                          + " tensors; the manifest has " + std::to_string(m->checksums.size());
+    return;
+  }
+  out.checksum_ok = true;
+  out.checksum_detail = std::to_string(view->tensors.size()) + " tensors, "
+                        + std::to_string(hashed) + " bytes hashed";
+}
+
+/// A profile step's pass ended: what it did, then the verdict (on the
+/// worker, after whatever the pass posted there).
+void finish_step(self_ptr self) {
+  auto& st = self->state;
+  auto& r = *st.profile->running;
+  const auto& applied = st.rec.applied();
+  if (!applied || *applied != r.target) {
+    auto why = st.rec.snapshot().reason;
+    r.promise.deliver(profile_refusal(
+      errc::engine_unavailable, st.opts.replica_id + " did not reach " + to_string(r.target)
+                                  + "; it serves "
+                                  + (applied ? to_string(*applied) : std::string{"nothing"})
+                                  + (why.empty() ? std::string{} : " (" + why + ")")));
+    st.profile->running.reset();
+    return;
+  }
+  const auto& m = st.rec.metrics();
+  profile_step out;
+  out.target = r.target;
+  out.from = r.from;
+  out.activated = m.commits_total > r.before.commits_total;
+  if (out.activated || m.skipped_activations_total > r.before.skipped_activations_total)
+    out.folded = m.last_folded;
+  out.reset = out.activated && r.from && r.from->run_id != r.target.run_id;
+  if (m.stages_total > r.before.stages_total) {
+    out.stage_s = std::chrono::duration<double>(m.last_stage).count();
+    out.fetch_s = st.last_fetch.fetch_s;
+    out.decode_s = st.last_fetch.decode_s;
+    out.verify_s = st.last_fetch.verify_s;
+    out.rest_s = std::max(0.0, out.stage_s - out.fetch_s - out.decode_s - out.verify_s);
+  }
+  if (out.activated) {
+    out.drain_ms = st.counters.last_drain_ms;
+    out.pause_us = st.counters.last_pause_us;
+  }
+  out.total_s = std::chrono::duration<double>(since(r.began)).count();
+  auto moved = fetched_between(r.bytes_before, st.bytes->snapshot());
+  out.bytes_from_store = moved.from_store;
+  for (const auto& [source, n] : moved.from_peers)
+    out.bytes_from_peers += n;
+  r.verifying = true;
+  st.deps.reconcile_worker->post([handle = caf::actor_cast<replica_actor>(self),
+                                  engine = st.engine, bytes = st.bytes, id = r.id,
+                                  out = std::move(out)]() mutable {
+    judge_served(out, *engine, *bytes);
+    caf::anon_send(handle, atom::profile_v, id, std::move(out));
+  });
+}
+
+/// Moves a profile on whenever the replica may have become quiet: the
+/// begin once nothing runs, a step once its pass ended, the way home.
+void profile_progress(self_ptr self) {
+  auto& st = self->state;
+  if (!st.profile)
+    return;
+  auto& p = *st.profile;
+  const bool quiet = !st.rec.busy() && !st.pending_commit;
+  if (!p.started) {
+    if (!p.begin || !st.requests.empty() || !quiet)
+      return;
+    auto promise = std::move(*p.begin);
+    p.begin.reset();
+    if (auto ok = st.rec.retarget(true); !ok) {
+      st.life.put_back();
+      st.profile.reset();
+      promise.deliver(to_caf_error(ok.error()));
+      return;
+    }
+    st.opts.pool = p.pool;
+    st.bytes->retarget(st.deps.source_for(p.pool));
+    p.started = true;
+    log::info("replica", st.opts.replica_id + " follows scratch pool " + p.pool
+                           + " for a profile (out of rotation)");
+    promise.deliver(describe(st));
+    return;
+  }
+  if (p.end) {
+    if (!quiet || p.running)
+      return;
+    if (!p.returned) {
+      p.returned = true;
+      (void) st.rec.retarget(false);
+      st.opts.pool = p.home_pool;
+      st.bytes->retarget(st.deps.source_for(p.home_pool));
+      // Nothing is admitted on the scratch weights: serving resumes when a
+      // pass catches up with the replica's own pool.
+      st.life.stop_serving("returning to pool " + p.home_pool + " after a profile");
+      st.life.put_back();
+      log::info("replica", st.opts.replica_id + " returns to pool " + p.home_pool);
+      apply(self, st.rec.on_trigger(trigger::wake));
+      return;
+    }
+    auto promise = std::move(*p.end);
+    st.profile.reset();
+    promise.deliver(describe(st));
+    return;
+  }
+  if (p.running && !p.running->verifying && quiet)
+    finish_step(self);
+}
+
 void arm_backstop(self_ptr self) {
   if (self->state.opts.backstop.count() > 0)
     self->delayed_send(self, self->state.opts.backstop, atom::tick_v);
@@ -406,7 +576,7 @@ replica_info describe(const replica_state& st) {
   const auto& gate = st.life.gate();
   // Ready means admitting: caught up, in rotation, not terminally failed.
   info.ready = snap.ready && snap.terminal_error.empty() && gate.served_version().has_value()
-               && !st.life.retiring();
+               && !st.life.retiring() && !gate.taken_out();
   info.applied = snap.applied;
   if (snap.applied)
     info.serving = gate.served_version().value_or(snap.applied->version);
@@ -415,6 +585,8 @@ replica_info describe(const replica_state& st) {
   info.reason = snap.reason;
   if (st.life.retiring())
     info.reason = "retiring";
+  else if (st.profile)
+    info.reason = "out of rotation: profiling (its own pool is " + st.profile->home_pool + ")";
   if (info.reason.empty() && !info.ready)
     info.reason = "not ready";
   if (!snap.terminal_error.empty())
@@ -557,6 +729,91 @@ replica_actor::behavior_type behavior(self_ptr self) {
       self->delayed_send(self, st.opts.drain_timeout, atom::retire_v);
     },
     [self](atom::wake) { reconcile_now(self, trigger::wake); },
+    [self](atom::profile, const std::string& pool,
+           bool take_out) -> caf::result<replica_info> {
+      auto& st = self->state;
+      const auto& id = st.opts.replica_id;
+      if (st.profile)
+        return profile_refusal(errc::conflict, id + " is being profiled already");
+      if (st.life.retiring())
+        return profile_refusal(errc::engine_unavailable, id + " is retiring");
+      if (st.rec.terminal())
+        return profile_refusal(errc::engine_unavailable,
+                               id + " has a failed engine: " + st.rec.snapshot().terminal_error);
+      if (!st.deps.source_for)
+        return profile_refusal(errc::invalid_argument,
+                               id + " cannot read another pool's bytes, so it cannot be profiled");
+      if (pool.empty() || pool == st.opts.pool)
+        return profile_refusal(errc::invalid_argument,
+                               "the scratch pool must be named and differ from the replica's own");
+      auto info = describe(st);
+      if (info.ready && !take_out)
+        return profile_refusal(
+          errc::conflict, id + " is in rotation (serving pool " + st.opts.pool + " at "
+                            + (info.applied ? to_string(*info.applied) : std::string{"?"})
+                            + "); pass --take-out to take it out for the profile (it is put back "
+                              "after, converged to its pool again)");
+      st.life.take_out("out of rotation: profiling");
+      auto promise = self->make_response_promise<replica_info>();
+      auto& p = st.profile.emplace();
+      p.home_pool = st.opts.pool;
+      p.pool = pool;
+      p.begin = promise;
+      log::info("replica", id + " taken out of rotation for a profile; draining "
+                             + std::to_string(st.requests.size()) + " request(s)");
+      publish_state(self);
+      profile_progress(self);
+      return promise;
+    },
+    [self](atom::profile, const version_ref& target) -> caf::result<profile_step> {
+      auto& st = self->state;
+      if (!st.profile || !st.profile->started || st.profile->end)
+        return profile_refusal(errc::invalid_argument,
+                               st.opts.replica_id + " is not following a scratch pool");
+      if (st.profile->running)
+        return profile_refusal(errc::conflict, "a profile step is running already");
+      auto& r = st.profile->running.emplace();
+      r.id = ++st.profile->steps;
+      r.promise = self->make_response_promise<profile_step>();
+      r.target = target;
+      r.from = st.rec.applied();
+      r.began = std::chrono::steady_clock::now();
+      r.before = st.rec.metrics();
+      r.bytes_before = st.bytes->snapshot();
+      auto promise = r.promise;
+      apply(self, st.rec.on_trigger(trigger::wake));
+      return promise;
+    },
+    [self](atom::profile, uint64_t step, profile_step& out) {
+      auto& p = self->state.profile;
+      if (!p || !p->running || p->running->id != step)
+        return;
+      auto promise = std::move(p->running->promise);
+      p->running.reset();
+      promise.deliver(std::move(out));
+    },
+    [self](atom::profile, atom::done) -> caf::result<replica_info> {
+      auto& st = self->state;
+      if (!st.profile || st.profile->end)
+        return profile_refusal(errc::invalid_argument,
+                               st.opts.replica_id + " is not being profiled");
+      auto promise = self->make_response_promise<replica_info>();
+      if (!st.profile->started) {
+        // Still draining for the begin: call it off.
+        if (st.profile->begin)
+          st.profile->begin->deliver(
+            profile_refusal(errc::engine_unavailable, "the profile was called off"));
+        st.profile.reset();
+        st.life.put_back();
+        promise.deliver(describe(st));
+        publish_state(self);
+        return promise;
+      }
+      st.profile->end = promise;
+      profile_progress(self);
+      publish_state(self);
+      return promise;
+    },
     [self](atom::server_info) -> replica_info { return describe(self->state); },
     [self](atom::subscribe, replica_watcher_actor& who) {
       auto& st = self->state;

@@ -20,6 +20,7 @@
 #include "runtime/core/engine_port.hpp"
 #include "runtime/core/reconciler.hpp"
 #include "runtime/core/request_lifecycle.hpp"
+#include "runtime/store/stage_meter.hpp"
 #include "transport/ucx_peer.hpp"
 
 namespace stitch {
@@ -58,6 +59,9 @@ struct replica_deps {
   std::shared_ptr<transport::ucx::holder> holder;
   /// How bytes move, for `server_info` ("ucx (tcp)", "store only: ...").
   std::string transport = "store only";
+  /// The byte source of another pool (`stitch profile`'s scratch pool and
+  /// back); null: this replica cannot be profiled.
+  std::function<std::shared_ptr<tensor_source>(const std::string& pool)> source_for;
 };
 
 /// A `tensor_source` that counts the bytes read through it (from the store,
@@ -81,20 +85,25 @@ public:
                            uint64_t progress_every = uint64_t{256} << 20)
       : inner_(std::move(inner)), on_progress_(std::move(on_progress)),
         every_(progress_every == 0 ? 1 : progress_every) {}
-  result<manifest> manifest_of(const version_ref& ref) override { return inner_->manifest_of(ref); }
+  result<manifest> manifest_of(const version_ref& ref) override {
+    return inner()->manifest_of(ref);
+  }
   status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
               std::span<std::byte> out) override {
-    auto ok = inner_->read(ref, tensor, offset, out);
+    store::phase_scope fetching{store::stage_phase::fetch};
+    auto ok = inner()->read(ref, tensor, offset, out);
     if (ok) {
       store_bytes_.fetch_add(out.size(), std::memory_order_relaxed);
       count(out.size());
     }
     return ok;
   }
-  transfer* peers() override { return inner_->peers() ? this : nullptr; }
+  transfer* peers() override { return inner()->peers() ? this : nullptr; }
   fetch_report fetch(const version_ref& ref, std::span<const fetch_target> targets,
                      const std::function<void(const transfer_progress&)>& on) override {
-    auto* peers = inner_->peers();
+    store::phase_scope fetching{store::stage_phase::fetch};
+    auto keep = inner();
+    auto* peers = keep->peers();
     if (!peers)
       return {std::vector<bool>(targets.size(), false), {}, {"no peer transport"}};
     auto report = peers->fetch(ref, targets, on);
@@ -126,7 +135,18 @@ public:
     return c;
   }
 
+  /// Reads another source from now on (counts go on); called between
+  /// stages.
+  void retarget(std::shared_ptr<tensor_source> inner) {
+    std::lock_guard lock{mutex_};
+    inner_ = std::move(inner);
+  }
+
 private:
+  std::shared_ptr<tensor_source> inner() const {
+    std::lock_guard lock{mutex_};
+    return inner_;
+  }
   void count(uint64_t n) {
     uint64_t before = bytes_.fetch_add(n, std::memory_order_relaxed);
     uint64_t after = before + n;
@@ -173,6 +193,32 @@ struct replica_state {
   /// An engine built by a rebuild job, taken when its report arrives.
   std::shared_ptr<std::shared_ptr<engine_port>> rebuilt_engine;
   bool drain_timer_armed = false;
+  /// `stitch profile`, while one drives this replica.
+  struct profiling {
+    std::string home_pool;
+    std::string pool;
+    /// Retargeted to `pool` (the begin was answered).
+    bool started = false;
+    std::optional<caf::typed_response_promise<replica_info>> begin;
+    /// The step being run.
+    struct step {
+      uint64_t id = 0;
+      caf::typed_response_promise<profile_step> promise;
+      version_ref target;
+      std::optional<version_ref> from;
+      std::chrono::steady_clock::time_point began;
+      reconcile_metrics before;
+      counting_source::counts bytes_before;
+      /// Its pass ended; the checksum verdict is being computed.
+      bool verifying = false;
+    };
+    std::optional<step> running;
+    uint64_t steps = 0;
+    /// Going home: retargeted back (`returned`), answered when a pass ended.
+    std::optional<caf::typed_response_promise<replica_info>> end;
+    bool returned = false;
+  };
+  std::optional<profiling> profile;
   replica_metrics counters;
   fetch_summary last_fetch;
   std::vector<replica_watcher_actor> subscribers;

@@ -93,8 +93,45 @@ struct fetch_summary {
   /// Stored bytes read from the store.
   uint64_t from_store = 0;
   double seconds = 0;
+  /// Of `seconds`: reading bytes (store and peers), decoding delta frames,
+  /// verifying checksums (exclusive of each other; the rest is the engine's
+  /// own work).
+  double fetch_s = 0;
+  double decode_s = 0;
+  double verify_s = 0;
   /// What went wrong with peers (the first few lines), if anything.
   std::vector<std::string> problems;
+};
+
+/// One step of `stitch profile`: what the replica did to reach `target` from
+/// the moment it was told the pointer moved, each part timed apart.
+struct profile_step {
+  version_ref target;
+  /// What it activated from: none (a cold start), or the version before.
+  std::optional<version_ref> from;
+  /// An activation happened (false: the tail changed no weights).
+  bool activated = false;
+  /// The plan started over from the target run's chain (a run switch).
+  bool reset = false;
+  uint64_t folded = 0;
+  /// Preparation while serving: the whole stage, and its phases (exclusive;
+  /// `rest_s` is what the engine did besides fetching, decoding and
+  /// verifying: allocating, copying, building the shadow or its load).
+  double stage_s = 0;
+  double fetch_s = 0;
+  double decode_s = 0;
+  double verify_s = 0;
+  double rest_s = 0;
+  double drain_ms = 0;
+  double pause_us = 0;
+  /// From the trigger to serving the target, store reads included.
+  double total_s = 0;
+  uint64_t bytes_from_store = 0;
+  uint64_t bytes_from_peers = 0;
+  /// The checksum verdict after the step, and what it was computed over.
+  bool checksum_ok = false;
+  std::string checksum_basis;
+  std::string checksum_detail;
 };
 
 /// A replica's `server_info` (DESIGN §5).
@@ -195,7 +232,16 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, fetch_summary& x) {
   optional_proxy<version_ref> version{x.version};
   return f(caf::meta::type_name("stitch.fetch_summary"), version.field, x.from_peers, x.from_store,
-           x.seconds, x.problems, version.commit());
+           x.seconds, x.fetch_s, x.decode_s, x.verify_s, x.problems, version.commit());
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, profile_step& x) {
+  optional_proxy<version_ref> from{x.from};
+  return f(caf::meta::type_name("stitch.profile_step"), x.target, from.field, x.activated, x.reset,
+           x.folded, x.stage_s, x.fetch_s, x.decode_s, x.verify_s, x.rest_s, x.drain_ms,
+           x.pause_us, x.total_s, x.bytes_from_store, x.bytes_from_peers, x.checksum_ok,
+           x.checksum_basis, x.checksum_detail, from.commit());
 }
 
 template <class Inspector>
@@ -239,6 +285,7 @@ CAF_ADD_TYPE_ID(stitch_replica, (std::vector<stitch::replica_info>) )
 CAF_ADD_TYPE_ID(stitch_replica, (stitch::work_report))
 CAF_ADD_TYPE_ID(stitch_replica, (stitch::peer_offer))
 CAF_ADD_TYPE_ID(stitch_replica, (caf::optional<uint64_t>) )
+CAF_ADD_TYPE_ID(stitch_replica, (stitch::profile_step))
 CAF_ADD_ATOM(stitch_replica, stitch::atom, generate, "generate")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, cancel, "cancel")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, wake, "wake")
@@ -253,6 +300,7 @@ CAF_ADD_ATOM(stitch_replica, stitch::atom, rebuilt, "rebuilt")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, generated, "generated")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, offer, "offer")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, release, "release")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, profile, "profile")
 CAF_END_TYPE_ID_BLOCK(stitch_replica)
 
 static_assert(caf::id_block::stitch_replica::end <= stitch::type_ids::gateway);
@@ -293,6 +341,18 @@ using replica_actor = caf::typed_actor<
   // releases it when done (an unreleased lease expires).
   caf::replies_to<atom::offer, version_ref>::with<peer_offer>,
   caf::reacts_to<atom::release, uint64_t>,
+  // `stitch profile`. Begin: follow scratch pool `pool` instead of its own,
+  // starting cold; refused while in rotation unless `take_out` (then out of
+  // rotation at once, 503 to new requests). Answers once the running
+  // requests finished and no pass runs. From then on it reconciles only when
+  // told: (profile, target) runs one pass and answers how it reached the
+  // target. (profile, done) goes back to its own pool and answers once a
+  // pass there ended, back in rotation if it caught up.
+  caf::replies_to<atom::profile, std::string, bool>::with<replica_info>,
+  caf::replies_to<atom::profile, version_ref>::with<profile_step>,
+  caf::replies_to<atom::profile, atom::done>::with<replica_info>,
+  // Internal: a profile step's checksum verdict (`id` names the step).
+  caf::reacts_to<atom::profile, uint64_t, profile_step>,
   // Internal: the backstop timer and the drain deadline.
   caf::reacts_to<atom::tick>, caf::reacts_to<atom::drain_check>,
   // Internal: reports of the replica's worker threads.

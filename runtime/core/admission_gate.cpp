@@ -31,7 +31,13 @@ void admission_gate::stop_serving(std::string reason) {
   unavailable_reason_ = std::move(reason);
 }
 
+void admission_gate::take_out(std::string reason) {
+  taken_out_ = std::move(reason);
+}
+
 admission admission_gate::decide(const constraint& c) {
+  if (taken_out_)
+    return unavailable{*taken_out_};
   if (!served_)
     return unavailable{unavailable_reason_};
   if (c.satisfied_by(*served_)) {
@@ -45,6 +51,8 @@ admission admission_gate::decide(const constraint& c) {
 admission admission_gate::admit(request_id id, const constraint& c, clock_time) {
   if (active_.contains(id))
     return unavailable{"request id " + std::to_string(id) + " is already in flight"};
+  if (taken_out_)
+    return unavailable{*taken_out_};
   if (phase_ != phase::open) {
     if (queue_.size() >= opts_.max_queued)
       return unavailable{"admission queue is full while a weight update is committing"};

@@ -115,6 +115,14 @@ public:
   /// (no run claimed, terminal engine error, rebuilding).
   void stop_serving(std::string reason);
 
+  /// Out of rotation by an operator (`stitch profile --take-out`): every new
+  /// request is answered 503 with `reason`, queued ones included, whatever
+  /// activations happen meanwhile (they still record the served version),
+  /// until `put_back`.
+  void take_out(std::string reason);
+  void put_back() noexcept { taken_out_.reset(); }
+  bool taken_out() const noexcept { return taken_out_.has_value(); }
+
   /// A request arrives with its constraint.
   admission admit(request_id id, const constraint& c, clock_time now);
   /// A request completed (or was cancelled). Returns its stamps — nullopt for
@@ -170,6 +178,7 @@ private:
   phase phase_ = phase::open;
   std::optional<uint64_t> served_;
   std::string unavailable_reason_ = "not ready";
+  std::optional<std::string> taken_out_;
   std::unordered_map<request_id, in_flight> active_;
   size_t exact_pins_ = 0;
   std::deque<waiting> queue_;

@@ -306,6 +306,21 @@ std::vector<reconcile_effect> reconciler::on_rebuilt(uint64_t op, result<version
   return out;
 }
 
+status reconciler::retarget(bool forget_applied) {
+  if (phase_ != phase::idle)
+    return make_error(errc::conflict, "a reconcile pass is running");
+  pointer_.reset();
+  pending_ = false;
+  ready_ = false;
+  in_rotation_ = false;
+  rotation_reason_.clear();
+  state_ = sync_state::idle;
+  reason_ = "following another pool; not caught up yet";
+  if (forget_applied)
+    applied_.reset();
+  return {};
+}
+
 reconcile_status reconciler::snapshot() const {
   reconcile_status s;
   s.ready = ready_;

@@ -131,6 +131,13 @@ public:
   /// The engine was rebuilt and now serves `version` (verified).
   std::vector<reconcile_effect> on_rebuilt(uint64_t op, result<version_ref> version);
 
+  /// The host follows another pool's pointer from now on (`stitch profile`
+  /// moves a replica to a scratch pool and back): the pointer as last read
+  /// is forgotten and the replica is not ready until a pass catches up with
+  /// the new pool. `forget_applied`: plan the next pass as a cold start
+  /// (from an anchor, as if nothing were served). Refused during a pass.
+  status retarget(bool forget_applied);
+
   bool ready() const noexcept { return ready_; }
   bool busy() const noexcept { return phase_ != phase::idle; }
   bool terminal() const noexcept { return !terminal_error_.empty(); }

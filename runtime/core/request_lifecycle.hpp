@@ -116,6 +116,9 @@ public:
 
   void serve(uint64_t version) { gate_.serve(version); }
   void stop_serving(std::string reason) { gate_.stop_serving(std::move(reason)); }
+  /// Out of rotation until `put_back` (see the gate).
+  void take_out(std::string reason) { gate_.take_out(std::move(reason)); }
+  void put_back() noexcept { gate_.put_back(); }
   status advance(uint64_t version) { return gate_.advance(version); }
 
   const admission_gate& gate() const noexcept { return gate_; }

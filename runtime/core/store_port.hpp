@@ -43,6 +43,10 @@ struct retention_request {
   std::set<version_ref> in_use;
   /// Decide and report only; delete nothing.
   bool dry_run = false;
+  /// Runs given up entirely (`stitch profile`'s scratch runs): every version
+  /// of theirs goes, the boot included, unless the pointer or a replica uses
+  /// one (then the run is kept as retention would keep it).
+  std::set<std::string> drop_runs;
 };
 
 /// One version and retention's verdict on it.

@@ -4,6 +4,7 @@
 
 #include "gpu/checksum.hpp"
 #include "runtime/core/checksum.hpp"
+#include "runtime/store/stage_meter.hpp"
 #include "runtime/core/constraint.hpp"
 #include "runtime/engine/api_shapes.hpp"
 #include "runtime/engine/sampler.hpp"
@@ -339,6 +340,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     }
   }
   // Nothing is activated unless it is exactly what was published.
+  std::optional<store::phase_scope> verifying{store::stage_phase::verify};
   for (const auto& [name, expected] : target->checksums) {
     auto it = tensors.find(name);
     if (it == tensors.end())
@@ -355,6 +357,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
                                              + " but the manifest says "
                                              + checksum::to_hex(expected));
   }
+  verifying.reset();
   // The architecture the version's own config.json says (rope_theta,
   // rms_norm_eps, ... included), else the engine's: never the engine's
   // settings for a checkpoint that says otherwise.

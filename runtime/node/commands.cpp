@@ -27,6 +27,19 @@
 
 namespace stitch::node {
 
+std::string human_bytes(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
 namespace {
 
 constexpr auto request_timeout = std::chrono::minutes{10};
@@ -43,18 +56,6 @@ result<caf::actor> lookup(caf::actor_system& sys, const host_port& where, const 
   return ask<caf::actor>(sys, *coordinator, atom::lookup_v, role);
 }
 
-std::string human_bytes(uint64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
 
 /// A streamed publish sends chunks of this size, this many in flight: what
 /// the node holds of this client. Small chunks keep each message's share of

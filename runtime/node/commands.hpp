@@ -15,6 +15,9 @@
 
 namespace stitch::node {
 
+/// "1.5 MiB".
+std::string human_bytes(uint64_t n);
+
 struct publish_command {
   host_port coordinator;
   publish_args args;

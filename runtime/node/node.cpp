@@ -290,20 +290,28 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
   replica_deps d;
   d.store = store_;
   d.make_engine = std::move(*factory);
-  d.bytes = std::make_shared<backend_source>(backend_, o.pool);
   d.transport = transport_;
-  if (ucx_) {
-    peer_source_options po;
-    po.pool = o.pool;
-    po.replica_id = o.replica_id;
-    po.node = settings_.name;
-    // A stuck holder costs one stripe's read deadline, not the fetch.
-    po.fetch.deadline = std::chrono::minutes{10};
+  if (ucx_)
     d.holder =
       std::make_shared<transport::ucx::holder>(ucx_, o.replica_id, std::chrono::minutes{15});
-    po.relay = d.holder;
-    d.bytes = std::make_shared<peer_source>(sys_, coordinator_, std::move(d.bytes), ucx_, po);
-  }
+  // A pool's bytes: the store's, and with the transport its holders' too.
+  d.source_for = [&sys = sys_, coordinator = coordinator_, backend = backend_, ucx = ucx_,
+                  holder = d.holder, replica = o.replica_id,
+                  node = settings_.name](const std::string& pool) {
+    std::shared_ptr<tensor_source> source = std::make_shared<backend_source>(backend, pool);
+    if (!ucx)
+      return source;
+    peer_source_options po;
+    po.pool = pool;
+    po.replica_id = replica;
+    po.node = node;
+    // A stuck holder costs one stripe's read deadline, not the fetch.
+    po.fetch.deadline = std::chrono::minutes{10};
+    po.relay = holder;
+    return std::shared_ptr<tensor_source>{
+      std::make_shared<peer_source>(sys, coordinator, std::move(source), ucx, po)};
+  };
+  d.bytes = d.source_for(o.pool);
   d.reconcile_worker = std::make_shared<worker_pool>(1, "stage-" + o.replica_id);
   d.request_workers = std::make_shared<worker_pool>(64, "gen-" + o.replica_id);
   auto replica = sys_.spawn(replica_service, o, d);

@@ -7,6 +7,7 @@
 
 #include "runtime/node/cli.hpp"
 #include "runtime/node/commands.hpp"
+#include "runtime/node/profile.hpp"
 #include "runtime/node/demo.hpp"
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/pipeline.hpp"
@@ -120,6 +121,22 @@ int main(int argc, char** argv) {
   auto* stop = app.add_subcommand("stop", "end an experiment: its replicas drain and leave");
   stop->add_option("run", stp.run, "run id")->required();
 
+  profile_command prof;
+  auto* profile = app.add_subcommand(
+    "profile", "where a replica's update time goes: drive it through a cold start, a delta, a "
+               "folded catch-up, an empty delta and a run switch of scratch versions");
+  profile->add_option("--replica", prof.replica, "the replica's id")->required();
+  profile->add_flag("--take-out", prof.take_out,
+                    "take a replica in rotation out for the profile (it is put back after)");
+  profile->add_flag("--json", prof.json, "print one JSON object");
+  profile->add_option("--out", prof.out, "also write the JSON here and the chart next to it (.svg)");
+  profile->add_option("--folded", prof.folded, "versions the folded catch-up moves across (1..6)")
+    ->capture_default_str();
+  profile->add_option("--stride", prof.stride, "every N-th element changes in each delta")
+    ->capture_default_str();
+  profile->add_option("--work-dir", prof.work_dir,
+                      "where the copy of the replica's weights is kept meanwhile");
+
   std::string tls_cert, tls_key, tls_ca;
   app.add_option("--tls-cert", tls_cert, "this client's certificate (PEM), for TLS clusters");
   app.add_option("--tls-key", tls_key, "this client's private key (PEM)");
@@ -154,7 +171,7 @@ int main(int argc, char** argv) {
   // Moving a model's bytes is bulk work: on a machine that also serves, the
   // node's request and control threads go first (every thread the actor
   // system starts inherits this).
-  if (chosen == publish || chosen == exporter)
+  if (chosen == publish || chosen == exporter || chosen == profile)
     stitch::store::run_as_background_thread();
   stitch::system_config cfg;
   if (tls_given == 3)
@@ -189,6 +206,11 @@ int main(int argc, char** argv) {
   if (chosen == status) {
     stat.coordinator = *where;
     return finish("status", run_status(sys, stat, stdout), false);
+  }
+  if (chosen == profile) {
+    prof.coordinator = *where;
+    prof.token = token;
+    return finish("profile", run_profile(sys, prof, stdout));
   }
   if (chosen == gc_cmd) {
     gc.coordinator = *where;

@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "gpu/checksum.hpp"
+#include "runtime/store/stage_meter.hpp"
 #include "gpu/host_buffer.hpp"
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/core/delta_codec.hpp"
@@ -168,6 +169,7 @@ status delta_cursor::finish() {
 
 status apply_delta(const range_reader& read, const manifest& delta, std::string_view name,
                    std::span<std::byte> bytes, std::span<std::byte> scratch) {
+  phase_scope decoding{stage_phase::decode};
   auto cursor = delta_cursor::open(read, delta, name, bytes.size());
   if (!cursor)
     return std::move(cursor).error();
@@ -290,6 +292,7 @@ status version_reader::read_into(const safetensors::tensor_info& t, std::span<st
     if (std::binary_search(d.touched.begin(), d.touched.end(), t.name))
       if (auto ok = apply_delta(read_, d, t.name, out, scratch); !ok)
         return ok;
+  phase_scope verifying{stage_phase::verify};
   return verify(t,
                 runner ? checksum::tree_checksum(out, *runner) : gpu::parallel_tree_checksum(out));
 }
@@ -314,11 +317,16 @@ status version_reader::stream(const safetensors::tensor_info& t, std::span<std::
     auto bytes = buffer->first(n);
     if (auto ok = read_(anchor_.ref, t.name, off, bytes); !ok)
       return ok;
-    for (auto& c : cursors)
-      if (auto ok = c.apply(bytes, scratch); !ok)
-        return ok;
-    if (!unverified)
+    if (!cursors.empty()) {
+      phase_scope decoding{stage_phase::decode};
+      for (auto& c : cursors)
+        if (auto ok = c.apply(bytes, scratch); !ok)
+          return ok;
+    }
+    if (!unverified) {
+      phase_scope verifying{stage_phase::verify};
       hasher.update(bytes);
+    }
     if (auto ok = out.done(n); !ok)
       return ok;
     off += n;
@@ -379,7 +387,11 @@ public:
       r->buffers_.push_back(std::move(*b));
       r->free_.push_back(i);
     }
-    r->thread_ = std::thread{[raw = r.get()] { raw->run(); }};
+    // The stage's phase meter, if any, times the read-ahead's work too.
+    r->thread_ = std::thread{[raw = r.get(), meter = stage_meter::current()] {
+      stage_meter::installed timed{meter};
+      raw->run();
+    }};
     return r;
   }
 

@@ -337,6 +337,15 @@ result<retention_report> store_base::retain(std::string_view pool,
       for (const auto& ref : request.in_use)
         if (ref.run_id == run)
           pinned.insert(ref.version);
+      if (request.drop_runs.contains(run) && pinned.empty()) {
+        for (const auto& v : *versions)
+          report.deleted.push_back(retention_entry{{run, v.version}, keep_reason::none, 0});
+        std::sort(report.deleted.begin(), report.deleted.end(),
+                  [](const retention_entry& a, const retention_entry& b) {
+                    return a.ref < b.ref;
+                  });
+        continue;
+      }
       for (const auto& v : plan_retention(*versions, **boot, request.keep_last, pinned)) {
         retention_entry e{{run, v.version}, v.why, v.needed_by};
         (v.kept() ? report.kept : report.deleted).push_back(std::move(e));

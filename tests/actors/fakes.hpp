@@ -63,6 +63,16 @@ inline replica_actor::behavior_type scripted_replica(scripted_replica_ptr self, 
       return to_caf_error(error{errc::not_found, "a scripted replica holds no " + to_string(v)});
     },
     [](atom::release, uint64_t) {},
+    [](atom::profile, const std::string&, bool) -> caf::result<replica_info> {
+      return to_caf_error(error{errc::invalid_argument, "a scripted replica is not profiled"});
+    },
+    [](atom::profile, const version_ref&) -> caf::result<profile_step> {
+      return to_caf_error(error{errc::invalid_argument, "a scripted replica is not profiled"});
+    },
+    [](atom::profile, atom::done) -> caf::result<replica_info> {
+      return to_caf_error(error{errc::invalid_argument, "a scripted replica is not profiled"});
+    },
+    [](atom::profile, uint64_t, const profile_step&) {},
     [](atom::tick) {},
     [](atom::drain_check) {},
     [](atom::staged, const work_report&) {},

@@ -228,7 +228,7 @@ TEST_F(s3_store_test, retention_keeps_newest_their_anchors_the_pointer_and_the_b
     }
     w = next;
   }
-  auto report = s3->retain(pool, {2, {}, false});
+  auto report = s3->retain(pool, {2, {}, false, {}});
   ASSERT_TRUE(report) << to_string(report.error());
   std::vector<version_ref> deleted{{"r", 1}, {"r", 2}, {"r", 3}, {"r", 4}};
   EXPECT_EQ(refs_of(report->deleted), deleted);
@@ -244,7 +244,7 @@ TEST_F(s3_store_test, retention_keeps_newest_their_anchors_the_pointer_and_the_b
   EXPECT_TRUE(raw->head_object(bucket, key("default/r/boot")));
   EXPECT_EQ((*s3->read_pointer(pool))->latest, (version_ref{"r", 9}));
   // Retention again changes nothing.
-  auto again = s3->retain(pool, {2, {}, false});
+  auto again = s3->retain(pool, {2, {}, false, {}});
   ASSERT_TRUE(again);
   EXPECT_TRUE(again->deleted.empty());
 }

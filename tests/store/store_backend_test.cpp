@@ -517,7 +517,7 @@ TEST_P(store_backend_test, retention_keeps_newest_their_anchors_and_the_boot) {
     }
     w = next;
   }
-  auto report = store->retain(pool, {2, {}, false});
+  auto report = store->retain(pool, {2, {}, false, {}});
   ASSERT_TRUE(report) << to_string(report.error());
   // Keep 8, 9 and their chain back to anchor 5, and boot 0.
   std::vector<version_ref> deleted{{"r", 1}, {"r", 2}, {"r", 3}, {"r", 4}};
