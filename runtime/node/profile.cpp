@@ -261,12 +261,12 @@ std::string render_chart(const std::string& title, const std::vector<profiled>& 
 }
 
 void print_table(std::FILE* out, const std::vector<profiled>& rows) {
-  std::fprintf(out, "%-18s %-28s %5s %9s %9s %9s %9s %9s %9s %10s %9s %10s  %s\n", "path",
+  std::fprintf(out, "%-16s %-36s %5s %9s %9s %9s %9s %9s %9s %10s %9s %10s  %s\n", "path",
                "target", "fold", "prep s", "fetch s", "decode s", "verify s", "stage s",
                "drain ms", "pause us", "total s", "moved", "checksum");
   for (const auto& r : rows) {
     const auto& s = r.step;
-    std::fprintf(out, "%-18s %-28s %5llu %9.4f %9.4f %9.4f %9.4f %9.4f %9.3f %10.1f %9.4f %10s  %s\n",
+    std::fprintf(out, "%-16s %-36s %5llu %9.4f %9.4f %9.4f %9.4f %9.4f %9.3f %10.1f %9.4f %10s  %s\n",
                  r.path.c_str(), to_string(s.target).c_str(),
                  static_cast<unsigned long long>(s.folded), s.stage_s, s.fetch_s, s.decode_s,
                  s.verify_s, s.rest_s, s.drain_ms, s.pause_us, s.total_s,
@@ -415,11 +415,18 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
                  cmd.replica.c_str(), pool.c_str(), to_string(*info->applied).c_str(),
                  info->pool.c_str());
 
-  const auto stamp = std::to_string(
-    std::chrono::duration_cast<std::chrono::seconds>(
-      std::chrono::system_clock::now().time_since_epoch())
-      .count());
-  const std::string run_a = "profile-" + stamp + "-a", run_b = "profile-" + stamp + "-b";
+  // Runs named by the time, never the ones an earlier profile left.
+  auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::system_clock::now().time_since_epoch())
+                  .count();
+  auto run_of = [&](const char* suffix) {
+    return "profile-" + std::to_string(millis) + suffix;
+  };
+  while (*previous
+         && ((*previous)->latest.run_id == run_of("-a")
+             || (*previous)->latest.run_id == run_of("-b")))
+    ++millis;
+  const std::string run_a = run_of("-a"), run_b = run_of("-b");
   session s{sys, cmd, *replica, publisher, pool, dir};
   std::vector<profiled> rows;
   auto steps = [&]() -> status {
@@ -458,7 +465,7 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
   // Back to its own pool, whatever happened.
   auto back = ask<replica_info>(sys, *replica, atom::profile_v, atom::done_v);
   std::vector<std::string> dropped{run_a};
-  if (*previous && (*previous)->latest.run_id != run_b)
+  if (*previous)
     dropped.push_back((*previous)->latest.run_id);
   auto collected =
     ask<retention_report>(sys, publisher, atom::collect_v, pool, dropped, cmd.token);

@@ -32,6 +32,33 @@ TEST(admission_gate, nothing_served_is_unavailable_with_reason) {
   EXPECT_EQ(g.active_requests(), 0u);
 }
 
+TEST(admission_gate, taken_out_refuses_new_and_queued_requests_until_put_back) {
+  auto g = serving(5);
+  ASSERT_TRUE(std::holds_alternative<admitted>(g.admit(1, any(), 0s)));
+  // An exact pin holds the commit: request 2 queues behind it.
+  ASSERT_TRUE(std::holds_alternative<admitted>(g.admit(2, exact_v(5), 0s)));
+  EXPECT_FALSE(proceeds(g.begin_commit(commit_mode::in_place, false, 1s)));
+  ASSERT_TRUE(std::holds_alternative<queued>(g.admit(3, any(), 1s)));
+  g.take_out("out of rotation: profiling");
+  EXPECT_TRUE(g.taken_out());
+  auto late = g.admit(4, any(), 1s);
+  ASSERT_TRUE(std::holds_alternative<unavailable>(late));
+  EXPECT_EQ(std::get<unavailable>(late).reason, "out of rotation: profiling");
+  EXPECT_TRUE(proceeds(g.finish(2, 2s).second));
+  // The activation still lands and records the version; nobody is admitted.
+  auto reopened = g.end_commit(6, 2s);
+  ASSERT_EQ(reopened.size(), 1u);
+  auto* refused = std::get_if<ge::refuse>(&reopened[0]);
+  ASSERT_NE(refused, nullptr);
+  EXPECT_EQ(refused->id, 3u);
+  EXPECT_EQ(g.served_version(), 6u);
+  EXPECT_TRUE(std::holds_alternative<unavailable>(g.admit(5, any(), 3s)));
+  g.put_back();
+  auto back = g.admit(6, any(), 3s);
+  ASSERT_TRUE(std::holds_alternative<admitted>(back));
+  EXPECT_EQ(std::get<admitted>(back).start_version, 6u);
+}
+
 TEST(admission_gate, admits_satisfied_constraints_at_served_version) {
   auto g = serving(5);
   auto a = g.admit(1, min_v(4), 0s);

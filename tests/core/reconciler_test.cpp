@@ -157,6 +157,42 @@ TEST(reconciler, fresh_replica_catches_up_and_only_then_is_ready) {
   EXPECT_EQ(d.r.state(), sync_state::idle);
 }
 
+TEST(reconciler, retargeting_starts_cold_in_the_other_pool_and_switches_runs_back) {
+  driver d;
+  d.chain("home", 2);
+  d.trigger(trigger::startup);
+  ASSERT_TRUE(d.r.ready());
+  // Refused during a pass.
+  auto pass = d.r.on_trigger(trigger::wake);
+  EXPECT_FALSE(d.r.retarget(true));
+  d.run(std::move(pass));
+  ASSERT_TRUE(d.r.retarget(true));
+  EXPECT_FALSE(d.r.ready());
+  EXPECT_FALSE(d.r.applied());
+  EXPECT_FALSE(d.r.snapshot().pointer);
+  // The scratch pool: a cold start from its anchor, no full drain.
+  d.full("scratch", 1);
+  d.delta("scratch", 2);
+  d.point("scratch", 2, 1);
+  d.log.clear();
+  d.trigger();
+  EXPECT_EQ(d.log, (lines{"read_pointer", "read_manifest scratch/weight_v000002",
+                          "read_manifest scratch/weight_v000001",
+                          "stage scratch/weight_v000002 folding 2 from scratch/weight_v000001",
+                          "read_pointer", "commit scratch/weight_v000002",
+                          "enter scratch/weight_v000002"}));
+  // Back home, keeping what it serves: a run switch (drain all, flush).
+  ASSERT_TRUE(d.r.retarget(false));
+  EXPECT_EQ(d.r.applied(), (version_ref{"scratch", 2}));
+  d.point("home", 2);
+  d.log.clear();
+  d.trigger();
+  EXPECT_EQ(d.count("commit home/weight_v000002 drain_all flush"), 1u);
+  EXPECT_EQ(d.log.back(), "enter home/weight_v000002");
+  EXPECT_TRUE(d.r.ready());
+  EXPECT_EQ(d.r.applied(), (version_ref{"home", 2}));
+}
+
 TEST(reconciler, folding_eight_versions_is_one_stage_and_one_commit) {
   driver d;
   d.chain("r", 0);

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <fstream>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "node/node_process.hpp"
@@ -34,10 +38,11 @@ transport::http_response get(const std::string& port, const std::string& method,
 class node_http_test : public ::testing::Test {
 protected:
   void SetUp() override {
-    node = std::make_unique<node_process>(
-      dir.path(),
-      std::vector<std::string>{"replicas=2", "model.preset=tiny", "replica.backstop=1"});
+    node = std::make_unique<node_process>(dir.path(), settings());
     ASSERT_TRUE(node->started()) << node->log();
+  }
+  virtual std::vector<std::string> settings() const {
+    return {"replicas=2", "model.preset=tiny", "replica.backstop=1"};
   }
   void TearDown() override { EXPECT_TRUE(node->stop()) << node->log(); }
 
@@ -161,6 +166,107 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
   ASSERT_EQ(png.code, 0) << png.output;
   ASSERT_TRUE(std::filesystem::exists(shot)) << png.output;
   EXPECT_GT(std::filesystem::file_size(shot), 10'000u) << "a real picture, not an empty page";
+}
+
+/// Replicas that read only the store: every stage decodes delta frames.
+class stitch_profile_test : public node_http_test {
+protected:
+  std::vector<std::string> settings() const override {
+    auto s = node_http_test::settings();
+    s.push_back("transfer.peers=off");
+    return s;
+  }
+  run_result profile(const std::string& flags) {
+    return run(std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + node->coordinator_port
+               + " profile --replica replica-0 " + flags);
+  }
+};
+
+TEST_F(stitch_profile_test, drives_a_replica_through_every_update_path_and_puts_it_back) {
+  publish(1, 1);
+  await(1);
+  auto refused = profile("--json");
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.output.find("is in rotation"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("--take-out"), std::string::npos) << refused.output;
+
+  // Clients keep being served meanwhile, never from the scratch weights.
+  std::atomic<bool> stop{false};
+  std::atomic<int> served{0}, foreign{0};
+  std::thread client{[&] {
+    while (!stop) {
+      auto r = get(node->gateway_port, "POST", "/generate",
+                   R"({"text":"hi","sampling_params":{"max_new_tokens":2}})");
+      if (r.status != 200)
+        continue;
+      auto j = nlohmann::json::parse(r.body, nullptr, false);
+      if (!j.is_discarded() && j["meta_info"]["run_id"] == "demo")
+        ++served;
+      else
+        ++foreign;
+    }
+  }};
+  auto out_path = dir.path() / "profile.json";
+  auto r = profile("--take-out --json --out " + out_path.string() + " 2>/dev/null");
+  stop = true;
+  client.join();
+  ASSERT_EQ(r.code, 0) << r.output << node->log();
+  EXPECT_GT(served.load(), 0);
+  EXPECT_EQ(foreign.load(), 0) << "a request was answered from another run's weights";
+  auto j = nlohmann::json::parse(r.output);
+  ASSERT_EQ(j["steps"].size(), 5u) << j.dump(2);
+  std::vector<std::string> paths;
+  for (const auto& s : j["steps"])
+    paths.push_back(s["path"]);
+  EXPECT_EQ(paths, (std::vector<std::string>{"cold start", "delta", "folded catch-up",
+                                             "empty delta", "run switch"}));
+  for (const auto& s : j["steps"]) {
+    SCOPED_TRACE(s.dump());
+    EXPECT_TRUE(s["checksum_ok"].get<bool>());
+    EXPECT_EQ(s["checksum_basis"], "served weights");
+    for (const char* k : {"preparation_s", "fetch_s", "decode_s", "verify_s", "stage_s",
+                          "drain_ms", "pause_us", "total_s", "bytes_moved"})
+      ASSERT_TRUE(s.contains(k)) << k;
+    const bool staged = s["path"] != "empty delta";
+    EXPECT_EQ(s["activated"].get<bool>(), staged);
+    if (staged) {
+      EXPECT_GT(s["fetch_s"].get<double>(), 0);
+      EXPECT_GT(s["verify_s"].get<double>(), 0);
+      EXPECT_GT(s["pause_us"].get<double>(), 0);
+      EXPECT_GT(s["bytes_moved"].get<uint64_t>(), 0u);
+      EXPECT_LE(s["fetch_s"].get<double>() + s["decode_s"].get<double>()
+                  + s["verify_s"].get<double>() + s["stage_s"].get<double>(),
+                s["preparation_s"].get<double>() * 1.000001 + 1e-9);
+      EXPECT_GE(s["total_s"].get<double>(), s["preparation_s"].get<double>());
+    } else {
+      EXPECT_EQ(s["bytes_moved"], 0u);
+      EXPECT_EQ(s["pause_us"], 0.0);
+    }
+  }
+  const auto& steps = j["steps"];
+  // Deltas are decoded from their frames; anchors are read whole.
+  EXPECT_GT(steps[1]["decode_s"].get<double>(), 0);
+  EXPECT_GT(steps[2]["decode_s"].get<double>(), 0);
+  EXPECT_EQ(steps[0]["decode_s"], 0.0);
+  EXPECT_EQ(steps[0]["from"], nullptr) << "a cold start";
+  EXPECT_EQ(steps[2]["folded"], 4);
+  EXPECT_LT(steps[1]["bytes_moved"].get<uint64_t>(), steps[0]["bytes_moved"].get<uint64_t>())
+    << "a delta moves its frames, not the model";
+  EXPECT_TRUE(steps[4]["run_switch"].get<bool>());
+  EXPECT_EQ(j["returned"]["ready"], true) << j.dump(2);
+  EXPECT_EQ(j["returned"]["applied"], "demo/weight_v000001");
+  EXPECT_EQ(j["scratch_removed"], 7) << "the first run's seven versions";
+  std::ifstream svg{dir.path() / "profile.svg"};
+  std::string chart{std::istreambuf_iterator<char>{svg}, {}};
+  EXPECT_NE(chart.find("<svg"), std::string::npos);
+  EXPECT_NE(chart.find("run switch"), std::string::npos);
+  await(1); // both replicas serve the pool again
+
+  // A second profile leaves one scratch version behind, not two runs.
+  auto again = profile("--take-out --json 2>/dev/null");
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_EQ(nlohmann::json::parse(again.output)["scratch_removed"], 8)
+    << "this run's seven and the last profile's leftover";
 }
 
 TEST(stitch_demo, the_trainer_learns_while_replicas_serve_within_the_staleness_bound) {

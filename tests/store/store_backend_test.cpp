@@ -532,6 +532,36 @@ TEST_P(store_backend_test, retention_keeps_newest_their_anchors_and_the_boot) {
   EXPECT_TRUE(store->read_range(pool, {"r", 6}, "a", 0, buf));
 }
 
+TEST_P(store_backend_test, dropped_runs_go_entirely_unless_the_pointer_uses_them) {
+  auto w = base_weights();
+  publish_anchor("old", 0, w);
+  auto next = w;
+  next["a"][1] ^= std::byte{1};
+  ASSERT_TRUE(publish_delta("old", 1, w, next));
+  publish_anchor("new", 0, next);
+  retention_request drop{2, {}, false, {"old", "new"}};
+  drop.dry_run = true;
+  auto planned = store->retain(pool, drop);
+  ASSERT_TRUE(planned) << to_string(planned.error());
+  std::vector<version_ref> gone{{"old", 0}, {"old", 1}};
+  EXPECT_EQ(refs_of(planned->deleted), gone);
+  ASSERT_TRUE(store->list_versions(pool, "old"));
+  EXPECT_EQ(store->list_versions(pool, "old")->size(), 2u) << "a dry run deletes nothing";
+  drop.dry_run = false;
+  auto report = store->retain(pool, drop);
+  ASSERT_TRUE(report) << to_string(report.error());
+  // The boot of "old" goes too; "new" holds the pointer and stays.
+  EXPECT_EQ(refs_of(report->deleted), gone);
+  EXPECT_TRUE(store->list_versions(pool, "old")->empty());
+  EXPECT_EQ(*store->list_versions(pool, "new"), (std::vector<version_ref>{{"new", 0}}));
+  EXPECT_FALSE(store->read_manifest(pool, {"old", 0}));
+  EXPECT_TRUE(store->read_manifest(pool, {"new", 0}));
+  // Without the drop, a run's boot is never collected.
+  auto again = store->retain(pool, {1, {}, false, {}});
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->deleted.empty());
+}
+
 TEST(rocksdb_store, garbage_pointer_record_is_corrupt_data) {
   temp_dir dir;
   const auto path = (dir.path() / "db").string();
