@@ -78,10 +78,19 @@ status write_exactly(int fd, std::span<const std::byte> in, uint64_t at, const f
   return {};
 }
 
-/// Changes every `stride`-th element (from element `phase % stride`) of
-/// every tensor of one safetensors file, in place: the lowest bit of the
-/// element's first (least significant) byte flips, the smallest change a
-/// float can take, so the model stays the model. Memory: one buffer.
+/// splitmix64: a deterministic stream for the elements a delta changes.
+uint64_t mix(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+/// Changes about one element in `stride` of every tensor of one safetensors
+/// file, in place, at positions drawn from (`phase`, tensor name) as an RL
+/// step scatters its changes: the lowest bit of the element's least
+/// significant byte flips, the smallest change a float can take, so the
+/// model stays the model. Memory: one buffer.
 status perturb_file(const fs::path& file, uint32_t phase, uint32_t stride,
                     std::vector<std::byte>& buffer) {
   fd_guard f{::open(file.c_str(), O_RDWR | O_CLOEXEC)};
@@ -102,22 +111,23 @@ status perturb_file(const fs::path& file, uint32_t phase, uint32_t stride,
   auto view = safetensors::parse_header(prefix, static_cast<uint64_t>(st.st_size));
   if (!view)
     return std::move(view).error();
+  const uint64_t spread = 2 * uint64_t{stride} - 1;
   for (const auto& t : view->tensors) {
     const uint64_t elem = std::max(1u, safetensors::bits_per_element(t.type) / 8);
-    const uint64_t step = elem * stride;
-    const uint64_t first = elem * (phase % stride);
-    // Whole strides per buffer: the pattern lines up across buffers.
-    const uint64_t chunk = std::max<uint64_t>(step, buffer.size() / step * step);
-    for (uint64_t at = 0; at < t.byte_size(); at += chunk) {
+    uint64_t state = std::hash<std::string>{}(t.name) ^ (uint64_t{phase} << 32);
+    // Gaps between changed elements average `stride`.
+    uint64_t next = mix(state) % spread * elem;
+    const uint64_t chunk = std::max<uint64_t>(elem, buffer.size() / elem * elem);
+    for (uint64_t at = 0; at < t.byte_size() && next < t.byte_size(); at += chunk) {
       const auto n = static_cast<size_t>(std::min(chunk, t.byte_size() - at));
-      if (buffer.size() < n)
-        buffer.resize(n);
+      if (next >= at + n)
+        continue;
       auto bytes = std::span{buffer}.first(n);
       const uint64_t where = view->data_start + t.data_begin + at;
       if (auto ok = read_exactly(f.fd, bytes, where, file); !ok)
         return ok;
-      for (uint64_t i = first; i < n; i += step)
-        bytes[i] ^= std::byte{1};
+      for (; next < at + n; next += (1 + mix(state) % spread) * elem)
+        bytes[next - at] ^= std::byte{1};
       if (auto ok = write_exactly(f.fd, bytes, where, file); !ok)
         return ok;
     }

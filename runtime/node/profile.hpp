@@ -22,7 +22,8 @@ struct profile_command {
   /// Versions the folded catch-up moves across at once (1..6: the chain
   /// stays within the publisher's anchor interval).
   uint32_t folded = 4;
-  /// Every `stride`-th element of every tensor changes in each delta.
+  /// About one element in `stride` of every tensor changes in each delta
+  /// (scattered, as an RL step's changes are).
   uint32_t stride = 8;
   /// Where the copy of the replica's weights is kept meanwhile (default: a
   /// fresh directory under the system's temporary directory).

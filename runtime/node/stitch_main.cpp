@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   profile->add_option("--out", prof.out, "also write the JSON here and the chart next to it (.svg)");
   profile->add_option("--folded", prof.folded, "versions the folded catch-up moves across (1..6)")
     ->capture_default_str();
-  profile->add_option("--stride", prof.stride, "every N-th element changes in each delta")
+  profile->add_option("--stride", prof.stride, "about one element in N changes in each delta")
     ->capture_default_str();
   profile->add_option("--work-dir", prof.work_dir,
                       "where the copy of the replica's weights is kept meanwhile");

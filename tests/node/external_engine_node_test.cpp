@@ -206,6 +206,42 @@ TEST_P(external_engine_node_test, a_killed_engine_is_restarted_and_resynced_whil
   }
 }
 
+TEST_P(external_engine_node_test, stitch_profile_drives_an_external_engine_through_the_port) {
+  publish(0, 1);
+  await(0);
+  auto r = run(std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + node->coordinator_port
+               + " profile --replica replica-0 --take-out --folded 2 --json 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.output << node->log();
+  auto j = json::parse(r.output);
+  ASSERT_EQ(j["steps"].size(), 5u) << j.dump(2);
+  for (const auto& s : j["steps"]) {
+    SCOPED_TRACE(s.dump());
+    EXPECT_TRUE(s["checksum_ok"].get<bool>());
+    // The engine's weights live in its own process: the verdict is the
+    // stage's, which verified every tensor it wrote.
+    EXPECT_EQ(s["checksum_basis"], "staged tensors");
+    if (s["path"] != "empty delta") {
+      EXPECT_TRUE(s["activated"].get<bool>());
+      EXPECT_GT(s["preparation_s"].get<double>(), 0);
+      EXPECT_GT(s["fetch_s"].get<double>(), 0) << "the export's reads are timed";
+      EXPECT_GT(s["bytes_moved"].get<uint64_t>(), 0u);
+    }
+  }
+  EXPECT_EQ(j["steps"][2]["folded"], 2);
+  EXPECT_TRUE(j["steps"][4]["run_switch"].get<bool>());
+  EXPECT_EQ(j["returned"]["ready"], true) << j.dump(2);
+  EXPECT_EQ(j["returned"]["applied"], "demo/weight_v000000");
+  await(0);
+  // The engine serves the pool's weights again, not the scratch ones.
+  auto ok = call(node->gateway_port, "POST", route(), body(R"("weight_version":{"min_version":0},)"));
+  ASSERT_EQ(ok.status, 200u) << ok.body;
+  auto p = pool();
+  for (const auto& rep : p["replicas"])
+    EXPECT_NE(rep["engine"]["status"].get<std::string>().find("serves demo/weight_v000000"),
+              std::string::npos)
+      << rep.dump();
+}
+
 INSTANTIATE_TEST_SUITE_P(dialects, external_engine_node_test, ::testing::Values("sglang", "vllm"),
                          [](const auto& param_info) { return param_info.param; });
 
