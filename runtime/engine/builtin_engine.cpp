@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/checksum.hpp"
+#include "gpu/cpu_parallel.hpp"
 #include "runtime/core/checksum.hpp"
 #include "runtime/store/stage_meter.hpp"
 #include "runtime/core/constraint.hpp"
@@ -309,11 +310,27 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       }
     from_peers(std::move(buffers));
   }
-  std::vector<std::byte> scratch;
+  // Each delta's tensors are independent: copied (those still shared with
+  // the base) and patched on the shared pool, one tensor per task.
+  struct patch {
+    std::string name;
+    /// The bytes to copy first (a tensor still shared with the base).
+    std::shared_ptr<const tensor_buffer> base;
+    std::shared_ptr<tensor_buffer> into;
+  };
+  // A pool of this stage's own: the reads may be requests to actors (a
+  // store on another node), which must not run on the process-wide pool's
+  // threads (they outlive the actor system).
+  std::optional<gpu::thread_pool> local;
   for (const auto& ref : plan.deltas) {
+    if (!local)
+      local.emplace();
+    auto& pool = *local;
     auto delta = source.manifest_of(ref);
     if (!delta)
       return std::move(delta).error();
+    std::vector<patch> patches;
+    patches.reserve(delta->touched.size());
     for (const auto& name : delta->touched) {
       if (fetched.contains(name))
         continue;
@@ -321,23 +338,41 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       if (it == tensors.end())
         return fail(errc::corrupt_data,
                     to_string(ref) + " changes tensor '" + name + "', which its base lacks");
+      patch p{name, nullptr, nullptr};
       auto mine = own.find(name);
       if (mine == own.end()) {
-        const auto& base = *it->second;
-        auto copy = make_tensor_buffer(base.name, base.type, base.shape);
+        p.base = it->second;
+        auto copy = make_tensor_buffer(p.base->name, p.base->type, p.base->shape);
         if (!copy)
           return std::move(copy).error();
-        if (base.bytes.size() > 0)
-          std::memcpy((*copy)->bytes.data(), base.bytes.data(), base.bytes.size());
         it->second = *copy;
         mine = own.emplace(name, std::move(*copy)).first;
       }
-      if (scratch.empty())
-        scratch.resize(size_t{8} << 20);
-      if (auto ok = store::apply_delta(read, *delta, name, mine->second->bytes.bytes(), scratch);
-          !ok)
-        return ok;
+      p.into = mine->second;
+      patches.push_back(std::move(p));
     }
+    pool.run(patches.size(), [&](size_t i) {
+      const auto& p = patches[i];
+      if (p.base && p.base->bytes.size() > 0)
+        std::memcpy(p.into->bytes.data(), p.base->bytes.data(), p.base->bytes.size());
+    });
+    std::vector<status> outcomes(patches.size());
+    {
+      // Decoding: the pool's workers keep no phase meter, so the frames
+      // they read count as decode (those the stage's own thread reads as
+      // fetch).
+      store::phase_scope decoding{store::stage_phase::decode};
+      pool.run(patches.size(), [&](size_t i) {
+        thread_local std::vector<std::byte> scratch;
+        if (scratch.empty())
+          scratch.resize(size_t{8} << 20);
+        outcomes[i] =
+          store::apply_delta(read, *delta, patches[i].name, patches[i].into->bytes.bytes(), scratch);
+      });
+    }
+    for (auto& outcome : outcomes)
+      if (!outcome)
+        return outcome;
   }
   // Nothing is activated unless it is exactly what was published.
   std::optional<store::phase_scope> verifying{store::stage_phase::verify};
