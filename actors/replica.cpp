@@ -6,10 +6,10 @@
 #include <algorithm>
 
 #include "actors/log.hpp"
-#include "runtime/core/constraint.hpp"
-#include "runtime/core/checksum.hpp"
-#include "runtime/core/manifest.hpp"
 #include "gpu/checksum.hpp"
+#include "runtime/core/checksum.hpp"
+#include "runtime/core/constraint.hpp"
+#include "runtime/core/manifest.hpp"
 
 namespace stitch {
 
@@ -103,6 +103,7 @@ bool blocked(const std::vector<std::string>& routes, std::string_view route) {
 void apply(self_ptr self, std::vector<reconcile_effect> effects);
 void carry(self_ptr self, std::vector<request_effect> effects);
 void profile_progress(self_ptr self);
+void renew_lease(self_ptr self);
 void publish_state(self_ptr self);
 
 void answer(self_ptr self, request_id id, replica_answer reply) {
@@ -126,7 +127,7 @@ void answer(self_ptr self, request_id id, replica_answer reply) {
 void reconcile_now(self_ptr self, trigger why) {
   // A profile runs its passes one by one, when told (a folded catch-up
   // needs the versions published with no pass in between).
-  if (const auto& p = self->state.profile; p && p->started && !p->end)
+  if (const auto& p = self->state.profile; p && p->started && !p->ending)
     return;
   apply(self, self->state.rec.on_trigger(why));
 }
@@ -446,8 +447,8 @@ void judge_served(profile_step& out, engine_port& engine, tensor_source& bytes) 
     return;
   }
   out.checksum_ok = true;
-  out.checksum_detail = std::to_string(view->tensors.size()) + " tensors, "
-                        + std::to_string(hashed) + " bytes hashed";
+  out.checksum_detail =
+    std::to_string(view->tensors.size()) + " tensors, " + std::to_string(hashed) + " bytes hashed";
 }
 
 /// A profile step's pass ended: what it did, then the verdict (on the
@@ -458,11 +459,11 @@ void finish_step(self_ptr self) {
   const auto& applied = st.rec.applied();
   if (!applied || *applied != r.target) {
     auto why = st.rec.snapshot().reason;
-    r.promise.deliver(profile_refusal(
-      errc::engine_unavailable, st.opts.replica_id + " did not reach " + to_string(r.target)
-                                  + "; it serves "
-                                  + (applied ? to_string(*applied) : std::string{"nothing"})
-                                  + (why.empty() ? std::string{} : " (" + why + ")")));
+    r.promise.deliver(profile_refusal(errc::engine_unavailable,
+                                      st.opts.replica_id + " did not reach " + to_string(r.target)
+                                        + "; it serves "
+                                        + (applied ? to_string(*applied) : std::string{"nothing"})
+                                        + (why.empty() ? std::string{} : " (" + why + ")")));
     st.profile->running.reset();
     return;
   }
@@ -491,9 +492,8 @@ void finish_step(self_ptr self) {
   for (const auto& [source, n] : moved.from_peers)
     out.bytes_from_peers += n;
   r.verifying = true;
-  st.deps.reconcile_worker->post([handle = caf::actor_cast<replica_actor>(self),
-                                  engine = st.engine, bytes = st.bytes, id = r.id,
-                                  out = std::move(out)]() mutable {
+  st.deps.reconcile_worker->post([handle = caf::actor_cast<replica_actor>(self), engine = st.engine,
+                                  bytes = st.bytes, id = r.id, out = std::move(out)]() mutable {
     judge_served(out, *engine, *bytes);
     caf::anon_send(handle, atom::profile_v, id, std::move(out));
   });
@@ -523,10 +523,11 @@ void profile_progress(self_ptr self) {
     p.started = true;
     log::info("replica", st.opts.replica_id + " follows scratch pool " + p.pool
                            + " for a profile (out of rotation)");
+    renew_lease(self);
     promise.deliver(describe(st));
     return;
   }
-  if (p.end) {
+  if (p.ending) {
     if (!quiet || p.running)
       return;
     if (!p.returned) {
@@ -542,13 +543,24 @@ void profile_progress(self_ptr self) {
       apply(self, st.rec.on_trigger(trigger::wake));
       return;
     }
-    auto promise = std::move(*p.end);
+    auto promise = std::move(p.end);
     st.profile.reset();
-    promise.deliver(describe(st));
+    if (promise)
+      promise->deliver(describe(st));
     return;
   }
   if (p.running && !p.running->verifying && quiet)
     finish_step(self);
+}
+
+/// Renews the profile's lease: it runs out `profile_lease` from now unless
+/// a step renews it again.
+void renew_lease(self_ptr self) {
+  auto& st = self->state;
+  if (!st.profile || st.opts.profile_lease.count() <= 0)
+    return;
+  self->delayed_send(self, st.opts.profile_lease, atom::profile_v, atom::tick_v,
+                     ++st.profile->lease);
 }
 
 void arm_backstop(self_ptr self) {
@@ -729,8 +741,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
       self->delayed_send(self, st.opts.drain_timeout, atom::retire_v);
     },
     [self](atom::wake) { reconcile_now(self, trigger::wake); },
-    [self](atom::profile, const std::string& pool,
-           bool take_out) -> caf::result<replica_info> {
+    [self](atom::profile, const std::string& pool, bool take_out) -> caf::result<replica_info> {
       auto& st = self->state;
       const auto& id = st.opts.replica_id;
       if (st.profile)
@@ -767,7 +778,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
     },
     [self](atom::profile, const version_ref& target) -> caf::result<profile_step> {
       auto& st = self->state;
-      if (!st.profile || !st.profile->started || st.profile->end)
+      if (!st.profile || !st.profile->started || st.profile->ending)
         return profile_refusal(errc::invalid_argument,
                                st.opts.replica_id + " is not following a scratch pool");
       if (st.profile->running)
@@ -790,11 +801,24 @@ replica_actor::behavior_type behavior(self_ptr self) {
         return;
       auto promise = std::move(p->running->promise);
       p->running.reset();
+      renew_lease(self);
       promise.deliver(std::move(out));
+    },
+    [self](atom::profile, atom::tick, uint64_t lease) {
+      auto& st = self->state;
+      auto& p = st.profile;
+      if (!p || !p->started || p->ending || p->running || p->lease != lease)
+        return;
+      log::warn("replica", st.opts.replica_id + " profile abandoned (no step for "
+                             + std::to_string(st.opts.profile_lease.count() / 1000)
+                             + " s); back to pool " + p->home_pool);
+      p->ending = true;
+      profile_progress(self);
+      publish_state(self);
     },
     [self](atom::profile, atom::done) -> caf::result<replica_info> {
       auto& st = self->state;
-      if (!st.profile || st.profile->end)
+      if (!st.profile || st.profile->ending)
         return profile_refusal(errc::invalid_argument,
                                st.opts.replica_id + " is not being profiled");
       auto promise = self->make_response_promise<replica_info>();
@@ -809,6 +833,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
         publish_state(self);
         return promise;
       }
+      st.profile->ending = true;
       st.profile->end = promise;
       profile_progress(self);
       publish_state(self);

@@ -39,6 +39,9 @@ struct replica_options {
   std::chrono::milliseconds store_timeout{30'000};
   /// Requests queued behind a commit beyond this are refused.
   size_t max_queued = 4096;
+  /// A profile that no step touched for this long was abandoned (its CLI
+  /// died): the replica goes back to its own pool.
+  std::chrono::milliseconds profile_lease{30 * 60 * 1000};
 };
 
 /// Makes a fresh engine instance: at startup and to rebuild after an
@@ -214,9 +217,13 @@ struct replica_state {
     };
     std::optional<step> running;
     uint64_t steps = 0;
-    /// Going home: retargeted back (`returned`), answered when a pass ended.
+    /// Going home (asked, or the lease ran out): retargeted back
+    /// (`returned`), then answered when a pass there ended.
+    bool ending = false;
     std::optional<caf::typed_response_promise<replica_info>> end;
     bool returned = false;
+    /// Counts the lease's renewals: a lease tick of an older one is stale.
+    uint64_t lease = 0;
   };
   std::optional<profiling> profile;
   replica_metrics counters;

@@ -239,9 +239,9 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, profile_step& x) {
   optional_proxy<version_ref> from{x.from};
   return f(caf::meta::type_name("stitch.profile_step"), x.target, from.field, x.activated, x.reset,
-           x.folded, x.stage_s, x.fetch_s, x.decode_s, x.verify_s, x.rest_s, x.drain_ms,
-           x.pause_us, x.total_s, x.bytes_from_store, x.bytes_from_peers, x.checksum_ok,
-           x.checksum_basis, x.checksum_detail, from.commit());
+           x.folded, x.stage_s, x.fetch_s, x.decode_s, x.verify_s, x.rest_s, x.drain_ms, x.pause_us,
+           x.total_s, x.bytes_from_store, x.bytes_from_peers, x.checksum_ok, x.checksum_basis,
+           x.checksum_detail, from.commit());
 }
 
 template <class Inspector>
@@ -351,8 +351,10 @@ using replica_actor = caf::typed_actor<
   caf::replies_to<atom::profile, std::string, bool>::with<replica_info>,
   caf::replies_to<atom::profile, version_ref>::with<profile_step>,
   caf::replies_to<atom::profile, atom::done>::with<replica_info>,
-  // Internal: a profile step's checksum verdict (`id` names the step).
+  // Internal: a profile step's checksum verdict (`id` names the step); the
+  // profile's lease ran out unless renewed since (`lease` names the renewal).
   caf::reacts_to<atom::profile, uint64_t, profile_step>,
+  caf::reacts_to<atom::profile, atom::tick, uint64_t>,
   // Internal: the backstop timer and the drain deadline.
   caf::reacts_to<atom::tick>, caf::reacts_to<atom::drain_check>,
   // Internal: reports of the replica's worker threads.

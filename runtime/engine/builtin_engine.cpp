@@ -5,11 +5,11 @@
 #include "gpu/checksum.hpp"
 #include "gpu/cpu_parallel.hpp"
 #include "runtime/core/checksum.hpp"
-#include "runtime/store/stage_meter.hpp"
 #include "runtime/core/constraint.hpp"
 #include "runtime/engine/api_shapes.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/store/materialize.hpp"
+#include "runtime/store/stage_meter.hpp"
 #include <chrono>
 #include <random>
 #include <set>
@@ -366,8 +366,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
         thread_local std::vector<std::byte> scratch;
         if (scratch.empty())
           scratch.resize(size_t{8} << 20);
-        outcomes[i] =
-          store::apply_delta(read, *delta, patches[i].name, patches[i].into->bytes.bytes(), scratch);
+        outcomes[i] = store::apply_delta(read, *delta, patches[i].name,
+                                         patches[i].into->bytes.bytes(), scratch);
       });
     }
     for (auto& outcome : outcomes)

@@ -56,7 +56,6 @@ result<caf::actor> lookup(caf::actor_system& sys, const host_port& where, const 
   return ask<caf::actor>(sys, *coordinator, atom::lookup_v, role);
 }
 
-
 /// A streamed publish sends chunks of this size, this many in flight: what
 /// the node holds of this client. Small chunks keep each message's share of
 /// the node's network thread short (pointer reads and requests share it).

@@ -96,7 +96,7 @@ status perturb_file(const fs::path& file, uint32_t phase, uint32_t stride,
   fd_guard f{::open(file.c_str(), O_RDWR | O_CLOEXEC)};
   if (f.fd < 0)
     return io_error(file, "opening");
-  struct stat st{};
+  struct stat st {};
   if (::fstat(f.fd, &st) != 0)
     return io_error(file, "reading the size of");
   std::array<std::byte, 8> size_bytes{};
@@ -271,18 +271,17 @@ std::string render_chart(const std::string& title, const std::vector<profiled>& 
 }
 
 void print_table(std::FILE* out, const std::vector<profiled>& rows) {
-  std::fprintf(out, "%-16s %-36s %5s %9s %9s %9s %9s %9s %9s %10s %9s %10s  %s\n", "path",
-               "target", "fold", "prep s", "fetch s", "decode s", "verify s", "stage s",
-               "drain ms", "pause us", "total s", "moved", "checksum");
+  std::fprintf(out, "%-16s %-36s %5s %9s %9s %9s %9s %9s %9s %10s %9s %10s  %s\n", "path", "target",
+               "fold", "prep s", "fetch s", "decode s", "verify s", "stage s", "drain ms",
+               "pause us", "total s", "moved", "checksum");
   for (const auto& r : rows) {
     const auto& s = r.step;
-    std::fprintf(out, "%-16s %-36s %5llu %9.4f %9.4f %9.4f %9.4f %9.4f %9.3f %10.1f %9.4f %10s  %s\n",
-                 r.path.c_str(), to_string(s.target).c_str(),
-                 static_cast<unsigned long long>(s.folded), s.stage_s, s.fetch_s, s.decode_s,
-                 s.verify_s, s.rest_s, s.drain_ms, s.pause_us, s.total_s,
-                 human_bytes(s.bytes_from_store + s.bytes_from_peers).c_str(),
-                 (std::string{s.checksum_ok ? "ok" : "FAILED"} + " (" + s.checksum_basis + ")")
-                   .c_str());
+    std::fprintf(
+      out, "%-16s %-36s %5llu %9.4f %9.4f %9.4f %9.4f %9.4f %9.3f %10.1f %9.4f %10s  %s\n",
+      r.path.c_str(), to_string(s.target).c_str(), static_cast<unsigned long long>(s.folded),
+      s.stage_s, s.fetch_s, s.decode_s, s.verify_s, s.rest_s, s.drain_ms, s.pause_us, s.total_s,
+      human_bytes(s.bytes_from_store + s.bytes_from_peers).c_str(),
+      (std::string{s.checksum_ok ? "ok" : "FAILED"} + " (" + s.checksum_basis + ")").c_str());
   }
 }
 
@@ -361,14 +360,16 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
     return std::move(info).error();
   if (!info->applied)
     return make_error(errc::engine_unavailable,
-                      cmd.replica + " serves no version yet: the profile's versions are copies "
-                                    "of the weights it serves");
+                      cmd.replica
+                        + " serves no version yet: the profile's versions are copies "
+                          "of the weights it serves");
   if (info->ready && !cmd.take_out)
     return make_error(errc::conflict, cmd.replica + " is in rotation (serving pool " + info->pool
                                         + " at " + to_string(*info->applied)
                                         + "); pass --take-out to take it out for the profile (it "
                                           "is put back after, converged to its pool again)");
-  auto publisher_handle = ask<caf::actor>(sys, *coordinator, atom::lookup_v, std::string{"publisher"});
+  auto publisher_handle =
+    ask<caf::actor>(sys, *coordinator, atom::lookup_v, std::string{"publisher"});
   if (!publisher_handle)
     return std::move(publisher_handle).error();
   auto publisher = caf::actor_cast<publisher_actor>(*publisher_handle);
@@ -429,12 +430,10 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
   auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(
                   std::chrono::system_clock::now().time_since_epoch())
                   .count();
-  auto run_of = [&](const char* suffix) {
-    return "profile-" + std::to_string(millis) + suffix;
-  };
-  while (*previous
-         && ((*previous)->latest.run_id == run_of("-a")
-             || (*previous)->latest.run_id == run_of("-b")))
+  auto run_of = [&](const char* suffix) { return "profile-" + std::to_string(millis) + suffix; };
+  while (
+    *previous
+    && ((*previous)->latest.run_id == run_of("-a") || (*previous)->latest.run_id == run_of("-b")))
     ++millis;
   const std::string run_a = run_of("-a"), run_b = run_of("-b");
   session s{sys, cmd, *replica, publisher, pool, dir};
@@ -477,8 +476,7 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
   std::vector<std::string> dropped{run_a};
   if (*previous)
     dropped.push_back((*previous)->latest.run_id);
-  auto collected =
-    ask<retention_report>(sys, publisher, atom::collect_v, pool, dropped, cmd.token);
+  auto collected = ask<retention_report>(sys, publisher, atom::collect_v, pool, dropped, cmd.token);
   if (!outcome)
     return outcome;
   if (!back)
@@ -508,9 +506,8 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
     std::ofstream{json_path} << text << "\n";
     fs::path svg_path = json_path;
     svg_path.replace_extension(".svg");
-    std::ofstream{svg_path} << render_chart("stitch profile: " + cmd.replica + " (" + info->engine
-                                              + ")",
-                                            rows);
+    std::ofstream{svg_path} << render_chart(
+      "stitch profile: " + cmd.replica + " (" + info->engine + ")", rows);
     if (!std::ofstream{json_path, std::ios::app})
       return make_error(errc::backend_failure, "writing " + json_path.string());
   }

@@ -7,8 +7,8 @@
 
 #include "runtime/node/cli.hpp"
 #include "runtime/node/commands.hpp"
-#include "runtime/node/profile.hpp"
 #include "runtime/node/demo.hpp"
+#include "runtime/node/profile.hpp"
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/pipeline.hpp"
 
@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
   profile->add_flag("--take-out", prof.take_out,
                     "take a replica in rotation out for the profile (it is put back after)");
   profile->add_flag("--json", prof.json, "print one JSON object");
-  profile->add_option("--out", prof.out, "also write the JSON here and the chart next to it (.svg)");
+  profile->add_option("--out", prof.out,
+                      "also write the JSON here and the chart next to it (.svg)");
   profile->add_option("--folded", prof.folded, "versions the folded catch-up moves across (1..6)")
     ->capture_default_str();
   profile->add_option("--stride", prof.stride, "about one element in N changes in each delta")

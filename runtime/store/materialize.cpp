@@ -13,13 +13,13 @@
 #include <variant>
 
 #include "gpu/checksum.hpp"
-#include "runtime/store/stage_meter.hpp"
 #include "gpu/host_buffer.hpp"
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/core/delta_codec.hpp"
 #include "runtime/store/hf_directory.hpp"
 #include "runtime/store/pipeline.hpp"
 #include "runtime/store/publisher.hpp"
+#include "runtime/store/stage_meter.hpp"
 #include "runtime/store/version_layout.hpp"
 
 namespace stitch::store {

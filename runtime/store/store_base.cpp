@@ -341,9 +341,7 @@ result<retention_report> store_base::retain(std::string_view pool,
         for (const auto& v : *versions)
           report.deleted.push_back(retention_entry{{run, v.version}, keep_reason::none, 0});
         std::sort(report.deleted.begin(), report.deleted.end(),
-                  [](const retention_entry& a, const retention_entry& b) {
-                    return a.ref < b.ref;
-                  });
+                  [](const retention_entry& a, const retention_entry& b) { return a.ref < b.ref; });
         continue;
       }
       for (const auto& v : plan_retention(*versions, **boot, request.keep_last, pinned)) {

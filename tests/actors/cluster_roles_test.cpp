@@ -60,8 +60,8 @@ fake_publisher(publisher_actor::stateful_pointer<fake_publisher_state> self,
     [](atom::collect, const std::string&, uint32_t, bool, const std::string&) -> retention_report {
       return {};
     },
-    [](atom::collect, const std::string&, const std::vector<std::string>&, const std::string&)
-      -> retention_report { return {}; },
+    [](atom::collect, const std::string&, const std::vector<std::string>&,
+       const std::string&) -> retention_report { return {}; },
     [](atom::offer, const version_ref&) -> caf::result<peer_offer> {
       return to_caf_error({errc::not_found, "lends nothing"});
     },

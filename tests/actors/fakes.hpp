@@ -73,6 +73,7 @@ inline replica_actor::behavior_type scripted_replica(scripted_replica_ptr self, 
       return to_caf_error(error{errc::invalid_argument, "a scripted replica is not profiled"});
     },
     [](atom::profile, uint64_t, const profile_step&) {},
+    [](atom::profile, atom::tick, uint64_t) {},
     [](atom::tick) {},
     [](atom::drain_check) {},
     [](atom::staged, const work_report&) {},

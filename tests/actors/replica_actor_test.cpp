@@ -155,6 +155,20 @@ void nudge(store::host_tensor& t, uint32_t salt) {
     t.bytes[i + 3] ^= static_cast<std::byte>(1 + salt % 3);
 }
 
+/// Receives the answer of a request already made: true when it is a `T`
+/// (handed to `on_value`), false (and a failure) for an error.
+template <class T, class Handle, class F>
+bool answer_of(caf::actor_system& sys, Handle& handle, F&& on_value) {
+  bool got = false;
+  handle.receive(
+    [&](T& value) {
+      got = true;
+      on_value(value);
+    },
+    [&](caf::error& err) { ADD_FAILURE() << sys.render(err); });
+  return got;
+}
+
 class replica_actor_test : public ::testing::Test {
 protected:
   replica_actor_test()
@@ -210,6 +224,9 @@ protected:
       return std::shared_ptr<engine_port>{e};
     };
     d.bytes = bytes;
+    d.source_for = [this](const std::string& p) -> std::shared_ptr<tensor_source> {
+      return std::make_shared<store::store_tensor_source>(*backend, p);
+    };
     d.reconcile_worker = reconcile;
     d.request_workers = requests;
     replica = sys.spawn(replica_service, o, d);
@@ -877,6 +894,96 @@ TEST_F(replica_actor_test, a_retiring_replica_leaves_rotation_finishes_what_runs
                   [&](const caf::down_msg&) { down = true; }, caf::after(0s) >> [] {});
   EXPECT_EQ(answered, 2);
   EXPECT_TRUE(down) << "the replica quits once drained";
+}
+
+TEST_F(replica_actor_test, a_profile_drains_first_follows_only_its_steps_and_goes_home) {
+  publish("r", 0);
+  replica_options o;
+  o.profile_lease = 60s;
+  start(o);
+  settle();
+  // In rotation: refused without take_out, naming the flag.
+  auto refused =
+    self->request(replica, caf::infinite, atom::profile_v, std::string{"scratch"}, false);
+  settle();
+  refused.receive([](const replica_info&) { ADD_FAILURE() << "a replica in rotation profiled"; },
+                  [&](caf::error& err) {
+                    EXPECT_NE(sys.render(err).find("--take-out"), std::string::npos)
+                      << sys.render(err);
+                  });
+  // A request is running: the profile begins only once it finished, and new
+  // requests are refused (retryable) meanwhile.
+  send(call(1));
+  auto begin = self->request(replica, caf::infinite, atom::profile_v, std::string{"scratch"}, true);
+  settle();
+  send(call(2));
+  auto out = reply();
+  EXPECT_EQ(out.status, 503);
+  EXPECT_TRUE(out.retryable);
+  EXPECT_NE(out.message.find("profiling"), std::string::npos) << out.message;
+  EXPECT_FALSE(info().ready);
+  requests->run_all();
+  settle();
+  auto first = reply();
+  EXPECT_EQ(first.status, 200) << "the running request finished on its own weights";
+  EXPECT_EQ(first.run_id, "r");
+  EXPECT_TRUE(
+    answer_of<replica_info>(sys, begin, [](replica_info& i) { EXPECT_EQ(i.pool, "scratch"); }));
+
+  // The scratch pool's versions, and a home pointer move the replica must
+  // not follow until it goes home.
+  auto w1 = weights_of("s", 1);
+  ASSERT_TRUE(pub->publish({"scratch", "s", 1, false, false}, w1));
+  auto w2 = weights_of("s", 2);
+  ASSERT_TRUE(pub->publish({"scratch", "s", 2, false, false}, w2));
+  publish("r", 1);
+  settle();
+  auto waiting = info();
+  EXPECT_EQ(waiting.applied, "") << "it starts cold in the scratch pool";
+  EXPECT_EQ(waiting.pointer, "") << "no pass without a step";
+  auto cold = self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 2});
+  settle();
+  EXPECT_TRUE(answer_of<profile_step>(sys, cold, [](profile_step& s) {
+    EXPECT_FALSE(s.from) << "a cold start";
+    EXPECT_TRUE(s.activated);
+    EXPECT_EQ(s.folded, 2u) << "the anchor and one delta";
+    EXPECT_GT(s.stage_s, 0);
+    EXPECT_GT(s.fetch_s, 0);
+    EXPECT_GT(s.decode_s, 0);
+    EXPECT_GT(s.bytes_from_store, 0u);
+    EXPECT_TRUE(s.checksum_ok) << s.checksum_detail;
+    EXPECT_EQ(s.checksum_basis, "served weights");
+  }));
+  EXPECT_EQ(info().applied, "s/weight_v000002");
+  ASSERT_TRUE(pub->publish({"scratch", "s", 3, false, false}, weights_of("s", 3)));
+  auto next = self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 3});
+  settle();
+  EXPECT_TRUE(answer_of<profile_step>(sys, next, [](profile_step& s) {
+    EXPECT_EQ(s.from, (version_ref{"s", 2}));
+    EXPECT_EQ(s.folded, 1u);
+    EXPECT_TRUE(s.checksum_ok) << s.checksum_detail;
+  }));
+  // A step whose target the pointer does not name fails, saying where the
+  // pass stopped.
+  auto missing = self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 9});
+  settle();
+  missing.receive([](const profile_step&) { ADD_FAILURE() << "reached a missing version"; },
+                  [&](caf::error& err) {
+                    EXPECT_NE(sys.render(err).find("s/weight_v000003"), std::string::npos)
+                      << sys.render(err);
+                  });
+  // Nobody ends it: the lease runs out and it goes home, to the pointer as
+  // it is now, back in rotation.
+  sched.advance_time(61s);
+  settle();
+  auto home = info();
+  EXPECT_TRUE(home.ready) << home.reason;
+  EXPECT_EQ(home.applied, "r/weight_v000001");
+  expect_served(3, 1);
+  auto late = self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 3});
+  settle();
+  late.receive([](const profile_step&) { ADD_FAILURE() << "a step after the profile ended"; },
+               [](caf::error&) {});
 }
 
 TEST_F(replica_actor_test, streamed_events_reach_the_caller_before_the_stamped_last_event) {

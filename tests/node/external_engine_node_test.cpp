@@ -233,7 +233,8 @@ TEST_P(external_engine_node_test, stitch_profile_drives_an_external_engine_throu
   EXPECT_EQ(j["returned"]["applied"], "demo/weight_v000000");
   await(0);
   // The engine serves the pool's weights again, not the scratch ones.
-  auto ok = call(node->gateway_port, "POST", route(), body(R"("weight_version":{"min_version":0},)"));
+  auto ok =
+    call(node->gateway_port, "POST", route(), body(R"("weight_version":{"min_version":0},)"));
   ASSERT_EQ(ok.status, 200u) << ok.body;
   auto p = pool();
   for (const auto& rep : p["replicas"])

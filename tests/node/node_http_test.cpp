@@ -224,8 +224,8 @@ TEST_F(stitch_profile_test, drives_a_replica_through_every_update_path_and_puts_
     SCOPED_TRACE(s.dump());
     EXPECT_TRUE(s["checksum_ok"].get<bool>());
     EXPECT_EQ(s["checksum_basis"], "served weights");
-    for (const char* k : {"preparation_s", "fetch_s", "decode_s", "verify_s", "stage_s",
-                          "drain_ms", "pause_us", "total_s", "bytes_moved"})
+    for (const char* k : {"preparation_s", "fetch_s", "decode_s", "verify_s", "stage_s", "drain_ms",
+                          "pause_us", "total_s", "bytes_moved"})
       ASSERT_TRUE(s.contains(k)) << k;
     const bool staged = s["path"] != "empty delta";
     EXPECT_EQ(s["activated"].get<bool>(), staged);
