@@ -18,6 +18,20 @@ namespace stitch::node {
 /// "1.5 MiB".
 std::string human_bytes(uint64_t n);
 
+/// Calls `f(out)` with an `out` that discards what is written to it (the
+/// report of a command run on someone's behalf).
+template <class F>
+auto with_quiet_output(F&& f) {
+  struct closer {
+    std::FILE* file;
+    ~closer() {
+      if (file)
+        std::fclose(file);
+    }
+  } quiet{std::fopen("/dev/null", "w")};
+  return f(quiet.file ? quiet.file : stderr);
+}
+
 struct publish_command {
   host_port coordinator;
   publish_args args;

@@ -60,10 +60,7 @@ status publish_version(caf::actor_system& sys, const demo_command& cmd,
   pub.args.version = version;
   pub.args.token = cmd.token;
   pub.directory = dir.string();
-  std::FILE* quiet = std::fopen("/dev/null", "w");
-  auto done = run_publish(sys, pub, quiet ? quiet : stderr);
-  if (quiet)
-    std::fclose(quiet);
+  auto done = with_quiet_output([&](std::FILE* out) { return run_publish(sys, pub, out); });
   if (!done)
     return std::move(done).error();
   return {};

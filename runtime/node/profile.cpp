@@ -23,6 +23,7 @@
 #include "runtime/node/commands.hpp"
 #include "runtime/node/remote.hpp"
 #include "runtime/store/version_layout.hpp"
+#include "transport/s3_xml.hpp"
 
 namespace stitch::node {
 
@@ -194,20 +195,6 @@ nlohmann::ordered_json to_json(const profiled& p) {
   return j;
 }
 
-std::string svg_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 /// Two panels, one row per path: preparation (seconds, its phases stacked)
 /// and the engine pause (microseconds), each on its own scale.
 std::string render_chart(const std::string& title, const std::vector<profiled>& rows) {
@@ -231,7 +218,7 @@ std::string render_chart(const std::string& title, const std::vector<profiled>& 
                 "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
                 width, height);
   svg += buf;
-  svg += "<text x=\"10\" y=\"20\" font-size=\"14\">" + svg_escape(title) + "</text>\n";
+  svg += "<text x=\"10\" y=\"20\" font-size=\"14\">" + transport::xml_escape(title) + "</text>\n";
   const int prep_x = label_w, pause_x = label_w + panel_w + gap;
   std::snprintf(buf, sizeof buf,
                 "<text x=\"%d\" y=\"44\">preparation, s (fetch | decode | verify | stage)</text>\n"
@@ -242,8 +229,8 @@ std::string render_chart(const std::string& title, const std::vector<profiled>& 
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& s = rows[i].step;
     const int y = top + static_cast<int>(i) * row_h;
-    svg += "<text x=\"10\" y=\"" + std::to_string(y + 15) + "\">" + svg_escape(rows[i].path)
-           + "</text>\n";
+    svg += "<text x=\"10\" y=\"" + std::to_string(y + 15) + "\">"
+           + transport::xml_escape(rows[i].path) + "</text>\n";
     double parts[] = {s.fetch_s, s.decode_s, s.verify_s, s.rest_s};
     double x = prep_x;
     for (int k = 0; k < 4; ++k) {
@@ -302,11 +289,7 @@ public:
     pub.args.version = version;
     pub.args.token = cmd_.token;
     pub.directory = dir_.string();
-    std::FILE* quiet = std::fopen("/dev/null", "w");
-    auto done = run_publish(sys_, pub, quiet ? quiet : stderr);
-    if (quiet)
-      std::fclose(quiet);
-    return done;
+    return with_quiet_output([&](std::FILE* out) { return run_publish(sys_, pub, out); });
   }
 
   status change(uint32_t phase) { return perturb_directory(dir_, phase, cmd_.stride); }
@@ -409,10 +392,8 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
   exp.out_dir = dir.string();
   exp.token = cmd.token;
   {
-    std::FILE* quiet = std::fopen("/dev/null", "w");
-    auto exported = run_export(sys, exp, quiet ? quiet : stderr);
-    if (quiet)
-      std::fclose(quiet);
+    auto exported =
+      with_quiet_output([&](std::FILE* quiet) { return run_export(sys, exp, quiet); });
     if (!exported)
       return make_error(exported.error().code, "copying " + to_string(*info->applied)
                                                  + " for the profile: " + exported.error().message);
