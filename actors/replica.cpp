@@ -580,6 +580,13 @@ replica_answer answer_of(const http_error& e) {
   return a;
 }
 
+std::string in_rotation_refusal(const replica_info& info) {
+  return info.replica_id + " is in rotation (serving pool " + info.pool + " at "
+         + (info.applied ? to_string(*info.applied) : std::string{"?"})
+         + "); pass --take-out to take it out for the profile (it is put back after, converged "
+           "to its pool again)";
+}
+
 replica_info describe(const replica_state& st) {
   replica_info info;
   info.replica_id = st.opts.replica_id;
@@ -757,13 +764,8 @@ replica_actor::behavior_type behavior(self_ptr self) {
       if (pool.empty() || pool == st.opts.pool)
         return profile_refusal(errc::invalid_argument,
                                "the scratch pool must be named and differ from the replica's own");
-      auto info = describe(st);
-      if (info.ready && !take_out)
-        return profile_refusal(
-          errc::conflict, id + " is in rotation (serving pool " + st.opts.pool + " at "
-                            + (info.applied ? to_string(*info.applied) : std::string{"?"})
-                            + "); pass --take-out to take it out for the profile (it is put back "
-                              "after, converged to its pool again)");
+      if (auto info = describe(st); info.ready && !take_out)
+        return profile_refusal(errc::conflict, in_rotation_refusal(info));
       st.life.take_out("out of rotation: profiling");
       auto promise = self->make_response_promise<replica_info>();
       auto& p = st.profile.emplace();

@@ -169,6 +169,10 @@ struct replica_info {
   std::string run_id() const { return applied ? applied->run_id : std::string{}; }
 };
 
+/// Why a replica in rotation is not profiled without `--take-out` (the
+/// replica's refusal, and the CLI's before it copies any weights).
+std::string in_rotation_refusal(const replica_info& info);
+
 /// A replica worker's report on a slow step (stage, activation, rebuild).
 struct work_report {
   uint64_t op = 0;

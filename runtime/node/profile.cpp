@@ -22,6 +22,7 @@
 #include "runtime/core/safetensors.hpp"
 #include "runtime/node/commands.hpp"
 #include "runtime/node/remote.hpp"
+#include "runtime/store/hf_directory.hpp"
 #include "runtime/store/version_layout.hpp"
 #include "transport/s3_xml.hpp"
 
@@ -38,47 +39,6 @@ result<T> ask(caf::actor_system& sys, const Handle& whom, Ts&&... xs) {
   return ask_actor<T>(sys, whom, step_timeout, std::forward<Ts>(xs)...);
 }
 
-/// Closes a file descriptor on every way out.
-struct fd_guard {
-  int fd = -1;
-  ~fd_guard() {
-    if (fd >= 0)
-      ::close(fd);
-  }
-};
-
-status io_error(const fs::path& file, const char* what) {
-  return make_error(errc::backend_failure,
-                    std::string{what} + " " + file.string() + ": " + std::strerror(errno));
-}
-
-status read_exactly(int fd, std::span<std::byte> out, uint64_t at, const fs::path& file) {
-  while (!out.empty()) {
-    auto n = ::pread(fd, out.data(), out.size(), static_cast<off_t>(at));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return n == 0 ? make_error(errc::invalid_format, file.string() + " ends early")
-                    : io_error(file, "reading");
-    out = out.subspan(static_cast<size_t>(n));
-    at += static_cast<uint64_t>(n);
-  }
-  return {};
-}
-
-status write_exactly(int fd, std::span<const std::byte> in, uint64_t at, const fs::path& file) {
-  while (!in.empty()) {
-    auto n = ::pwrite(fd, in.data(), in.size(), static_cast<off_t>(at));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return io_error(file, "writing");
-    in = in.subspan(static_cast<size_t>(n));
-    at += static_cast<uint64_t>(n);
-  }
-  return {};
-}
-
 /// splitmix64: a deterministic stream for the elements a delta changes.
 uint64_t mix(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
@@ -87,70 +47,53 @@ uint64_t mix(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-/// Changes about one element in `stride` of every tensor of one safetensors
-/// file, in place, at positions drawn from (`phase`, tensor name) as an RL
-/// step scatters its changes: the lowest bit of the element's least
+/// Changes about one element in `stride` of every tensor of the checkpoint
+/// in `dir`, in place, at positions drawn from (`phase`, tensor name) as an
+/// RL step scatters its changes: the lowest bit of the element's least
 /// significant byte flips, the smallest change a float can take, so the
 /// model stays the model. Memory: one buffer.
-status perturb_file(const fs::path& file, uint32_t phase, uint32_t stride,
-                    std::vector<std::byte>& buffer) {
-  fd_guard f{::open(file.c_str(), O_RDWR | O_CLOEXEC)};
-  if (f.fd < 0)
-    return io_error(file, "opening");
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0)
-    return io_error(file, "reading the size of");
-  std::array<std::byte, 8> size_bytes{};
-  if (auto ok = read_exactly(f.fd, size_bytes, 0, file); !ok)
-    return ok;
-  auto header_size = safetensors::read_header_size(size_bytes);
-  if (!header_size)
-    return std::move(header_size).error();
-  std::vector<std::byte> prefix(8 + *header_size);
-  if (auto ok = read_exactly(f.fd, prefix, 0, file); !ok)
-    return ok;
-  auto view = safetensors::parse_header(prefix, static_cast<uint64_t>(st.st_size));
-  if (!view)
-    return std::move(view).error();
+status perturb_directory(const fs::path& dir, uint32_t phase, uint32_t stride) {
+  auto checkpoint = store::open_hf_directory(dir);
+  if (!checkpoint)
+    return std::move(checkpoint).error();
+  std::map<std::string, int> fds;
+  struct closer {
+    std::map<std::string, int>& fds;
+    ~closer() {
+      for (auto& [file, fd] : fds)
+        ::close(fd);
+    }
+  } closing{fds};
+  for (const auto& file : checkpoint->files) {
+    const auto path = checkpoint->directory / file;
+    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+      return make_error(errc::backend_failure,
+                        "opening " + path.string() + ": " + std::strerror(errno));
+    fds[file] = fd;
+  }
+  std::vector<std::byte> buffer(size_t{8} << 20);
   const uint64_t spread = 2 * uint64_t{stride} - 1;
-  for (const auto& t : view->tensors) {
+  for (const auto& [name, t] : checkpoint->tensors) {
+    const int fd = fds.at(t.file);
     const uint64_t elem = std::max(1u, safetensors::bits_per_element(t.type) / 8);
-    uint64_t state = std::hash<std::string>{}(t.name) ^ (uint64_t{phase} << 32);
+    uint64_t state = std::hash<std::string>{}(name) ^ (uint64_t{phase} << 32);
     // Gaps between changed elements average `stride`.
     uint64_t next = mix(state) % spread * elem;
     const uint64_t chunk = std::max<uint64_t>(elem, buffer.size() / elem * elem);
-    for (uint64_t at = 0; at < t.byte_size() && next < t.byte_size(); at += chunk) {
-      const auto n = static_cast<size_t>(std::min(chunk, t.byte_size() - at));
+    for (uint64_t at = 0; at < t.size && next < t.size; at += chunk) {
+      const auto n = static_cast<size_t>(std::min(chunk, t.size - at));
       if (next >= at + n)
         continue;
       auto bytes = std::span{buffer}.first(n);
-      const uint64_t where = view->data_start + t.data_begin + at;
-      if (auto ok = read_exactly(f.fd, bytes, where, file); !ok)
+      if (auto ok = store::read_file_range(fd, t.offset + at, bytes, t.file); !ok)
         return ok;
       for (; next < at + n; next += (1 + mix(state) % spread) * elem)
         bytes[next - at] ^= std::byte{1};
-      if (auto ok = write_exactly(f.fd, bytes, where, file); !ok)
+      if (auto ok = store::write_file_range(fd, t.offset + at, bytes, t.file); !ok)
         return ok;
     }
   }
-  return {};
-}
-
-status perturb_directory(const fs::path& dir, uint32_t phase, uint32_t stride) {
-  std::vector<std::byte> buffer(size_t{8} << 20);
-  std::error_code ec;
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().extension() == ".safetensors")
-      files.push_back(e.path());
-  if (ec)
-    return make_error(errc::backend_failure, "listing " + dir.string() + ": " + ec.message());
-  if (files.empty())
-    return make_error(errc::invalid_format, dir.string() + " holds no safetensors file");
-  std::sort(files.begin(), files.end());
-  for (const auto& f : files)
-    if (auto ok = perturb_file(f, phase, stride, buffer); !ok)
-      return ok;
   return {};
 }
 
@@ -277,9 +220,9 @@ void print_table(std::FILE* out, const std::vector<profiled>& rows) {
 class session {
 public:
   session(caf::actor_system& sys, const profile_command& cmd, replica_actor replica,
-          publisher_actor publisher, std::string pool, fs::path dir)
-      : sys_(sys), cmd_(cmd), replica_(std::move(replica)), publisher_(std::move(publisher)),
-        pool_(std::move(pool)), dir_(std::move(dir)) {}
+          std::string pool, fs::path dir)
+      : sys_(sys), cmd_(cmd), replica_(std::move(replica)), pool_(std::move(pool)),
+        dir_(std::move(dir)) {}
 
   result<publish_summary> publish(const std::string& run, uint64_t version) {
     publish_command pub;
@@ -294,7 +237,7 @@ public:
 
   status change(uint32_t phase) { return perturb_directory(dir_, phase, cmd_.stride); }
 
-  /// Publishes (run, version) — after `changes` perturbations — and runs the
+  /// Publishes the directory as (run, version) and runs the
   /// replica's pass to it.
   result<profiled> step(std::string path, const std::string& run, uint64_t version) {
     auto published = publish(run, version);
@@ -314,7 +257,6 @@ private:
   caf::actor_system& sys_;
   const profile_command& cmd_;
   replica_actor replica_;
-  publisher_actor publisher_;
   std::string pool_;
   fs::path dir_;
 };
@@ -346,11 +288,9 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
                       cmd.replica
                         + " serves no version yet: the profile's versions are copies "
                           "of the weights it serves");
+  // Refused before any weights are copied (the replica checks again).
   if (info->ready && !cmd.take_out)
-    return make_error(errc::conflict, cmd.replica + " is in rotation (serving pool " + info->pool
-                                        + " at " + to_string(*info->applied)
-                                        + "); pass --take-out to take it out for the profile (it "
-                                          "is put back after, converged to its pool again)");
+    return make_error(errc::conflict, in_rotation_refusal(*info));
   auto publisher_handle =
     ask<caf::actor>(sys, *coordinator, atom::lookup_v, std::string{"publisher"});
   if (!publisher_handle)
@@ -417,7 +357,7 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
     && ((*previous)->latest.run_id == run_of("-a") || (*previous)->latest.run_id == run_of("-b")))
     ++millis;
   const std::string run_a = run_of("-a"), run_b = run_of("-b");
-  session s{sys, cmd, *replica, publisher, pool, dir};
+  session s{sys, cmd, *replica, pool, dir};
   std::vector<profiled> rows;
   auto steps = [&]() -> status {
     auto add = [&](result<profiled> r) -> status {
@@ -484,13 +424,23 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
   const std::string text = j.dump(2);
   if (!cmd.out.empty()) {
     fs::path json_path{cmd.out};
-    std::ofstream{json_path} << text << "\n";
     fs::path svg_path = json_path;
     svg_path.replace_extension(".svg");
-    std::ofstream{svg_path} << render_chart(
-      "stitch profile: " + cmd.replica + " (" + info->engine + ")", rows);
-    if (!std::ofstream{json_path, std::ios::app})
-      return make_error(errc::backend_failure, "writing " + json_path.string());
+    auto write = [](const fs::path& path, const std::string& content) -> status {
+      std::ofstream file{path, std::ios::binary | std::ios::trunc};
+      file << content;
+      file.close();
+      if (!file)
+        return make_error(errc::backend_failure, "writing " + path.string() + " failed");
+      return {};
+    };
+    if (auto ok = write(json_path, text + "\n"); !ok)
+      return ok;
+    if (auto ok =
+          write(svg_path,
+                render_chart("stitch profile: " + cmd.replica + " (" + info->engine + ")", rows));
+        !ok)
+      return ok;
   }
   if (cmd.json) {
     std::fprintf(out, "%s\n", text.c_str());

@@ -300,6 +300,21 @@ status read_file_range(int fd, uint64_t offset, std::span<std::byte> out, std::s
   return pread_all(fd, out, offset, shown);
 }
 
+status write_file_range(int fd, uint64_t offset, std::span<const std::byte> bytes,
+                        std::string_view shown) {
+  while (!bytes.empty()) {
+    ssize_t n = ::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return fail(errc::backend_failure, "cannot write " + quote(shown) + ": " + errno_text(errno));
+    }
+    bytes = bytes.subspan(static_cast<size_t>(n));
+    offset += static_cast<uint64_t>(n);
+  }
+  return {};
+}
+
 status read_tensor(const hf_checkpoint& ckpt, std::string_view name, std::span<std::byte> out) {
   auto it = ckpt.tensors.find(std::string{name});
   if (it == ckpt.tensors.end())

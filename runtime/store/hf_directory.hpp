@@ -75,6 +75,9 @@ result<int> open_checkpoint_file(const hf_checkpoint& checkpoint, const std::str
 /// first is `invalid_format` naming `shown`.
 status read_file_range(int fd, uint64_t offset, std::span<std::byte> out, std::string_view shown);
 
+/// Writes all of `bytes` to `fd` at `offset`; an error names `shown`.
+status write_file_range(int fd, uint64_t offset, std::span<const std::byte> bytes,
+                        std::string_view shown);
 /// Reads tensor `name`'s bytes into `out`, which must be exactly its size.
 status read_tensor(const hf_checkpoint& checkpoint, std::string_view name,
                    std::span<std::byte> out);

@@ -11,6 +11,7 @@
 #include "gpu/host_buffer.hpp"
 #include "runtime/core/checksum.hpp"
 #include "runtime/core/delta_codec.hpp"
+#include "runtime/store/hf_directory.hpp"
 #include "runtime/store/pipeline.hpp"
 #include "runtime/store/version_layout.hpp"
 
@@ -61,17 +62,7 @@ result<int> open_scratch_file(const fs::path& dir, uint64_t size) {
 }
 
 status pwrite_all(int fd, uint64_t offset, std::span<const std::byte> bytes) {
-  while (!bytes.empty()) {
-    ssize_t n = ::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return fail(errc::backend_failure, "writing a scratch file: " + errno_text(errno));
-    }
-    bytes = bytes.subspan(static_cast<size_t>(n));
-    offset += static_cast<uint64_t>(n);
-  }
-  return {};
+  return write_file_range(fd, offset, bytes, "a scratch file");
 }
 
 status pread_all(int fd, uint64_t offset, std::span<std::byte> out) {

@@ -338,10 +338,13 @@ result<retention_report> store_base::retain(std::string_view pool,
         if (ref.run_id == run)
           pinned.insert(ref.version);
       if (request.drop_runs.contains(run) && pinned.empty()) {
+        // Ascending, as retention's verdicts are: deleted newest first below.
+        std::vector<uint64_t> all;
         for (const auto& v : *versions)
-          report.deleted.push_back(retention_entry{{run, v.version}, keep_reason::none, 0});
-        std::sort(report.deleted.begin(), report.deleted.end(),
-                  [](const retention_entry& a, const retention_entry& b) { return a.ref < b.ref; });
+          all.push_back(v.version);
+        std::sort(all.begin(), all.end());
+        for (auto v : all)
+          report.deleted.push_back(retention_entry{{run, v}, keep_reason::none, 0});
         continue;
       }
       for (const auto& v : plan_retention(*versions, **boot, request.keep_last, pinned)) {
