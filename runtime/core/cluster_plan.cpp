@@ -1,6 +1,7 @@
 #include "runtime/core/cluster_plan.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "runtime/core/admission_gate.hpp"
 #include "runtime/core/version_ref.hpp"
@@ -41,7 +42,7 @@ status validate(const experiment_spec& spec) {
   return {};
 }
 
-result<std::vector<plan_effect>> cluster_plan::join(member_info m) {
+result<std::vector<plan_effect>> cluster_plan::join(member_info m, member_holdings running) {
   if (auto ok = validate_run_id(m.name); !ok)
     return make_error(errc::invalid_argument, "node name: " + ok.error().message);
   if (members_.contains(m.name))
@@ -52,8 +53,63 @@ result<std::vector<plan_effect>> cluster_plan::join(member_info m) {
   if (!m.has_role("replica"))
     m.slots.clear();
   std::string name = m.name;
-  members_.emplace(std::move(name), std::move(m));
-  return fill();
+  members_.emplace(name, std::move(m));
+  auto out = adopt(name, std::move(running));
+  auto more = fill();
+  out.insert(out.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+  return out;
+}
+
+namespace {
+
+/// N of a replica id `<run>-r<N>` (nullopt for any other shape).
+std::optional<uint64_t> replica_counter(const std::string& run, const std::string& id) {
+  const std::string prefix = run + "-r";
+  if (id.size() <= prefix.size() || id.size() > prefix.size() + 19 || !id.starts_with(prefix))
+    return std::nullopt;
+  uint64_t n = 0;
+  for (size_t i = prefix.size(); i < id.size(); ++i) {
+    if (id[i] < '0' || id[i] > '9')
+      return std::nullopt;
+    n = n * 10 + static_cast<uint64_t>(id[i] - '0');
+  }
+  return n;
+}
+
+} // namespace
+
+std::vector<plan_effect> cluster_plan::adopt(const std::string& node, member_holdings running) {
+  std::vector<plan_effect> out;
+  const auto& slots = members_.at(node).slots;
+  for (auto& r : running.replicas) {
+    r.node = node;
+    r.retiring = false;
+    auto e = experiments_.find(r.run_id);
+    bool fits = e != experiments_.end() && e->second.spec.pool == r.pool
+                && !placements_.contains(r.replica_id)
+                && std::find(slots.begin(), slots.end(), r.slot) != slots.end()
+                && !used_slots(node).contains(r.slot)
+                && active_replicas(r.run_id) < e->second.spec.replicas;
+    if (!fits) {
+      out.push_back({plan_effect::kind::retire_replica, std::move(r), {}, {}});
+      continue;
+    }
+    // Names stay unique: the counter passes every adopted replica's.
+    if (auto n = replica_counter(r.run_id, r.replica_id))
+      e->second.next_replica = std::max(e->second.next_replica, *n + 1);
+    placements_.emplace(r.replica_id, r);
+    out.push_back({plan_effect::kind::adopt_replica, std::move(r), {}, {}});
+  }
+  for (auto& run : running.trainers) {
+    auto e = experiments_.find(run);
+    if (e != experiments_.end() && e->second.spec.trainer.enabled && !e->second.trainer_done
+        && (e->second.trainer_node.empty() || e->second.trainer_node == node)) {
+      e->second.trainer_node = node;
+      continue;
+    }
+    out.push_back({plan_effect::kind::stop_trainer, {}, node, std::move(run)});
+  }
+  return out;
 }
 
 std::vector<plan_effect> cluster_plan::leave(std::string_view node) {
@@ -87,7 +143,7 @@ result<std::vector<plan_effect>> cluster_plan::submit(const experiment_spec& spe
   if (spec.trainer.enabled && !has_gateway())
     return make_error(errc::not_found, "the experiment's trainer samples through a gateway but "
                                        "no member hosts the role 'gateway'");
-  experiments_.emplace(spec.run_id, experiment{spec, {}, false, 0});
+  experiments_.emplace(spec.run_id, experiment{spec, {}, false, 0, false});
   return fill();
 }
 
@@ -159,6 +215,41 @@ void cluster_plan::trainer_ended(std::string_view run) {
     it->second.trainer_done = true;
 }
 
+std::vector<experiment_record> cluster_plan::records() const {
+  std::vector<experiment_record> out;
+  for (const auto& [run, e] : experiments_)
+    out.push_back({e.spec, e.trainer_done, e.next_replica});
+  return out;
+}
+
+status cluster_plan::restore(std::vector<experiment_record> records) {
+  if (!experiments_.empty())
+    return make_error(errc::conflict, "experiments are active already; restore comes first");
+  std::map<std::string, experiment> restored;
+  std::set<std::string> pools;
+  for (auto& r : records) {
+    if (auto ok = validate(r.spec); !ok)
+      return make_error(errc::corrupt_data,
+                        "experiment '" + r.spec.run_id + "': " + ok.error().message);
+    if (!pools.insert(r.spec.pool).second || restored.contains(r.spec.run_id))
+      return make_error(errc::corrupt_data, "experiment '" + r.spec.run_id
+                                              + "' repeats a run or a pool of another record");
+    std::string run = r.spec.run_id;
+    restored.emplace(std::move(run), experiment{std::move(r.spec), {}, r.trainer_done,
+                                                r.next_replica, true});
+  }
+  experiments_ = std::move(restored);
+  recovering_ = !experiments_.empty();
+  return {};
+}
+
+std::vector<plan_effect> cluster_plan::end_recovery() {
+  recovering_ = false;
+  for (auto& [run, e] : experiments_)
+    e.restored = false;
+  return fill();
+}
+
 const experiment_spec* cluster_plan::spec_of(std::string_view run) const {
   auto it = experiments_.find(std::string{run});
   return it == experiments_.end() ? nullptr : &it->second.spec;
@@ -201,6 +292,9 @@ size_t cluster_plan::free_slots() const {
 std::vector<plan_effect> cluster_plan::fill() {
   std::vector<plan_effect> out;
   for (auto& [run, e] : experiments_) {
+    // Its nodes are still rejoining with what kept running.
+    if (e.restored)
+      continue;
     while (active_replicas(run) < e.spec.replicas) {
       auto slot = free_slot();
       if (!slot)
@@ -283,6 +377,9 @@ std::string cluster_plan::pick_trainer_node() const {
 std::string cluster_plan::shortfall_of(const experiment& e) const {
   std::string out;
   size_t active = active_replicas(e.spec.run_id);
+  if (e.restored && active < e.spec.replicas)
+    return "recovering after a coordinator restart: " + std::to_string(active) + " of "
+           + std::to_string(e.spec.replicas) + " replica(s) rejoined so far";
   if (active < e.spec.replicas)
     out = std::to_string(e.spec.replicas - active) + " replica(s) waiting for a free slot";
   if (e.spec.trainer.enabled && !e.trainer_done && e.trainer_node.empty())

@@ -90,9 +90,36 @@ struct placement {
   bool retiring = false;
 };
 
+/// What a node already runs as it (re)joins: after the coordinator restarted,
+/// its replicas and trainers kept going, and the plan adopts them.
+struct member_holdings {
+  /// Replicas of experiments, as they were placed (the node field is ignored:
+  /// the joining node's).
+  std::vector<placement> replicas;
+  /// Runs whose trainer runs on the node.
+  std::vector<std::string> trainers;
+};
+
+/// What the coordinator persists of an experiment, to recover it after a
+/// restart (`cluster_plan::records` / `restore`).
+struct experiment_record {
+  experiment_spec spec;
+  bool trainer_done = false;
+  /// The counter that names the run's next replica.
+  uint64_t next_replica = 0;
+};
+
 /// What the coordinator must do.
 struct plan_effect {
-  enum class kind : uint8_t { place_replica, retire_replica, start_trainer, stop_trainer };
+  /// adopt_replica: a replica its node runs already (reported as it joined)
+  /// is placed where it is; the coordinator takes it in like a placed one.
+  enum class kind : uint8_t {
+    place_replica,
+    retire_replica,
+    start_trainer,
+    stop_trainer,
+    adopt_replica
+  };
   kind what = kind::place_replica;
   /// place/retire: the replica.
   placement replica;
@@ -114,9 +141,12 @@ struct experiment_view {
 class cluster_plan {
 public:
   /// A node joins. A name already present is refused: a restarted node is
-  /// seen leaving first (down message or missed heartbeats). Then fills what
+  /// seen leaving first (down message or missed heartbeats). What it already
+  /// runs is adopted where an active experiment wants it (same run and pool,
+  /// a free slot of the node, fewer replicas than asked; a trainer its run
+  /// has none for) and retired or stopped otherwise. Then fills what
   /// experiments miss.
-  result<std::vector<plan_effect>> join(member_info m);
+  result<std::vector<plan_effect>> join(member_info m, member_holdings running = {});
   /// A node left or died: its replicas and trainer are gone; what they served
   /// is placed elsewhere where slots are free (or when nodes join later).
   std::vector<plan_effect> leave(std::string_view node);
@@ -141,6 +171,18 @@ public:
   /// A trainer ended (finished or failed): not restarted.
   void trainer_ended(std::string_view run);
 
+  /// The active experiments as they are to be persisted.
+  std::vector<experiment_record> records() const;
+  /// After a restart: the experiments persisted before it, with no replica
+  /// placed. Until `end_recovery`, nothing is placed or started for them:
+  /// their nodes rejoin and report what kept running (adopted by `join`).
+  /// Refused when experiments are active already or a record is invalid.
+  status restore(std::vector<experiment_record> records);
+  /// The recovery window ended: what the restored experiments still miss is
+  /// placed (and trainers started) on free slots.
+  std::vector<plan_effect> end_recovery();
+  bool recovering() const noexcept { return recovering_; }
+
   /// The spec of an active experiment (as scaled), or null.
   const experiment_spec* spec_of(std::string_view run) const;
 
@@ -158,8 +200,12 @@ private:
     std::string trainer_node;
     bool trainer_done = false;
     uint64_t next_replica = 0;
+    /// Restored and waiting for the recovery window to end.
+    bool restored = false;
   };
 
+  /// Adopts what a joining node runs, or retires and stops it.
+  std::vector<plan_effect> adopt(const std::string& node, member_holdings running);
   /// Places what experiments miss on free slots, and trainers that lost their node.
   std::vector<plan_effect> fill();
   /// The freest member's lowest free slot.
@@ -174,6 +220,7 @@ private:
   std::map<std::string, experiment> experiments_;
   /// By replica id.
   std::map<std::string, placement> placements_;
+  bool recovering_ = false;
 };
 
 } // namespace stitch

@@ -230,5 +230,110 @@ TEST(cluster_plan, the_spec_of_a_run_follows_scale_and_ignores_a_refused_resubmi
   EXPECT_EQ(plan.spec_of("run1"), nullptr);
 }
 
+TEST(cluster_plan, a_restarted_coordinator_adopts_what_kept_running_and_fills_the_rest_later) {
+  // Before the restart: two replicas on a and b, a trainer on t.
+  cluster_plan before;
+  ASSERT_TRUE(before.join(replica_node("a", {0, 1})));
+  ASSERT_TRUE(before.join(replica_node("b", {0})));
+  ASSERT_TRUE(before.join({"t", {"trainer", "gateway"}, {}, "127.0.0.1:8080"}));
+  auto s = spec("run1", 3, true);
+  s.pool = "p1";
+  ASSERT_TRUE(before.submit(s));
+  std::vector<placement> on_a, on_b;
+  for (const auto& [id, p] : before.placements())
+    (p.node == "a" ? on_a : on_b).push_back(p);
+  ASSERT_EQ(on_a.size() + on_b.size(), 3u);
+  ASSERT_FALSE(on_b.empty());
+
+  cluster_plan after;
+  ASSERT_TRUE(after.restore(before.records()));
+  EXPECT_TRUE(after.recovering());
+  ASSERT_EQ(after.experiments().size(), 1u);
+  EXPECT_EQ(after.experiments()[0].spec.replicas, 3u);
+  EXPECT_NE(after.experiments()[0].shortfall.find("recovering"), std::string::npos);
+
+  // a rejoins with its replicas and one of another run: its own are adopted
+  // where they run, the stranger retired; nothing new is placed yet.
+  member_holdings held{on_a, {}};
+  placement stranger{"other-r0", "other", "p9", "a", 1, false};
+  held.replicas.push_back(stranger);
+  auto fx = after.join(replica_node("a", {0, 1, 2}), held);
+  ASSERT_TRUE(fx);
+  EXPECT_EQ(count(*fx, plan_effect::kind::adopt_replica), on_a.size());
+  EXPECT_EQ(count(*fx, plan_effect::kind::place_replica), 0u);
+  ASSERT_EQ(count(*fx, plan_effect::kind::retire_replica), 1u);
+  for (const auto& e : *fx)
+    if (e.what == plan_effect::kind::retire_replica)
+      EXPECT_EQ(e.replica.replica_id, "other-r0");
+    else
+      EXPECT_EQ(after.placements().at(e.replica.replica_id).slot, e.replica.slot);
+
+  // The trainer node reports its trainer: adopted, not started again.
+  auto t = after.join({"t", {"trainer", "gateway"}, {}, "127.0.0.1:8080"}, {{}, {"run1"}});
+  ASSERT_TRUE(t);
+  EXPECT_TRUE(t->empty());
+  EXPECT_EQ(after.experiments()[0].trainer_node, "t");
+
+  // The window ends before b is back: the missing replica is placed on a
+  // free slot with a fresh name.
+  auto rest = after.end_recovery();
+  EXPECT_FALSE(after.recovering());
+  ASSERT_EQ(count(rest, plan_effect::kind::place_replica), on_b.size());
+  EXPECT_EQ(count(rest, plan_effect::kind::start_trainer), 0u);
+  for (const auto& e : rest) {
+    EXPECT_EQ(e.replica.node, "a");
+    for (const auto& [id, p] : before.placements())
+      EXPECT_NE(e.replica.replica_id, id) << "a replica name was given twice";
+  }
+
+  // b comes back late with its replica: the run has all it wants, so it is retired.
+  auto late = after.join(replica_node("b", {0}), {on_b, {}});
+  ASSERT_TRUE(late);
+  EXPECT_EQ(count(*late, plan_effect::kind::retire_replica), on_b.size());
+  EXPECT_EQ(count(*late, plan_effect::kind::adopt_replica), 0u);
+}
+
+TEST(cluster_plan, adoption_refuses_wrong_pools_slots_and_second_trainers) {
+  cluster_plan plan;
+  ASSERT_TRUE(plan.restore({{spec("run1", 2, true), false, 3}}));
+  ASSERT_TRUE(plan.join({"g", {"gateway", "trainer"}, {}, "127.0.0.1:8080"}, {{}, {"run1"}}));
+  ASSERT_EQ(plan.experiments()[0].trainer_node, "g");
+  member_holdings held;
+  held.replicas.push_back({"run1-r7", "run1", "elsewhere", "x", 1, false}); // wrong pool
+  held.replicas.push_back({"run1-r8", "run1", "default", "x", 5, false});   // no such slot
+  held.replicas.push_back({"run1-r9", "run1", "default", "x", 1, false});   // fits
+  held.trainers = {"run1", "gone"};
+  auto fx = plan.join(replica_node("b", {0, 1}), held);
+  ASSERT_TRUE(fx);
+  EXPECT_EQ(count(*fx, plan_effect::kind::retire_replica), 2u);
+  EXPECT_EQ(count(*fx, plan_effect::kind::adopt_replica), 1u);
+  EXPECT_EQ(count(*fx, plan_effect::kind::stop_trainer), 2u);
+  EXPECT_EQ(plan.experiments()[0].trainer_node, "g");
+  EXPECT_EQ(plan.placements().at("run1-r9").node, "b");
+  // The counter passed the adopted name: the next replica is run1-r10.
+  auto rest = plan.end_recovery();
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].replica.replica_id, "run1-r10");
+}
+
+TEST(cluster_plan, restore_refuses_records_that_cannot_be_and_a_plan_in_use) {
+  cluster_plan plan;
+  auto a = spec("run1", 1);
+  auto b = spec("run2", 1); // the same pool, "default"
+  EXPECT_FALSE(plan.restore({{a, false, 0}, {b, false, 0}}));
+  auto bad = spec("../x", 1);
+  auto refused = plan.restore({{bad, false, 0}});
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("run_id"), std::string::npos);
+  EXPECT_TRUE(plan.experiments().empty());
+  ASSERT_TRUE(plan.join(replica_node("a", {0})));
+  ASSERT_TRUE(plan.submit(a));
+  EXPECT_FALSE(plan.restore({{b, false, 0}}));
+  // Nothing restored: no recovery window.
+  cluster_plan empty;
+  ASSERT_TRUE(empty.restore({}));
+  EXPECT_FALSE(empty.recovering());
+}
+
 } // namespace
 } // namespace stitch
