@@ -101,6 +101,11 @@ typename Inspector::result_type inspect(Inspector& f, placement& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, member_holdings& x) {
+  return f(caf::meta::type_name("stitch.member_holdings"), x.replicas, x.trainers);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_report& x) {
   return f(caf::meta::type_name("stitch.step_report"), x.step, x.version, x.reward, x.samples,
            x.staleness_mean, x.staleness_max, x.pause_us, x.constraint_violations);
@@ -155,6 +160,8 @@ CAF_ADD_TYPE_ID(stitch_cluster, (std::vector<stitch::node_view>) )
 CAF_ADD_TYPE_ID(stitch_cluster, (std::vector<stitch::placed_replica_view>) )
 CAF_ADD_TYPE_ID(stitch_cluster, (std::vector<stitch::experiment_status>) )
 CAF_ADD_TYPE_ID(stitch_cluster, (std::vector<stitch::version_holders>) )
+CAF_ADD_TYPE_ID(stitch_cluster, (stitch::member_holdings))
+CAF_ADD_TYPE_ID(stitch_cluster, (std::vector<stitch::placement>) )
 // The coordinator's view, asked for and pushed to status actors.
 CAF_ADD_ATOM(stitch_cluster, stitch::atom, cluster_view, "clusterv")
 // A trainer's step and its end (node agent -> coordinator).

@@ -51,7 +51,9 @@ std::string gateway_for(const coordinator_state& st, const std::string& node) {
 void carry_out(self_ptr self, std::vector<plan_effect> effects);
 void publish_view(self_ptr self);
 
-void place(self_ptr self, const placement& p) {
+/// Places `p`, or (`adopt`) takes in the replica its node runs already: the
+/// agent answers the handle of a replica it has under that id.
+void place(self_ptr self, const placement& p, bool adopt = false) {
   auto& st = self->state;
   auto member = st.members.find(p.node);
   const auto* spec = st.plan.spec_of(p.run_id);
@@ -59,8 +61,8 @@ void place(self_ptr self, const placement& p) {
     carry_out(self, st.plan.replica_lost(p.replica_id));
     return;
   }
-  log::info("coordinator", "placing " + p.replica_id + " (pool " + p.pool + ") on " + p.node
-                             + " slot " + std::to_string(p.slot));
+  log::info("coordinator", std::string{adopt ? "adopting " : "placing "} + p.replica_id + " (pool "
+                             + p.pool + ") on " + p.node + " slot " + std::to_string(p.slot));
   self->request(member->second.agent, spawn_timeout, atom::spawn_v, p, *spec)
     .then(
       [self, p](const replica_actor& replica) {
@@ -90,11 +92,18 @@ void place(self_ptr self, const placement& p) {
       });
 }
 
+/// The experiments as they stand now, to the node's persistence.
+void persist(self_ptr self) {
+  if (self->state.opts.persist)
+    self->state.opts.persist(self->state.plan.records());
+}
+
 void carry_out(self_ptr self, std::vector<plan_effect> effects) {
   auto& st = self->state;
   for (auto& e : effects) {
     switch (e.what) {
       case plan_effect::kind::place_replica: place(self, e.replica); break;
+      case plan_effect::kind::adopt_replica: place(self, e.replica, true); break;
       case plan_effect::kind::retire_replica:
         log::info("coordinator", "retiring " + e.replica.replica_id + " on " + e.replica.node);
         if (auto m = st.members.find(e.replica.node); m != st.members.end())
@@ -133,6 +142,7 @@ void carry_out(self_ptr self, std::vector<plan_effect> effects) {
       caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::retire_v, kv.second);
     return true;
   });
+  persist(self);
   publish_view(self);
 }
 
@@ -255,6 +265,24 @@ peer_holder_actor holder_handle(const coordinator_state& st, const std::string& 
 coordinator_actor::behavior_type
 coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordinator_options opts) {
   self->state.opts = std::move(opts);
+  if (auto& restored = self->state.opts.restored; !restored.empty()) {
+    auto& st = self->state;
+    std::string runs;
+    for (const auto& r : restored) {
+      runs += (runs.empty() ? "" : ", ") + r.spec.run_id;
+      st.runs[r.spec.run_id] = {{}, r.trainer_done ? "finished" : "", clock::now()};
+    }
+    if (auto ok = st.plan.restore(std::move(restored)); !ok) {
+      log::error("coordinator", "the persisted experiments were not restored: " + ok.error().message);
+      st.runs.clear();
+    } else {
+      log::info("coordinator", "recovered experiment(s) " + runs + "; their nodes have "
+                                 + std::to_string(st.opts.recovery_window.count())
+                                 + " ms to rejoin with what kept running");
+      self->delayed_send(self, st.opts.recovery_window, atom::recovered_v);
+    }
+    st.opts.restored.clear();
+  }
   self->set_down_handler([self](const caf::down_msg& down) {
     auto& st = self->state;
     for (auto& [role, handles] : st.roles)
@@ -400,10 +428,11 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       auto used = versions_in_use(holdings);
       return std::vector<version_ref>{used.begin(), used.end()};
     },
-    [self](atom::join, member_info& info, const node_agent_actor& agent) -> caf::result<uint64_t> {
+    [self](atom::join, member_info& info, member_holdings& running,
+           const node_agent_actor& agent) -> caf::result<uint64_t> {
       auto& st = self->state;
       std::string name = info.name;
-      auto fx = st.plan.join(std::move(info));
+      auto fx = st.plan.join(std::move(info), std::move(running));
       if (!fx)
         return to_caf_error(fx.error());
       self->monitor(agent);
@@ -434,6 +463,16 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       for (const auto& name : late)
         remove_member(self, name, "it missed its heartbeats");
       self->delayed_send(self, heartbeat_every(st), atom::tick_v);
+    },
+    [self](atom::recovered) {
+      auto& st = self->state;
+      if (!st.plan.recovering())
+        return;
+      auto fx = st.plan.end_recovery();
+      log::info("coordinator", "recovery window over: " + std::to_string(st.replicas.size())
+                                 + " replica(s) adopted, " + std::to_string(fx.size())
+                                 + " placement(s) and trainer start(s) to make up the rest");
+      carry_out(self, std::move(fx));
     },
     [self](atom::submit, experiment_spec& spec,
            const std::string& token) -> caf::result<std::string> {
@@ -544,11 +583,19 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     },
     [self](atom::trained, const std::string& run, const std::string& outcome) {
       auto& st = self->state;
-      st.plan.trainer_ended(run);
+      // Only the run's own trainer ends it (a stray one stopped on a node
+      // that rejoined does not).
+      std::string from;
+      for (const auto& [name, m] : st.members)
+        if (m.agent.address() == self->current_sender())
+          from = name;
+      if (!st.plan.trainer_ended(run, from))
+        return;
       if (auto it = st.runs.find(run); it != st.runs.end())
         it->second.outcome = outcome.empty() ? "finished" : outcome;
       log::info("coordinator", "trainer of " + run + " ended: "
                                  + (outcome.empty() ? std::string{"finished"} : outcome));
+      persist(self);
       publish_view(self);
     },
   };

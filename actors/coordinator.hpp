@@ -4,6 +4,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -20,6 +21,15 @@ struct coordinator_options {
   std::chrono::milliseconds heartbeat_timeout{3000};
   /// When set, submit, scale and stop must carry it.
   std::string admin_token;
+  /// The experiments persisted before a restart (`cluster_plan::restore`),
+  /// and how long their nodes have to rejoin with what kept running before
+  /// what is missing is placed anew.
+  std::vector<experiment_record> restored;
+  std::chrono::milliseconds recovery_window{3000};
+  /// Called with the experiments whenever they may have changed (placement,
+  /// scale, stop, a trainer's end); must not block (the node writes them on
+  /// a worker thread). Unset: nothing is persisted.
+  std::function<void(std::vector<experiment_record>)> persist;
 };
 
 struct coordinator_state {

@@ -13,6 +13,7 @@ CAF_ADD_ATOM(stitch_coordinator, stitch::atom, heartbeat, "heartbeat")
 CAF_ADD_ATOM(stitch_coordinator, stitch::atom, submit, "submit")
 CAF_ADD_ATOM(stitch_coordinator, stitch::atom, scale, "scale")
 CAF_ADD_ATOM(stitch_coordinator, stitch::atom, replica_down, "repldown")
+CAF_ADD_ATOM(stitch_coordinator, stitch::atom, recovered, "recovered")
 CAF_END_TYPE_ID_BLOCK(stitch_coordinator)
 
 static_assert(caf::id_block::stitch_coordinator::end <= stitch::type_ids::status);
@@ -48,9 +49,11 @@ using coordinator_actor = caf::typed_actor<
   // The versions the replicas of `pool` serve or are moving to (what
   // retention must keep, `versions_in_use`).
   caf::replies_to<atom::in_use, std::string>::with<std::vector<version_ref>>,
-  // A node joins with its roles and slots; answers the heartbeat interval in
-  // milliseconds. Refused while a member of that name is alive.
-  caf::replies_to<atom::join, member_info, node_agent_actor>::with<uint64_t>,
+  // A node joins with its roles and slots, and what it runs already (after a
+  // coordinator restart: adopted or retired, `cluster_plan::join`); answers
+  // the heartbeat interval in milliseconds. Refused while a member of that
+  // name is alive.
+  caf::replies_to<atom::join, member_info, member_holdings, node_agent_actor>::with<uint64_t>,
   // A member's heartbeat; answers false to a node it no longer counts as a
   // member (removed after missed heartbeats), which then joins again.
   caf::replies_to<atom::heartbeat, std::string>::with<bool>,
@@ -71,7 +74,8 @@ using coordinator_actor = caf::typed_actor<
   // From trainers: a step's report and the end (empty = finished).
   caf::reacts_to<atom::progress, std::string, step_report>,
   caf::reacts_to<atom::trained, std::string, std::string>,
-  // Internal: the heartbeat check.
-  caf::reacts_to<atom::tick>>;
+  // Internal: the heartbeat check; the end of the recovery window after a
+  // restart (what restored experiments miss is placed then).
+  caf::reacts_to<atom::tick>, caf::reacts_to<atom::recovered>>;
 
 } // namespace stitch

@@ -1,6 +1,9 @@
 #include "actors/node_agent.hpp"
 
 #include <caf/all.hpp>
+#include <caf/io/middleman_actor.hpp>
+
+#include <algorithm>
 
 #include "actors/log.hpp"
 
@@ -11,27 +14,103 @@ namespace {
 using self_ptr = node_agent_actor::stateful_pointer<node_agent_state>;
 
 constexpr auto join_timeout = std::chrono::seconds{10};
+constexpr auto connect_timeout = std::chrono::seconds{10};
 constexpr auto rejoin_delay = std::chrono::milliseconds{500};
+/// Reconnecting backs off from 200 ms to this.
+constexpr auto reconnect_max_delay = std::chrono::milliseconds{2000};
+
+/// What the node runs, for the coordinator to adopt: placed replicas that
+/// are up and not retiring, and its trainers.
+member_holdings holdings(const node_agent_state& st) {
+  member_holdings h;
+  for (const auto& [id, p] : st.placed)
+    if (st.by_id.contains(id) && !st.retiring.contains(id))
+      h.replicas.push_back(p);
+  if (st.hooks.running_trainers)
+    h.trainers = st.hooks.running_trainers();
+  return h;
+}
+
+void retry_later(self_ptr self) {
+  auto& st = self->state;
+  auto delay = std::min<std::chrono::milliseconds>(
+    reconnect_max_delay, std::chrono::milliseconds{200 << std::min<uint32_t>(st.attempts, 4)});
+  ++st.attempts;
+  self->delayed_send(self, delay, atom::tick_v);
+}
 
 void try_join(self_ptr self) {
-  self->request(self->state.coordinator, join_timeout, atom::join_v, self->state.me, self)
+  auto& st = self->state;
+  if (st.asking || !st.coordinator)
+    return;
+  st.asking = true;
+  self->request(st.coordinator, join_timeout, atom::join_v, st.me, holdings(st), self)
     .then(
       [self](uint64_t heartbeat_ms) {
-        auto& st = self->state;
-        st.joined = true;
-        st.heartbeat = std::chrono::milliseconds{heartbeat_ms};
+        auto& now = self->state;
+        now.asking = false;
+        now.joined = true;
+        now.attempts = 0;
+        now.heartbeat = std::chrono::milliseconds{heartbeat_ms};
         log::info("node", "joined the coordinator; heartbeat every " + std::to_string(heartbeat_ms)
                             + " ms");
-        if (st.joins++ > 0 && st.hooks.rejoined)
-          st.hooks.rejoined();
-        self->delayed_send(self, st.heartbeat, atom::tick_v);
+        if (now.joins++ > 0 && now.hooks.rejoined)
+          now.hooks.rejoined();
+        for (auto& [run, outcome] : now.untold)
+          self->send(now.coordinator, atom::trained_v, run, outcome);
+        now.untold.clear();
+        self->delayed_send(self, now.heartbeat, atom::tick_v);
       },
       [self](const caf::error& err) {
-        if (self->state.lost)
-          return;
-        log::warn("node",
-                  "joining the coordinator failed (" + self->system().render(err) + "); retrying");
+        auto& now = self->state;
+        now.asking = false;
+        if (now.coordinator)
+          log::warn("node", "joining the coordinator failed (" + self->system().render(err)
+                              + "); retrying");
         self->delayed_send(self, rejoin_delay, atom::tick_v);
+      });
+}
+
+/// Reaches the coordinator's address again (its node restarted, or the
+/// network came back), then joins.
+void reconnect(self_ptr self) {
+  auto& st = self->state;
+  if (st.asking)
+    return;
+  if (!st.address.connector)
+    return; // nowhere to look: the coordinator stays lost
+  st.asking = true;
+  auto mm = caf::actor_cast<caf::io::middleman_actor>(st.address.connector);
+  self->request(mm, connect_timeout, caf::connect_atom_v, st.address.host, st.address.port)
+    .then(
+      [self](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>& ifs) {
+        auto& now = self->state;
+        now.asking = false;
+        auto want = self->system().message_types(caf::detail::type_list<coordinator_actor>{});
+        if (!ptr || ifs != want) {
+          log::warn("node", now.address.host + ":" + std::to_string(now.address.port)
+                              + (ptr ? " serves an actor that is not a coordinator"
+                                     : " serves no actor")
+                              + "; retrying");
+          retry_later(self);
+          return;
+        }
+        now.coordinator = caf::actor_cast<coordinator_actor>(std::move(ptr));
+        self->monitor(now.coordinator);
+        log::info("node", "reached the coordinator at " + now.address.host + ":"
+                            + std::to_string(now.address.port) + " again; joining");
+        if (now.hooks.coordinator_changed)
+          now.hooks.coordinator_changed(now.coordinator);
+        try_join(self);
+      },
+      [self](const caf::error& err) {
+        auto& now = self->state;
+        now.asking = false;
+        if (now.attempts < 3 || now.attempts % 20 == 0)
+          log::warn("node", "the coordinator at " + now.address.host + ":"
+                              + std::to_string(now.address.port) + " is unreachable ("
+                              + self->system().render(err) + "); retrying");
+        retry_later(self);
       });
 }
 
@@ -39,19 +118,26 @@ void try_join(self_ptr self) {
 
 node_agent_actor::behavior_type
 node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_info me,
-           coordinator_actor coordinator, node_agent_hooks hooks) {
+           coordinator_actor coordinator, node_agent_hooks hooks, coordinator_address address) {
   auto& init = self->state;
   init.me = std::move(me);
   init.coordinator = std::move(coordinator);
   init.hooks = std::move(hooks);
+  init.address = std::move(address);
   self->monitor(init.coordinator);
   self->set_down_handler([self](const caf::down_msg& down) {
     auto& st = self->state;
-    if (down.source == st.coordinator.address()) {
+    if (st.coordinator && down.source == st.coordinator.address()) {
       log::error("node", "lost the coordinator (" + self->system().render(down.reason)
-                           + "); replicas keep serving and converging through the store");
+                           + "); replicas keep serving what they hold and converging through "
+                             "the store"
+                           + (st.address.connector ? "; reconnecting" : ""));
       st.joined = false;
-      st.lost = true;
+      st.coordinator = nullptr;
+      st.attempts = 0;
+      if (st.hooks.coordinator_changed)
+        st.hooks.coordinator_changed(coordinator_actor{});
+      // The pending tick (heartbeat or join retry) reconnects.
       return;
     }
     auto it = st.replicas.find(down.source);
@@ -60,9 +146,12 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
     std::string id = it->second;
     st.replicas.erase(it);
     st.by_id.erase(id);
+    st.placed.erase(id);
+    st.retiring.erase(id);
     if (st.hooks.replica_gone)
       st.hooks.replica_gone(id);
-    self->send(st.coordinator, atom::replica_down_v, id);
+    if (st.coordinator)
+      self->send(st.coordinator, atom::replica_down_v, id);
   });
   try_join(self);
   return {
@@ -77,19 +166,22 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
       self->monitor(*made);
       st.replicas[made->address()] = p.replica_id;
       st.by_id[p.replica_id] = *made;
+      st.placed[p.replica_id] = p;
       return *made;
     },
     [self](atom::retire, const std::string& id) {
-      if (auto it = self->state.by_id.find(id); it != self->state.by_id.end())
+      auto& st = self->state;
+      if (auto it = st.by_id.find(id); it != st.by_id.end()) {
+        st.retiring.insert(id);
         self->send(it->second, atom::retire_v);
+      }
     },
     [self](atom::train, const experiment_spec& spec, const std::string& gateway) {
       auto ok = self->state.hooks.start_trainer(spec, gateway, self);
       if (!ok) {
         log::error("node",
                    "the trainer of " + spec.run_id + " did not start: " + to_string(ok.error()));
-        self->send(self->state.coordinator, atom::trained_v, spec.run_id,
-                   "failed: " + to_string(ok.error()));
+        self->send(self, atom::trained_v, spec.run_id, "failed: " + to_string(ok.error()));
       }
     },
     [self](atom::stop, const std::string& run) {
@@ -98,8 +190,10 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
     },
     [self](atom::tick) {
       auto& st = self->state;
-      if (st.lost)
+      if (!st.coordinator) {
+        reconnect(self);
         return;
+      }
       if (!st.joined) {
         try_join(self);
         return;
@@ -117,8 +211,10 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
                                 + std::to_string(now.by_id.size())
                                 + " replica(s) and joining again");
             now.joined = false;
-            for (const auto& [id, r] : now.by_id)
+            for (const auto& [id, r] : now.by_id) {
+              now.retiring.insert(id);
               self->send(r, atom::retire_v);
+            }
           },
           [](const caf::error&) {
             // A lost coordinator shows as a down message.
@@ -126,10 +222,15 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
       self->delayed_send(self, st.heartbeat, atom::tick_v);
     },
     [self](atom::progress, const std::string& run, const step_report& step) {
-      self->send(self->state.coordinator, atom::progress_v, run, step);
+      if (self->state.joined)
+        self->send(self->state.coordinator, atom::progress_v, run, step);
     },
     [self](atom::trained, const std::string& run, const std::string& outcome) {
-      self->send(self->state.coordinator, atom::trained_v, run, outcome);
+      auto& st = self->state;
+      if (st.joined)
+        self->send(st.coordinator, atom::trained_v, run, outcome);
+      else
+        st.untold.emplace_back(run, outcome);
     },
   };
 }

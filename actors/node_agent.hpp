@@ -6,6 +6,9 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <set>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "actors/coordinator_actor.hpp"
@@ -29,29 +32,58 @@ struct node_agent_hooks {
   std::function<void()> rejoined;
   /// Asks a run's trainer to stop after its current step.
   std::function<void(const std::string& run)> stop_trainer;
+  /// The runs whose trainer runs on this node now (reported as it joins).
+  std::function<std::vector<std::string>()> running_trainers;
+  /// The coordinator is gone (`nullptr`) or reached again: the node points
+  /// its relays (DESIGN §2: every hub role a node uses goes through one) at
+  /// it.
+  std::function<void(const coordinator_actor&)> coordinator_changed;
+};
+
+/// Where the agent finds the coordinator again after losing it: the
+/// middleman (`caf::io::middleman_actor`, the OpenSSL one with TLS) it asks
+/// to connect to `host:port`. Without one, a lost coordinator stays lost.
+struct coordinator_address {
+  caf::actor connector;
+  std::string host;
+  uint16_t port = 0;
 };
 
 struct node_agent_state {
   static inline const char* name = "node-agent";
 
   member_info me;
+  /// Null while the coordinator is lost.
   coordinator_actor coordinator;
+  coordinator_address address;
   node_agent_hooks hooks;
   bool joined = false;
+  /// A join or connect request is out.
+  bool asking = false;
   /// Successful joins so far (the first is the node's start).
   uint64_t joins = 0;
-  /// The coordinator is gone: no more joining.
-  bool lost = false;
+  /// Reconnect attempts since the coordinator was lost (for the backoff).
+  uint32_t attempts = 0;
   std::chrono::milliseconds heartbeat{500};
   /// Replicas this node hosts: address -> replica id.
   std::map<caf::actor_addr, std::string> replicas;
   std::map<std::string, replica_actor> by_id;
+  /// Where each was placed (reported as it rejoins), by replica id.
+  std::map<std::string, placement> placed;
+  /// Asked to retire: not reported as running.
+  std::set<std::string> retiring;
+  /// Trainer ends that happened while the coordinator was away, told once
+  /// the node has joined again: (run, outcome).
+  std::vector<std::pair<std::string, std::string>> untold;
 };
 
 /// Joins `coordinator` as `me` (retrying while the coordinator still knows a
-/// previous incarnation of the name), then sends heartbeats.
+/// previous incarnation of the name), then sends heartbeats. When the
+/// coordinator is lost (its node died or restarted), reconnects to
+/// `address` with backoff and joins again with what the node still runs.
 node_agent_actor::behavior_type
 node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_info me,
-           coordinator_actor coordinator, node_agent_hooks hooks);
+           coordinator_actor coordinator, node_agent_hooks hooks,
+           coordinator_address address = {});
 
 } // namespace stitch

@@ -2,6 +2,8 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
+
 #include "actors/log.hpp"
 #include "runtime/core/token.hpp"
 
@@ -255,8 +257,13 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
     },
     [self](atom::put_abort, uint64_t id) { end_upload(self, id); },
     [self](atom::subscribe, const std::string& pool, const pointer_listener_actor& listener) {
+      // A relay renews subscriptions after the store's node restarted; one
+      // listener is told once.
+      auto& listeners = self->state.listeners[pool];
+      if (std::find(listeners.begin(), listeners.end(), listener) != listeners.end())
+        return;
       self->monitor(listener);
-      self->state.listeners[pool].push_back(listener);
+      listeners.push_back(listener);
     },
     [=, &fast](atom::notify, const std::string& pool) {
       auto slot = std::make_shared<std::optional<pointer_record>>();

@@ -210,9 +210,14 @@ std::vector<plan_effect> cluster_plan::replica_lost(std::string_view replica_id)
   return fill();
 }
 
-void cluster_plan::trainer_ended(std::string_view run) {
-  if (auto it = experiments_.find(std::string{run}); it != experiments_.end())
-    it->second.trainer_done = true;
+bool cluster_plan::trainer_ended(std::string_view run, std::string_view node) {
+  auto it = experiments_.find(std::string{run});
+  if (it == experiments_.end())
+    return false;
+  if (!node.empty() && it->second.trainer_node != node)
+    return false;
+  it->second.trainer_done = true;
+  return true;
 }
 
 std::vector<experiment_record> cluster_plan::records() const {

@@ -168,8 +168,10 @@ public:
   /// A placed replica failed to start or died: it is dropped and re-placed
   /// (on another slot when one is free).
   std::vector<plan_effect> replica_lost(std::string_view replica_id);
-  /// A trainer ended (finished or failed): not restarted.
-  void trainer_ended(std::string_view run);
+  /// A trainer ended (finished or failed): not restarted. With `node`, only
+  /// the run's trainer there counts (a stray one a rejoining node was asked
+  /// to stop does not end the run's); answers whether it counted.
+  bool trainer_ended(std::string_view run, std::string_view node = {});
 
   /// The active experiments as they are to be persisted.
   std::vector<experiment_record> records() const;

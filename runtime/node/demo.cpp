@@ -43,6 +43,23 @@ double max_pause_us(const host_port& gateway, const std::string& pool) {
   return best;
 }
 
+/// Failures that another try may not meet: the publisher's node was away,
+/// the network cut, a request timed out. What the input or the store's rules
+/// refuse is final.
+bool worth_retrying(errc code) {
+  switch (code) {
+    case errc::invalid_argument:
+    case errc::invalid_manifest:
+    case errc::invalid_format:
+    case errc::version_exists:
+    case errc::rewind:
+    case errc::unauthorized:
+    case errc::checksum_mismatch:
+      return false;
+    default: return true;
+  }
+}
+
 status publish_version(caf::actor_system& sys, const demo_command& cmd,
                        const store::tensor_set& weights, const engine::model_config& config,
                        const std::filesystem::path& dir, uint64_t version) {
@@ -60,10 +77,23 @@ status publish_version(caf::actor_system& sys, const demo_command& cmd,
   pub.args.version = version;
   pub.args.token = cmd.token;
   pub.directory = dir.string();
-  auto done = with_quiet_output([&](std::FILE* out) { return run_publish(sys, pub, out); });
-  if (!done)
-    return std::move(done).error();
-  return {};
+  // The publisher's node may be down or restarting (the hub restarts from
+  // its store): a publish that failed for want of it is tried again, the
+  // same version with the same bytes, which the store takes once.
+  const auto deadline = std::chrono::steady_clock::now() + cmd.publish_retry_for;
+  for (uint32_t attempt = 0;; ++attempt) {
+    auto done = with_quiet_output([&](std::FILE* out) { return run_publish(sys, pub, out); });
+    if (done)
+      return {};
+    if (!worth_retrying(done.error().code) || std::chrono::steady_clock::now() > deadline
+        || (cmd.stop && cmd.stop->load()))
+      return std::move(done).error();
+    if (attempt == 0)
+      std::fprintf(stderr, "[trainer] publishing version %llu failed (%s); retrying for up to %lld s\n",
+                   static_cast<unsigned long long>(version), done.error().message.c_str(),
+                   static_cast<long long>(cmd.publish_retry_for.count()));
+    std::this_thread::sleep_for(std::chrono::seconds{1});
+  }
 }
 
 } // namespace

@@ -3,6 +3,7 @@
 #include <caf/fwd.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -54,6 +55,9 @@ struct demo_command {
   bool resume = false;
   /// Set by another thread: end after the current step (the trainer role).
   const std::atomic<bool>* stop = nullptr;
+  /// How long a step's publish is tried again after failures another try may
+  /// not meet (the publisher's node down or restarting); 0: not at all.
+  std::chrono::seconds publish_retry_for{0};
   /// Where rollouts come from: a rollout driver on another node (the
   /// trainer role, when the cluster has one). Empty: sampled here, through
   /// `gateway`, one thread per rollout.

@@ -6,6 +6,7 @@
 #include "actors/coordinator.hpp"
 #include "actors/gateway.hpp"
 #include "actors/http_front.hpp"
+#include "actors/hub_relay.hpp"
 #include "actors/log.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/publisher.hpp"
@@ -21,6 +22,7 @@
 #include "runtime/node/demo.hpp"
 #include "runtime/node/peer_source.hpp"
 #include "runtime/node/remote.hpp"
+#include "runtime/store/experiment_file.hpp"
 #include "runtime/store/store_tensor_source.hpp"
 #include "runtime/store/store_uri.hpp"
 
@@ -125,6 +127,8 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     co.heartbeat_timeout =
       std::chrono::milliseconds{static_cast<int64_t>(settings.heartbeat_timeout * 1000)};
     co.admin_token = settings.admin_token;
+    if (auto ok = n->recover_experiments(co); !ok)
+      return std::move(ok).error();
     n->coordinator_ = sys.spawn(coordinator, co);
     n->owns_coordinator_ = true;
     auto port = publish_coordinator(sys, n->coordinator_, settings.coordinator_listen.port,
@@ -143,7 +147,12 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     auto found = keep_trying([&] { return connect_coordinator(sys, *at); });
     if (!found)
       return std::move(found).error();
-    n->coordinator_ = *found;
+    // Everything on this node reaches the coordinator through a relay the
+    // agent points at it again after the hub's node restarts.
+    n->coordinator_remote_ = *found;
+    n->coordinator_ = caf::actor_cast<coordinator_actor>(spawn_hub_relay(
+      sys, {"coordinator", {}, {}}, caf::actor_cast<caf::actor>(*found)));
+    n->relays_.push_back(caf::actor_cast<caf::actor>(n->coordinator_));
   }
   if (settings.has_role("store")) {
     auto opened = store::open_store(settings.effective_store_uri());
@@ -167,7 +176,16 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
       return make_error(errc::not_found, "no member of the cluster hosts the role 'store': "
                                            + found.error().message);
     }
-    n->store_ = caf::actor_cast<store_actor>(*found);
+    // The store's relay finds the store again through the coordinator, and
+    // renews the replicas' pointer subscriptions with it.
+    hub_relay_options ro;
+    ro.role = "store";
+    ro.directory = caf::actor_cast<caf::actor>(n->coordinator_);
+    ro.sticky = [](const caf::message& m) {
+      return m.match_elements<atom::subscribe, std::string, pointer_listener_actor>();
+    };
+    n->store_ = caf::actor_cast<store_actor>(spawn_hub_relay(sys, std::move(ro), *found));
+    n->relays_.push_back(caf::actor_cast<caf::actor>(n->store_));
     n->backend_ = std::make_shared<remote_store>(sys, n->store_);
   }
   // Replicas fetch and lend over UCX; a publisher lends its runs' remembered
@@ -408,6 +426,8 @@ status node::join_cluster(const node_settings& settings) {
     cmd.seed = spec.boot_seed;
     cmd.boot_version = spec.boot_version;
     cmd.stop = j.stop.get();
+    // A hub restart (the publisher's node) is waited out.
+    cmd.publish_retry_for = std::chrono::seconds{120};
     // Start from the run as stored: its boot (from a seed or a directory),
     // or where a trainer whose node died left it.
     cmd.resume = true;
@@ -459,7 +479,26 @@ status node::join_cluster(const node_settings& settings) {
     if (auto it = jobs_->by_run.find(run); it != jobs_->by_run.end())
       it->second.stop->store(true);
   };
-  agent_ = sys_.spawn(node_agent, me, coordinator_, std::move(hooks));
+  hooks.running_trainers = [this] {
+    std::vector<std::string> runs;
+    std::lock_guard lock{jobs_->mutex};
+    for (const auto& [run, j] : jobs_->by_run)
+      if (!j.stop->load())
+        runs.push_back(run);
+    return runs;
+  };
+  coordinator_address where;
+  if (!owns_coordinator_) {
+    // The hub's node may die and come back on the same address: the agent
+    // reconnects and points this node's coordinator relay at it.
+    where = {node_connector(sys_), coordinator_at_.host, coordinator_at_.port};
+    hooks.coordinator_changed = [relay = caf::actor_cast<caf::actor>(coordinator_)](
+                                  const coordinator_actor& now) {
+      rebind_hub_relay(relay, caf::actor_cast<caf::actor>(now));
+    };
+  }
+  agent_ = sys_.spawn(node_agent, me, owns_coordinator_ ? coordinator_ : coordinator_remote_,
+                      std::move(hooks), std::move(where));
   return {};
 }
 
@@ -654,10 +693,55 @@ void node::stop() {
       // a stopping node releases them.
       sys_.registry().erase(handle.id());
     }
+  for (const auto& relay : relays_)
+    caf::anon_send_exit(relay, caf::exit_reason::user_shutdown);
+  relays_.clear();
   coordinator_ = nullptr;
+  coordinator_remote_ = nullptr;
   publisher_ = nullptr;
   store_ = nullptr;
   backend_.reset();
+}
+
+status node::recover_experiments(coordinator_options& co) {
+  // The experiments live beside the node's data: a restarted hub recovers
+  // them and adopts the replicas that kept serving.
+  auto dir = settings_.data_dir / "coordinator";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return make_error(errc::backend_failure,
+                      "cannot create " + dir.string() + ": " + ec.message());
+  auto path = dir / "experiments.msgpack";
+  auto records = store::load_experiments(path);
+  if (!records)
+    return make_error(records.error().code,
+                      "the coordinator's experiments cannot be recovered: " + records.error().message
+                        + " (move the file aside to start without them)");
+  if (auto ok = cluster_plan{}.restore(*records); !ok)
+    return make_error(ok.error().code, "the coordinator's experiments in " + path.string()
+                                         + " cannot be recovered: " + ok.error().message
+                                         + " (move the file aside to start without them)");
+  co.restored = std::move(*records);
+  // Nodes retry every 200 ms to 2 s; a few heartbeat bounds give them time
+  // to reach the restarted hub before missing replicas are placed anew.
+  co.recovery_window = std::max(std::chrono::milliseconds{3000}, 2 * co.heartbeat_timeout);
+  // Written on a thread of its own, newest last; unchanged records are not
+  // written again.
+  co.persist = [writer = std::make_shared<worker_pool>(1, "persist"), path,
+                last = std::make_shared<std::string>()](std::vector<experiment_record> now) {
+    writer->post([path, last, now = std::move(now)] {
+      auto bytes = store::encode_experiments(now);
+      if (bytes == *last)
+        return;
+      if (auto ok = store::save_experiments(path, now); !ok) {
+        log::error("coordinator", "the experiments were not persisted: " + ok.error().message);
+        return;
+      }
+      *last = std::move(bytes);
+    });
+  };
+  return {};
 }
 
 } // namespace stitch::node

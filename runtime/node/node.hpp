@@ -20,6 +20,10 @@
 #include "runtime/node/cli.hpp"
 
 namespace stitch {
+struct coordinator_options;
+} // namespace stitch
+
+namespace stitch {
 class replica_http;
 class gateway_http;
 class status_http;
@@ -64,6 +68,9 @@ private:
   /// Tells the coordinator which roles this node serves (again after a rejoin).
   void enroll_roles();
   status join_cluster(const node_settings& settings);
+  /// Loads what the coordinator persisted before a restart into `co`, and
+  /// has it persist there from now on (`data_dir/coordinator/`).
+  status recover_experiments(coordinator_options& co);
   /// A replica and its HTTP surface on `http_port` (0: any); the port it
   /// got goes to `bound` when given.
   /// `gpus`: its GPU slots (an external engine's `{gpu}`).
@@ -82,7 +89,13 @@ private:
   store_actor store_;
   bool owns_store_ = false;
   publisher_actor publisher_;
+  /// The coordinator as this node's actors reach it: the hub's own, or a
+  /// relay to the remote one (`actors/hub_relay.hpp`), which the agent holds
+  /// directly (`coordinator_remote_`) to notice it is gone.
   coordinator_actor coordinator_;
+  coordinator_actor coordinator_remote_;
+  /// The relays this node spawned (stopped with it).
+  std::vector<caf::actor> relays_;
   bool owns_coordinator_ = false;
   host_port coordinator_at_;
   node_agent_actor agent_;

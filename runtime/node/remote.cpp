@@ -20,6 +20,11 @@ result<uint16_t> publish_coordinator(caf::actor_system& sys, const coordinator_a
   return *published;
 }
 
+caf::actor node_connector(caf::actor_system& sys) {
+  return caf::actor_cast<caf::actor>(tls_enabled(sys) ? sys.openssl_manager().actor_handle()
+                                                      : sys.middleman().actor_handle());
+}
+
 result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const host_port& where) {
   auto found = tls_enabled(sys)
                  ? caf::openssl::remote_actor<coordinator_actor>(sys, where.host, where.port)

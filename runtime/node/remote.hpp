@@ -26,6 +26,10 @@ bool tls_enabled(caf::actor_system& sys);
 result<uint16_t> publish_coordinator(caf::actor_system& sys, const coordinator_actor& whom,
                                      uint16_t port, const std::string& host);
 
+/// The middleman actor that connects to other nodes (the OpenSSL one with
+/// TLS): the node agent reconnects to a lost coordinator through it.
+caf::actor node_connector(caf::actor_system& sys);
+
 /// Connects to the coordinator at `where` (one attempt).
 result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const host_port& where);
 

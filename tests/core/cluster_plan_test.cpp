@@ -310,6 +310,9 @@ TEST(cluster_plan, adoption_refuses_wrong_pools_slots_and_second_trainers) {
   EXPECT_EQ(count(*fx, plan_effect::kind::stop_trainer), 2u);
   EXPECT_EQ(plan.experiments()[0].trainer_node, "g");
   EXPECT_EQ(plan.placements().at("run1-r9").node, "b");
+  // The stray trainer stopped on b does not end the run's.
+  EXPECT_FALSE(plan.trainer_ended("run1", "b"));
+  EXPECT_EQ(plan.experiments()[0].shortfall.find("trainer"), std::string::npos);
   // The counter passed the adopted name: the next replica is run1-r10.
   auto rest = plan.end_recovery();
   ASSERT_EQ(rest.size(), 1u);

@@ -1,0 +1,134 @@
+#include "actors/hub_relay.hpp"
+
+#include <caf/all.hpp>
+
+#include <vector>
+
+#include "actors/handle_types.hpp"
+#include "actors/log.hpp"
+#include "runtime/core/error.hpp"
+
+namespace stitch {
+
+namespace {
+
+constexpr auto lookup_timeout = std::chrono::seconds{5};
+constexpr auto lookup_retry = std::chrono::milliseconds{500};
+
+struct relay_state {
+  static inline const char* name = "hub-relay";
+  hub_relay_options opts;
+  caf::actor target;
+  /// A lookup is out or scheduled.
+  bool looking = false;
+  struct remembered {
+    caf::strong_actor_ptr sender;
+    caf::message msg;
+  };
+  std::vector<remembered> sticky;
+};
+
+using self_ptr = caf::stateful_actor<relay_state>*;
+
+void look_up(self_ptr self);
+
+void point_at(self_ptr self, caf::actor target) {
+  auto& st = self->state;
+  if (st.target == target)
+    return;
+  if (st.target)
+    self->demonitor(st.target);
+  st.target = std::move(target);
+  if (!st.target) {
+    look_up(self);
+    return;
+  }
+  self->monitor(st.target);
+  for (const auto& r : st.sticky)
+    st.target->enqueue(r.sender, caf::make_message_id(), r.msg, self->context());
+}
+
+void look_up(self_ptr self) {
+  auto& st = self->state;
+  if (!st.opts.directory || st.looking || st.target)
+    return;
+  st.looking = true;
+  self->request(st.opts.directory, lookup_timeout, atom::lookup_v, st.opts.role)
+    .then(
+      [self](caf::actor& found) {
+        self->state.looking = false;
+        if (!self->state.target && found) {
+          log::info("node", "the " + self->state.opts.role + " is reachable again");
+          point_at(self, std::move(found));
+        }
+      },
+      [self](const caf::error&) {
+        // The coordinator is away too, or nobody serves the role yet.
+        self->delayed_send(self, lookup_retry, atom::tick_v);
+      });
+}
+
+caf::behavior hub_relay(self_ptr self, hub_relay_options opts, caf::actor target) {
+  self->state.opts = std::move(opts);
+  self->set_down_handler([self](caf::down_msg& down) {
+    auto& st = self->state;
+    if (st.target && down.source == st.target.address()) {
+      st.target = nullptr;
+      look_up(self);
+      return;
+    }
+    std::erase_if(st.sticky, [&](const relay_state::remembered& r) {
+      return caf::actor_cast<caf::actor_addr>(r.sender) == down.source;
+    });
+  });
+  self->set_default_handler([self](caf::scheduled_actor*,
+                                   caf::message_view& view) -> caf::result<caf::message> {
+    auto& st = self->state;
+    auto msg = view.move_content_to_message();
+    if (st.opts.sticky && self->current_sender() && st.opts.sticky(msg)) {
+      auto sender = self->current_sender();
+      bool known = false;
+      for (const auto& r : st.sticky)
+        known = known || (r.sender == sender && to_string(r.msg) == to_string(msg));
+      if (!known) {
+        self->monitor(caf::actor_cast<caf::actor>(sender));
+        st.sticky.push_back({sender, msg});
+      }
+    }
+    if (!st.target)
+      return to_caf_error({errc::engine_unavailable,
+                           "the " + st.opts.role + " is unreachable from this node (its node is "
+                             "down or restarting); retry"});
+    auto promise = self->make_response_promise();
+    promise.delegate(st.target, std::move(msg));
+    return caf::delegated<caf::message>{};
+  });
+  point_at(self, std::move(target));
+  if (!self->state.target)
+    look_up(self);
+  return {
+    [self](atom::rebind, caf::actor& to) {
+      // Only this node points its relays.
+      if (!self->current_sender() || self->current_sender()->node() != self->node())
+        return;
+      point_at(self, std::move(to));
+    },
+    [self](atom::tick) { look_up(self); },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_hub_relay(caf::actor_system& sys, hub_relay_options opts, caf::actor target) {
+  return sys.spawn(hub_relay, std::move(opts), std::move(target));
+}
+
+} // namespace stitch
+
+namespace stitch {
+
+void rebind_hub_relay(const caf::actor& relay, const caf::actor& target) {
+  caf::anon_send(relay, atom::rebind_v, target);
+}
+
+} // namespace stitch

@@ -1,0 +1,40 @@
+#pragma once
+
+// A node's stand-in for an actor of the hub (the coordinator, the store): the
+// node's replicas, gateway, status, publisher and trainers hold the relay's
+// handle, and the relay delegates every message to the hub actor it points
+// at now (sender and request id kept, so answers go straight back). When the
+// hub's node dies and comes back, the relay is pointed at the new actor and
+// nothing that holds its handle changes. While it points at nothing, requests
+// are answered at once with an error naming the role (callers retry as they
+// would after a timeout); plain messages are dropped.
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include <functional>
+#include <string>
+
+namespace stitch {
+
+struct hub_relay_options {
+  /// For errors and logs ("coordinator", "store").
+  std::string role;
+  /// When set: whenever the relay has no live target it asks this actor for
+  /// `(lookup, role)` (retrying every half second) and points at the answer.
+  /// Without it the target comes from `(rebind, actor)` only.
+  caf::actor directory;
+  /// Messages the relay remembers and replays, with their senders, to each
+  /// new target (the store's pointer subscriptions); dropped when their
+  /// sender is gone.
+  std::function<bool(const caf::message&)> sticky;
+};
+
+/// Spawns a relay pointing at `target` (may be null). `(rebind, actor)` from
+/// an actor of this node points it elsewhere (null: at nothing).
+caf::actor spawn_hub_relay(caf::actor_system& sys, hub_relay_options opts, caf::actor target);
+
+/// Points `relay` at `target` (null: at nothing).
+void rebind_hub_relay(const caf::actor& relay, const caf::actor& target);
+
+} // namespace stitch
