@@ -72,6 +72,7 @@ replica_answer own_answer(self_ptr self, const gateway_state::flight& f) {
 }
 
 void on_answer(self_ptr self, uint64_t key, replica_slot from, replica_answer a);
+void drop(self_ptr self, const caf::actor_addr& who, const std::string& why);
 
 void dispatch(self_ptr self, uint64_t key, std::optional<replica_answer> last) {
   auto& st = self->state;
@@ -93,8 +94,16 @@ void dispatch(self_ptr self, uint64_t key, std::optional<replica_answer> last) {
     .then([self, key, from = *chosen](
             replica_answer& answer) { on_answer(self, key, from, std::move(answer)); },
           [self, key, from = *chosen](caf::error& err) {
-            on_answer(self, key, from,
-                      unavailable("the replica did not answer: " + self->system().render(err)));
+            auto why = self->system().render(err);
+            // Its route is gone (the node that relayed to it died): nothing
+            // more reaches it until it is enrolled again.
+            // (`drop` retries its flights, this one included.)
+            if (auto m = self->state.replicas.find(from);
+                err == caf::sec::request_receiver_down && m != self->state.replicas.end()) {
+              drop(self, m->second.handle.address(), why);
+              return;
+            }
+            on_answer(self, key, from, unavailable("the replica did not answer: " + why));
           });
 }
 
@@ -164,8 +173,19 @@ gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gat
     [self](atom::enroll, const std::string& pool, const replica_actor& replica) {
       auto& st = self->state;
       auto addr = replica.address();
-      if (st.slot_of.contains(addr))
+      if (auto known = st.slot_of.find(addr); known != st.slot_of.end()) {
+        // Enrolled again by a restarted coordinator: the handle may be a
+        // fresh proxy of the same replica (the old one's route went with the
+        // coordinator's node), so it replaces the one held.
+        auto& m = st.replicas.at(known->second);
+        if (caf::actor_cast<caf::abstract_actor*>(m.handle)
+            != caf::actor_cast<caf::abstract_actor*>(replica)) {
+          m.handle = replica;
+          self->monitor(replica);
+          self->send(replica, atom::subscribe_v, caf::actor_cast<replica_watcher_actor>(self));
+        }
         return;
+      }
       auto slot = st.next_slot++;
       st.slot_of.emplace(addr, slot);
       st.replicas.emplace(slot, gateway_state::member{replica, std::nullopt});

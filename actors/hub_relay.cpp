@@ -108,8 +108,8 @@ caf::behavior hub_relay(self_ptr self, hub_relay_options opts, caf::actor target
     look_up(self);
   return {
     [self](atom::rebind, caf::actor& to) {
-      // Only this node points its relays.
-      if (!self->current_sender() || self->current_sender()->node() != self->node())
+      // Only this node points its relays (its own code sends anonymously).
+      if (self->current_sender() && self->current_sender()->node() != self->node())
         return;
       point_at(self, std::move(to));
     },

@@ -845,7 +845,14 @@ replica_actor::behavior_type behavior(self_ptr self) {
     [self](atom::subscribe, replica_watcher_actor& who) {
       auto& st = self->state;
       self->monitor(who);
-      st.subscribers.push_back(who);
+      // A watcher subscribing again (after a coordinator restart) is told
+      // once, through the handle it sent last.
+      auto same = std::find_if(st.subscribers.begin(), st.subscribers.end(),
+                               [&](const auto& s) { return s.address() == who.address(); });
+      if (same != st.subscribers.end())
+        *same = who;
+      else
+        st.subscribers.push_back(who);
       caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, describe(st));
     },
     [self](atom::offer, const version_ref& version) -> caf::result<peer_offer> {

@@ -407,8 +407,17 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
   return {
     [self](atom::enroll, const std::string& pool, const replica_actor& r) {
       auto& replicas = self->state.replicas;
-      if (replicas.contains(r.address()))
+      if (auto known = replicas.find(r.address()); known != replicas.end()) {
+        // Enrolled again by a restarted coordinator: a fresh proxy replaces
+        // the one whose route went with the coordinator's node.
+        if (caf::actor_cast<caf::abstract_actor*>(known->second.handle)
+            != caf::actor_cast<caf::abstract_actor*>(r)) {
+          known->second.handle = r;
+          self->monitor(r);
+          self->send(r, atom::subscribe_v, caf::actor_cast<replica_watcher_actor>(self));
+        }
         return;
+      }
       status_state::replica_entry e;
       e.handle = r;
       e.pool = pool;

@@ -447,5 +447,89 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
   phase("stopped");
 }
 
+TEST_F(loopback_cluster, a_killed_hub_restarts_from_its_store_and_adopts_the_replicas_that_kept_serving) {
+  // The hub (coordinator, store, publisher) is SIGKILLed mid-run and started
+  // again on its address and data: replicas keep serving what they hold
+  // meanwhile, every node reconnects, the coordinator recovers the
+  // experiment from its persisted record and adopts the running replicas and
+  // trainer instead of placing new ones, and the trainer goes on publishing.
+  auto experiment = dir.path() / "experiment.toml";
+  {
+    std::ifstream in{examples / "loopback" / "experiment.toml"};
+    std::stringstream text;
+    text << in.rdbuf();
+    std::ofstream out{experiment};
+    out << std::regex_replace(text.str(), std::regex{"steps = 40"}, "steps = 400");
+  }
+  auto submitted = cli("submit " + experiment.string());
+  ASSERT_EQ(submitted.code, 0) << submitted.output << coord->log();
+  stamp_checker checker{frontdoor->gateway_port};
+  ASSERT_TRUE(eventually(
+    [&] {
+      auto ready = ready_replicas();
+      return ready.size() == 2
+             && std::all_of(ready.begin(), ready.end(), [](auto& kv) { return kv.second >= 5; });
+    },
+    120s))
+    << coord->log() << trainer->log();
+  auto placed = placed_on("replica-a");
+  for (const auto& id : placed_on("replica-b"))
+    placed.insert(id);
+  ASSERT_EQ(placed.size(), 2u) << cluster().dump();
+  const std::string port = coord->coordinator_port;
+
+  coord->kill9();
+  // Nobody notices in their answers: the replicas serve what they hold.
+  ASSERT_TRUE(eventually(
+    [&] { return replica_a->log().find("lost the coordinator") != std::string::npos; }, 10s))
+    << replica_a->log();
+  const uint64_t served_before = checker.ok.load();
+  std::this_thread::sleep_for(2s);
+  EXPECT_GT(checker.ok.load(), served_before + 5)
+    << json(checker.codes).dump() << " failures " << checker.failures.load() << frontdoor->log()
+    << replica_a->log();
+  EXPECT_EQ(ready_replicas().size(), 2u);
+  const int64_t held = std::max(ready_replicas().begin()->second, ready_replicas().rbegin()->second);
+
+  // The hub comes back on its address, from its data directory.
+  coord = start("coordinator", {"coordinator.listen=127.0.0.1:" + port}, "listening on 127");
+  ASSERT_TRUE(coord->started()) << coord->log();
+  ASSERT_TRUE(eventually(
+    [&] { return coord->log().find("recovered experiment(s) loop") != std::string::npos; }, 10s))
+    << coord->log();
+  // Both replicas adopted where they run, under their names; nothing placed anew.
+  ASSERT_TRUE(eventually(
+    [&] {
+      auto now = placed_on("replica-a");
+      for (const auto& id : placed_on("replica-b"))
+        now.insert(id);
+      return now == placed && coord->log().find("recovery window over") != std::string::npos;
+    },
+    30s))
+    << coord->log() << cli("status --json").output;
+  auto log = coord->log();
+  EXPECT_NE(log.find("adopting"), std::string::npos) << log;
+  EXPECT_EQ(log.find("placing "), std::string::npos) << log;
+  EXPECT_EQ(log.find("starting the trainer"), std::string::npos) << log;
+  EXPECT_EQ(cluster()["experiments"][0].value("trainer_node", ""), "trainer") << cluster().dump();
+  // The trainer goes on where it was: the replicas converge past what they held.
+  ASSERT_TRUE(eventually(
+    [&] {
+      auto ready = ready_replicas();
+      return ready.size() == 2 && std::all_of(ready.begin(), ready.end(), [&](auto& kv) {
+               return kv.second >= held + 3;
+             });
+    },
+    60s))
+    << json(ready_replicas()).dump();
+  checker.finish();
+  EXPECT_EQ(checker.violations.load(), 0u) << checker.last_violation;
+  auto stopped = cli("stop loop");
+  EXPECT_EQ(stopped.code, 0) << stopped.output;
+  if (HasFailure())
+    for (auto* n : {frontdoor.get(), replica_a.get(), replica_b.get(), driver.get(), trainer.get()})
+      std::fprintf(stderr, "----\n%s\n", n->log().c_str());
+}
+
 } // namespace
 } // namespace stitch
