@@ -64,6 +64,7 @@ void look_up(self_ptr self) {
       },
       [self](const caf::error&) {
         // The coordinator is away too, or nobody serves the role yet.
+        self->state.looking = false;
         self->delayed_send(self, lookup_retry, atom::tick_v);
       });
 }
