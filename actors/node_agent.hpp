@@ -84,6 +84,6 @@ struct node_agent_state {
 node_agent_actor::behavior_type
 node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_info me,
            coordinator_actor coordinator, node_agent_hooks hooks,
-           coordinator_address address = {});
+           coordinator_address address);
 
 } // namespace stitch

@@ -169,7 +169,7 @@ protected:
     hooks.stop_trainer = [](const std::string&) {};
     hooks.rejoined = [log] { ++log->rejoins; };
     member_info me{name, std::move(roles), std::move(slots), std::move(gateway)};
-    agents[name] = sys.spawn(node_agent, me, coord, hooks);
+    agents[name] = sys.spawn(node_agent, me, coord, hooks, coordinator_address{});
     sched.run();
     return *log;
   }
