@@ -273,7 +273,8 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       st.runs[r.spec.run_id] = {{}, r.trainer_done ? "finished" : "", clock::now()};
     }
     if (auto ok = st.plan.restore(std::move(restored)); !ok) {
-      log::error("coordinator", "the persisted experiments were not restored: " + ok.error().message);
+      log::error("coordinator",
+                 "the persisted experiments were not restored: " + ok.error().message);
       st.runs.clear();
     } else {
       log::info("coordinator", "recovered experiment(s) " + runs + "; their nodes have "

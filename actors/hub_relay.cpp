@@ -82,28 +82,29 @@ caf::behavior hub_relay(self_ptr self, hub_relay_options opts, caf::actor target
       return caf::actor_cast<caf::actor_addr>(r.sender) == down.source;
     });
   });
-  self->set_default_handler([self](caf::scheduled_actor*,
-                                   caf::message_view& view) -> caf::result<caf::message> {
-    auto& st = self->state;
-    auto msg = view.move_content_to_message();
-    if (st.opts.sticky && self->current_sender() && st.opts.sticky(msg)) {
-      auto sender = self->current_sender();
-      bool known = false;
-      for (const auto& r : st.sticky)
-        known = known || (r.sender == sender && to_string(r.msg) == to_string(msg));
-      if (!known) {
-        self->monitor(caf::actor_cast<caf::actor>(sender));
-        st.sticky.push_back({sender, msg});
+  self->set_default_handler(
+    [self](caf::scheduled_actor*, caf::message_view& view) -> caf::result<caf::message> {
+      auto& st = self->state;
+      auto msg = view.move_content_to_message();
+      if (st.opts.sticky && self->current_sender() && st.opts.sticky(msg)) {
+        auto sender = self->current_sender();
+        bool known = false;
+        for (const auto& r : st.sticky)
+          known = known || (r.sender == sender && to_string(r.msg) == to_string(msg));
+        if (!known) {
+          self->monitor(caf::actor_cast<caf::actor>(sender));
+          st.sticky.push_back({sender, msg});
+        }
       }
-    }
-    if (!st.target)
-      return to_caf_error({errc::engine_unavailable,
-                           "the " + st.opts.role + " is unreachable from this node (its node is "
-                             "down or restarting); retry"});
-    auto promise = self->make_response_promise();
-    promise.delegate(st.target, std::move(msg));
-    return caf::delegated<caf::message>{};
-  });
+      if (!st.target)
+        return to_caf_error(
+          {errc::engine_unavailable, "the " + st.opts.role
+                                       + " is unreachable from this node (its node is "
+                                         "down or restarting); retry"});
+      auto promise = self->make_response_promise();
+      promise.delegate(st.target, std::move(msg));
+      return caf::delegated<caf::message>{};
+    });
   point_at(self, std::move(target));
   if (!self->state.target)
     look_up(self);

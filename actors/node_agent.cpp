@@ -88,10 +88,10 @@ void reconnect(self_ptr self) {
         now.asking = false;
         auto want = self->system().message_types(caf::detail::type_list<coordinator_actor>{});
         if (!ptr || ifs != want) {
-          log::warn("node", now.address.host + ":" + std::to_string(now.address.port)
-                              + (ptr ? " serves an actor that is not a coordinator"
-                                     : " serves no actor")
-                              + "; retrying");
+          log::warn("node",
+                    now.address.host + ":" + std::to_string(now.address.port)
+                      + (ptr ? " serves an actor that is not a coordinator" : " serves no actor")
+                      + "; retrying");
           retry_later(self);
           return;
         }

@@ -7,9 +7,9 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
-#include <string>
 
 #include "actors/coordinator_actor.hpp"
 #include "actors/node_agent_actor.hpp"
@@ -83,7 +83,6 @@ struct node_agent_state {
 /// `address` with backoff and joins again with what the node still runs.
 node_agent_actor::behavior_type
 node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_info me,
-           coordinator_actor coordinator, node_agent_hooks hooks,
-           coordinator_address address);
+           coordinator_actor coordinator, node_agent_hooks hooks, coordinator_address address);
 
 } // namespace stitch

@@ -240,8 +240,8 @@ status cluster_plan::restore(std::vector<experiment_record> records) {
       return make_error(errc::corrupt_data, "experiment '" + r.spec.run_id
                                               + "' repeats a run or a pool of another record");
     std::string run = r.spec.run_id;
-    restored.emplace(std::move(run), experiment{std::move(r.spec), {}, r.trainer_done,
-                                                r.next_replica, true});
+    restored.emplace(std::move(run),
+                     experiment{std::move(r.spec), {}, r.trainer_done, r.next_replica, true});
   }
   experiments_ = std::move(restored);
   recovering_ = !experiments_.empty();

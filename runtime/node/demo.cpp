@@ -54,8 +54,7 @@ bool worth_retrying(errc code) {
     case errc::version_exists:
     case errc::rewind:
     case errc::unauthorized:
-    case errc::checksum_mismatch:
-      return false;
+    case errc::checksum_mismatch: return false;
     default: return true;
   }
 }
@@ -89,7 +88,8 @@ status publish_version(caf::actor_system& sys, const demo_command& cmd,
         || (cmd.stop && cmd.stop->load()))
       return std::move(done).error();
     if (attempt == 0)
-      std::fprintf(stderr, "[trainer] publishing version %llu failed (%s); retrying for up to %lld s\n",
+      std::fprintf(stderr,
+                   "[trainer] publishing version %llu failed (%s); retrying for up to %lld s\n",
                    static_cast<unsigned long long>(version), done.error().message.c_str(),
                    static_cast<long long>(cmd.publish_retry_for.count()));
     std::this_thread::sleep_for(std::chrono::seconds{1});

@@ -150,8 +150,8 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     // Everything on this node reaches the coordinator through a relay the
     // agent points at it again after the hub's node restarts.
     n->coordinator_remote_ = *found;
-    n->coordinator_ = caf::actor_cast<coordinator_actor>(spawn_hub_relay(
-      sys, {"coordinator", {}, {}}, caf::actor_cast<caf::actor>(*found)));
+    n->coordinator_ = caf::actor_cast<coordinator_actor>(
+      spawn_hub_relay(sys, {"coordinator", {}, {}}, caf::actor_cast<caf::actor>(*found)));
     n->relays_.push_back(caf::actor_cast<caf::actor>(n->coordinator_));
   }
   if (settings.has_role("store")) {
@@ -492,10 +492,10 @@ status node::join_cluster(const node_settings& settings) {
     // The hub's node may die and come back on the same address: the agent
     // reconnects and points this node's coordinator relay at it.
     where = {node_connector(sys_), coordinator_at_.host, coordinator_at_.port};
-    hooks.coordinator_changed = [relay = caf::actor_cast<caf::actor>(coordinator_)](
-                                  const coordinator_actor& now) {
-      rebind_hub_relay(relay, caf::actor_cast<caf::actor>(now));
-    };
+    hooks.coordinator_changed =
+      [relay = caf::actor_cast<caf::actor>(coordinator_)](const coordinator_actor& now) {
+        rebind_hub_relay(relay, caf::actor_cast<caf::actor>(now));
+      };
   }
   agent_ = sys_.spawn(node_agent, me, owns_coordinator_ ? coordinator_ : coordinator_remote_,
                       std::move(hooks), std::move(where));
@@ -710,14 +710,13 @@ status node::recover_experiments(coordinator_options& co) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)
-    return make_error(errc::backend_failure,
-                      "cannot create " + dir.string() + ": " + ec.message());
+    return make_error(errc::backend_failure, "cannot create " + dir.string() + ": " + ec.message());
   auto path = dir / "experiments.msgpack";
   auto records = store::load_experiments(path);
   if (!records)
-    return make_error(records.error().code,
-                      "the coordinator's experiments cannot be recovered: " + records.error().message
-                        + " (move the file aside to start without them)");
+    return make_error(records.error().code, "the coordinator's experiments cannot be recovered: "
+                                              + records.error().message
+                                              + " (move the file aside to start without them)");
   if (auto ok = cluster_plan{}.restore(*records); !ok)
     return make_error(ok.error().code, "the coordinator's experiments in " + path.string()
                                          + " cannot be recovered: " + ok.error().message

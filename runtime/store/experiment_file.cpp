@@ -69,7 +69,8 @@ result<std::vector<experiment_record>> decode_experiments(std::string_view bytes
     auto handle = msgpack::unpack(bytes.data(), bytes.size(), nullptr, nullptr, limit);
     handle.get().convert(f);
   } catch (const std::exception& e) {
-    return make_error(errc::corrupt_data, std::string{"experiments record is corrupt: "} + e.what());
+    return make_error(errc::corrupt_data,
+                      std::string{"experiments record is corrupt: "} + e.what());
   }
   if (f.format != record_format)
     return make_error(errc::corrupt_data, "experiments record has format "
@@ -86,8 +87,7 @@ result<std::vector<experiment_record>> decode_experiments(std::string_view bytes
     r.spec.replicas = m.replicas;
     r.spec.boot_seed = m.boot_seed;
     r.spec.boot_version = m.boot_version;
-    r.spec.trainer = {m.trainer_enabled, m.steps, m.samples_per_step, m.staleness,
-                      m.learning_rate};
+    r.spec.trainer = {m.trainer_enabled, m.steps, m.samples_per_step, m.staleness, m.learning_rate};
     r.trainer_done = m.trainer_done;
     r.next_replica = m.next_replica;
     out.push_back(std::move(r));

@@ -447,7 +447,8 @@ TEST_F(loopback_cluster, survives_a_killed_replica_node_and_scales_mid_run_witho
   phase("stopped");
 }
 
-TEST_F(loopback_cluster, a_killed_hub_restarts_from_its_store_and_adopts_the_replicas_that_kept_serving) {
+TEST_F(loopback_cluster,
+       a_killed_hub_restarts_from_its_store_and_adopts_the_replicas_that_kept_serving) {
   // The hub (coordinator, store, publisher) is SIGKILLed mid-run and started
   // again on its address and data: replicas keep serving what they hold
   // meanwhile, every node reconnects, and the coordinator recovers the
@@ -531,7 +532,8 @@ TEST_F(loopback_cluster, a_killed_hub_restarts_from_its_store_and_adopts_the_rep
   // nodes that talk to others than the hub (front door, driver, trainer) are
   // restarted. The trainer resumes from the pool's pointer and the replicas,
   // never restarted, converge past what they held.
-  const int64_t held = std::max(ready_replicas().begin()->second, ready_replicas().rbegin()->second);
+  const int64_t held =
+    std::max(ready_replicas().begin()->second, ready_replicas().rbegin()->second);
   trainer->kill9();
   driver->kill9();
   frontdoor->stop();
