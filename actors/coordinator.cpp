@@ -20,6 +20,8 @@ using clock = std::chrono::steady_clock;
 
 constexpr auto spawn_timeout = std::chrono::seconds{60};
 constexpr auto boot_timeout = std::chrono::minutes{10};
+/// Heartbeat checks between two re-enrollments of the placed replicas.
+constexpr uint64_t reenroll_every_ticks = 10;
 /// A replica that failed to start is placed again after this.
 constexpr auto replace_delay = std::chrono::seconds{2};
 
@@ -463,6 +465,17 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
           late.push_back(name);
       for (const auto& name : late)
         remove_member(self, name, "it missed its heartbeats");
+      // Every few seconds gateways and status actors hear of every placed
+      // replica again: one that dropped a live replica (its route switched
+      // or came back) takes it in again; to one that holds it, it is a no-op.
+      if (++st.ticks % reenroll_every_ticks == 0)
+        for (const auto& [id, replica] : st.replicas) {
+          const auto& pool = st.plan.placements().at(id).pool;
+          for (const auto& gw : st.roles["gateway"])
+            caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::enroll_v, pool, replica);
+          for (const auto& s : st.roles["status"])
+            caf::anon_send(caf::actor_cast<status_actor>(s), atom::enroll_v, pool, replica);
+        }
       self->delayed_send(self, heartbeat_every(st), atom::tick_v);
     },
     [self](atom::recovered) {

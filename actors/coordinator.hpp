@@ -47,6 +47,8 @@ struct coordinator_state {
   };
 
   coordinator_options opts;
+  /// Heartbeat checks so far.
+  uint64_t ticks = 0;
   std::map<std::string, std::vector<caf::actor>> roles;
   cluster_plan plan;
   std::map<std::string, member> members;

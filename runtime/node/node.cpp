@@ -143,6 +143,14 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     auto at = parse_host_port(settings.coordinator_address);
     if (!at)
       return std::move(at).error();
+    // Other nodes connect here directly (automatic connections,
+    // `system_config`); with TLS, traffic keeps passing through the
+    // coordinator's node (CAF's OpenSSL module opens no such port).
+    if (!tls_enabled(sys))
+      if (auto opened = sys.middleman().open(0, nullptr, true); !opened)
+        log::warn("node", settings.name + ": no port for direct connections from other nodes ("
+                            + sys.render(opened.error()) + "); they reach it through the "
+                                                          "coordinator's node");
     n->coordinator_at_ = *at;
     auto found = keep_trying([&] { return connect_coordinator(sys, *at); });
     if (!found)

@@ -6,9 +6,13 @@
 // not actors (the CLI, node startup, trainer threads).
 
 #include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include <chrono>
+#include <future>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -33,15 +37,35 @@ caf::actor node_connector(caf::actor_system& sys);
 /// Connects to the coordinator at `where` (one attempt).
 result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const host_port& where);
 
-/// A blocking request from a thread that is not an actor.
+/// A blocking request from a thread that is not an actor. It fails at once
+/// when `whom` goes away (its node died: a request already sent would
+/// otherwise wait out `timeout`), else with the answer, the error or the
+/// timeout.
 template <class T, class Handle, class... Ts>
 result<T> ask_actor(caf::actor_system& sys, const Handle& whom, caf::timespan timeout, Ts&&... xs) {
-  caf::scoped_actor self{sys};
-  std::optional<result<T>> out;
-  self->request(whom, timeout, std::forward<Ts>(xs)...)
-    .receive([&](T& value) { out.emplace(std::move(value)); },
-             [&](caf::error& err) { out.emplace(from_caf_error(sys, err)); });
-  return std::move(*out);
+  auto answer = std::make_shared<std::promise<result<T>>>();
+  auto got = answer->get_future();
+  auto target = caf::actor_cast<caf::actor>(whom);
+  sys.spawn([answer, target, timeout, msg = caf::make_message(std::forward<Ts>(xs)...),
+             &sys](caf::event_based_actor* self) {
+    auto told = std::make_shared<bool>(false);
+    auto tell = [answer, told, self](result<T> r) {
+      if (*told)
+        return;
+      *told = true;
+      answer->set_value(std::move(r));
+      self->quit();
+    };
+    self->set_down_handler([tell, &sys](caf::down_msg& down) {
+      tell(make_error(errc::engine_unavailable,
+                      "the actor asked went away (" + sys.render(down.reason) + ")"));
+    });
+    self->monitor(target);
+    self->request(target, timeout, msg)
+      .then([tell](T& value) { tell(std::move(value)); },
+            [tell, &sys](caf::error& err) { tell(from_caf_error(sys, err)); });
+  });
+  return got.get();
 }
 
 } // namespace stitch::node

@@ -57,12 +57,15 @@ system_config::system_config() {
   register_stitch_types(*this);
   tune_scheduler(*this);
   load<caf::io::middleman>();
-  // CAF's automatic connections (nodes opening direct connections to the
-  // nodes they learn of) stay off: in 0.17 a route switching from indirect to
-  // direct could kill the proxies in use with remote_link_unreachable — the
-  // loopback test saw a gateway drop a healthy replica and the coordinator a
-  // healthy node. Nodes reach each other through the coordinator's node; the
-  // coordinator tells gateways of replicas on nodes it removed.
+  // Nodes connect to each other directly (CAF's automatic connections: a
+  // node that learns of another through the coordinator's node opens a
+  // connection to it; every node listens on a port of its own for that,
+  // `node::start`). Traffic between two nodes then does not pass through the
+  // coordinator's node, and does not die with it. A route that switches from
+  // indirect to direct can kill the proxies in use (0.17): gateways and
+  // status actors take in again what the coordinator re-enrolls every few
+  // seconds.
+  set("middleman.enable-automatic-connections", true);
 }
 
 std::string check_tls_files(const std::string& cert, const std::string& key,
