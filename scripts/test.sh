@@ -89,4 +89,4 @@ STITCH_TEST_MEDIUM=1 PYTHONPATH="clients/python/tests:examples/pytorch_async_rl"
 step "chaos suite (bounded): a namespace cluster under a seeded fault schedule"
 # tests/chaos/README.md: the invariants, the long runs recorded. The last line
 # is the JSON report; any violation or lost version fails the run.
-tests/chaos/run.sh --seed "${STITCH_CHAOS_SEED:-1}" --minutes "${STITCH_CHAOS_MINUTES:-2}" --calm 20
+tests/chaos/run.sh --seed "${STITCH_CHAOS_SEED:-6}" --minutes "${STITCH_CHAOS_MINUTES:-2}" --calm 20

@@ -7,7 +7,8 @@ experiment (the built-in trainer publishing a version per step, a rollout
 driver, three replicas over three replica nodes with two slots each, a
 gateway). Rollout clients keep sampling through the gateway with random
 min/exact constraints and session ids; a side publisher keeps publishing a
-second pool with `stitch publish`. A fault schedule drawn from the seed kills,
+second pool with `stitch publish`. A fault schedule drawn from the seed kills
+(the hub, coordinator+store, included: it restarts from its data directory),
 stops, partitions and corrupts while it runs; an invariant checker reads every
 answer, the pointers, the replicas and, at the end, the store.
 
@@ -71,6 +72,10 @@ FAULTS = {
     "kill_publisher": (2, ["side-publisher"], (0.02, 0.4)),
     "corrupt_chunk": (1, ["store-chunk"], (8.0, 20.0)),
     "pause_hub": (1, ["hub"], (0.3, 1.5)),
+    # The coordinator+store node: SIGKILLed and started again on its address
+    # and data directory; replicas keep serving, nodes reconnect, the
+    # coordinator recovers the experiment and adopts what kept running.
+    "kill_hub": (1, ["hub"], (0.5, 3.0)),
 }
 # A node's restart and catch-up are part of its fault's window: no second
 # fault on the same target until this long after the first ends.
