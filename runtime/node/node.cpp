@@ -149,8 +149,9 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     if (!tls_enabled(sys))
       if (auto opened = sys.middleman().open(0, nullptr, true); !opened)
         log::warn("node", settings.name + ": no port for direct connections from other nodes ("
-                            + sys.render(opened.error()) + "); they reach it through the "
-                                                          "coordinator's node");
+                            + sys.render(opened.error())
+                            + "); they reach it through the "
+                              "coordinator's node");
     n->coordinator_at_ = *at;
     auto found = keep_trying([&] { return connect_coordinator(sys, *at); });
     if (!found)

@@ -534,7 +534,8 @@ TEST_F(loopback_cluster,
   // Nodes reach each other directly, not through the hub: no node is
   // restarted, the trainer goes on where it was and the replicas converge
   // past what they held.
-  const int64_t held = std::max(ready_replicas().begin()->second, ready_replicas().rbegin()->second);
+  const int64_t held =
+    std::max(ready_replicas().begin()->second, ready_replicas().rbegin()->second);
   ASSERT_TRUE(eventually(
     [&] {
       auto ready = ready_replicas();
