@@ -148,10 +148,9 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     // coordinator's node (CAF's OpenSSL module opens no such port).
     if (!tls_enabled(sys))
       if (auto opened = sys.middleman().open(0, nullptr, true); !opened)
-        log::warn("node", settings.name + ": no port for direct connections from other nodes ("
+        log::warn("node", settings.name + ": no port for direct connections ("
                             + sys.render(opened.error())
-                            + "); they reach it through the "
-                              "coordinator's node");
+                            + "); other nodes reach it through the coordinator's node");
     n->coordinator_at_ = *at;
     auto found = keep_trying([&] { return connect_coordinator(sys, *at); });
     if (!found)
