@@ -17,7 +17,8 @@ Invariants (each breach is a violation; the exit status is non-zero on any):
   min_version <= start, exact pins start == end == exact), name the run, and
   carry spans that agree with the stamps; no answer has another status than
   200, 409 (retryable) or 503 (retryable) — a refused connection while the
-  gateway is down is counted, not a violation;
+  gateway is down is counted, not a violation, and so is a 200 stream its
+  replica's death cut short, which ends with a retryable error event;
 - a pointer never moves back, and no answer stamps a version beyond the
   pointer;
 - every replica serving a version gives the same greedy answer (tokens and
@@ -288,6 +289,8 @@ class Chaos:
         self.answers = collections.Counter()
         self.requests = 0
         self.no_answer = 0
+        # 200 streams cut by their replica's death, ended by a retryable error.
+        self.interrupted_streams = 0
         self.served = collections.Counter()  # version -> 200 answers
         self.newest_seen = 0
         self.pointers = {}  # pool -> (run, version) newest seen
@@ -539,6 +542,21 @@ class Chaos:
                 self.violate("a 200 stream without events")
                 return
             text = events[-1]
+            # A stream whose replica died after its first tokens ends with a
+            # retryable error event (its status was sent with the first
+            # event; a retry elsewhere would repeat tokens): counted, not a
+            # violation. Any other error at the end is one.
+            try:
+                last = json.loads(text)
+            except ValueError:
+                last = None
+            if isinstance(last, dict) and "meta_info" not in last and "error" in last:
+                if last.get("retryable") is True:
+                    with self.lock:
+                        self.interrupted_streams += 1
+                    return
+                self.violate(f"a 200 stream ended with an error not marked retryable: {text[:200]}")
+                return
         try:
             doc = json.loads(text)
             meta = doc["meta_info"]
@@ -660,11 +678,21 @@ class Chaos:
             dirs = sorted(os.listdir(base))
         except OSError:
             return "no version directories yet"
+        # Versions whose step changed no weights hold no shards (a trainer
+        # whose reward saturated publishes empty deltas): the newest six
+        # that hold any.
+        def shards_of(name):
+            try:
+                return sorted(f for f in os.listdir(os.path.join(base, name))
+                              if f.endswith(".safetensors"))
+            except OSError:
+                return []
+        dirs = [x for x in dirs if shards_of(x)]
         if not dirs:
-            return "no version directories yet"
+            return "no version holds shards yet"
         d = os.path.join(base, rng.choice(dirs[-6:]))
         try:
-            shards = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+            shards = shards_of(os.path.basename(d))
             path = os.path.join(d, rng.choice(shards))
             with open(path, "r+b") as f:
                 head = int.from_bytes(f.read(8), "little")
@@ -853,6 +881,7 @@ class Chaos:
     def report(self, schedule, duration, lost, times, pending):
         answers = {str(k): v for k, v in sorted(self.answers.items())}
         answers["no_answer"] = self.no_answer
+        answers["interrupted_streams"] = self.interrupted_streams
         p50 = statistics.median(times) if times else 0.0
         print()
         print(f"seed               {self.seed}")
