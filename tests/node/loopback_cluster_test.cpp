@@ -543,7 +543,7 @@ TEST_F(loopback_cluster,
                return kv.second >= held + 3;
              });
     },
-    120s))
+    240s))
     << json(ready_replicas()).dump() << trainer->log() << coord->log();
   // Still the two adopted replicas.
   auto now = placed_on("replica-a");
