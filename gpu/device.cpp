@@ -2,28 +2,38 @@
 
 #include <string>
 
+#include "gpu/cuda_backend.hpp"
+#include "gpu/device_memory.hpp"
+
 namespace stitch::gpu {
 
-#ifdef STITCH_HAVE_CUDA
-
-namespace detail {
-// Defined in gpu/xor_kernel.cu.
-int cuda_device_count() noexcept;
-const char* cuda_xor_launch(void* dev_base, const void* dev_delta, size_t n, void* stream) noexcept;
-const char* cuda_xor_roundtrip(void* host_base, const void* host_delta, size_t n) noexcept;
-} // namespace detail
-
 bool cuda_compiled() noexcept {
+#ifdef STITCH_HAVE_CUDA
   return true;
+#else
+  return false;
+#endif
 }
 
 int device_count() noexcept {
-  return detail::cuda_device_count();
+  return cuda::device_count();
 }
 
-status cuda_xor_apply(void* dev_base, const void* dev_delta, size_t n, void* stream) {
-  if (const char* err = detail::cuda_xor_launch(dev_base, dev_delta, n, stream))
-    return make_error(errc::decode_failure, std::string{"CUDA xor kernel failed: "} + err);
+std::string why_no_device() {
+  if (!cuda_compiled())
+    return "this build of Stitch has no CUDA (no nvcc)";
+  if (device_count() == 0)
+    return "no CUDA device is visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides them)";
+  return {};
+}
+
+status require_device(int device) {
+  if (auto why = why_no_device(); !why.empty())
+    return make_error(errc::engine_unavailable, why);
+  if (device < 0 || device >= device_count())
+    return make_error(errc::engine_unavailable,
+                      "CUDA device " + std::to_string(device) + " does not exist (this machine has "
+                        + std::to_string(device_count()) + ")");
   return {};
 }
 
@@ -32,31 +42,26 @@ status device_xor_apply(std::span<std::byte> base, std::span<const std::byte> de
     return make_error(errc::decode_failure, "xor delta has " + std::to_string(delta.size())
                                               + " bytes but the tensor has "
                                               + std::to_string(base.size()));
-  if (device_count() == 0)
-    return make_error(errc::engine_unavailable, "no CUDA device");
-  if (const char* err = detail::cuda_xor_roundtrip(base.data(), delta.data(), base.size()))
-    return make_error(errc::decode_failure, std::string{"CUDA xor failed: "} + err);
-  return {};
+  if (auto ok = require_device(0); !ok)
+    return ok;
+  auto stream = device_stream::create(0);
+  if (!stream)
+    return std::move(stream).error();
+  auto dev_base = device_buffer::allocate(0, base.size());
+  if (!dev_base)
+    return std::move(dev_base).error();
+  auto dev_delta = device_buffer::allocate(0, delta.size());
+  if (!dev_delta)
+    return std::move(dev_delta).error();
+  if (auto ok = copy_to_device(*dev_base, 0, base, *stream); !ok)
+    return ok;
+  if (auto ok = copy_to_device(*dev_delta, 0, delta, *stream); !ok)
+    return ok;
+  if (auto ok = xor_on_device(*dev_base, 0, *dev_delta, 0, base.size(), *stream); !ok)
+    return ok;
+  if (auto ok = copy_to_host(base, *dev_base, 0, *stream); !ok)
+    return ok;
+  return stream->synchronize();
 }
-
-#else
-
-bool cuda_compiled() noexcept {
-  return false;
-}
-
-int device_count() noexcept {
-  return 0;
-}
-
-status cuda_xor_apply(void*, const void*, size_t, void*) {
-  return make_error(errc::engine_unavailable, "built without CUDA");
-}
-
-status device_xor_apply(std::span<std::byte>, std::span<const std::byte>) {
-  return make_error(errc::engine_unavailable, "built without CUDA");
-}
-
-#endif
 
 } // namespace stitch::gpu

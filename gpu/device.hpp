@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 
 #include "runtime/core/error.hpp"
 
@@ -15,15 +16,18 @@ bool cuda_compiled() noexcept;
 /// Number of usable CUDA devices; 0 without CUDA, without a driver or GPU.
 int device_count() noexcept;
 
-/// `dev_base ^= dev_delta` over `n` bytes of device memory, enqueued on
-/// `stream` (a `cudaStream_t`; nullptr is the default stream). Asynchronous:
-/// launch errors are reported, kernel faults surface at the next sync.
-/// `engine_unavailable` without CUDA.
-status cuda_xor_apply(void* dev_base, const void* dev_delta, size_t n, void* stream);
+/// Why no device is usable, for tests that skip and errors that refuse:
+/// "this build of Stitch has no CUDA (no nvcc)", "no CUDA device is
+/// visible ...", or empty when a device is there.
+std::string why_no_device();
+
+/// `device` when it is a usable CUDA device, else `engine_unavailable` with
+/// the reason.
+status require_device(int device);
 
 /// `base ^= delta` computed on device 0 through device buffers, synchronously
-/// (copies in, `cuda_xor_apply`, copies out). Sizes must match
-/// (`decode_failure`); `engine_unavailable` when no device is usable.
+/// (copies in, xor kernel, copies out). Sizes must match (`decode_failure`);
+/// `engine_unavailable` when no device is usable.
 status device_xor_apply(std::span<std::byte> base, std::span<const std::byte> delta);
 
 } // namespace stitch::gpu

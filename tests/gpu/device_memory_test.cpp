@@ -1,0 +1,249 @@
+// Device buffers, the staging pipeline and the device checksum, run the same
+// way on the host device (the CPU fallback, always) and on CUDA device 0
+// (skipped, saying why, where there is none), and compared with the CPU
+// implementations of the same operations on the same inputs.
+#include "gpu/device_memory.hpp"
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu/device.hpp"
+#include "gpu/stager.hpp"
+#include "gpu/xxh3_blocks.hpp"
+#include "runtime/core/checksum.hpp"
+#include "runtime/core/delta_codec.hpp"
+
+namespace {
+
+using stitch::gpu::device_buffer;
+using stitch::gpu::device_stager;
+using stitch::gpu::device_stream;
+
+std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937_64 rng{seed};
+  std::vector<std::byte> out(n);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t word = rng();
+    std::memcpy(out.data() + i, &word, std::min<size_t>(8, n - i));
+  }
+  return out;
+}
+
+/// The block decomposition of the xxh3 long path, run on the CPU exactly as
+/// the kernel runs it (stripe terms summed per block, then the lanes' chains).
+uint64_t decomposed_xxh3(std::span<const std::byte> bytes) {
+  namespace x = stitch::gpu::xxh3;
+  const auto* in = reinterpret_cast<const unsigned char*>(bytes.data());
+  const unsigned char* secret = stitch::gpu::xxh3_default_secret.b;
+  const size_t len = bytes.size();
+  std::vector<uint64_t> sums(x::full_blocks(len) * x::lanes, 0);
+  for (size_t b = 0; b < x::full_blocks(len); ++b)
+    for (size_t s = 0; s < x::stripes_per_block; ++s) {
+      uint64_t w[x::lanes];
+      x::load_stripe(in + b * x::block_len + s * x::stripe_len, w);
+      for (size_t i = 0; i < x::lanes; ++i)
+        sums[b * x::lanes + i] += x::stripe_term(w, x::stripe_key(secret, s * 8, i), i);
+    }
+  uint64_t acc[x::lanes];
+  for (size_t i = 0; i < x::lanes; ++i)
+    acc[i] = x::lane_finish(sums.data(), in, len, secret, i);
+  return x::merge(acc, secret, len);
+}
+
+const std::vector<size_t>& checksum_sizes() {
+  static const std::vector<size_t> sizes = {
+    0, 1, 240, 241, 1000, 1024, 1025, 4096 + 64, (size_t{1} << 20) - 1, size_t{1} << 20,
+    (size_t{1} << 20) + 1, (size_t{1} << 20) + 241, (size_t{3} << 20) + 240, (size_t{5} << 20) + 8};
+  return sizes;
+}
+
+/// The device under test, or a skip that says why there is none.
+#define REQUIRE_DEVICE(device)                                                                     \
+  do {                                                                                             \
+    if ((device) != stitch::gpu::host_device)                                                      \
+      if (auto why = stitch::gpu::why_no_device(); !why.empty())                                   \
+        GTEST_SKIP() << "needs a CUDA device: " << why;                                            \
+  } while (false)
+
+class on_device : public ::testing::TestWithParam<int> {};
+
+std::string device_label(const ::testing::TestParamInfo<int>& info) {
+  return info.param == stitch::gpu::host_device ? "host" : "cuda" + std::to_string(info.param);
+}
+
+device_buffer upload(int device, std::span<const std::byte> bytes, device_stream& stream) {
+  auto buf = device_buffer::allocate(device, bytes.size());
+  EXPECT_TRUE(buf) << buf.error().message;
+  EXPECT_TRUE(stitch::gpu::copy_to_device(*buf, 0, bytes, stream));
+  return std::move(*buf);
+}
+
+std::vector<std::byte> download(const device_buffer& buf, device_stream& stream) {
+  std::vector<std::byte> out(buf.size());
+  EXPECT_TRUE(stitch::gpu::copy_to_host(out, buf, 0, stream));
+  EXPECT_TRUE(stream.synchronize());
+  return out;
+}
+
+} // namespace
+
+TEST(xxh3_blocks, the_decomposition_equals_xxh3_for_every_long_length) {
+  for (size_t len : {size_t{241}, size_t{255}, size_t{256}, size_t{1023}, size_t{1024},
+                     size_t{1025}, size_t{1088}, size_t{2047}, size_t{2048}, size_t{65536 + 63},
+                     (size_t{1} << 20) - 1, size_t{1} << 20}) {
+    auto bytes = random_bytes(len, static_cast<uint32_t>(len));
+    EXPECT_EQ(decomposed_xxh3(bytes), stitch::checksum::chunk_digest(bytes)) << len;
+  }
+  // Every byte matters, in every position of a stripe and of the tail.
+  auto bytes = random_bytes(size_t{1} << 20, 7);
+  for (size_t at : {size_t{0}, size_t{63}, size_t{1024 * 1022 + 5}, (size_t{1} << 20) - 1}) {
+    auto flipped = bytes;
+    flipped[at] ^= std::byte{0x10};
+    EXPECT_EQ(decomposed_xxh3(flipped), stitch::checksum::chunk_digest(flipped)) << at;
+    EXPECT_NE(decomposed_xxh3(flipped), decomposed_xxh3(bytes)) << at;
+  }
+}
+
+TEST_P(on_device, checksum_equals_the_cpu_checksum_single_bit_changes_included) {
+  const int device = GetParam();
+  REQUIRE_DEVICE(device);
+  auto stream = device_stream::create(device);
+  ASSERT_TRUE(stream) << stream.error().message;
+  for (size_t n : checksum_sizes()) {
+    auto bytes = random_bytes(n, static_cast<uint32_t>(n + 1));
+    auto buf = upload(device, bytes, *stream);
+    auto sum = stitch::gpu::device_tree_checksum(buf, 0, n, *stream);
+    ASSERT_TRUE(sum) << sum.error().message;
+    EXPECT_EQ(*sum, stitch::checksum::tree_checksum(bytes)) << n << " bytes";
+    if (n == 0)
+      continue;
+    for (size_t at : {size_t{0}, n / 2, n - 1}) {
+      auto flipped = bytes;
+      flipped[at] ^= std::byte{0x01};
+      auto fbuf = upload(device, flipped, *stream);
+      auto fsum = stitch::gpu::device_tree_checksum(fbuf, 0, n, *stream);
+      ASSERT_TRUE(fsum) << fsum.error().message;
+      EXPECT_EQ(*fsum, stitch::checksum::tree_checksum(flipped)) << n << " bytes, bit at " << at;
+      EXPECT_NE(*fsum, *sum) << n << " bytes, bit at " << at;
+    }
+  }
+  // A range inside a buffer, at a chunk boundary.
+  auto bytes = random_bytes((size_t{2} << 20) + 300, 9);
+  auto buf = upload(device, bytes, *stream);
+  auto part = stitch::gpu::device_tree_checksum(buf, size_t{1} << 20, (size_t{1} << 20) + 300,
+                                                *stream);
+  ASSERT_TRUE(part) << part.error().message;
+  EXPECT_EQ(*part, stitch::checksum::tree_checksum(std::span{bytes}.subspan(size_t{1} << 20)));
+}
+
+TEST_P(on_device, staged_deltas_equal_the_cpu_decoders_output) {
+  const int device = GetParam();
+  REQUIRE_DEVICE(device);
+  // Small chunks, so the ring wraps many times within one tensor.
+  auto stager = device_stager::create(device, {.chunk_bytes = 64 << 10, .ring = 3});
+  ASSERT_TRUE(stager) << stager.error().message;
+  const size_t n = (size_t{2} << 20) + 12345;
+  auto base = random_bytes(n, 1);
+  auto xor_delta = random_bytes(n, 2);
+  auto replacement = random_bytes(5000, 3);
+  // The CPU reference: xor, then an overwrite of one range.
+  auto expected = base;
+  ASSERT_TRUE(stitch::delta::xor_apply(expected, xor_delta));
+  std::memcpy(expected.data() + 777, replacement.data(), replacement.size());
+
+  auto base_buf = device_buffer::allocate(device, n);
+  auto shadow = device_buffer::allocate(device, n);
+  ASSERT_TRUE(base_buf && shadow);
+  ASSERT_TRUE((*stager)->write(*base_buf, 0, base, true));
+  ASSERT_TRUE((*stager)->copy(*shadow, *base_buf));
+  // Delta pieces arrive in a reused scratch, as a decoder hands them over.
+  std::vector<std::byte> scratch(100000);
+  for (size_t done = 0; done < n; done += scratch.size()) {
+    size_t k = std::min(scratch.size(), n - done);
+    std::memcpy(scratch.data(), xor_delta.data() + done, k);
+    ASSERT_TRUE((*stager)->xor_apply(*shadow, done, std::span{scratch}.first(k)));
+    std::memset(scratch.data(), 0xAB, k); // the stager must not read it later
+  }
+  std::memcpy(scratch.data(), replacement.data(), replacement.size());
+  ASSERT_TRUE((*stager)->write(*shadow, 777, std::span{scratch}.first(replacement.size())));
+  std::memset(scratch.data(), 0, replacement.size());
+  ASSERT_TRUE((*stager)->finish());
+  auto stream = device_stream::create(device);
+  ASSERT_TRUE(stream);
+  EXPECT_EQ(download(*shadow, *stream), expected);
+  EXPECT_EQ(download(*base_buf, *stream), base) << "the base is left as it was";
+  auto sum = (*stager)->checksum(*shadow, n);
+  ASSERT_TRUE(sum) << sum.error().message;
+  EXPECT_EQ(*sum, stitch::checksum::tree_checksum(expected));
+  auto c = (*stager)->stats();
+  EXPECT_EQ(c.bytes_xored, n);
+  EXPECT_EQ(c.bytes_copied, n + n + replacement.size());
+  EXPECT_EQ(c.bytes_verified, n);
+}
+
+TEST_P(on_device, out_of_range_operations_are_refused_and_the_error_is_kept_until_finish) {
+  const int device = GetParam();
+  REQUIRE_DEVICE(device);
+  auto stager = device_stager::create(device);
+  ASSERT_TRUE(stager);
+  auto buf = device_buffer::allocate(device, 100);
+  ASSERT_TRUE(buf);
+  std::vector<std::byte> bytes(64);
+  auto wrote = (*stager)->write(*buf, 50, bytes);
+  ASSERT_FALSE(wrote);
+  EXPECT_EQ(wrote.error().code, stitch::errc::invalid_argument);
+  EXPECT_NE(wrote.error().message.find("do not fit"), std::string::npos) << wrote.error().message;
+  // Later work is skipped; finish reports the first error and clears it.
+  EXPECT_FALSE((*stager)->write(*buf, 0, bytes));
+  EXPECT_FALSE((*stager)->finish());
+  EXPECT_TRUE((*stager)->write(*buf, 0, bytes));
+  EXPECT_TRUE((*stager)->finish());
+  auto other = device_buffer::allocate(device, 99);
+  ASSERT_TRUE(other);
+  EXPECT_FALSE((*stager)->copy(*other, *buf));
+  EXPECT_FALSE((*stager)->finish());
+}
+
+INSTANTIATE_TEST_SUITE_P(devices, on_device, ::testing::Values(stitch::gpu::host_device, 0),
+                         device_label);
+
+TEST(device_memory, without_a_device_cuda_objects_are_refused_with_the_reason) {
+  if (stitch::gpu::why_no_device().empty())
+    GTEST_SKIP() << "a CUDA device is present: the refusal cannot be seen here";
+  auto buf = device_buffer::allocate(0, 1024);
+  ASSERT_FALSE(buf);
+  EXPECT_EQ(buf.error().code, stitch::errc::engine_unavailable);
+  auto stager = device_stager::create(0);
+  ASSERT_FALSE(stager);
+  EXPECT_FALSE(stager.error().message.empty());
+  auto ok = stitch::gpu::require_device(0);
+  ASSERT_FALSE(ok);
+  EXPECT_EQ(ok.error().message, stitch::gpu::why_no_device());
+}
+
+TEST(device_memory, host_memory_info_reads_the_machine) {
+  auto info = stitch::gpu::memory_info(stitch::gpu::host_device);
+  ASSERT_TRUE(info) << info.error().message;
+  EXPECT_GT(info->total, 0u);
+  EXPECT_LE(info->free, info->total);
+  EXPECT_EQ(stitch::gpu::device_name(stitch::gpu::host_device), "host");
+}
+
+TEST(pinned_registrar, small_buffers_stay_pageable_and_refusals_are_counted) {
+  stitch::gpu::pinned_registrar reg;
+  std::vector<std::byte> small(4096);
+  EXPECT_TRUE(reg.on_allocate(small));
+  EXPECT_EQ(reg.registered() + reg.refused(), 0u);
+  std::vector<std::byte> large(size_t{2} << 20);
+  EXPECT_TRUE(reg.on_allocate(large)) << "a refusal never fails the allocation";
+  EXPECT_EQ(reg.registered() + reg.refused(), 1u);
+  if (stitch::gpu::why_no_device().empty())
+    EXPECT_EQ(reg.registered(), 1u);
+  else
+    EXPECT_EQ(reg.refused(), 1u);
+  reg.on_release(large);
+  reg.on_release(small); // unknown to it: ignored
+}
