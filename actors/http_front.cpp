@@ -60,6 +60,17 @@ std::string server_info_json(const replica_info& i) {
   j["transport"] = i.transport;
   j["weight_version_spans"] = i.version_spans;
   j["engine"] = {{"status", i.engine}, {"healthy", i.engine_healthy}};
+  const auto& d = i.device;
+  j["device"] = {{"device", d.device},
+                 {"name", d.name},
+                 {"memory_used_bytes", d.memory_used},
+                 {"memory_total_bytes", d.memory_total},
+                 {"staged_bytes_total", d.staged_bytes_total},
+                 {"staging_seconds_total", d.staging_seconds_total},
+                 {"staging_bytes_per_second",
+                  d.staging_seconds_total > 0
+                    ? static_cast<double>(d.staged_bytes_total) / d.staging_seconds_total
+                    : 0.0}};
   nlohmann::ordered_json fetch;
   const auto& f = i.last_fetch;
   fetch["version"] =

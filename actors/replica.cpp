@@ -628,6 +628,7 @@ replica_info describe(const replica_state& st) {
   info.version_spans = st.engine && st.engine->reports_version_spans();
   if (st.engine) {
     auto h = st.engine->health();
+    info.device = st.engine->device_usage();
     info.engine = std::move(h.detail);
     info.engine_healthy = h.healthy;
     // An engine out of service (restarting, being re-synced) takes the

@@ -13,6 +13,7 @@
 
 #include "actors/store_actor.hpp"
 #include "actors/value_types.hpp"
+#include "runtime/core/engine_port.hpp"
 #include "runtime/core/http_errors.hpp"
 #include "runtime/core/reconciler.hpp"
 
@@ -165,6 +166,8 @@ struct replica_info {
   std::string engine;
   bool engine_healthy = false;
   fetch_summary last_fetch;
+  /// Where the engine computes, its device memory and staging counters.
+  engine_device_usage device;
 
   std::string run_id() const { return applied ? applied->run_id : std::string{}; }
 };
@@ -261,6 +264,12 @@ typename Inspector::result_type inspect(Inspector& f, peer_offer& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_device_usage& x) {
+  return f(caf::meta::type_name("stitch.engine_device_usage"), x.device, x.name, x.memory_used,
+           x.memory_total, x.staged_bytes_total, x.staging_seconds_total);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_info& x) {
   optional_proxy<version_ref> applied{x.applied};
   optional_proxy<uint64_t> serving{x.serving};
@@ -269,8 +278,8 @@ typename Inspector::result_type inspect(Inspector& f, replica_info& x) {
   return f(caf::meta::type_name("stitch.replica_info"), x.replica_id, x.pool, x.ready,
            applied.field, serving.field, pointer.field, x.state, x.reason, terminal.field, x.mode,
            x.active_requests, x.queued_requests, x.metrics, x.transport, x.version_spans, x.engine,
-           x.engine_healthy, x.last_fetch, applied.commit(), serving.commit(), pointer.commit(),
-           terminal.commit());
+           x.engine_healthy, x.last_fetch, x.device, applied.commit(), serving.commit(),
+           pointer.commit(), terminal.commit());
 }
 
 template <class Inspector>

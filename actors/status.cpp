@@ -320,6 +320,27 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
       out += "stitch_replica_transfer_bytes_total{" + labels_of(e) + ",source=\"store\"} "
              + std::to_string(e.info.metrics.bytes_from_store_total) + "\n";
     }
+  auto device_labels = [&](const status_state::replica_entry& e) {
+    return labels_of(e) + ",device=\"" + label(e.info.device.device) + "\"";
+  };
+  family("stitch_replica_device_memory_bytes", "gauge",
+         "Device memory the replica's engine holds (0 on the CPU).");
+  for (const auto& [a, e] : st.replicas)
+    if (e.known)
+      out += "stitch_replica_device_memory_bytes{" + device_labels(e) + "} "
+             + std::to_string(e.info.device.memory_used) + "\n";
+  family("stitch_replica_device_staged_bytes_total", "counter",
+         "Bytes the replica's stages moved to its device and applied there.");
+  for (const auto& [a, e] : st.replicas)
+    if (e.known)
+      out += "stitch_replica_device_staged_bytes_total{" + device_labels(e) + "} "
+             + std::to_string(e.info.device.staged_bytes_total) + "\n";
+  family("stitch_replica_device_staging_seconds_total", "counter",
+         "Seconds the replica's device staging pipeline was busy.");
+  for (const auto& [a, e] : st.replicas)
+    if (e.known)
+      out += "stitch_replica_device_staging_seconds_total{" + device_labels(e) + "} "
+             + std::to_string(e.info.device.staging_seconds_total) + "\n";
   write_histogram(out, "stitch_stage_seconds", "Time to stage an update while serving.",
                   st.stage_seconds);
   write_histogram(out, "stitch_activation_pause_seconds",

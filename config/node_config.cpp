@@ -167,6 +167,15 @@ const std::vector<entry>& schema() {
     text("model.preset", &node_config::model_preset,
          {"tiny", "small", "medium", "moe-tiny", "moe-small"});
     text("engine.kind", &node_config::engine_kind, {"builtin", "sglang", "vllm"});
+    text("engine.device", &node_config::engine_device, {"cpu", "cuda"});
+    e.push_back(
+      {"engine.max_batch",
+       kind::integer,
+       1,
+       4096,
+       {},
+       [](node_config& c, const value& v) { c.engine_max_batch = static_cast<uint64_t>(v.number); },
+       [](const node_config& c) { return std::to_string(c.engine_max_batch); }});
     text("engine.url", &node_config::engine_url);
     text("engine.launch", &node_config::engine_launch);
     path("engine.staging_dir", &node_config::engine_staging_dir);
@@ -534,6 +543,9 @@ void validate(const node_config& c, std::string& problems) {
   if (!c.coordinator_address.empty() && !parse_listen_address(c.coordinator_address))
     problems +=
       "coordinator.address: " + quote_untrusted(c.coordinator_address) + " is not HOST:PORT\n";
+  if (c.engine_device == "cuda" && c.engine_kind != "builtin")
+    problems += "engine.device: cuda is where the built-in engine computes; an external engine ("
+                + c.engine_kind + ") places itself with {gpu} in engine.launch\n";
   if (c.engine_kind == "builtin") {
     if (!c.engine_url.empty() || !c.engine_launch.empty())
       problems += "engine.kind: engine.url and engine.launch drive an external engine; set "

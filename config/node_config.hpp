@@ -62,6 +62,11 @@ struct node_config {
   /// `model.preset`), "sglang" or "vllm" (an external server, at
   /// `engine.url` or started per replica with `engine.launch`).
   std::string engine_kind = "builtin";
+  /// Where the built-in engine computes: "cpu", or "cuda" (the replica's
+  /// first GPU slot, device 0 without one).
+  std::string engine_device = "cpu";
+  /// Requests the built-in engine steps together (its KV slots on a device).
+  uint64_t engine_max_batch = 64;
   std::string engine_url;
   /// A command line with `{port}`, `{gpu}` and `{model_dir}` placeholders.
   std::string engine_launch;

@@ -98,10 +98,10 @@ status prepare() {
                       "cudaMemcpyToSymbol");
       !ok)
     return ok;
-  if (auto ok = check(cudaFuncSetAttribute(chunk_digest_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(shared_bytes)),
-                      "cudaFuncSetAttribute");
+  if (auto ok =
+        check(cudaFuncSetAttribute(chunk_digest_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(shared_bytes)),
+              "cudaFuncSetAttribute");
       !ok)
     return ok;
   if (device < 31)
@@ -131,10 +131,11 @@ status chunk_digests(const void* data, size_t bytes, uint64_t* digests, void* st
   chunk_digest_kernel<<<static_cast<unsigned>(chunks), threads, shared_bytes, s>>>(
     static_cast<const unsigned char*>(data), bytes, static_cast<uint64_t*>(out));
   status launched = check(cudaGetLastError(), "checksum kernel launch");
-  status copied = launched ? check(cudaMemcpyAsync(digests, out, chunks * sizeof(uint64_t),
-                                                   cudaMemcpyDeviceToHost, s),
-                                   "cudaMemcpyAsync of the digests")
-                           : status{};
+  status copied =
+    launched
+      ? check(cudaMemcpyAsync(digests, out, chunks * sizeof(uint64_t), cudaMemcpyDeviceToHost, s),
+              "cudaMemcpyAsync of the digests")
+      : status{};
   cudaFreeAsync(out, s);
   status synced = check(cudaStreamSynchronize(s), "cudaStreamSynchronize after the checksum");
   if (!launched)

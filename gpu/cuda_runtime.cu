@@ -54,8 +54,8 @@ status malloc(int device, size_t bytes, void** out) {
   cudaError_t err = cudaMalloc(out, bytes);
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    return make_error(errc::limit_exceeded, "CUDA device " + std::to_string(device)
-                                              + " has no " + std::to_string(bytes)
+    return make_error(errc::limit_exceeded, "CUDA device " + std::to_string(device) + " has no "
+                                              + std::to_string(bytes)
                                               + " bytes free (cudaMalloc: out of memory)");
   }
   return check(err, "cudaMalloc");
@@ -143,18 +143,18 @@ result<bool> event_done(void* event) {
 
 result<double> event_elapsed_ms(void* start, void* end) {
   float ms = 0;
-  if (auto ok = check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
-                                           static_cast<cudaEvent_t>(end)),
-                      "cudaEventElapsedTime");
+  if (auto ok = check(
+        cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)),
+        "cudaEventElapsedTime");
       !ok)
     return std::move(ok).error();
   return static_cast<double>(ms);
 }
 
 status stream_wait(void* stream, void* event) {
-  return check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                   static_cast<cudaEvent_t>(event), 0),
-               "cudaStreamWaitEvent");
+  return check(
+    cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+    "cudaStreamWaitEvent");
 }
 
 status memcpy_async(void* dst, const void* src, size_t bytes, void* stream, const char* what) {

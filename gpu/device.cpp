@@ -31,9 +31,9 @@ status require_device(int device) {
   if (auto why = why_no_device(); !why.empty())
     return make_error(errc::engine_unavailable, why);
   if (device < 0 || device >= device_count())
-    return make_error(errc::engine_unavailable,
-                      "CUDA device " + std::to_string(device) + " does not exist (this machine has "
-                        + std::to_string(device_count()) + ")");
+    return make_error(errc::engine_unavailable, "CUDA device " + std::to_string(device)
+                                                  + " does not exist (this machine has "
+                                                  + std::to_string(device_count()) + ")");
   return {};
 }
 

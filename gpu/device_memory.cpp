@@ -21,8 +21,7 @@ namespace {
 status out_of_range(const char* what, size_t offset, size_t n, size_t size) {
   return make_error(errc::invalid_argument, std::string{what} + ": " + std::to_string(n)
                                               + " bytes at offset " + std::to_string(offset)
-                                              + " do not fit a buffer of "
-                                              + std::to_string(size));
+                                              + " do not fit a buffer of " + std::to_string(size));
 }
 
 bool fits(size_t offset, size_t n, size_t size) {
@@ -224,8 +223,8 @@ status copy_on_device(const device_buffer& dst, size_t dst_offset, const device_
       std::memmove(host_at(dst, dst_offset), host_at(src, src_offset), n);
     return {};
   }
-  return cuda::memcpy_async(host_at(dst, dst_offset), host_at(src, src_offset), n,
-                            stream.native(), "device-to-device copy");
+  return cuda::memcpy_async(host_at(dst, dst_offset), host_at(src, src_offset), n, stream.native(),
+                            "device-to-device copy");
 }
 
 status xor_on_device(const device_buffer& dst, size_t dst_offset, const device_buffer& delta,
@@ -251,9 +250,8 @@ result<uint64_t> device_tree_checksum(const device_buffer& buffer, size_t offset
   if (buffer.on_host())
     return parallel_tree_checksum({host_at(buffer, offset), n});
   if (offset % 8 != 0)
-    return make_error(errc::invalid_argument,
-                      "device checksum at offset " + std::to_string(offset)
-                        + ", which is not a multiple of 8");
+    return make_error(errc::invalid_argument, "device checksum at offset " + std::to_string(offset)
+                                                + ", which is not a multiple of 8");
   std::vector<uint64_t> digests(checksum::chunk_count(n));
   if (auto ok = cuda::chunk_digests(host_at(buffer, offset), n, digests.data(), stream.native());
       !ok)

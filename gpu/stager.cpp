@@ -98,8 +98,8 @@ status device_stager::piecewise(const device_buffer& dst, size_t offset,
   return {};
 }
 
-status device_stager::write(const device_buffer& dst, size_t offset,
-                            std::span<const std::byte> src, bool stable) {
+status device_stager::write(const device_buffer& dst, size_t offset, std::span<const std::byte> src,
+                            bool stable) {
   std::lock_guard guard{mutex_};
   if (!first_error_)
     return first_error_;
@@ -120,8 +120,7 @@ status device_stager::xor_apply(const device_buffer& dst, size_t offset,
   if (device_ == host_device) {
     if (offset > dst.size() || src.size() > dst.size() - offset)
       return remember(make_error(errc::invalid_argument, "xor piece outside the tensor"));
-    return remember(
-      parallel_xor_apply(dst.host_bytes().subspan(offset, src.size()), src));
+    return remember(parallel_xor_apply(dst.host_bytes().subspan(offset, src.size()), src));
   }
   return remember(piecewise(dst, offset, src, true));
 }
@@ -132,9 +131,9 @@ status device_stager::copy(const device_buffer& dst, const device_buffer& src) {
     return first_error_;
   started();
   if (dst.size() != src.size())
-    return remember(make_error(errc::invalid_argument,
-                               "device copy of " + std::to_string(src.size()) + " bytes into "
-                                 + std::to_string(dst.size())));
+    return remember(
+      make_error(errc::invalid_argument, "device copy of " + std::to_string(src.size())
+                                           + " bytes into " + std::to_string(dst.size())));
   counters_.bytes_copied += src.size();
   return remember(copy_on_device(dst, 0, src, 0, src.size(), stream_));
 }

@@ -28,7 +28,7 @@ namespace stitch::gpu::xxh3 {
 inline constexpr size_t stripe_len = 64;
 inline constexpr size_t secret_size = 192;
 inline constexpr size_t stripes_per_block = (secret_size - stripe_len) / 8; // 16
-inline constexpr size_t block_len = stripe_len * stripes_per_block;          // 1024
+inline constexpr size_t block_len = stripe_len * stripes_per_block;         // 1024
 inline constexpr size_t midsize_max = 240;
 inline constexpr size_t lanes = 8;
 
@@ -58,14 +58,14 @@ STITCH_HD uint64_t secret_word(const unsigned char* secret, size_t offset) {
 
 STITCH_HD uint64_t initial_acc(size_t lane) {
   switch (lane) {
-  case 0: return prime32_3;
-  case 1: return prime64_1;
-  case 2: return prime64_2;
-  case 3: return prime64_3;
-  case 4: return prime64_4;
-  case 5: return prime32_2;
-  case 6: return prime64_5;
-  default: return prime32_1;
+    case 0: return prime32_3;
+    case 1: return prime64_1;
+    case 2: return prime64_2;
+    case 3: return prime64_3;
+    case 4: return prime64_4;
+    case 5: return prime32_2;
+    case 6: return prime64_5;
+    default: return prime32_1;
   }
 }
 

@@ -108,6 +108,23 @@ struct engine_health {
   std::string detail;
 };
 
+/// Where an engine computes and what it holds there (`/status` "device",
+/// `/metrics`).
+struct engine_device_usage {
+  /// "cpu", or "cuda:N".
+  std::string device = "cpu";
+  /// "host", or the device's name ("NVIDIA H200").
+  std::string name = "host";
+  /// Bytes the engine holds on the device: weights served and staged, KV
+  /// caches, activations, the staging ring (0 on the CPU).
+  uint64_t memory_used = 0;
+  uint64_t memory_total = 0;
+  /// Bytes copied from host to device and applied there by stages, and the
+  /// seconds the staging pipeline was busy with them.
+  uint64_t staged_bytes_total = 0;
+  double staging_seconds_total = 0;
+};
+
 /// The engine port (DESIGN §4). `stage` builds the target weights in a shadow
 /// copy while the engine keeps serving; `commit` activates the shadow and is
 /// the only step that pauses generation. Slow methods are called from worker
@@ -154,6 +171,8 @@ public:
   /// read (`transport/ucx_peer.hpp`); none when the engine cannot expose
   /// them (an external engine's weights live in its own process).
   virtual std::optional<host_weights> host_view() { return std::nullopt; }
+  /// Where the engine computes (the CPU unless it says otherwise).
+  virtual engine_device_usage device_usage() { return {}; }
   /// The served weights are also version `ref`: the versions after the
   /// served one change no weights, and the host advanced to `ref` without an
   /// activation. Tokens generated from now on are counted as `ref`

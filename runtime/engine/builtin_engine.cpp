@@ -4,13 +4,17 @@
 
 #include "gpu/checksum.hpp"
 #include "gpu/cpu_parallel.hpp"
+#include "gpu/device.hpp"
+#include "gpu/device_memory.hpp"
 #include "runtime/core/checksum.hpp"
 #include "runtime/core/constraint.hpp"
 #include "runtime/engine/api_shapes.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/store/materialize.hpp"
 #include "runtime/store/stage_meter.hpp"
+#include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <random>
 #include <set>
 
@@ -36,6 +40,9 @@ struct builtin_engine::job {
   /// Which served version routed which fed positions (mixtures of experts).
   std::vector<version_span> routed_spans;
   std::promise<result<generation_output>> answer;
+  /// Distinct per engine (0 = none yet); on a device, the KV slot it holds.
+  uint64_t id = 0;
+  int slot = -1;
 };
 
 builtin_engine::builtin_engine(model_config config)
@@ -47,6 +54,54 @@ builtin_engine::builtin_engine(model_config config, options opts)
   if (opts_.max_batch == 0)
     opts_.max_batch = 1;
   loop_ = std::thread{[this] { decode_loop(); }};
+}
+
+result<std::shared_ptr<builtin_engine>> builtin_engine::create(model_config config, options opts) {
+  if (opts.device == engine_device::cpu)
+    return std::make_shared<builtin_engine>(std::move(config), opts);
+  auto refuse = [&](const stitch::error& e) {
+    return make_error(e.code,
+                      "engine.device = cuda (GPU " + std::to_string(opts.gpu) + "): " + e.message);
+  };
+  auto shape = llama_shape_of(config);
+  if (!shape)
+    return refuse(shape.error());
+  if (auto ok = gpu::require_device(opts.gpu); !ok)
+    return refuse(ok.error());
+  auto memory = gpu::memory_info(opts.gpu);
+  if (!memory)
+    return refuse(memory.error());
+  auto parts = std::make_unique<device_parts>();
+  parts->gpu = opts.gpu;
+  parts->name = gpu::device_name(opts.gpu);
+  parts->memory_total = memory->total;
+  const auto slots = static_cast<uint32_t>(std::max<size_t>(1, opts.max_batch));
+  const gpu::device_stager::options ring;
+  parts->budget = device_budget_for(config, slots, ring.chunk_bytes * ring.ring);
+  if (auto ok = check_budget(parts->budget, memory->free,
+                             "CUDA device " + std::to_string(opts.gpu) + " (" + parts->name + ")");
+      !ok)
+    return refuse(ok.error());
+  auto runner = gpu::llama_runner::create(opts.gpu, *shape, slots);
+  if (!runner)
+    return refuse(runner.error());
+  auto stager = gpu::device_stager::create(opts.gpu, ring);
+  if (!stager)
+    return refuse(stager.error());
+  parts->runner = std::move(*runner);
+  parts->stager = std::move(*stager);
+  parts->slot_owner.assign(slots, 0);
+  // Staging buffers are page-locked from now on, so what lands in them is
+  // copied to the device by DMA, without a bounce.
+  static std::once_flag pinned;
+  std::call_once(pinned, [] {
+    gpu::staging_allocator().add_registrar(std::make_shared<gpu::pinned_registrar>());
+  });
+  opts.max_batch = slots;
+  auto engine = std::make_shared<builtin_engine>(std::move(config), opts);
+  // No job can reach the decode loop before this returns.
+  engine->device_ = std::move(parts);
+  return engine;
 }
 
 builtin_engine::~builtin_engine() {
@@ -143,7 +198,7 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
     batch.push_back(&j->dec.seq());
     feed.push_back(j->dec.next_token());
   }
-  auto logits = step(*w, batch, feed);
+  auto logits = device_ ? step_on_device(*w, active) : step(*w, batch, feed);
   const bool w_config_is_moe = w->config.is_moe();
   w.reset();
   {
@@ -193,6 +248,76 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
   std::erase(active, nullptr);
 }
 
+result<step_logits>
+builtin_engine::step_on_device(const weights& w, const std::vector<std::shared_ptr<job>>& active) {
+  auto& d = *device_;
+  if (!w.device)
+    return fail(errc::engine_unavailable, "generate: the served weights have no device copy");
+  // Slots of requests that left are free again; newcomers take free ones.
+  std::set<uint64_t> present;
+  for (const auto& j : active)
+    present.insert(j->id);
+  for (auto& owner : d.slot_owner)
+    if (owner != 0 && !present.contains(owner))
+      owner = 0;
+  std::vector<gpu::llama_token> tokens;
+  tokens.reserve(active.size());
+  for (const auto& j : active) {
+    if (j->slot < 0 || d.slot_owner[static_cast<size_t>(j->slot)] != j->id) {
+      auto free = std::find(d.slot_owner.begin(), d.slot_owner.end(), uint64_t{0});
+      if (free == d.slot_owner.end())
+        return fail(errc::limit_exceeded, "generate: every KV slot of the device is taken");
+      *free = j->id;
+      j->slot = static_cast<int>(free - d.slot_owner.begin());
+    }
+    const sequence& seq = j->dec.seq();
+    if (seq.position >= w.config.max_position_embeddings)
+      return fail(errc::limit_exceeded, "step: a sequence is at max_position_embeddings "
+                                          + std::to_string(w.config.max_position_embeddings));
+    tokens.push_back({static_cast<uint32_t>(j->slot), seq.position, j->dec.next_token()});
+  }
+  const size_t vocab = w.config.vocab_size;
+  std::vector<float> flat(tokens.size() * vocab);
+  if (auto ok = d.runner->step(w.device->pointers, tokens, flat); !ok)
+    return std::move(ok).error();
+  step_logits out(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    out[i].assign(flat.begin() + static_cast<ptrdiff_t>(i * vocab),
+                  flat.begin() + static_cast<ptrdiff_t>((i + 1) * vocab));
+    ++active[i]->dec.seq().position;
+  }
+  return out;
+}
+
+engine_device_usage builtin_engine::device_usage() {
+  if (!device_)
+    return {};
+  engine_device_usage u;
+  u.device = "cuda:" + std::to_string(device_->gpu);
+  u.name = device_->name;
+  u.memory_total = device_->memory_total;
+  u.memory_used = device_->budget.workspace + device_->budget.staging;
+  std::set<const gpu::device_buffer*> counted;
+  auto add = [&](const std::shared_ptr<const weights>& w) {
+    if (!w || !w->device)
+      return;
+    for (const auto& [name, b] : w->device->buffers)
+      if (counted.insert(b.get()).second)
+        u.memory_used += b->size();
+  };
+  {
+    std::lock_guard guard{mutex_};
+    add(serving_);
+    add(retired_weights_);
+    if (shadow_)
+      add(shadow_->prepared);
+  }
+  auto c = device_->stager->stats();
+  u.staged_bytes_total = c.bytes_copied + c.bytes_xored;
+  u.staging_seconds_total = c.busy_seconds;
+  return u;
+}
+
 std::shared_ptr<const weights> builtin_engine::served() const {
   std::lock_guard guard{mutex_};
   return serving_;
@@ -237,6 +362,30 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
   auto target = source.manifest_of(plan.target);
   if (!target)
     return std::move(target).error();
+  // On a device, the same tensors there: the base's shared, or made by this
+  // stage (`dev_own`, which it may change). The guard waits for the staging
+  // pipeline on every way out, before the buffers it reads or writes go.
+  using device_map = std::map<std::string, std::shared_ptr<const gpu::device_buffer>>;
+  device_map dev;
+  std::map<std::string, std::shared_ptr<gpu::device_buffer>> dev_own;
+  struct pipeline_guard {
+    gpu::device_stager* stager;
+    ~pipeline_guard() {
+      if (stager)
+        (void) stager->finish();
+    }
+  } pipeline{device_ ? device_->stager.get() : nullptr};
+  auto to_device = [&](const tensor_buffer& t) -> status {
+    auto made = gpu::device_buffer::allocate(device_->gpu, t.bytes.size());
+    if (!made)
+      return std::move(made).error();
+    auto buf = std::make_shared<gpu::device_buffer>(std::move(*made));
+    if (auto ok = device_->stager->write(*buf, 0, t.bytes.bytes(), true); !ok)
+      return ok;
+    dev_own[t.name] = buf;
+    dev[t.name] = buf;
+    return {};
+  };
   // Tensors peers that hold the target gave in full, each chunk verified
   // against the target's manifest: neither read from the store nor patched.
   std::set<std::string> fetched;
@@ -275,12 +424,15 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     }
     from_peers(buffers);
     for (auto& t : buffers) {
-      if (fetched.contains(t->name))
-        continue;
-      if (auto ok = source.read(anchor->ref, t->name, 0, t->bytes.bytes()); !ok)
-        return ok;
-      own.emplace(t->name, t);
-      tensors.emplace(t->name, std::move(t));
+      if (!fetched.contains(t->name)) {
+        if (auto ok = source.read(anchor->ref, t->name, 0, t->bytes.bytes()); !ok)
+          return ok;
+        own.emplace(t->name, t);
+        tensors.emplace(t->name, t);
+      }
+      if (device_)
+        if (auto ok = to_device(*t); !ok)
+          return ok;
     }
   } else {
     std::lock_guard guard{mutex_};
@@ -289,6 +441,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
         return fail(errc::invalid_argument,
                     "no staged shadow to continue to " + to_string(plan.target));
       tensors = shadow_->prepared->tensors;
+      if (shadow_->prepared->device)
+        dev = shadow_->prepared->device->buffers;
       shadow_.reset();
     } else {
       if (!serving_)
@@ -296,8 +450,13 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
                     "nothing is served to build " + to_string(plan.target) + " on");
       shadow_.reset();
       tensors = serving_->tensors;
+      if (serving_->device)
+        dev = serving_->device->buffers;
     }
   }
+  if (device_ && !plan.anchor && dev.size() != tensors.size())
+    return fail(errc::invalid_argument, "the weights to build " + to_string(plan.target)
+                                          + " on have no complete device copy");
   if (!plan.anchor && source.peers()) {
     // The tensors the chain changes, whole, from holders of the target.
     std::vector<std::shared_ptr<tensor_buffer>> buffers;
@@ -309,6 +468,10 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
         buffers.push_back(std::move(*t));
       }
     from_peers(std::move(buffers));
+    if (device_)
+      for (const auto& name : fetched)
+        if (auto ok = to_device(*own.at(name)); !ok)
+          return ok;
   }
   // Each delta's tensors are independent: copied (those still shared with
   // the base) and patched on the shared pool, one tensor per task.
@@ -356,6 +519,32 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       if (p.base && p.base->bytes.size() > 0)
         std::memcpy(p.into->bytes.data(), p.base->bytes.data(), p.base->bytes.size());
     });
+    // On a device: each patched tensor's device copy starts as its base's,
+    // and every decoded piece is applied to it there as it is to the host's.
+    std::vector<store::decoded_sink> sinks(device_ ? patches.size() : 0);
+    for (size_t i = 0; i < sinks.size(); ++i) {
+      const auto& name = patches[i].name;
+      auto mine = dev_own.find(name);
+      if (mine == dev_own.end()) {
+        auto base = dev.find(name);
+        if (base == dev.end() || !base->second)
+          return fail(errc::invalid_argument, "tensor '" + name + "' has no device copy to patch");
+        auto made = gpu::device_buffer::allocate(device_->gpu, base->second->size());
+        if (!made)
+          return std::move(made).error();
+        auto buf = std::make_shared<gpu::device_buffer>(std::move(*made));
+        if (auto ok = device_->stager->copy(*buf, *base->second); !ok)
+          return ok;
+        mine = dev_own.emplace(name, buf).first;
+        dev[name] = buf;
+      }
+      sinks[i].piece = [stager = device_->stager.get(),
+                        buf = mine->second](uint64_t offset, std::span<const std::byte> decoded,
+                                            delta_encoding encoding) {
+        return encoding == delta_encoding::xor_bytes ? stager->xor_apply(*buf, offset, decoded)
+                                                     : stager->write(*buf, offset, decoded);
+      };
+    }
     std::vector<status> outcomes(patches.size());
     {
       // Decoding: the pool's workers keep no phase meter, so the frames
@@ -366,15 +555,20 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
         thread_local std::vector<std::byte> scratch;
         if (scratch.empty())
           scratch.resize(size_t{8} << 20);
-        outcomes[i] = store::apply_delta(read, *delta, patches[i].name,
-                                         patches[i].into->bytes.bytes(), scratch);
+        outcomes[i] =
+          store::apply_delta(read, *delta, patches[i].name, patches[i].into->bytes.bytes(), scratch,
+                             sinks.empty() ? nullptr : &sinks[i]);
       });
     }
     for (auto& outcome : outcomes)
       if (!outcome)
         return outcome;
   }
-  // Nothing is activated unless it is exactly what was published.
+  if (device_)
+    if (auto ok = device_->stager->finish(); !ok)
+      return ok;
+  // Nothing is activated unless it is exactly what was published: on a
+  // device, the bytes there are what is checked.
   std::optional<store::phase_scope> verifying{store::stage_phase::verify};
   for (const auto& [name, expected] : target->checksums) {
     auto it = tensors.find(name);
@@ -385,7 +579,15 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       continue; // unchanged bytes, verified when they were staged
     if (fetched.contains(name))
       continue; // every chunk verified as it landed
-    uint64_t got = gpu::parallel_tree_checksum(it->second->bytes.bytes());
+    uint64_t got = 0;
+    if (device_) {
+      auto on_device = device_->stager->checksum(*dev.at(name), it->second->bytes.size());
+      if (!on_device)
+        return std::move(on_device).error();
+      got = *on_device;
+    } else {
+      got = gpu::parallel_tree_checksum(it->second->bytes.bytes());
+    }
     if (got != expected)
       return fail(errc::checksum_mismatch, "tensor '" + name + "' of " + to_string(plan.target)
                                              + " has checksum " + checksum::to_hex(got)
@@ -406,6 +608,24 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       return fail(errc::invalid_argument, "the config.json of " + to_string(plan.target)
                                             + " cannot be served: " + parsed.error().message);
     config = *parsed;
+  }
+  if (device_) {
+    if (auto ok = fits_runner(device_->runner->shape(), config); !ok)
+      return fail(errc::invalid_argument,
+                  to_string(plan.target) + " cannot be served on CUDA device "
+                    + std::to_string(device_->gpu) + ": " + ok.error().message);
+    auto bound = bind_weights(config, std::move(tensors));
+    if (!bound)
+      return fail(errc::invalid_argument, to_string(plan.target)
+                                            + " does not match the architecture it is served with: "
+                                            + bound.error().message);
+    auto on_device = bind_device_weights(config, std::move(dev));
+    if (!on_device)
+      return std::move(on_device).error();
+    (*bound)->device = std::move(*on_device);
+    std::lock_guard guard{mutex_};
+    shadow_ = shadow{std::move(*bound), plan.target};
+    return {};
   }
   // The expensive part of activation happens here, while serving.
   auto prepared = build_weights(config, std::move(tensors));
@@ -505,6 +725,7 @@ result<generation_output> builtin_engine::run(decoder d, const std::function<boo
     std::lock_guard guard{jobs_mutex_};
     if (stopping_)
       return fail(errc::engine_unavailable, "the engine is shutting down");
+    j->id = next_job_id_++;
     incoming_.push_back(std::move(j));
   }
   jobs_ready_.notify_one();

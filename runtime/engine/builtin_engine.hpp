@@ -9,7 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include "gpu/llama.hpp"
+#include "gpu/stager.hpp"
 #include "runtime/core/engine_port.hpp"
+#include "runtime/engine/device_model.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/engine/tokenizer.hpp"
@@ -32,11 +35,24 @@ namespace stitch::engine {
 /// next step and leave when done. `step` is batch invariant and sampling is
 /// counter based, so a request's tokens and logprobs do not depend on what
 /// shares its batch. Thread-safe.
+///
+/// On a CUDA device (`options::device`, made with `create`): the host stage
+/// above still lands every byte in (pinned) staging buffers, kept for peers;
+/// the device copy is built beside it by the staging pipeline (anchors and
+/// peers' tensors copied in, delta pieces applied by kernels into copies of
+/// the served device tensors, every touched tensor's checksum computed on the
+/// device), and the forward pass runs there (`gpu::llama_runner`, one KV
+/// slot per request in the batch). Commit still swaps one pointer. The
+/// device memory all of it needs is decided and checked up front.
 class builtin_engine final : public engine_port {
 public:
   struct options {
     /// Requests stepped together at most; more wait for a free slot.
     size_t max_batch = 64;
+    /// Where the forward pass runs (`engine.device`).
+    engine_device device = engine_device::cpu;
+    /// The CUDA device (the replica's first GPU slot).
+    int gpu = 0;
   };
 
   /// Decode-loop counters (for tests and metrics).
@@ -47,7 +63,12 @@ public:
   };
 
   explicit builtin_engine(model_config config);
+  /// A CPU engine (`opts.device` must be cpu: use `create` for a device).
   builtin_engine(model_config config, options opts);
+  /// An engine on `opts.device`: on CUDA, refused with the reason when the
+  /// build or the machine has no such device, when the model is not one the
+  /// CUDA forward pass runs, or when its memory budget does not fit.
+  static result<std::shared_ptr<builtin_engine>> create(model_config config, options opts);
   ~builtin_engine() override;
   builtin_engine(const builtin_engine&) = delete;
   builtin_engine& operator=(const builtin_engine&) = delete;
@@ -72,6 +93,7 @@ public:
   engine_health health() override;
   std::vector<std::string> blocked_routes() const override;
   std::optional<host_weights> host_view() override;
+  engine_device_usage device_usage() override;
   bool reports_version_spans() const override { return true; }
 
   /// The weights served now (null before the first commit).
@@ -106,6 +128,24 @@ private:
   void decode_loop();
   /// One step of every active job; finished jobs are answered and dropped.
   void step_batch(std::vector<std::shared_ptr<job>>& active);
+  /// The step on the device: KV slots given to jobs that have none (and
+  /// taken back from jobs that left), one runner step, positions advanced.
+  result<step_logits> step_on_device(const weights& w,
+                                     const std::vector<std::shared_ptr<job>>& active);
+
+  /// The device side of an engine made by `create` for CUDA.
+  struct device_parts {
+    int gpu = 0;
+    std::string name;
+    device_budget budget;
+    uint64_t memory_total = 0;
+    std::unique_ptr<gpu::llama_runner> runner;
+    std::unique_ptr<gpu::device_stager> stager;
+    /// The job id holding each KV slot (0: free). Decode loop only.
+    std::vector<uint64_t> slot_owner;
+  };
+  std::unique_ptr<device_parts> device_;
+  uint64_t next_job_id_ = 1;
 
   model_config config_;
   tokenizer tokenizer_;

@@ -146,8 +146,7 @@ std::vector<tensor_spec> expected_tensors(const model_config& c) {
   return specs;
 }
 
-result<std::shared_ptr<const weights>> build_weights(const model_config& config,
-                                                     tensor_map tensors) {
+status check_tensors(const model_config& config, const tensor_map& tensors) {
   if (auto ok = validate(config); !ok) {
     return std::move(ok).error();
   }
@@ -193,7 +192,23 @@ result<std::shared_ptr<const weights>> build_weights(const model_config& config,
       }
     }
   }
+  return {};
+}
 
+result<std::shared_ptr<weights>> bind_weights(const model_config& config, tensor_map tensors) {
+  if (auto ok = check_tensors(config, tensors); !ok)
+    return std::move(ok).error();
+  auto w = std::make_shared<weights>();
+  w->config = config;
+  w->tensors = std::move(tensors);
+  return w;
+}
+
+result<std::shared_ptr<const weights>> build_weights(const model_config& config,
+                                                     tensor_map tensors) {
+  if (auto ok = check_tensors(config, tensors); !ok)
+    return std::move(ok).error();
+  auto specs = expected_tensors(config);
   auto w = std::make_shared<weights>();
   w->config = config;
   std::mutex widened_mutex;

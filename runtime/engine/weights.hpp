@@ -15,6 +15,8 @@
 
 namespace stitch::engine {
 
+struct device_weights;
+
 /// One tensor of a model in host memory (from the staging allocator, so the
 /// transport and the GPU can register it in place). Immutable once built and
 /// shared between the versions that did not change it.
@@ -86,6 +88,10 @@ struct weights {
   /// What the views point into.
   tensor_map tensors;
   std::vector<std::shared_ptr<const gpu::host_buffer>> widened;
+  /// On an engine with a device (`engine.device = cuda`): the same tensors
+  /// on the device, which its forward pass reads; the views above are then
+  /// empty (the host keeps the tensors for peers, not for compute).
+  std::shared_ptr<const device_weights> device;
 };
 
 /// The name and shape of one tensor a model needs.
@@ -97,6 +103,15 @@ struct tensor_spec {
 /// Every tensor of a `config` model, with its Hugging Face name and shape,
 /// in a fixed order (embeddings, layers in order, final norm, lm_head).
 std::vector<tensor_spec> expected_tensors(const model_config& config);
+
+/// Checks checkpoint tensors against `config`: every expected tensor present
+/// with the config's dtype and exactly its shape, and no other tensor; errors
+/// name the tensor.
+status check_tensors(const model_config& config, const tensor_map& tensors);
+
+/// Weights that hold checked tensors without viewing them (no widening): a
+/// device engine's host side, completed with `device` by its caller.
+result<std::shared_ptr<weights>> bind_weights(const model_config& config, tensor_map tensors);
 
 /// Builds the weights from checkpoint tensors, which they keep and view.
 /// Every expected tensor must be present with the config's dtype and exactly

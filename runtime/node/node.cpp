@@ -261,8 +261,18 @@ result<engine_factory> node::engine_for(const replica_options& o, const std::str
     auto model = engine::preset(preset);
     if (!model)
       return std::move(model).error();
-    return engine_factory{[config = *model]() -> result<std::shared_ptr<engine_port>> {
-      return std::shared_ptr<engine_port>{std::make_shared<engine::builtin_engine>(config)};
+    auto device = engine::parse_engine_device(settings_.engine_device);
+    if (!device)
+      return std::move(device).error();
+    engine::builtin_engine::options eo;
+    eo.max_batch = settings_.engine_max_batch;
+    eo.device = *device;
+    eo.gpu = gpus.empty() ? 0 : static_cast<int>(gpus.front());
+    return engine_factory{[config = *model, eo]() -> result<std::shared_ptr<engine_port>> {
+      auto made = engine::builtin_engine::create(config, eo);
+      if (!made)
+        return std::move(made).error();
+      return std::shared_ptr<engine_port>{std::move(*made)};
     }};
   }
   auto kind = engine::parse_engine_kind(settings_.engine_kind);
@@ -353,11 +363,12 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
     caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
     return std::move(port).error();
   }
-  log::info("node",
-            o.replica_id + " serves http://" + settings_.replica_listen.host + ":"
-              + std::to_string(*port) + " (pool " + o.pool + ", engine "
-              + (settings_.engine_kind == "builtin" ? "builtin " + preset : settings_.engine_kind)
-              + ")");
+  log::info("node", o.replica_id + " serves http://" + settings_.replica_listen.host + ":"
+                      + std::to_string(*port) + " (pool " + o.pool + ", engine "
+                      + (settings_.engine_kind == "builtin"
+                           ? "builtin " + preset + " on " + settings_.engine_device
+                           : settings_.engine_kind)
+                      + ")");
   std::lock_guard lock{jobs_->mutex};
   if (jobs_->fronts.contains(o.replica_id)) {
     caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);

@@ -131,7 +131,8 @@ result<delta_cursor> delta_cursor::open(range_reader read, const manifest& delta
   return c;
 }
 
-status delta_cursor::apply(std::span<std::byte> base, std::span<std::byte> scratch) {
+status delta_cursor::apply(std::span<std::byte> base, std::span<std::byte> scratch,
+                           const decoded_sink* sink) {
   for (size_t done = 0; done < base.size();) {
     const size_t n = std::min(base.size() - done, scratch.size());
     auto into = base.subspan(done, n);
@@ -148,6 +149,9 @@ status delta_cursor::apply(std::span<std::byte> base, std::span<std::byte> scrat
     }
     if (!got)
       return failed(got.error());
+    if (sink)
+      if (auto told = sink->piece(done, decoded, encoding_); !told)
+        return told;
     if (encoding_ == delta_encoding::xor_bytes)
       if (auto ok = gpu::parallel_xor_apply(into, decoded); !ok)
         return failed(ok.error());
@@ -168,12 +172,13 @@ status delta_cursor::finish() {
 }
 
 status apply_delta(const range_reader& read, const manifest& delta, std::string_view name,
-                   std::span<std::byte> bytes, std::span<std::byte> scratch) {
+                   std::span<std::byte> bytes, std::span<std::byte> scratch,
+                   const decoded_sink* sink) {
   phase_scope decoding{stage_phase::decode};
   auto cursor = delta_cursor::open(read, delta, name, bytes.size());
   if (!cursor)
     return std::move(cursor).error();
-  if (auto ok = cursor->apply(bytes, scratch); !ok)
+  if (auto ok = cursor->apply(bytes, scratch, sink); !ok)
     return ok;
   return cursor->finish();
 }

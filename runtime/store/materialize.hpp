@@ -37,6 +37,15 @@ using manifest_reader = std::function<result<manifest>(const version_ref& ref)>;
 /// order; `corrupt_data` for an anchor without specs.
 result<std::vector<safetensors::tensor_info>> read_tensor_specs(const manifest& anchor);
 
+/// Told of each decoded piece of a delta as it is applied: `offset` into the
+/// tensor, the decoded bytes (valid only during the call), and whether they
+/// are XORed (`xor_bytes`) or copied over (`overwrite`).
+struct decoded_sink {
+  std::function<status(uint64_t offset, std::span<const std::byte> decoded,
+                       delta_encoding encoding)>
+    piece;
+};
+
 /// One tensor's delta frame in a stored delta, applied piece by piece: the
 /// payload is read and decompressed as it is needed, so a tensor of any
 /// size takes zstd's window and a scratch buffer, never its whole payload.
@@ -50,8 +59,11 @@ public:
   /// Turns the next `base.size()` bytes of the tensor from their base-version
   /// bytes into the delta's version (XORed with the decoded bytes, or
   /// overwritten by them); `scratch` (at least as large) holds decoded bytes.
-  /// Errors are `decode_failure` naming the tensor and version.
-  status apply(std::span<std::byte> base, std::span<std::byte> scratch);
+  /// Errors are `decode_failure` naming the tensor and version. With
+  /// `sink`, every decoded piece is also handed to it (a device applying the
+  /// same delta to its own copy) before the next is decoded.
+  status apply(std::span<std::byte> base, std::span<std::byte> scratch,
+               const decoded_sink* sink = nullptr);
   /// Checks that the frame held exactly the tensor's bytes.
   status finish();
 
@@ -70,7 +82,8 @@ private:
 /// Applies tensor `name`'s delta in `delta` to `bytes` (its bytes at the
 /// delta's base version) in place, in pieces of `scratch.size()` bytes.
 status apply_delta(const range_reader& read, const manifest& delta, std::string_view name,
-                   std::span<std::byte> bytes, std::span<std::byte> scratch);
+                   std::span<std::byte> bytes, std::span<std::byte> scratch,
+                   const decoded_sink* sink = nullptr);
 
 /// Reads a stored version's full tensors: the chain from the nearest full
 /// anchor (at or above the run's boot) to the version, each delta applied as

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu/device.hpp"
 #include "runtime/core/base64.hpp"
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/core/checksum.hpp"
@@ -733,6 +734,100 @@ TEST_F(builtin_engine_test, routed_experts_from_a_dense_model_are_refused_by_nam
   ASSERT_FALSE(got);
   EXPECT_EQ(got.error().code, errc::invalid_argument);
   EXPECT_NE(got.error().message.find("return_routed_experts"), std::string::npos);
+}
+
+} // namespace
+} // namespace stitch::engine
+
+namespace stitch::engine {
+namespace {
+
+builtin_engine::options on_cuda() {
+  builtin_engine::options o;
+  o.device = engine_device::cuda;
+  o.max_batch = 8;
+  return o;
+}
+
+TEST_F(builtin_engine_test, a_cuda_engine_without_a_device_is_refused_with_the_reason) {
+  if (gpu::why_no_device().empty())
+    GTEST_SKIP() << "a CUDA device is present: the refusal cannot be seen here";
+  auto made = builtin_engine::create(config, on_cuda());
+  ASSERT_FALSE(made);
+  EXPECT_EQ(made.error().code, errc::engine_unavailable);
+  EXPECT_NE(made.error().message.find(gpu::why_no_device()), std::string::npos)
+    << made.error().message;
+  EXPECT_NE(made.error().message.find("engine.device = cuda"), std::string::npos);
+  auto cpu = builtin_engine::create(config, {});
+  ASSERT_TRUE(cpu);
+  EXPECT_EQ((*cpu)->device_usage().device, "cpu");
+}
+
+/// Greedy tokens equal, logprobs within `tolerance`, over several prompts.
+void expect_same_answers(builtin_engine& gpu_engine, builtin_engine& cpu_engine, float tolerance) {
+  for (const char* prompt : {"a", "the policy", "exactness over many positions"}) {
+    generation_request r;
+    r.id = 1;
+    r.prompt = prompt;
+    r.sampling.temperature = 0;
+    r.sampling.max_new_tokens = 24;
+    r.return_logprob = true;
+    auto got = gpu_engine.generate(r, {});
+    auto want = cpu_engine.generate(r, {});
+    ASSERT_TRUE(got) << to_string(got.error());
+    ASSERT_TRUE(want);
+    EXPECT_EQ(got->tokens, want->tokens) << prompt;
+    ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
+    for (size_t i = 0; i < got->logprobs.size(); ++i)
+      EXPECT_NEAR(got->logprobs[i], want->logprobs[i], tolerance) << prompt << " token " << i;
+  }
+}
+
+TEST_F(builtin_engine_test, a_cuda_engine_serves_what_the_cpu_engine_serves_across_deltas) {
+  if (auto why = gpu::why_no_device(); !why.empty())
+    GTEST_SKIP() << "needs a CUDA device: " << why;
+  auto made = builtin_engine::create(config, on_cuda());
+  ASSERT_TRUE(made) << to_string(made.error());
+  auto& e = **made;
+  builtin_engine cpu{config};
+  store::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE(e.commit());
+  ASSERT_TRUE(cpu.stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE(cpu.commit());
+  expect_same_answers(e, cpu, 1e-3F);
+  auto usage = e.device_usage();
+  EXPECT_EQ(usage.device, "cuda:0");
+  EXPECT_GT(usage.memory_used, config.parameter_count() * 4);
+  const uint64_t after_anchor = usage.staged_bytes_total;
+  EXPECT_GE(after_anchor, config.parameter_count() * 4);
+  // A folded chain: xor pieces applied on the device, checked there.
+  ASSERT_TRUE(e.stage(plan(applied_state{{"r", 0}}, 3), false, src));
+  ASSERT_TRUE(e.commit());
+  ASSERT_TRUE(cpu.stage(plan(applied_state{{"r", 0}}, 3), false, src));
+  ASSERT_TRUE(cpu.commit());
+  expect_same_answers(e, cpu, 1e-3F);
+  EXPECT_GT(e.device_usage().staged_bytes_total, after_anchor);
+  // The peers' view is the host copy, which the delta patched as well.
+  auto view = e.host_view();
+  ASSERT_TRUE(view);
+  for (const auto& t : view->tensors)
+    EXPECT_EQ(checksum::tree_checksum(t.bytes),
+              checksum::tree_checksum(versions[3].at(t.name).bytes))
+      << t.name;
+}
+
+TEST_F(builtin_engine_test, a_cuda_engine_refuses_a_budget_its_device_cannot_hold) {
+  if (auto why = gpu::why_no_device(); !why.empty())
+    GTEST_SKIP() << "needs a CUDA device: " << why;
+  auto big = config;
+  big.max_position_embeddings = 1u << 20;
+  auto o = on_cuda();
+  o.max_batch = 4096;
+  auto made = builtin_engine::create(big, o);
+  ASSERT_FALSE(made);
+  EXPECT_EQ(made.error().code, errc::limit_exceeded);
+  EXPECT_NE(made.error().message.find("KV cache"), std::string::npos) << made.error().message;
 }
 
 } // namespace

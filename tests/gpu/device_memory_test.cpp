@@ -54,9 +54,20 @@ uint64_t decomposed_xxh3(std::span<const std::byte> bytes) {
 }
 
 const std::vector<size_t>& checksum_sizes() {
-  static const std::vector<size_t> sizes = {
-    0, 1, 240, 241, 1000, 1024, 1025, 4096 + 64, (size_t{1} << 20) - 1, size_t{1} << 20,
-    (size_t{1} << 20) + 1, (size_t{1} << 20) + 241, (size_t{3} << 20) + 240, (size_t{5} << 20) + 8};
+  static const std::vector<size_t> sizes = {0,
+                                            1,
+                                            240,
+                                            241,
+                                            1000,
+                                            1024,
+                                            1025,
+                                            4096 + 64,
+                                            (size_t{1} << 20) - 1,
+                                            size_t{1} << 20,
+                                            (size_t{1} << 20) + 1,
+                                            (size_t{1} << 20) + 241,
+                                            (size_t{3} << 20) + 240,
+                                            (size_t{5} << 20) + 8};
   return sizes;
 }
 
@@ -133,8 +144,8 @@ TEST_P(on_device, checksum_equals_the_cpu_checksum_single_bit_changes_included) 
   // A range inside a buffer, at a chunk boundary.
   auto bytes = random_bytes((size_t{2} << 20) + 300, 9);
   auto buf = upload(device, bytes, *stream);
-  auto part = stitch::gpu::device_tree_checksum(buf, size_t{1} << 20, (size_t{1} << 20) + 300,
-                                                *stream);
+  auto part =
+    stitch::gpu::device_tree_checksum(buf, size_t{1} << 20, (size_t{1} << 20) + 300, *stream);
   ASSERT_TRUE(part) << part.error().message;
   EXPECT_EQ(*part, stitch::checksum::tree_checksum(std::span{bytes}.subspan(size_t{1} << 20)));
 }

@@ -1,15 +1,18 @@
 #include "runtime/store/materialize.hpp"
 #include "store/store_fixtures.hpp"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "gpu/stager.hpp"
 #include "runtime/store/hf_directory.hpp"
 #include "runtime/store/publisher.hpp"
 #include "runtime/store/rocksdb_store.hpp"
@@ -362,3 +365,68 @@ TEST_F(materialize_test, an_export_of_corrupt_bytes_fails_and_leaves_no_director
 }
 
 } // namespace
+
+// A device applying the same delta to its own copy (the GPU replica's
+// staging) is handed every decoded piece at its offset, with its encoding;
+// here the device is the host stand-in of the staging pipeline, so the test
+// runs everywhere (tests/gpu run the same pipeline on CUDA).
+TEST_F(materialize_test, a_decoded_sink_rebuilds_each_delta_on_a_device_copy) {
+  publish_chain(3); // an anchor and two deltas
+  auto stager = gpu::device_stager::create(gpu::host_device, {.chunk_bytes = 1000, .ring = 2});
+  ASSERT_TRUE(stager);
+  range_reader read = [&](const version_ref& ref, std::string_view tensor, uint64_t offset,
+                          std::span<std::byte> out) {
+    return store.read_range("default", ref, tensor, offset, out);
+  };
+  std::set<delta_encoding> seen;
+  for (uint64_t v = 1; v < versions.size(); ++v) {
+    auto m = store.read_manifest("default", {"r1", v});
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->kind, version_kind::delta);
+    for (const auto& name : m->touched) {
+      auto host = versions[v - 1].at(name).bytes;
+      auto dev = gpu::device_buffer::allocate(gpu::host_device, host.size());
+      ASSERT_TRUE(dev);
+      std::memcpy(dev->data(), host.data(), host.size());
+      uint64_t covered = 0;
+      decoded_sink sink{
+        [&](uint64_t offset, std::span<const std::byte> decoded, delta_encoding encoding) {
+          EXPECT_EQ(offset, covered) << "pieces arrive in order";
+          covered += decoded.size();
+          seen.insert(encoding);
+          return encoding == delta_encoding::xor_bytes ? (*stager)->xor_apply(*dev, offset, decoded)
+                                                       : (*stager)->write(*dev, offset, decoded);
+        }};
+      std::vector<std::byte> scratch(333);
+      auto applied = apply_delta(read, *m, name, host, scratch, &sink);
+      ASSERT_TRUE(applied) << name << ": " << applied.error().message;
+      ASSERT_TRUE((*stager)->finish());
+      EXPECT_EQ(covered, host.size()) << name;
+      EXPECT_EQ(host, versions[v].at(name).bytes) << name;
+      EXPECT_TRUE(std::equal(host.begin(), host.end(), dev->host_bytes().begin())) << name;
+    }
+  }
+  // The publisher writes xor frames; `overwrite` pieces take the stager's
+  // write, tested on both devices in tests/gpu/device_memory_test.cpp.
+  EXPECT_EQ(seen, std::set<delta_encoding>{delta_encoding::xor_bytes});
+}
+
+TEST_F(materialize_test, a_sink_that_fails_stops_the_delta) {
+  publish_chain(2);
+  auto m = store.read_manifest("default", {"r1", 1});
+  ASSERT_TRUE(m);
+  ASSERT_FALSE(m->touched.empty());
+  const auto& name = *m->touched.begin();
+  auto host = versions[0].at(name).bytes;
+  range_reader read = [&](const version_ref& ref, std::string_view tensor, uint64_t offset,
+                          std::span<std::byte> out) {
+    return store.read_range("default", ref, tensor, offset, out);
+  };
+  decoded_sink sink{[](uint64_t, std::span<const std::byte>, delta_encoding) -> status {
+    return make_error(errc::engine_unavailable, "the device went away");
+  }};
+  std::vector<std::byte> scratch(64);
+  auto ok = apply_delta(read, *m, name, host, scratch, &sink);
+  ASSERT_FALSE(ok);
+  EXPECT_EQ(ok.error().message, "the device went away");
+}

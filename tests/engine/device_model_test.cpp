@@ -1,0 +1,124 @@
+// The device side of the built-in engine that needs no GPU: settings, the
+// runner's shape and what a version must match, the pointer table, and the
+// memory budget decided before anything is allocated.
+#include "runtime/engine/device_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include "runtime/engine/builtin_engine.hpp"
+#include "runtime/engine/model_config.hpp"
+
+namespace stitch::engine {
+namespace {
+
+model_config tiny() {
+  auto c = preset("tiny");
+  EXPECT_TRUE(c);
+  return *c;
+}
+
+TEST(device_model, engine_device_parses_cpu_and_cuda_only) {
+  EXPECT_EQ(*parse_engine_device("cpu"), engine_device::cpu);
+  EXPECT_EQ(*parse_engine_device("cuda"), engine_device::cuda);
+  auto bad = parse_engine_device("gpu");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("'gpu'"), std::string::npos);
+  EXPECT_EQ(to_string(engine_device::cuda), "cuda");
+}
+
+TEST(device_model, the_shape_follows_the_config_and_a_mixture_of_experts_is_refused) {
+  auto c = tiny();
+  auto s = llama_shape_of(c);
+  ASSERT_TRUE(s) << s.error().message;
+  EXPECT_EQ(s->hidden, c.hidden_size);
+  EXPECT_EQ(s->kv_width(), c.kv_width());
+  EXPECT_EQ(s->bf16, c.torch_dtype == weight_dtype::bfloat16);
+  auto moe = preset("moe-tiny");
+  ASSERT_TRUE(moe);
+  auto refused = llama_shape_of(*moe);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("engine.device = cpu"), std::string::npos);
+}
+
+TEST(device_model, a_version_fits_the_runner_only_with_its_sizes) {
+  auto c = tiny();
+  auto built = *llama_shape_of(c);
+  EXPECT_TRUE(fits_runner(built, c));
+  auto other = c;
+  other.rope_theta = 500000;
+  other.rms_norm_eps = 1e-6;
+  EXPECT_TRUE(fits_runner(built, other)) << "settings read per version";
+  other.max_position_embeddings = c.max_position_embeddings / 2;
+  EXPECT_TRUE(fits_runner(built, other)) << "fewer positions fit the KV slots";
+  auto wider = c;
+  wider.intermediate_size += 8;
+  auto no = fits_runner(built, wider);
+  ASSERT_FALSE(no);
+  EXPECT_NE(no.error().message.find("intermediate_size"), std::string::npos);
+  auto longer = c;
+  longer.max_position_embeddings *= 2;
+  EXPECT_FALSE(fits_runner(built, longer));
+  auto narrower = c;
+  narrower.torch_dtype = c.torch_dtype == weight_dtype::bfloat16 ? weight_dtype::float32
+                                                                  : weight_dtype::bfloat16;
+  auto dtype = fits_runner(built, narrower);
+  ASSERT_FALSE(dtype);
+  EXPECT_NE(dtype.error().message.find("torch_dtype"), std::string::npos);
+}
+
+TEST(device_model, the_pointer_table_names_every_tensor_and_a_missing_one_is_refused) {
+  auto c = tiny();
+  std::map<std::string, std::shared_ptr<const gpu::device_buffer>> buffers;
+  for (const auto& spec : expected_tensors(c)) {
+    auto b = gpu::device_buffer::allocate(gpu::host_device, 16);
+    ASSERT_TRUE(b);
+    buffers[spec.name] = std::make_shared<gpu::device_buffer>(std::move(*b));
+  }
+  auto bound = bind_device_weights(c, buffers);
+  ASSERT_TRUE(bound) << bound.error().message;
+  const auto& p = (*bound)->pointers;
+  EXPECT_EQ(p.embed_tokens, buffers.at("model.embed_tokens.weight")->data());
+  EXPECT_EQ(p.lm_head, buffers.at("lm_head.weight")->data());
+  ASSERT_EQ(p.layers.size(), c.num_hidden_layers);
+  EXPECT_EQ(p.layers.back().down_proj,
+            buffers
+              .at("model.layers." + std::to_string(c.num_hidden_layers - 1)
+                  + ".mlp.down_proj.weight")
+              ->data());
+  EXPECT_EQ(p.rope_theta, c.rope_theta);
+  buffers.erase("model.layers.0.self_attn.k_proj.weight");
+  auto missing = bind_device_weights(c, buffers);
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.error().message.find("model.layers.0.self_attn.k_proj.weight"),
+            std::string::npos);
+}
+
+TEST(device_model, the_budget_counts_weights_twice_and_names_every_part_when_it_does_not_fit) {
+  auto c = tiny();
+  auto b = device_budget_for(c, 8, 32 << 20);
+  const uint64_t element = c.torch_dtype == weight_dtype::bfloat16 ? 2 : 4;
+  EXPECT_EQ(b.weights, c.parameter_count() * element);
+  EXPECT_EQ(b.shadow, b.weights);
+  EXPECT_EQ(b.workspace, gpu::llama_runner::workspace_bytes(*llama_shape_of(c), 8));
+  EXPECT_GT(device_budget_for(c, 64, 0).workspace, device_budget_for(c, 8, 0).workspace)
+    << "KV caches grow with the slots";
+  EXPECT_EQ(b.total(), b.weights + b.shadow + b.workspace + b.staging);
+  EXPECT_TRUE(check_budget(b, b.total(), "CUDA device 0 (test)"));
+  auto refused = check_budget(b, b.total() - 1, "CUDA device 0 (test)");
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, errc::limit_exceeded);
+  for (const char* part : {"weights", "shadow", "KV cache", "staging", "CUDA device 0 (test)"})
+    EXPECT_NE(refused.error().message.find(part), std::string::npos) << part;
+}
+
+TEST(device_model, the_runner_refuses_a_shape_it_cannot_run) {
+  gpu::llama_shape s = *llama_shape_of(tiny());
+  s.kv_heads = s.heads + 1;
+  EXPECT_FALSE(gpu::validate(s));
+  s = *llama_shape_of(tiny());
+  s.vocab = 0;
+  EXPECT_FALSE(gpu::validate(s));
+}
+
+} // namespace
+} // namespace stitch::engine
