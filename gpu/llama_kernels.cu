@@ -217,8 +217,8 @@ __global__ void attention_kernel(const float* q, const float* keys, const float*
   const uint32_t len = positions[b] + 1;
   const size_t base = static_cast<size_t>(slots[b]) * max_positions * kv_width
                       + static_cast<size_t>(kv_head) * head_dim;
-  const float* qh = q + static_cast<size_t>(b) * heads * head_dim
-                    + static_cast<size_t>(head) * head_dim;
+  const float* qh =
+    q + static_cast<size_t>(b) * heads * head_dim + static_cast<size_t>(head) * head_dim;
   float* s = scores + (static_cast<size_t>(b) * heads + head) * max_positions;
   const float scale = 1.0F / sqrtf(static_cast<float>(head_dim));
   float top = -INFINITY;
@@ -312,10 +312,9 @@ struct llama_runner::impl {
     cudaError_t err = cudaMalloc(&p, count * sizeof(T));
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
-      return make_error(errc::limit_exceeded,
-                        "CUDA device " + std::to_string(device) + " has no "
-                          + std::to_string(count * sizeof(T))
-                          + " bytes free for the forward pass's workspace");
+      return make_error(errc::limit_exceeded, "CUDA device " + std::to_string(device) + " has no "
+                                                + std::to_string(count * sizeof(T))
+                                                + " bytes free for the forward pass's workspace");
     }
     if (auto ok = cuda_check(err, "cudaMalloc"); !ok)
       return ok;
@@ -365,9 +364,9 @@ result<std::unique_ptr<llama_runner>> llama_runner::create(int device, const lla
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
     cudaGetLastError();
-    return make_error(errc::engine_unavailable,
-                      "CUDA device " + std::to_string(device) + " is not there ("
-                        + std::to_string(count) + " visible)");
+    return make_error(errc::engine_unavailable, "CUDA device " + std::to_string(device)
+                                                  + " is not there (" + std::to_string(count)
+                                                  + " visible)");
   }
   const auto& api = cublas();
   if (!api.error.empty())
@@ -387,8 +386,7 @@ result<std::unique_ptr<llama_runner>> llama_runner::create(int device, const lla
   if (auto ok = blas_check(api.set_stream(p->blas, p->stream), "set stream"); !ok)
     return std::move(ok).error();
   // fp32 stays fp32: no TF32 tensor-core rounding of the inputs.
-  if (auto ok = blas_check(api.set_math_mode(p->blas, CUBLAS_PEDANTIC_MATH), "set math mode");
-      !ok)
+  if (auto ok = blas_check(api.set_math_mode(p->blas, CUBLAS_PEDANTIC_MATH), "set math mode"); !ok)
     return std::move(ok).error();
   const size_t n = slots;
   const size_t kv = size_t{shape.layers} * n * shape.max_positions * shape.kv_width();
@@ -502,8 +500,8 @@ status llama_runner::step(const llama_tensors& w, std::span<const llama_token> b
                                                            r.x);
   for (uint32_t l = 0; l < s.layers; ++l) {
     const llama_layer_tensors& lw = w.layers[l];
-    rms_norm_kernel<<<static_cast<unsigned>(n), block, 0, st>>>(r.x, lw.input_layernorm, s.bf16,
-                                                                h, eps, r.xn);
+    rms_norm_kernel<<<static_cast<unsigned>(n), block, 0, st>>>(r.x, lw.input_layernorm, s.bf16, h,
+                                                                eps, r.xn);
     if (auto ok = r.gemm(lw.q_proj, r.xn, n, h, h, r.q); !ok)
       return ok;
     if (auto ok = r.gemm(lw.k_proj, r.xn, n, kvw, h, r.k); !ok)
@@ -524,8 +522,8 @@ status llama_runner::step(const llama_tensors& w, std::span<const llama_token> b
     if (auto ok = r.gemm(lw.o_proj, r.attn, n, h, h, r.proj); !ok)
       return ok;
     add_kernel<<<grid_for(n * h), block, 0, st>>>(r.x, r.proj, n * h);
-    rms_norm_kernel<<<static_cast<unsigned>(n), block, 0, st>>>(
-      r.x, lw.post_attention_layernorm, s.bf16, h, eps, r.xn);
+    rms_norm_kernel<<<static_cast<unsigned>(n), block, 0, st>>>(r.x, lw.post_attention_layernorm,
+                                                                s.bf16, h, eps, r.xn);
     if (auto ok = r.gemm(lw.gate_proj, r.xn, n, im, h, r.gate); !ok)
       return ok;
     if (auto ok = r.gemm(lw.up_proj, r.xn, n, im, h, r.up); !ok)

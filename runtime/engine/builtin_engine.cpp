@@ -9,6 +9,7 @@
 #include "runtime/core/checksum.hpp"
 #include "runtime/core/constraint.hpp"
 #include "runtime/engine/api_shapes.hpp"
+#include "runtime/engine/device_fanout.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/store/materialize.hpp"
 #include "runtime/store/stage_meter.hpp"
@@ -105,6 +106,7 @@ result<std::shared_ptr<builtin_engine>> builtin_engine::create(model_config conf
 }
 
 builtin_engine::~builtin_engine() {
+  device_fanout::instance().withdraw(this);
   {
     std::lock_guard guard{jobs_mutex_};
     stopping_ = true;
@@ -408,6 +410,41 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
         tensors[asked[i]->name] = asked[i];
       }
   };
+  // On a device: tensors another GPU of this process already holds (a
+  // replica there fetched the target) come from it over NCCL, verified on
+  // the device like any others; the host copy peers read is made from it.
+  // If the broadcast fails, the other sources serve.
+  std::set<std::string> from_gpu;
+  std::optional<device_fanout::holding> on_local_gpu;
+  if (device_)
+    on_local_gpu = device_fanout::instance().find(plan.target, this);
+  auto from_local_gpu = [&](std::vector<std::shared_ptr<tensor_buffer>>& buffers) -> status {
+    if (!on_local_gpu || buffers.empty())
+      return {};
+    auto stream = gpu::device_stream::create(device_->gpu);
+    if (!stream)
+      return std::move(stream).error();
+    for (auto& b : buffers) {
+      if (!target->checksums.contains(b->name))
+        continue;
+      auto taken = device_fanout::instance().take(*on_local_gpu, b->name, device_->gpu);
+      if (!taken) {
+        on_local_gpu.reset();
+        break;
+      }
+      if (auto ok = gpu::copy_to_host(b->bytes.bytes(), **taken, 0, *stream); !ok)
+        return ok;
+      from_gpu.insert(b->name);
+      own[b->name] = b;
+      tensors[b->name] = b;
+      dev_own[b->name] = *taken;
+      dev[b->name] = *taken;
+    }
+    if (auto ok = stream->synchronize(); !ok)
+      return ok;
+    std::erase_if(buffers, [&](const auto& b) { return from_gpu.contains(b->name); });
+    return {};
+  };
   if (plan.anchor) {
     auto anchor = source.manifest_of(*plan.anchor);
     if (!anchor)
@@ -422,6 +459,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
         return std::move(t).error();
       buffers.push_back(std::move(*t));
     }
+    if (auto ok = from_local_gpu(buffers); !ok)
+      return ok;
     from_peers(buffers);
     for (auto& t : buffers) {
       if (!fetched.contains(t->name)) {
@@ -457,7 +496,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
   if (device_ && !plan.anchor && dev.size() != tensors.size())
     return fail(errc::invalid_argument, "the weights to build " + to_string(plan.target)
                                           + " on have no complete device copy");
-  if (!plan.anchor && source.peers()) {
+  if (!plan.anchor && (source.peers() || on_local_gpu)) {
     // The tensors the chain changes, whole, from holders of the target.
     std::vector<std::shared_ptr<tensor_buffer>> buffers;
     for (const auto& name : plan.touched)
@@ -467,6 +506,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
           return std::move(t).error();
         buffers.push_back(std::move(*t));
       }
+    if (auto ok = from_local_gpu(buffers); !ok)
+      return ok;
     from_peers(std::move(buffers));
     if (device_)
       for (const auto& name : fetched)
@@ -495,7 +536,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     std::vector<patch> patches;
     patches.reserve(delta->touched.size());
     for (const auto& name : delta->touched) {
-      if (fetched.contains(name))
+      if (fetched.contains(name) || from_gpu.contains(name))
         continue;
       auto it = tensors.find(name);
       if (it == tensors.end())
@@ -655,13 +696,18 @@ status builtin_engine::commit() {
   retired_weights_ = std::exchange(serving_, std::move(shadow_->prepared));
   serving_ref_ = shadow_->target;
   shadow_.reset();
+  if (device_)
+    device_fanout::instance().offer(this, *serving_ref_, device_->gpu, serving_->device);
   return {};
 }
 
 void builtin_engine::relabel(const version_ref& ref) {
   std::lock_guard guard{mutex_};
-  if (serving_)
+  if (serving_) {
     serving_ref_ = ref;
+    if (device_)
+      device_fanout::instance().offer(this, ref, device_->gpu, serving_->device);
+  }
 }
 
 std::optional<host_weights> builtin_engine::host_view() {

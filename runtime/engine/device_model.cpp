@@ -58,8 +58,7 @@ status fits_runner(const gpu::llama_shape& built, const model_config& config) {
   auto differs = [&](const char* field, uint64_t want, uint64_t got) {
     return make_error(errc::invalid_argument,
                       std::string{"its "} + field + " is " + std::to_string(got)
-                        + " but the engine's device runner was built for "
-                        + std::to_string(want));
+                        + " but the engine's device runner was built for " + std::to_string(want));
   };
   if (s->hidden != built.hidden)
     return differs("hidden_size", built.hidden, s->hidden);
@@ -76,16 +75,16 @@ status fits_runner(const gpu::llama_shape& built, const model_config& config) {
   if (s->max_positions > built.max_positions)
     return differs("max_position_embeddings", built.max_positions, s->max_positions);
   if (s->bf16 != built.bf16)
-    return make_error(errc::invalid_argument,
-                      std::string{"its torch_dtype is "} + (s->bf16 ? "bfloat16" : "float32")
-                        + " but the engine's device runner was built for "
-                        + (built.bf16 ? "bfloat16" : "float32"));
+    return make_error(errc::invalid_argument, std::string{"its torch_dtype is "}
+                                                + (s->bf16 ? "bfloat16" : "float32")
+                                                + " but the engine's device runner was built for "
+                                                + (built.bf16 ? "bfloat16" : "float32"));
   return {};
 }
 
-result<std::shared_ptr<const device_weights>> bind_device_weights(
-  const model_config& config,
-  std::map<std::string, std::shared_ptr<const gpu::device_buffer>> buffers) {
+result<std::shared_ptr<const device_weights>>
+bind_device_weights(const model_config& config,
+                    std::map<std::string, std::shared_ptr<const gpu::device_buffer>> buffers) {
   auto out = std::make_shared<device_weights>();
   out->buffers = std::move(buffers);
   auto at = [&](const std::string& name) -> const void* {
@@ -114,8 +113,7 @@ result<std::shared_ptr<const device_weights>> bind_device_weights(
   }
   for (const auto& spec : expected_tensors(config))
     if (!at(spec.name))
-      return make_error(errc::invalid_argument,
-                        "the device copy lacks tensor " + spec.name);
+      return make_error(errc::invalid_argument, "the device copy lacks tensor " + spec.name);
   return std::shared_ptr<const device_weights>{std::move(out)};
 }
 
@@ -134,13 +132,13 @@ device_budget device_budget_for(const model_config& config, uint32_t slots,
 status check_budget(const device_budget& b, uint64_t free, const std::string& device_label) {
   if (b.total() <= free)
     return {};
-  return make_error(errc::limit_exceeded,
-                    "the replica needs " + gib(b.total()) + " on " + device_label + " (weights "
-                      + gib(b.weights) + ", a shadow for the next version " + gib(b.shadow)
-                      + ", KV cache and activations " + gib(b.workspace) + ", staging "
-                      + gib(b.staging) + ") but " + gib(free)
-                      + " is free; lower engine.max_batch or the model's "
-                        "max_position_embeddings, or use a larger device");
+  return make_error(errc::limit_exceeded, "the replica needs " + gib(b.total()) + " on "
+                                            + device_label + " (weights " + gib(b.weights)
+                                            + ", a shadow for the next version " + gib(b.shadow)
+                                            + ", KV cache and activations " + gib(b.workspace)
+                                            + ", staging " + gib(b.staging) + ") but " + gib(free)
+                                            + " is free; lower engine.max_batch or the model's "
+                                              "max_position_embeddings, or use a larger device");
 }
 
 } // namespace stitch::engine

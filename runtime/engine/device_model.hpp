@@ -41,9 +41,9 @@ result<gpu::llama_shape> llama_shape_of(const model_config& config);
 status fits_runner(const gpu::llama_shape& built, const model_config& config);
 
 /// The pointer table over `buffers` (every tensor of `config` present).
-result<std::shared_ptr<const device_weights>> bind_device_weights(
-  const model_config& config,
-  std::map<std::string, std::shared_ptr<const gpu::device_buffer>> buffers);
+result<std::shared_ptr<const device_weights>>
+bind_device_weights(const model_config& config,
+                    std::map<std::string, std::shared_ptr<const gpu::device_buffer>> buffers);
 
 /// The device memory a replica of `config` with `slots` sequences in flight
 /// needs, decided before anything is allocated.
@@ -59,8 +59,7 @@ struct device_budget {
   uint64_t total() const noexcept { return weights + shadow + workspace + staging; }
 };
 
-device_budget device_budget_for(const model_config& config, uint32_t slots,
-                                uint64_t staging_bytes);
+device_budget device_budget_for(const model_config& config, uint32_t slots, uint64_t staging_bytes);
 
 /// `limit_exceeded` naming each part when `budget` is more than `free` bytes
 /// of `device_label` ("CUDA device 0 (NVIDIA H200)").

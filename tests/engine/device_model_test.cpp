@@ -5,8 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "gpu/device.hpp"
 #include "runtime/engine/builtin_engine.hpp"
+#include "runtime/engine/model.hpp"
 #include "runtime/engine/model_config.hpp"
+#include "runtime/engine/weights.hpp"
 
 namespace stitch::engine {
 namespace {
@@ -59,8 +64,8 @@ TEST(device_model, a_version_fits_the_runner_only_with_its_sizes) {
   longer.max_position_embeddings *= 2;
   EXPECT_FALSE(fits_runner(built, longer));
   auto narrower = c;
-  narrower.torch_dtype = c.torch_dtype == weight_dtype::bfloat16 ? weight_dtype::float32
-                                                                  : weight_dtype::bfloat16;
+  narrower.torch_dtype =
+    c.torch_dtype == weight_dtype::bfloat16 ? weight_dtype::float32 : weight_dtype::bfloat16;
   auto dtype = fits_runner(built, narrower);
   ASSERT_FALSE(dtype);
   EXPECT_NE(dtype.error().message.find("torch_dtype"), std::string::npos);
@@ -80,11 +85,10 @@ TEST(device_model, the_pointer_table_names_every_tensor_and_a_missing_one_is_ref
   EXPECT_EQ(p.embed_tokens, buffers.at("model.embed_tokens.weight")->data());
   EXPECT_EQ(p.lm_head, buffers.at("lm_head.weight")->data());
   ASSERT_EQ(p.layers.size(), c.num_hidden_layers);
-  EXPECT_EQ(p.layers.back().down_proj,
-            buffers
-              .at("model.layers." + std::to_string(c.num_hidden_layers - 1)
-                  + ".mlp.down_proj.weight")
-              ->data());
+  EXPECT_EQ(
+    p.layers.back().down_proj,
+    buffers.at("model.layers." + std::to_string(c.num_hidden_layers - 1) + ".mlp.down_proj.weight")
+      ->data());
   EXPECT_EQ(p.rope_theta, c.rope_theta);
   buffers.erase("model.layers.0.self_attn.k_proj.weight");
   auto missing = bind_device_weights(c, buffers);
@@ -118,6 +122,70 @@ TEST(device_model, the_runner_refuses_a_shape_it_cannot_run) {
   s = *llama_shape_of(tiny());
   s.vocab = 0;
   EXPECT_FALSE(gpu::validate(s));
+}
+
+/// The CUDA forward pass against the CPU's on the same weights: two
+/// sequences stepped together for `steps` tokens, every logit within
+/// `tolerance` and the same argmax at every step.
+void compare_forward(const model_config& c, uint32_t steps, float tolerance) {
+  auto tensors = random_init(c, 11);
+  ASSERT_TRUE(tensors);
+  auto cpu = build_weights(c, *tensors);
+  ASSERT_TRUE(cpu) << cpu.error().message;
+  std::map<std::string, std::shared_ptr<const gpu::device_buffer>> buffers;
+  auto stream = gpu::device_stream::create(0);
+  ASSERT_TRUE(stream) << stream.error().message;
+  for (const auto& [name, t] : *tensors) {
+    auto b = gpu::device_buffer::allocate(0, t.bytes.size());
+    ASSERT_TRUE(b) << b.error().message;
+    ASSERT_TRUE(gpu::copy_to_device(*b, 0, t.bytes, *stream));
+    buffers[name] = std::make_shared<gpu::device_buffer>(std::move(*b));
+  }
+  ASSERT_TRUE(stream->synchronize());
+  auto dev = bind_device_weights(c, buffers);
+  ASSERT_TRUE(dev) << dev.error().message;
+  auto runner = gpu::llama_runner::create(0, *llama_shape_of(c), 4);
+  ASSERT_TRUE(runner) << runner.error().message;
+  sequence a{c};
+  sequence b{c};
+  std::vector<sequence*> batch{&a, &b};
+  float worst = 0;
+  for (uint32_t i = 0; i < steps; ++i) {
+    std::vector<int32_t> feed{static_cast<int32_t>(1 + i % 200), static_cast<int32_t>(250 - i % 7)};
+    std::vector<gpu::llama_token> tokens{{2, a.position, feed[0]}, {0, b.position, feed[1]}};
+    auto want = step(**cpu, batch, feed);
+    ASSERT_TRUE(want);
+    std::vector<float> got(2 * c.vocab_size);
+    ASSERT_TRUE((*runner)->step((*dev)->pointers, tokens, got));
+    for (size_t s = 0; s < 2; ++s) {
+      const auto& w = (*want)[s];
+      const float* g = got.data() + s * c.vocab_size;
+      for (size_t v = 0; v < c.vocab_size; ++v)
+        worst = std::max(worst, std::fabs(w[v] - g[v]));
+      EXPECT_EQ(std::max_element(w.begin(), w.end()) - w.begin(),
+                std::max_element(g, g + c.vocab_size) - g)
+        << "step " << i << " sequence " << s;
+    }
+  }
+  EXPECT_LE(worst, tolerance) << "largest logit difference";
+  std::printf("forward pass CPU vs CUDA (%s, %u steps): largest logit difference %.3g\n",
+              std::string{to_string(c.torch_dtype)}.c_str(), steps, static_cast<double>(worst));
+}
+
+TEST(device_model, the_cuda_forward_pass_matches_the_cpu_on_fp32_weights) {
+  if (auto why = gpu::why_no_device(); !why.empty())
+    GTEST_SKIP() << "needs a CUDA device: " << why;
+  compare_forward(tiny(), 40, 1e-3F);
+}
+
+TEST(device_model, the_cuda_forward_pass_matches_the_cpu_on_bf16_weights) {
+  if (auto why = gpu::why_no_device(); !why.empty())
+    GTEST_SKIP() << "needs a CUDA device: " << why;
+  auto c = tiny();
+  c.torch_dtype = weight_dtype::bfloat16;
+  // bf16 activations into the GEMMs (the CPU widens the weights and keeps
+  // fp32 activations): a looser bound.
+  compare_forward(c, 40, 5e-2F);
 }
 
 } // namespace

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/device.hpp"
+#include "gpu/nccl_group.hpp"
 #include "gpu/stager.hpp"
 #include "gpu/xxh3_blocks.hpp"
 #include "runtime/core/checksum.hpp"
@@ -257,4 +258,29 @@ TEST(pinned_registrar, small_buffers_stay_pageable_and_refusals_are_counted) {
     EXPECT_EQ(reg.refused(), 1u);
   reg.on_release(large);
   reg.on_release(small); // unknown to it: ignored
+}
+
+TEST(nccl_group, a_one_gpu_group_broadcasts_into_another_buffer_of_that_gpu) {
+  if (auto why = stitch::gpu::why_no_device(); !why.empty()) {
+    auto refused = stitch::gpu::nccl_group::create({0});
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.error().code, stitch::errc::engine_unavailable);
+    GTEST_SKIP() << "needs a CUDA device: " << why;
+  }
+  auto group = stitch::gpu::nccl_group::create({0});
+  ASSERT_TRUE(group) << group.error().message;
+  auto stream = device_stream::create(0);
+  ASSERT_TRUE(stream);
+  auto bytes = random_bytes((size_t{3} << 20) + 5, 21);
+  auto src = upload(0, bytes, *stream);
+  auto dst = device_buffer::allocate(0, bytes.size());
+  ASSERT_TRUE(dst);
+  const device_buffer* targets[] = {&*dst};
+  ASSERT_TRUE((*group)->broadcast(0, src, targets));
+  EXPECT_EQ(download(*dst, *stream), bytes);
+  auto small = device_buffer::allocate(0, 10);
+  ASSERT_TRUE(small);
+  const device_buffer* wrong[] = {&*small};
+  EXPECT_FALSE((*group)->broadcast(0, src, wrong));
+  EXPECT_FALSE(stitch::gpu::nccl_group::create({0, 0})) << "GPUs must be distinct";
 }
