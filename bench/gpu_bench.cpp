@@ -173,8 +173,7 @@ int hf_check(const std::filesystem::path& dir) {
   auto weights = must(engine::random_init(config, 3), "random weights");
   std::filesystem::remove_all(dir);
   std::map<std::string, std::string> files{{"config.json", engine::render_model_config(config)}};
-  must(store::write_hf_directory(dir, weights, default_max_shard_bytes, files),
-       "write checkpoint");
+  must(store::write_hf_directory(dir, weights, default_max_shard_bytes, files), "write checkpoint");
   stitch::testing::memory_store db;
   store::publisher pub{db};
   must(pub.publish({"default", "hf", 0, true, false, files}, weights), "publish");
@@ -245,9 +244,8 @@ int main(int argc, char** argv) {
   must(stream.synchronize(), "sync");
 
   // Host to device.
-  const double peak_s = device_seconds(stream, 3, [&] {
-    must(gpu::copy_to_device(a, 0, pinned.bytes(), stream), "copy");
-  });
+  const double peak_s = device_seconds(
+    stream, 3, [&] { must(gpu::copy_to_device(a, 0, pinned.bytes(), stream), "copy"); });
   auto stager = must(gpu::device_stager::create(0), "stager");
   const double ring_s = wall_seconds(3, [&] {
     must(stager->write(a, 0, pageable, false), "stage");
@@ -262,15 +260,12 @@ int main(int argc, char** argv) {
   });
 
   // On the device.
-  const double copy_s = device_seconds(stream, 5, [&] {
-    must(gpu::copy_on_device(a, 0, b, 0, n, stream), "copy");
-  });
-  const double xor_s = device_seconds(stream, 5, [&] {
-    must(gpu::xor_on_device(a, 0, b, 0, n, stream), "xor");
-  });
-  const double sum_s = wall_seconds(5, [&] {
-    (void) must(gpu::device_tree_checksum(a, 0, n, stream), "checksum");
-  });
+  const double copy_s =
+    device_seconds(stream, 5, [&] { must(gpu::copy_on_device(a, 0, b, 0, n, stream), "copy"); });
+  const double xor_s =
+    device_seconds(stream, 5, [&] { must(gpu::xor_on_device(a, 0, b, 0, n, stream), "xor"); });
+  const double sum_s =
+    wall_seconds(5, [&] { (void) must(gpu::device_tree_checksum(a, 0, n, stream), "checksum"); });
   {
     // The device's digest equals the CPU's, on these very bytes.
     std::vector<std::byte> back(n);

@@ -125,9 +125,9 @@ result<std::unique_ptr<nccl_group>> nccl_group::create(std::vector<int> devices)
   auto p = std::make_unique<impl>();
   p->devices = std::move(devices);
   p->comms.assign(p->devices.size(), nullptr);
-  if (auto ok = nccl_check(api.init_all(p->comms.data(), static_cast<int>(p->devices.size()),
-                                        p->devices.data()),
-                           "ncclCommInitAll");
+  if (auto ok = nccl_check(
+        api.init_all(p->comms.data(), static_cast<int>(p->devices.size()), p->devices.data()),
+        "ncclCommInitAll");
       !ok)
     return std::move(ok).error();
   p->streams.assign(p->devices.size(), nullptr);

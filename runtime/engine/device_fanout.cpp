@@ -38,8 +38,8 @@ result<std::shared_ptr<gpu::device_buffer>> device_fanout::take(const holding& f
                                                                 const std::string& name, int gpu) {
   auto it = from.weights->buffers.find(name);
   if (it == from.weights->buffers.end() || !it->second)
-    return make_error(errc::not_found, "GPU " + std::to_string(from.gpu)
-                                         + " does not hold tensor '" + name + "'");
+    return make_error(errc::not_found,
+                      "GPU " + std::to_string(from.gpu) + " does not hold tensor '" + name + "'");
   const gpu::device_buffer& src = *it->second;
   auto made = gpu::device_buffer::allocate(gpu, src.size());
   if (!made)

@@ -16,6 +16,7 @@
 #include "actors/status.hpp"
 #include "actors/store.hpp"
 #include "actors/store_client.hpp"
+#include "gpu/device.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/external_engine.hpp"
 #include "runtime/engine/model_config.hpp"
@@ -268,6 +269,15 @@ result<engine_factory> node::engine_for(const replica_options& o, const std::str
     eo.max_batch = settings_.engine_max_batch;
     eo.device = *device;
     eo.gpu = gpus.empty() ? 0 : static_cast<int>(gpus.front());
+    if (eo.device == engine::engine_device::cuda) {
+      // Refused when the node starts, not when the replica does.
+      auto shape = engine::llama_shape_of(*model);
+      status usable = shape ? gpu::require_device(eo.gpu) : status{std::move(shape).error()};
+      if (!usable)
+        return make_error(usable.error().code, "engine.device = cuda for " + o.replica_id + " (GPU "
+                                                 + std::to_string(eo.gpu)
+                                                 + "): " + usable.error().message);
+    }
     return engine_factory{[config = *model, eo]() -> result<std::shared_ptr<engine_port>> {
       auto made = engine::builtin_engine::create(config, eo);
       if (!made)

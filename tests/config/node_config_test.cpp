@@ -199,5 +199,32 @@ update_timeout = 120
     << unknown.error().message;
 }
 
+TEST(node_config, the_builtin_engine_device_and_batch_are_checked) {
+  auto gpu =
+    parse_node_config("gpus = [1]\n[engine]\ndevice = \"cuda\"\nmax_batch = 16\n", "gpu.toml");
+  ASSERT_TRUE(gpu) << gpu.error().message;
+  EXPECT_EQ(gpu->engine_device, "cuda");
+  EXPECT_EQ(gpu->engine_max_batch, 16u);
+  auto printed = parse_node_config(to_toml(*gpu), "printed.toml");
+  ASSERT_TRUE(printed) << printed.error().message;
+  EXPECT_EQ(printed->engine_device, "cuda");
+  EXPECT_EQ(printed->engine_max_batch, 16u);
+  EXPECT_EQ(parse_node_config("", "default.toml")->engine_device, "cpu");
+
+  auto tpu = parse_node_config("[engine]\ndevice = \"tpu\"\n", "a.toml");
+  ASSERT_FALSE(tpu);
+  EXPECT_NE(tpu.error().message.find("not one of cpu, cuda"), std::string::npos)
+    << tpu.error().message;
+  auto zero = parse_node_config("[engine]\nmax_batch = 0\n", "b.toml");
+  ASSERT_FALSE(zero);
+  EXPECT_NE(zero.error().message.find("engine.max_batch"), std::string::npos);
+  auto external = parse_node_config(
+    "[engine]\nkind = \"vllm\"\ndevice = \"cuda\"\nlaunch = \"vllm serve {model_dir}\"\n",
+    "c.toml");
+  ASSERT_FALSE(external);
+  EXPECT_NE(external.error().message.find("engine.device"), std::string::npos)
+    << external.error().message;
+}
+
 } // namespace
 } // namespace stitch::config

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu/device.hpp"
 #include "node/node_process.hpp"
 #include "store/store_fixtures.hpp"
 #include "transport/http_client.hpp"
@@ -338,6 +339,23 @@ TEST(node_security, the_admin_token_guards_wake_and_publish) {
   auto allowed = run("STITCH_TOKEN=let-me-in " + publish);
   EXPECT_EQ(allowed.code, 0) << allowed.output;
   EXPECT_TRUE(node.stop()) << node.log();
+}
+
+TEST(node_gpu, a_replica_on_cuda_without_a_device_stops_the_node_saying_why) {
+  if (stitch::gpu::why_no_device().empty())
+    GTEST_SKIP() << "a CUDA device is present: the refusal cannot be seen here";
+  temp_dir dir;
+  std::vector<std::string> args = {"--data-dir=" + (dir.path() / "data").string()};
+  for (const char* s :
+       {"coordinator.listen=127.0.0.1:0", "gateway.listen=127.0.0.1:0", "status.listen=127.0.0.1:0",
+        "replica.listen=127.0.0.1:0", "replicas=1", "engine.device=cuda"})
+    args.insert(args.end(), {"--set", s});
+  node_process node{dir.path(), args, "status http://127\\.0\\.0\\.1:[0-9]+"};
+  EXPECT_FALSE(node.started());
+  EXPECT_NE(node.exit_code(), 0);
+  auto log = node.log();
+  EXPECT_NE(log.find("engine.device = cuda"), std::string::npos) << log;
+  EXPECT_NE(log.find(stitch::gpu::why_no_device()), std::string::npos) << log;
 }
 
 } // namespace
