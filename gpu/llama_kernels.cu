@@ -385,8 +385,10 @@ result<std::unique_ptr<llama_runner>> llama_runner::create(int device, const lla
     return std::move(ok).error();
   if (auto ok = blas_check(api.set_stream(p->blas, p->stream), "set stream"); !ok)
     return std::move(ok).error();
-  // fp32 stays fp32: no TF32 tensor-core rounding of the inputs.
-  if (auto ok = blas_check(api.set_math_mode(p->blas, CUBLAS_PEDANTIC_MATH), "set math mode"); !ok)
+  // fp32 stays fp32: the default math mode never rounds inputs to TF32
+  // (that takes CUBLAS_TF32_TENSOR_OP_MATH), and bf16 GEMMs keep their
+  // tensor cores with fp32 accumulation.
+  if (auto ok = blas_check(api.set_math_mode(p->blas, CUBLAS_DEFAULT_MATH), "set math mode"); !ok)
     return std::move(ok).error();
   const size_t n = slots;
   const size_t kv = size_t{shape.layers} * n * shape.max_positions * shape.kv_width();

@@ -129,20 +129,24 @@ STITCH_HD uint64_t merge(const uint64_t* acc, const unsigned char* secret, size_
   return avalanche(result);
 }
 
-/// Reads stripe words; `p` is 8-byte aligned on the device, any on the host.
+/// Reads stripe words (little-endian). On the device, word loads where `p`
+/// is 8-byte aligned (every stripe but a chunk's final one when its length
+/// is not a multiple of 8), byte loads otherwise.
 STITCH_HD void load_stripe(const unsigned char* p, uint64_t* words) {
 #if defined(__CUDA_ARCH__)
-  const auto* w = reinterpret_cast<const uint64_t*>(p);
-  for (size_t i = 0; i < lanes; ++i)
-    words[i] = w[i];
-#else
+  if (reinterpret_cast<uintptr_t>(p) % 8 == 0) {
+    const auto* w = reinterpret_cast<const uint64_t*>(p);
+    for (size_t i = 0; i < lanes; ++i)
+      words[i] = w[i];
+    return;
+  }
+#endif
   for (size_t i = 0; i < lanes; ++i) {
     uint64_t v = 0;
     for (int j = 7; j >= 0; --j)
       v = (v << 8) | p[8 * i + static_cast<size_t>(j)];
     words[i] = v;
   }
-#endif
 }
 
 /// One lane's accumulator after the whole input: the chain over the full

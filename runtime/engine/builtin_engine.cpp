@@ -27,6 +27,10 @@ stitch::error fail(errc code, std::string message) {
   return make_error(code, std::move(message));
 }
 
+/// How long a stage waits for another GPU of this process that is fetching
+/// the same version before fetching it itself.
+constexpr std::chrono::milliseconds local_gpu_patience{std::chrono::minutes{2}};
+
 } // namespace
 
 struct builtin_engine::job {
@@ -416,8 +420,22 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
   // If the broadcast fails, the other sources serve.
   std::set<std::string> from_gpu;
   std::optional<device_fanout::holding> on_local_gpu;
-  if (device_)
-    on_local_gpu = device_fanout::instance().find(plan.target, this);
+  // When this stage fetches the target for the node, the others waiting for
+  // it hear how it ended (the weights are handed over below on success).
+  struct fanout_guard {
+    const void* owner = nullptr;
+    version_ref ref;
+    int gpu = 0;
+    ~fanout_guard() {
+      if (owner)
+        device_fanout::instance().staged(owner, ref, gpu, nullptr);
+    }
+  } fetching_for_node;
+  if (device_) {
+    on_local_gpu = device_fanout::instance().join(plan.target, this, local_gpu_patience);
+    if (!on_local_gpu)
+      fetching_for_node = {this, plan.target, device_->gpu};
+  }
   auto from_local_gpu = [&](std::vector<std::shared_ptr<tensor_buffer>>& buffers) -> status {
     if (!on_local_gpu || buffers.empty())
       return {};
@@ -664,6 +682,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     if (!on_device)
       return std::move(on_device).error();
     (*bound)->device = std::move(*on_device);
+    device_fanout::instance().staged(this, plan.target, device_->gpu, (*bound)->device);
+    fetching_for_node.owner = nullptr;
     std::lock_guard guard{mutex_};
     shadow_ = shadow{std::move(*bound), plan.target};
     return {};

@@ -9,29 +9,62 @@ device_fanout& device_fanout::instance() {
 
 void device_fanout::offer(const void* owner, const version_ref& ref, int gpu,
                           const std::shared_ptr<const device_weights>& weights) {
-  std::lock_guard guard{mutex_};
-  if (!weights) {
-    offers_.erase(owner);
+  if (!weights)
     return;
-  }
-  offers_[owner] = offered{ref, gpu, weights};
+  std::lock_guard guard{mutex_};
+  // What the owner offered before and dropped since goes.
+  std::erase_if(offers_, [&](const auto& o) { return o.second.weights.expired(); });
+  offers_[{owner, ref}] = offered{gpu, weights};
 }
 
 void device_fanout::withdraw(const void* owner) {
   std::lock_guard guard{mutex_};
-  offers_.erase(owner);
+  std::erase_if(offers_, [&](const auto& o) { return o.first.first == owner; });
+  std::erase_if(staging_, [&](const auto& s) { return s.second == owner; });
+  staged_.notify_all();
 }
 
-std::optional<device_fanout::holding> device_fanout::find(const version_ref& ref,
-                                                          const void* asker) {
-  std::lock_guard guard{mutex_};
-  for (const auto& [owner, o] : offers_) {
-    if (owner == asker || o.ref != ref)
+std::optional<device_fanout::holding> device_fanout::find_locked(const version_ref& ref,
+                                                                 const void* asker) {
+  for (const auto& [key, o] : offers_) {
+    if (key.first == asker || key.second != ref)
       continue;
     if (auto w = o.weights.lock())
       return holding{o.gpu, std::move(w)};
   }
   return std::nullopt;
+}
+
+std::optional<device_fanout::holding> device_fanout::find(const version_ref& ref,
+                                                          const void* asker) {
+  std::lock_guard guard{mutex_};
+  return find_locked(ref, asker);
+}
+
+std::optional<device_fanout::holding> device_fanout::join(const version_ref& ref, const void* asker,
+                                                          std::chrono::milliseconds patience) {
+  std::unique_lock lock{mutex_};
+  if (auto h = find_locked(ref, asker))
+    return h;
+  auto other = staging_.find(ref);
+  if (other == staging_.end() || other->second == asker) {
+    staging_[ref] = asker;
+    return std::nullopt;
+  }
+  staged_.wait_for(lock, patience, [&] { return !staging_.contains(ref); });
+  return find_locked(ref, asker);
+}
+
+void device_fanout::staged(const void* owner, const version_ref& ref, int gpu,
+                           const std::shared_ptr<const device_weights>& weights) {
+  {
+    std::lock_guard guard{mutex_};
+    if (weights)
+      offers_[{owner, ref}] = offered{gpu, weights};
+    if (auto s = staging_.find(ref); s != staging_.end() && s->second == owner)
+      staging_.erase(s);
+  }
+  staged_.notify_all();
 }
 
 result<std::shared_ptr<gpu::device_buffer>> device_fanout::take(const holding& from,

@@ -5,10 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <future>
+#include <thread>
 
 #include "gpu/device.hpp"
 #include "runtime/engine/builtin_engine.hpp"
+#include "runtime/engine/device_fanout.hpp"
 #include "runtime/engine/model.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
@@ -122,6 +126,65 @@ TEST(device_model, the_runner_refuses_a_shape_it_cannot_run) {
   s = *llama_shape_of(tiny());
   s.vocab = 0;
   EXPECT_FALSE(gpu::validate(s));
+}
+
+std::shared_ptr<const device_weights> some_weights() {
+  auto w = std::make_shared<device_weights>();
+  auto b = gpu::device_buffer::allocate(gpu::host_device, 8);
+  EXPECT_TRUE(b);
+  w->buffers["t"] = std::make_shared<gpu::device_buffer>(std::move(*b));
+  return w;
+}
+
+TEST(device_fanout, the_first_stager_fetches_and_the_others_wait_for_its_copy) {
+  device_fanout f;
+  int a = 0;
+  int b = 0;
+  int c = 0;
+  const version_ref v{"fan-run", 7};
+  EXPECT_FALSE(f.join(v, &a, std::chrono::milliseconds{0})) << "a fetches";
+  auto waiting =
+    std::async(std::launch::async, [&] { return f.join(v, &b, std::chrono::seconds{20}); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds{100}), std::future_status::timeout)
+    << "b waits while a stages";
+  auto w = some_weights();
+  f.staged(&a, v, 3, w);
+  auto got = waiting.get();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->gpu, 3);
+  EXPECT_EQ(got->weights, w);
+  // A holder is found at once, but never by itself.
+  EXPECT_TRUE(f.join(v, &c, std::chrono::milliseconds{0}));
+  EXPECT_FALSE(f.find(v, &a));
+  // Dropped weights are no longer offered.
+  w.reset();
+  got.reset();
+  EXPECT_FALSE(f.find(v, &b));
+}
+
+TEST(device_fanout, a_failed_or_slow_stager_lets_the_others_fetch_themselves) {
+  device_fanout f;
+  int a = 0;
+  int b = 0;
+  const version_ref v{"fan-run", 8};
+  EXPECT_FALSE(f.join(v, &a, std::chrono::milliseconds{0}));
+  auto waiting =
+    std::async(std::launch::async, [&] { return f.join(v, &b, std::chrono::seconds{20}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  f.staged(&a, v, 0, nullptr); // a failed
+  EXPECT_FALSE(waiting.get());
+  // Now b stages it; a third waits only as long as its patience.
+  EXPECT_FALSE(f.join(v, &b, std::chrono::milliseconds{0}));
+  int c = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(f.join(v, &c, std::chrono::milliseconds{200}));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds{150});
+  // An engine that goes away releases whoever waits for it.
+  auto released =
+    std::async(std::launch::async, [&] { return f.join(v, &a, std::chrono::seconds{20}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  f.withdraw(&b);
+  EXPECT_FALSE(released.get());
 }
 
 /// The CUDA forward pass against the CPU's on the same weights: two
