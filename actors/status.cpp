@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <initializer_list>
 
 #include <nlohmann/json.hpp>
 
@@ -323,24 +324,27 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
   auto device_labels = [&](const status_state::replica_entry& e) {
     return labels_of(e) + ",device=\"" + label(e.info.device.device) + "\"";
   };
-  family("stitch_replica_device_memory_bytes", "gauge",
-         "Device memory the replica's engine holds (0 on the CPU).");
-  for (const auto& [a, e] : st.replicas)
-    if (e.known)
-      out += "stitch_replica_device_memory_bytes{" + device_labels(e) + "} "
-             + std::to_string(e.info.device.memory_used) + "\n";
-  family("stitch_replica_device_staged_bytes_total", "counter",
-         "Bytes the replica's stages moved to its device and applied there.");
-  for (const auto& [a, e] : st.replicas)
-    if (e.known)
-      out += "stitch_replica_device_staged_bytes_total{" + device_labels(e) + "} "
-             + std::to_string(e.info.device.staged_bytes_total) + "\n";
-  family("stitch_replica_device_staging_seconds_total", "counter",
-         "Seconds the replica's device staging pipeline was busy.");
-  for (const auto& [a, e] : st.replicas)
-    if (e.known)
-      out += "stitch_replica_device_staging_seconds_total{" + device_labels(e) + "} "
-             + std::to_string(e.info.device.staging_seconds_total) + "\n";
+  struct device_family {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::string (*value)(const engine_device_usage&);
+  };
+  for (const auto& f : std::initializer_list<device_family>{
+         {"stitch_replica_device_memory_bytes", "gauge",
+          "Device memory the replica's engine holds (0 on the CPU).",
+          [](const engine_device_usage& d) { return std::to_string(d.memory_used); }},
+         {"stitch_replica_device_staged_bytes_total", "counter",
+          "Bytes the replica's stages moved to its device and applied there.",
+          [](const engine_device_usage& d) { return std::to_string(d.staged_bytes_total); }},
+         {"stitch_replica_device_staging_seconds_total", "counter",
+          "Seconds the replica's device staging pipeline was busy.",
+          [](const engine_device_usage& d) { return std::to_string(d.staging_seconds_total); }}}) {
+    family(f.name, f.type, f.help);
+    for (const auto& [a, e] : st.replicas)
+      if (e.known)
+        out += std::string{f.name} + "{" + device_labels(e) + "} " + f.value(e.info.device) + "\n";
+  }
   write_histogram(out, "stitch_stage_seconds", "Time to stage an update while serving.",
                   st.stage_seconds);
   write_histogram(out, "stitch_activation_pause_seconds",

@@ -23,8 +23,10 @@ NEAR_TIE = 1e-4
 def main(directory: str) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    model = LlamaForCausalLM.from_pretrained(directory, torch_dtype=torch.float32)
-    model = model.to("cuda").eval()
+    # `dtype` is transformers' current name (older ones take `torch_dtype`
+    # and pass this one on unused); .float() settles it either way.
+    model = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    model = model.float().to("cuda").eval()
     with open(f"{directory}/stitch_cuda.json") as f:
         records = json.load(f)
     worst = 0.0

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gpu/cuda_backend.hpp"
+#include "gpu/cuda_check.cuh"
 #include "gpu/xxh3_blocks.hpp"
 #include "runtime/core/checksum.hpp"
 
@@ -73,14 +74,6 @@ __global__ void __launch_bounds__(threads)
     if (threadIdx.x == 0)
       digests[chunk] = x::merge(all, secret, len);
   }
-}
-
-status check(cudaError_t err, const char* call) {
-  if (err == cudaSuccess)
-    return {};
-  cudaGetLastError();
-  return make_error(errc::engine_unavailable,
-                    std::string{"CUDA "} + call + " failed: " + cudaGetErrorString(err));
 }
 
 /// Once per process and device: the secret into constant memory, the

@@ -5,18 +5,11 @@
 #include <string>
 
 #include "gpu/cuda_backend.hpp"
+#include "gpu/cuda_check.cuh"
 
 namespace stitch::gpu::cuda {
 
 namespace {
-
-status check(cudaError_t err, const char* call) {
-  if (err == cudaSuccess)
-    return {};
-  cudaGetLastError(); // clears a sticky launch error so later calls are not blamed
-  return make_error(errc::engine_unavailable,
-                    std::string{"CUDA "} + call + " failed: " + cudaGetErrorString(err));
-}
 
 status on_device(int device, const char* call) {
   return check(cudaSetDevice(device), call);

@@ -4,7 +4,6 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -12,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu/cuda_check.cuh"
+#include "gpu/dynamic_library.hpp"
 #include "gpu/llama.hpp"
 
 namespace stitch::gpu {
@@ -37,47 +38,22 @@ const cublas_api& cublas() {
   static cublas_api api;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::vector<std::string> names;
-    if (const char* path = std::getenv("STITCH_CUBLAS"); path && *path)
-      names.emplace_back(path);
-    for (const char* n : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"})
-      names.emplace_back(n);
-    void* lib = nullptr;
-    std::string tried;
-    for (const auto& n : names) {
-      lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib)
-        break;
-      const char* why = dlerror();
-      tried += (tried.empty() ? "" : "; ") + (why ? std::string{why} : n);
-    }
-    if (!lib) {
-      api.error = "cannot load cuBLAS (" + tried
-                  + "); put its folder on LD_LIBRARY_PATH or its path in STITCH_CUBLAS";
-      return;
-    }
-    auto sym = [&](const char* name) {
-      void* p = dlsym(lib, name);
-      if (!p && api.error.empty())
-        api.error = std::string{"cuBLAS lacks "} + name;
-      return p;
-    };
-    api.create = reinterpret_cast<decltype(api.create)>(sym("cublasCreate_v2"));
-    api.destroy = reinterpret_cast<decltype(api.destroy)>(sym("cublasDestroy_v2"));
-    api.set_stream = reinterpret_cast<decltype(api.set_stream)>(sym("cublasSetStream_v2"));
-    api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(sym("cublasSetMathMode"));
-    api.sgemm = reinterpret_cast<decltype(api.sgemm)>(sym("cublasSgemm_v2"));
-    api.gemm_ex = reinterpret_cast<decltype(api.gemm_ex)>(sym("cublasGemmEx"));
+    auto lib = open_library("cuBLAS", "STITCH_CUBLAS",
+                            {"libcublas.so.13", "libcublas.so.12", "libcublas.so"});
+    api.create = reinterpret_cast<decltype(api.create)>(lib.symbol("cublasCreate_v2"));
+    api.destroy = reinterpret_cast<decltype(api.destroy)>(lib.symbol("cublasDestroy_v2"));
+    api.set_stream = reinterpret_cast<decltype(api.set_stream)>(lib.symbol("cublasSetStream_v2"));
+    api.set_math_mode =
+      reinterpret_cast<decltype(api.set_math_mode)>(lib.symbol("cublasSetMathMode"));
+    api.sgemm = reinterpret_cast<decltype(api.sgemm)>(lib.symbol("cublasSgemm_v2"));
+    api.gemm_ex = reinterpret_cast<decltype(api.gemm_ex)>(lib.symbol("cublasGemmEx"));
+    api.error = lib.error;
   });
   return api;
 }
 
 status cuda_check(cudaError_t err, const char* what) {
-  if (err == cudaSuccess)
-    return {};
-  cudaGetLastError();
-  return make_error(errc::engine_unavailable,
-                    std::string{"CUDA "} + what + " failed: " + cudaGetErrorString(err));
+  return cuda::check(err, what);
 }
 
 status blas_check(cublasStatus_t st, const char* what) {

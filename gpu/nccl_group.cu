@@ -1,6 +1,5 @@
 // CUDA side of gpu/nccl_group.hpp, with NCCL loaded at run time.
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstdlib>
@@ -8,6 +7,8 @@
 #include <set>
 #include <string>
 
+#include "gpu/cuda_check.cuh"
+#include "gpu/dynamic_library.hpp"
 #include "gpu/nccl_group.hpp"
 
 namespace stitch::gpu {
@@ -28,37 +29,15 @@ const nccl_api& nccl() {
   static nccl_api api;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::vector<std::string> names;
-    if (const char* path = std::getenv("STITCH_NCCL"); path && *path)
-      names.emplace_back(path);
-    names.emplace_back("libnccl.so.2");
-    names.emplace_back("libnccl.so");
-    void* lib = nullptr;
-    std::string tried;
-    for (const auto& n : names) {
-      lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib)
-        break;
-      const char* why = dlerror();
-      tried += (tried.empty() ? "" : "; ") + (why ? std::string{why} : n);
-    }
-    if (!lib) {
-      api.error = "cannot load NCCL (" + tried
-                  + "); put its folder on LD_LIBRARY_PATH or its path in STITCH_NCCL";
-      return;
-    }
-    auto sym = [&](const char* name) {
-      void* p = dlsym(lib, name);
-      if (!p && api.error.empty())
-        api.error = std::string{"NCCL lacks "} + name;
-      return p;
-    };
-    api.init_all = reinterpret_cast<decltype(api.init_all)>(sym("ncclCommInitAll"));
-    api.destroy = reinterpret_cast<decltype(api.destroy)>(sym("ncclCommDestroy"));
-    api.broadcast = reinterpret_cast<decltype(api.broadcast)>(sym("ncclBroadcast"));
-    api.group_start = reinterpret_cast<decltype(api.group_start)>(sym("ncclGroupStart"));
-    api.group_end = reinterpret_cast<decltype(api.group_end)>(sym("ncclGroupEnd"));
-    api.error_string = reinterpret_cast<decltype(api.error_string)>(sym("ncclGetErrorString"));
+    auto lib = open_library("NCCL", "STITCH_NCCL", {"libnccl.so.2", "libnccl.so"});
+    api.init_all = reinterpret_cast<decltype(api.init_all)>(lib.symbol("ncclCommInitAll"));
+    api.destroy = reinterpret_cast<decltype(api.destroy)>(lib.symbol("ncclCommDestroy"));
+    api.broadcast = reinterpret_cast<decltype(api.broadcast)>(lib.symbol("ncclBroadcast"));
+    api.group_start = reinterpret_cast<decltype(api.group_start)>(lib.symbol("ncclGroupStart"));
+    api.group_end = reinterpret_cast<decltype(api.group_end)>(lib.symbol("ncclGroupEnd"));
+    api.error_string =
+      reinterpret_cast<decltype(api.error_string)>(lib.symbol("ncclGetErrorString"));
+    api.error = lib.error;
   });
   return api;
 }
@@ -71,11 +50,7 @@ status nccl_check(ncclResult_t r, const char* what) {
 }
 
 status cuda_check(cudaError_t err, const char* what) {
-  if (err == cudaSuccess)
-    return {};
-  cudaGetLastError();
-  return make_error(errc::engine_unavailable,
-                    std::string{"CUDA "} + what + " failed: " + cudaGetErrorString(err));
+  return cuda::check(err, what);
 }
 
 } // namespace

@@ -103,6 +103,8 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
   for (const auto& r : status["replicas"]) {
     EXPECT_EQ(r["applied_version"], 1);
     EXPECT_GE(r["history"].size(), 2u) << "v0 then v1";
+    EXPECT_EQ(r["device"]["device"], "cpu");
+    EXPECT_EQ(r["device"]["memory_used_bytes"], 0);
   }
   // A body nesting JSON a hundred thousand levels deep once crashed the node
   // (a stack overflow writing it back out): refused by name, and the node
@@ -121,6 +123,10 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
             std::string::npos);
   EXPECT_NE(metrics.body.find("stitch_activation_pause_seconds_bucket"), std::string::npos);
   EXPECT_NE(metrics.body.find("stitch_request_duration_seconds_count"), std::string::npos);
+  EXPECT_NE(metrics.body.find("stitch_replica_device_memory_bytes{replica=\"replica-0\","
+                              "pool=\"default\",device=\"cpu\"} 0"),
+            std::string::npos)
+    << metrics.body;
   // This node's HTTP surfaces: connections held and refused by each limit.
   EXPECT_NE(metrics.body.find("stitch_http_connections{surface=\"gateway\"}"), std::string::npos)
     << metrics.body;
