@@ -91,6 +91,10 @@ status prepare() {
                       "cudaMemcpyToSymbol");
       !ok)
     return ok;
+  // The copy runs on the legacy stream, which the kernel's non-blocking
+  // stream does not wait for: done before any kernel reads the secret.
+  if (auto ok = check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); !ok)
+    return ok;
   if (auto ok =
         check(cudaFuncSetAttribute(chunk_digest_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(shared_bytes)),
@@ -113,8 +117,16 @@ status chunk_digests(const void* data, size_t bytes, uint64_t* digests, void* st
   cudaPointerAttributes attrs{};
   if (auto ok = check(cudaPointerGetAttributes(&attrs, data), "cudaPointerGetAttributes"); !ok)
     return ok;
+  // The bytes' device, for this call only.
+  int caller_device = 0;
+  if (auto ok = check(cudaGetDevice(&caller_device), "cudaGetDevice"); !ok)
+    return ok;
   if (auto ok = check(cudaSetDevice(attrs.device), "cudaSetDevice"); !ok)
     return ok;
+  struct restore {
+    int device;
+    ~restore() { cudaSetDevice(device); }
+  } back{caller_device};
   if (auto ok = prepare(); !ok)
     return ok;
   auto s = static_cast<cudaStream_t>(stream);

@@ -39,7 +39,9 @@ status stream_wait(void* stream, void* event);
 /// `cudaMemcpyAsync` with `cudaMemcpyDefault` (unified addressing tells
 /// the direction); `what` names the copy in errors.
 status memcpy_async(void* dst, const void* src, size_t bytes, void* stream, const char* what);
-status xor_async(void* dst, const void* delta, size_t bytes, void* stream);
+/// `dst ^= delta` on `device` (the stream's; made current first, since a
+/// kernel launched into another device's stream fails).
+status xor_async(int device, void* dst, const void* delta, size_t bytes, void* stream);
 
 /// The xxh3-64 of every 1 MiB chunk of `bytes` device bytes at `data` (8-byte
 /// aligned) longer than 240 bytes, into `digests` (host, `chunk_count`

@@ -239,7 +239,7 @@ status xor_on_device(const device_buffer& dst, size_t dst_offset, const device_b
                                                 + std::to_string(dst.device()));
   if (dst.on_host())
     return parallel_xor_apply({host_at(dst, dst_offset), n}, {host_at(delta, delta_offset), n});
-  return cuda::xor_async(host_at(dst, dst_offset), host_at(delta, delta_offset), n,
+  return cuda::xor_async(dst.device(), host_at(dst, dst_offset), host_at(delta, delta_offset), n,
                          stream.native());
 }
 
@@ -449,7 +449,7 @@ status stream_wait(void*, void*) {
 status memcpy_async(void*, const void*, size_t, void*, const char*) {
   return absent();
 }
-status xor_async(void*, const void*, size_t, void*) {
+status xor_async(int, void*, const void*, size_t, void*) {
   return absent();
 }
 status chunk_digests(const void*, size_t, uint64_t*, void*) {

@@ -1,6 +1,8 @@
 // CUDA side of gpu/llama.hpp: the decoder step as cuBLAS GEMMs and kernels.
 // The kernels compute what runtime/engine/model.cpp computes, element for
-// element; only reduction orders differ (block reductions, cuBLAS's tiles).
+// element; on fp32 weights only reduction orders differ (block reductions,
+// cuBLAS's tiles). On bf16 weights the GEMMs' activations are also rounded
+// to bf16 (the CPU widens the weights and keeps fp32 activations).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -438,6 +440,13 @@ status llama_runner::step(const llama_tensors& w, std::span<const llama_token> b
                                                 + std::to_string(s.layers));
   if (logits.size() != n * s.vocab)
     return make_error(errc::invalid_argument, "logits buffer of the wrong size");
+  if (auto ok = cuda_check(cudaSetDevice(r.device), "cudaSetDevice"); !ok)
+    return ok;
+  cudaStream_t st = r.stream;
+  // A step that failed part-way may have left copies from the pinned
+  // indices queued: they are done before the indices are rewritten below.
+  if (auto ok = cuda_check(cudaStreamSynchronize(st), "the previous step"); !ok)
+    return ok;
   std::vector<bool> seen(r.slots, false);
   for (size_t b = 0; b < n; ++b) {
     const auto& t = batch[b];
@@ -455,9 +464,6 @@ status llama_runner::step(const llama_tensors& w, std::span<const llama_token> b
     r.host_indices[r.slots + b] = static_cast<int32_t>(t.slot);
     r.host_indices[2 * r.slots + b] = static_cast<int32_t>(t.position);
   }
-  if (auto ok = cuda_check(cudaSetDevice(r.device), "cudaSetDevice"); !ok)
-    return ok;
-  cudaStream_t st = r.stream;
   auto copy_in = [&](void* dst, const int32_t* src) {
     return cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, st),
                       "cudaMemcpyAsync of the step's indices");

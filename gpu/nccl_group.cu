@@ -152,8 +152,10 @@ status nccl_group::broadcast(size_t root, const device_buffer& src,
   status queued;
   for (size_t r = 0; r < ranks && queued; ++r) {
     cudaSetDevice(g.devices[r]);
-    queued = nccl_check(api.broadcast(src.data(), recv[r], src.size(), ncclUint8,
-                                      static_cast<int>(root), g.comms[r], g.streams[r]),
+    // Only the root's send buffer is read; the others pass their own.
+    const void* send = r == root ? src.data() : recv[r];
+    queued = nccl_check(api.broadcast(send, recv[r], src.size(), ncclUint8, static_cast<int>(root),
+                                      g.comms[r], g.streams[r]),
                         "ncclBroadcast");
   }
   if (auto ok = nccl_check(api.group_end(), "ncclGroupEnd"); !ok && queued)

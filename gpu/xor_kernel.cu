@@ -40,9 +40,14 @@ unsigned blocks_for(size_t n) {
 
 } // namespace
 
-status xor_async(void* dst, const void* delta_bytes, size_t n, void* stream) {
+status xor_async(int device, void* dst, const void* delta_bytes, size_t n, void* stream) {
   if (n == 0)
     return {};
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
+    cudaGetLastError();
+    return make_error(errc::engine_unavailable,
+                      std::string{"CUDA cudaSetDevice failed: "} + cudaGetErrorString(err));
+  }
   auto s = static_cast<cudaStream_t>(stream);
   auto* base = static_cast<unsigned char*>(dst);
   const auto* delta = static_cast<const unsigned char*>(delta_bytes);

@@ -62,6 +62,18 @@ builtin_engine::builtin_engine(model_config config, options opts)
 }
 
 result<std::shared_ptr<builtin_engine>> builtin_engine::create(model_config config, options opts) {
+  if (opts.device == engine_device::cpu && opts.device_copy_on_host) {
+    auto parts = std::make_unique<device_parts>();
+    parts->gpu = gpu::host_device;
+    parts->name = gpu::device_name(gpu::host_device);
+    auto stager = gpu::device_stager::create(gpu::host_device);
+    if (!stager)
+      return std::move(stager).error();
+    parts->stager = std::move(*stager);
+    auto engine = std::make_shared<builtin_engine>(std::move(config), opts);
+    engine->device_ = std::move(parts);
+    return engine;
+  }
   if (opts.device == engine_device::cpu)
     return std::make_shared<builtin_engine>(std::move(config), opts);
   auto refuse = [&](const stitch::error& e) {
@@ -204,7 +216,7 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
     batch.push_back(&j->dec.seq());
     feed.push_back(j->dec.next_token());
   }
-  auto logits = device_ ? step_on_device(*w, active) : step(*w, batch, feed);
+  auto logits = device_ && device_->runner ? step_on_device(*w, active) : step(*w, batch, feed);
   const bool w_config_is_moe = w->config.is_moe();
   w.reset();
   {
@@ -299,7 +311,7 @@ engine_device_usage builtin_engine::device_usage() {
   if (!device_)
     return {};
   engine_device_usage u;
-  u.device = "cuda:" + std::to_string(device_->gpu);
+  u.device = device_->runner ? "cuda:" + std::to_string(device_->gpu) : "host";
   u.name = device_->name;
   u.memory_total = device_->memory_total;
   u.memory_used = device_->budget.workspace + device_->budget.staging;
@@ -452,6 +464,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       }
       if (auto ok = gpu::copy_to_host(b->bytes.bytes(), **taken, 0, *stream); !ok)
         return ok;
+      from_local_gpus_ += b->bytes.size();
       from_gpu.insert(b->name);
       own[b->name] = b;
       tensors[b->name] = b;
@@ -532,6 +545,11 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
         if (auto ok = to_device(*own.at(name)); !ok)
           return ok;
   }
+  // The anchor's host bytes are copied to the device where they lie; the
+  // deltas below patch them in place, so those copies are done first.
+  if (device_ && !plan.deltas.empty())
+    if (auto ok = device_->stager->finish(); !ok)
+      return ok;
   // Each delta's tensors are independent: copied (those still shared with
   // the base) and patched on the shared pool, one tensor per task.
   struct patch {
@@ -669,11 +687,21 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     config = *parsed;
   }
   if (device_) {
-    if (auto ok = fits_runner(device_->runner->shape(), config); !ok)
-      return fail(errc::invalid_argument,
-                  to_string(plan.target) + " cannot be served on CUDA device "
-                    + std::to_string(device_->gpu) + ": " + ok.error().message);
-    auto bound = bind_weights(config, std::move(tensors));
+    if (device_->runner)
+      if (auto ok = fits_runner(device_->runner->shape(), config); !ok)
+        return fail(errc::invalid_argument,
+                    to_string(plan.target) + " cannot be served on CUDA device "
+                      + std::to_string(device_->gpu) + ": " + ok.error().message);
+    // On the device the host tensors are kept for peers, not viewed; staged
+    // on the host (tests), the CPU computes from them.
+    result<std::shared_ptr<weights>> bound = make_error(errc::invalid_argument, "no weights");
+    if (device_->runner) {
+      bound = bind_weights(config, std::move(tensors));
+    } else if (auto built = build_weights(config, std::move(tensors))) {
+      bound = std::make_shared<weights>(**built);
+    } else {
+      bound = std::move(built).error();
+    }
     if (!bound)
       return fail(errc::invalid_argument, to_string(plan.target)
                                             + " does not match the architecture it is served with: "

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <future>
@@ -53,6 +54,10 @@ public:
     engine_device device = engine_device::cpu;
     /// The CUDA device (the replica's first GPU slot).
     int gpu = 0;
+    /// Tests, on `create` with `device` cpu: stage the device copy exactly as
+    /// on CUDA, but into host memory (gpu/'s stand-in for a device), and
+    /// compute on the CPU: the device staging path runs without a GPU.
+    bool device_copy_on_host = false;
   };
 
   /// Decode-loop counters (for tests and metrics).
@@ -98,6 +103,8 @@ public:
 
   /// The weights served now (null before the first commit).
   std::shared_ptr<const weights> served() const;
+  /// Bytes taken from other GPUs of this process (`device_fanout`).
+  uint64_t bytes_from_local_gpus() const noexcept { return from_local_gpus_; }
   /// The settings the engine was built with (the node's model preset).
   const model_config& config() const noexcept { return config_; }
   /// The architecture served now: the served version's own config.json when
@@ -139,6 +146,7 @@ private:
     std::string name;
     device_budget budget;
     uint64_t memory_total = 0;
+    /// None when the device copy is staged on the host (tests).
     std::unique_ptr<gpu::llama_runner> runner;
     std::unique_ptr<gpu::device_stager> stager;
     /// The job id holding each KV slot (0: free). Decode loop only.
@@ -146,6 +154,7 @@ private:
   };
   std::unique_ptr<device_parts> device_;
   uint64_t next_job_id_ = 1;
+  std::atomic<uint64_t> from_local_gpus_{0};
 
   model_config config_;
   tokenizer tokenizer_;

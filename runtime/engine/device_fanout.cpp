@@ -78,6 +78,17 @@ result<std::shared_ptr<gpu::device_buffer>> device_fanout::take(const holding& f
   if (!made)
     return std::move(made).error();
   auto dst = std::make_shared<gpu::device_buffer>(std::move(*made));
+  if (from.gpu == gpu::host_device && gpu == gpu::host_device) {
+    // Copies staged on the host (tests): the "broadcast" is a copy.
+    auto stream = gpu::device_stream::create(gpu::host_device);
+    if (!stream)
+      return std::move(stream).error();
+    if (auto ok = gpu::copy_on_device(*dst, 0, src, 0, src.size(), *stream); !ok)
+      return std::move(ok).error();
+    std::lock_guard guard{mutex_};
+    bytes_taken_ += src.size();
+    return dst;
+  }
   // One broadcast at a time: a group's communicators are used in order.
   std::lock_guard serial{broadcast_mutex_};
   gpu::nccl_group* group = nullptr;

@@ -783,6 +783,97 @@ void expect_same_answers(builtin_engine& gpu_engine, builtin_engine& cpu_engine,
   }
 }
 
+builtin_engine::options device_copy_on_host() {
+  builtin_engine::options o;
+  o.device_copy_on_host = true;
+  return o;
+}
+
+/// Every tensor of the served device copy holds `want`'s bytes.
+void expect_device_copy(const builtin_engine& e, const store::tensor_set& want) {
+  auto w = e.served();
+  ASSERT_TRUE(w && w->device);
+  ASSERT_EQ(w->device->buffers.size(), want.size());
+  for (const auto& [name, t] : want) {
+    const auto& b = w->device->buffers.at(name);
+    ASSERT_EQ(b->size(), t.bytes.size()) << name;
+    EXPECT_TRUE(std::equal(t.bytes.begin(), t.bytes.end(), b->host_bytes().begin())) << name;
+  }
+}
+
+// The device staging path (anchors copied in, delta pieces applied to device
+// copies of the served tensors, checksums computed where the copy is, the
+// fan-out between local replicas), run with gpu/'s host stand-in for a
+// device, so it is tested on machines without a GPU.
+TEST_F(builtin_engine_test, the_device_staging_path_builds_exact_copies_across_deltas) {
+  auto made = builtin_engine::create(config, device_copy_on_host());
+  ASSERT_TRUE(made) << to_string(made.error());
+  auto& e = **made;
+  store::store_tensor_source src{db, "default"};
+  // An anchor and three deltas in one stage: the anchor's copies are done
+  // before the deltas patch its host bytes.
+  ASSERT_TRUE(e.stage(plan(std::nullopt, 3), false, src));
+  ASSERT_TRUE(e.commit());
+  expect_device_copy(e, versions[3]);
+  EXPECT_EQ(e.generate(request("p"), {})->logprobs, reference(versions[3], "p").logprobs);
+  // Then deltas onto the served copy, shared where untouched.
+  auto fresh = builtin_engine::create(config, device_copy_on_host());
+  ASSERT_TRUE(fresh);
+  ASSERT_TRUE((*fresh)->stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE((*fresh)->commit());
+  expect_device_copy(**fresh, versions[0]);
+  auto before = (*fresh)->served();
+  ASSERT_TRUE((*fresh)->stage(plan(applied_state{{"r", 0}}, 3), false, src));
+  ASSERT_TRUE((*fresh)->commit());
+  expect_device_copy(**fresh, versions[3]);
+  const auto& untouched = "model.layers.0.self_attn.q_proj.weight";
+  EXPECT_EQ((*fresh)->served()->device->buffers.at(untouched),
+            before->device->buffers.at(untouched))
+    << "an untouched tensor's device copy is shared, not copied";
+  EXPECT_NE((*fresh)->served()->device->buffers.at("lm_head.weight"),
+            before->device->buffers.at("lm_head.weight"));
+  EXPECT_GT((*fresh)->device_usage().staged_bytes_total, 0u);
+  EXPECT_EQ((*fresh)->device_usage().device, "host");
+}
+
+TEST_F(builtin_engine_test, a_version_another_local_device_holds_is_taken_from_it_not_fetched) {
+  store::store_tensor_source src{db, "default"};
+  auto holder = builtin_engine::create(config, device_copy_on_host());
+  ASSERT_TRUE(holder);
+  ASSERT_TRUE((*holder)->stage(plan(std::nullopt, 3), false, src));
+  ASSERT_TRUE((*holder)->commit());
+  auto taker = builtin_engine::create(config, device_copy_on_host());
+  ASSERT_TRUE(taker);
+  const size_t reads = db.range_reads();
+  ASSERT_TRUE((*taker)->stage(plan(std::nullopt, 3), false, src));
+  ASSERT_TRUE((*taker)->commit());
+  EXPECT_EQ(db.range_reads(), reads) << "no tensor bytes read from the store";
+  uint64_t total = 0;
+  for (const auto& [name, t] : versions[3])
+    total += t.bytes.size();
+  EXPECT_EQ((*taker)->bytes_from_local_gpus(), total);
+  expect_device_copy(**taker, versions[3]);
+  auto view = (*taker)->host_view();
+  ASSERT_TRUE(view);
+  for (const auto& t : view->tensors)
+    EXPECT_TRUE(std::equal(t.bytes.begin(), t.bytes.end(), versions[3].at(t.name).bytes.begin()))
+      << "the host copy peers read is made from the taken one: " << t.name;
+  EXPECT_EQ((*taker)->generate(request("q"), {})->logprobs, reference(versions[3], "q").logprobs);
+  // A holder that goes away is no longer offered: the next one fetches.
+  holder->reset();
+  auto third = builtin_engine::create(config, device_copy_on_host());
+  ASSERT_TRUE(third);
+  ASSERT_TRUE((*third)->stage(plan(std::nullopt, 3), false, src));
+  EXPECT_EQ((*third)->bytes_from_local_gpus(), total) << "taken from the second engine";
+  taker->reset();
+  auto fourth = builtin_engine::create(config, device_copy_on_host());
+  ASSERT_TRUE(fourth);
+  (*third).reset();
+  ASSERT_TRUE((*fourth)->stage(plan(std::nullopt, 3), false, src));
+  EXPECT_EQ((*fourth)->bytes_from_local_gpus(), 0u) << "nobody holds it: fetched";
+  EXPECT_GT(db.range_reads(), reads);
+}
+
 TEST_F(builtin_engine_test, a_cuda_engine_serves_what_the_cpu_engine_serves_across_deltas) {
   if (auto why = gpu::why_no_device(); !why.empty())
     GTEST_SKIP() << "needs a CUDA device: " << why;
