@@ -18,6 +18,7 @@ result<std::unique_ptr<buffer_pipeline>> buffer_pipeline::start(size_t depth, si
                                                                 consumer consume) {
   std::unique_ptr<buffer_pipeline> p{new buffer_pipeline()};
   p->consume_ = std::move(consume);
+  p->depth_ = std::max<size_t>(depth, 2);
   for (size_t i = 0; i < std::max<size_t>(depth, 2); ++i) {
     auto b = gpu::staging_allocator().allocate(piece_bytes);
     if (!b)
@@ -43,13 +44,13 @@ void buffer_pipeline::run() {
   pthread_setname_np(pthread_self(), "pipeline");
   run_as_background_thread();
   for (;;) {
-    std::pair<size_t, size_t> job;
+    job next;
     {
       std::unique_lock lock{mutex_};
       changed_.wait(lock, [&] { return stopping_ || !filled_.empty(); });
       if (filled_.empty())
         return;
-      job = filled_.front();
+      next = std::move(filled_.front());
       filled_.pop_front();
       ++busy_;
     }
@@ -60,12 +61,15 @@ void buffer_pipeline::run() {
     }
     // After a failure the rest is dropped unconsumed.
     if (outcome)
-      outcome = consume_(buffers_[job.first].bytes().first(job.second));
+      outcome =
+        consume_(next.owner ? next.external : buffers_[next.buffer].bytes().first(next.bytes));
+    next.owner.reset();
     {
       std::lock_guard guard{mutex_};
       if (!outcome && failure_)
         failure_ = std::move(outcome);
-      free_.push_back(job.first);
+      if (next.external.empty())
+        free_.push_back(next.buffer);
       --busy_;
     }
     changed_.notify_all();
@@ -87,10 +91,26 @@ status buffer_pipeline::submit(size_t n) {
     std::lock_guard guard{mutex_};
     if (!acquired_)
       return make_error(errc::invalid_argument, "submit without a buffer acquired");
-    filled_.emplace_back(*acquired_, n);
+    filled_.push_back({*acquired_, n, {}, nullptr});
     acquired_.reset();
     if (!failure_)
       return failure_;
+  }
+  changed_.notify_all();
+  return {};
+}
+
+status buffer_pipeline::submit_external(std::span<const std::byte> bytes,
+                                        std::shared_ptr<const void> owner) {
+  if (!owner || bytes.empty())
+    return make_error(errc::invalid_argument, "lent bytes need an owner");
+  {
+    std::unique_lock lock{mutex_};
+    // As many lent pieces in flight as the pipeline has buffers.
+    changed_.wait(lock, [&] { return filled_.size() + busy_ < depth_ || !failure_; });
+    if (!failure_)
+      return failure_;
+    filled_.push_back({0, 0, bytes, std::move(owner)});
   }
   changed_.notify_all();
   return {};

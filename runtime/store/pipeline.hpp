@@ -42,6 +42,10 @@ public:
   result<std::span<std::byte>> acquire();
   /// Hands the first `n` bytes of the buffer `acquire` gave to the consumer.
   status submit(size_t n);
+  /// Hands bytes the pipeline does not own to the consumer, in order with
+  /// the buffers; `owner` keeps them valid and is dropped once consumed.
+  /// Waits while the consumer is `depth` pieces behind.
+  status submit_external(std::span<const std::byte> bytes, std::shared_ptr<const void> owner);
   /// Waits until everything submitted was consumed.
   status finish();
 
@@ -54,8 +58,15 @@ private:
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<size_t> free_;
-  /// (buffer, bytes) waiting for the consumer.
-  std::deque<std::pair<size_t, size_t>> filled_;
+  /// What waits for the consumer: a buffer's first bytes, or lent bytes.
+  struct job {
+    size_t buffer = 0;
+    size_t bytes = 0;
+    std::span<const std::byte> external;
+    std::shared_ptr<const void> owner;
+  };
+  std::deque<job> filled_;
+  size_t depth_ = 2;
   std::optional<size_t> acquired_;
   size_t busy_ = 0;
   bool stopping_ = false;

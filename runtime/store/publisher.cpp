@@ -727,17 +727,30 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     bool compressing = false;
     uint64_t zeros_pending = 0;
     uint64_t frame_at = 0;
-    for (uint64_t off = 0; off < t.size; off += chunk) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, t.size - off));
-      std::span<std::byte> now = fresh.first(n);
-      if (to_store) {
-        auto buffer = to_store->acquire();
-        if (!buffer)
-          return failed(std::move(buffer).error());
-        now = buffer->first(n);
+    for (uint64_t off = 0; off < t.size;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, t.size - off));
+      // Bytes the source already holds in memory (a client's pieces) are
+      // hashed, compared and stored where they lie; others are read into a
+      // buffer first.
+      auto lent = source.borrow(i, off, n);
+      if (!lent)
+        return failed(std::move(lent).error());
+      std::span<const std::byte> now;
+      if (!lent->bytes.empty()) {
+        now = lent->bytes;
+        n = now.size();
+      } else {
+        std::span<std::byte> into = fresh.first(n);
+        if (to_store) {
+          auto buffer = to_store->acquire();
+          if (!buffer)
+            return failed(std::move(buffer).error());
+          into = buffer->first(n);
+        }
+        if (auto ok = source.read(i, off, into); !ok)
+          return failed(std::move(ok).error());
+        now = into;
       }
-      if (auto ok = source.read(i, off, now); !ok)
-        return failed(std::move(ok).error());
       hasher.update(now);
       bool same = false;
       if (old && (delta_pays || compare_only)) {
@@ -797,9 +810,13 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
       if (write_copy && !same)
         if (auto ok = target->copy->write(target->offsets[i] + off, now); !ok)
           return failed(std::move(ok).error());
-      if (to_store)
-        if (auto ok = to_store->submit(n); !ok)
+      if (to_store) {
+        auto ok = lent->owner ? to_store->submit_external(now, std::move(lent->owner))
+                              : to_store->submit(n);
+        if (!ok)
           return failed(std::move(ok).error());
+      }
+      off += n;
     }
     sums[t.name] = hasher.digest();
     if (compressing && delta_pays) {

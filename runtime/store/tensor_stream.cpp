@@ -195,4 +195,51 @@ status fed_stream::read(size_t index, uint64_t offset, std::span<std::byte> out)
   return outcome;
 }
 
+result<tensor_stream::borrowed> fed_stream::borrow(size_t index, uint64_t offset, size_t max) {
+  if (index >= headers_.size() || offset >= headers_[index].size || max == 0)
+    return make_error(errc::invalid_argument, "borrow past the end of a tensor");
+  std::vector<std::function<void()>> done;
+  borrowed out;
+  status outcome;
+  {
+    std::unique_lock lock{mutex_};
+    if (starts_[index] + offset != position_)
+      return make_error(errc::invalid_argument, "reads of a fed stream must be sequential");
+    for (;;) {
+      arrived_.wait(lock, [&] { return !pieces_.empty() || closed_; });
+      if (why_) {
+        outcome = *why_;
+        break;
+      }
+      if (pieces_.empty()) {
+        outcome =
+          make_error(errc::invalid_format, "the stream ended after " + std::to_string(position_)
+                                             + " of " + std::to_string(total_) + " bytes");
+        break;
+      }
+      auto& p = pieces_.front();
+      const size_t take = static_cast<size_t>(
+        std::min<uint64_t>({max, p.bytes.size() - p.used, headers_[index].size - offset}));
+      if (take > 0) {
+        out.bytes = std::as_bytes(p.bytes.subspan(p.used, take));
+        out.owner = p.owner;
+        p.used += take;
+        position_ += take;
+      }
+      if (p.used == p.bytes.size()) {
+        if (p.consumed)
+          done.push_back(std::move(p.consumed));
+        pieces_.pop_front();
+      }
+      if (take > 0)
+        break;
+    }
+  }
+  for (auto& f : done)
+    f();
+  if (!outcome)
+    return std::move(outcome).error();
+  return out;
+}
+
 } // namespace stitch::store

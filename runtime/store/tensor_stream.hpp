@@ -48,6 +48,24 @@ public:
   /// Fills `out` exactly with the next bytes: tensor `index` from `offset`.
   /// Calls come in order, (index, offset) continuing where the last ended.
   virtual status read(size_t index, uint64_t offset, std::span<std::byte> out) = 0;
+
+  /// The next bytes where the stream already holds them, without a copy.
+  struct borrowed {
+    /// Up to the `max` asked, never past the tensor's end; empty when the
+    /// stream lends nothing (then `read` the bytes).
+    std::span<const std::byte> bytes;
+    /// Keeps `bytes` valid for as long as it is held.
+    std::shared_ptr<const void> owner;
+  };
+  /// Like `read`, in the same order, but lends the next bytes of tensor
+  /// `index` from `offset` (at most `max`) instead of copying them: they
+  /// count as read. Streams that hold no bytes in memory lend nothing.
+  virtual result<borrowed> borrow(size_t index, uint64_t offset, size_t max) {
+    (void) index;
+    (void) offset;
+    (void) max;
+    return borrowed{};
+  }
   /// The checkpoint's small non-tensor files (`config.json`, ...), by name;
   /// a publish keeps them with the version. None unless the source has them.
   virtual const std::map<std::string, std::string>& files() const {
@@ -102,6 +120,9 @@ public:
   /// Blocks until the bytes are there, or fails when the stream was closed
   /// (with its error; without one: "truncated").
   status read(size_t index, uint64_t offset, std::span<std::byte> out) override;
+  /// Lends the front piece's next bytes (the piece's owner keeps them); a
+  /// piece lent to its end counts as consumed.
+  result<borrowed> borrow(size_t index, uint64_t offset, size_t max) override;
 
   /// The next bytes; `consumed` runs on the reading thread once every byte of
   /// them was read. Refused past the declared total, past `max_pending`

@@ -492,6 +492,91 @@ TEST(fed_stream_test, bounds_waiting_pieces_and_fails_readers_when_closed) {
   EXPECT_EQ(failed.error().message, "aborted by the client");
 }
 
+TEST(fed_stream_test, borrow_lends_the_pushed_bytes_where_they_lie_up_to_each_boundary) {
+  std::vector<tensor_header> tensors{{"a", dtype::u8, {3}, 3}, {"b", dtype::u8, {5}, 5}};
+  fed_stream stream{tensors, 4};
+  auto first = std::make_shared<const std::vector<char>>(std::vector<char>{'1', '2', '3', '4'});
+  auto second = std::make_shared<const std::vector<char>>(std::vector<char>{'5', '6', '7', '8'});
+  std::vector<int> consumed;
+  ASSERT_TRUE(stream.push(first, *first, [&] { consumed.push_back(1); }));
+  ASSERT_TRUE(stream.push(second, *second, [&] { consumed.push_back(2); }));
+  auto text = [](std::span<const std::byte> b) {
+    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+  };
+  // Tensor a ends inside the first piece: lent up to its end, no copy.
+  auto a = stream.borrow(0, 0, 100);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(text(a->bytes), "123");
+  EXPECT_EQ(static_cast<const void*>(a->bytes.data()), static_cast<const void*>(first->data()));
+  EXPECT_TRUE(consumed.empty());
+  // Tensor b: the rest of the first piece, then (after `max`) the second.
+  auto b1 = stream.borrow(1, 0, 100);
+  ASSERT_TRUE(b1);
+  EXPECT_EQ(text(b1->bytes), "4");
+  EXPECT_EQ(consumed, std::vector<int>{1}) << "a piece lent to its end is consumed";
+  auto b2 = stream.borrow(1, 1, 2);
+  ASSERT_TRUE(b2);
+  EXPECT_EQ(text(b2->bytes), "56");
+  // Reads and borrows mix, in order.
+  std::vector<std::byte> rest(2);
+  ASSERT_TRUE(stream.read(1, 3, rest));
+  EXPECT_EQ(text(rest), "78");
+  EXPECT_EQ(consumed, (std::vector<int>{1, 2}));
+  // What was lent stays valid while held, whoever else lets go.
+  first.reset();
+  EXPECT_EQ(text(a->bytes), "123");
+  EXPECT_FALSE(stream.borrow(1, 0, 1)) << "out of order";
+  EXPECT_FALSE(stream.borrow(0, 3, 1)) << "past the tensor";
+
+  fed_stream aborted{tensors, 4};
+  aborted.close(make_error(errc::invalid_argument, "aborted by the client"));
+  auto failed = aborted.borrow(0, 0, 3);
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().message, "aborted by the client");
+}
+
+// A publish from pieces lent where they lie (the HTTP publish's path) stores
+// exactly what a publish of the same tensors from memory stores, anchors
+// and deltas, whatever the pieces' sizes.
+TEST_F(publisher_test, a_publish_from_lent_pieces_equals_one_from_memory) {
+  memory_store fed_store;
+  publisher from_memory{store};
+  publisher_options small_chunks;
+  small_chunks.chunk_bytes = 4096;
+  publisher from_pieces{fed_store, small_chunks};
+  std::mt19937_64 rng{17};
+  tensor_set w = make_weights(9);
+  for (uint64_t v = 0; v < 4; ++v) {
+    if (v > 0)
+      mutate_sparse(w, rng);
+    auto a = from_memory.publish(req("r", v), w);
+    ASSERT_TRUE(a) << to_string(a.error());
+    std::vector<tensor_header> headers;
+    std::string all;
+    for (const auto& [name, t] : w) {
+      headers.push_back({name, t.type, t.shape, t.bytes.size()});
+      all.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+    }
+    fed_stream stream{headers, 64};
+    std::thread feeder{[&] {
+      // Pieces of 1000 bytes: they straddle tensors and chunks.
+      for (size_t at = 0; at < all.size(); at += 1000) {
+        auto piece = std::make_shared<const std::string>(all.substr(at, 1000));
+        ASSERT_TRUE(stream.push(piece, std::span<const char>{*piece}, {}));
+      }
+    }};
+    auto b = from_pieces.publish(req("r", v), stream);
+    feeder.join();
+    ASSERT_TRUE(b) << to_string(b.error());
+    EXPECT_EQ(a->kind, b->kind) << "version " << v;
+    EXPECT_EQ(a->published.checksums, b->published.checksums);
+    auto x = materialize(store, "default", {"r", v});
+    auto y = materialize(fed_store, "default", {"r", v});
+    ASSERT_TRUE(x && y);
+    EXPECT_TRUE(*x == *y) << "version " << v;
+  }
+}
+
 TEST(delta_frame_test, prefix_is_little_endian_length) {
   std::vector<std::byte> payload(300, std::byte{7});
   auto frame = encode_delta_frame(payload);
