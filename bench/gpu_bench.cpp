@@ -116,18 +116,27 @@ struct engine_figures {
 /// Publishes random weights of `config`, stages them on a CUDA engine as a
 /// cold replica would, times the activation, then (with `decode`) runs
 /// `batch` greedy requests together.
-engine_figures measure_engine(const engine::model_config& config, uint32_t batch, bool decode) {
+/// With `on_host`, the engine stages its device copy on gpu/'s host stand-in
+/// and computes on the CPU (`--engine-on-host`: this bench's own check on a
+/// machine without a GPU).
+engine_figures measure_engine(const engine::model_config& config, uint32_t batch, bool decode,
+                              bool on_host = false) {
   engine_figures f;
   stitch::testing::memory_store db;
   {
     auto w = must(engine::random_init(config, 5), "random weights");
     for (const auto& [name, t] : w)
       f.gb += static_cast<double>(t.bytes.size()) / 1e9;
-    store::publisher pub{db};
+    // The run's remembered copy stays in memory (the ~16 GB model's would
+    // otherwise go to a scratch file): host memory peaks at three copies.
+    store::publisher_options po;
+    po.memory_limit = uint64_t{64} << 30;
+    store::publisher pub{db, po};
     must(pub.publish({"default", "bench", 0, true, false}, w), "publish");
   }
   engine::builtin_engine::options o;
-  o.device = engine::engine_device::cuda;
+  o.device = on_host ? engine::engine_device::cpu : engine::engine_device::cuda;
+  o.device_copy_on_host = on_host;
   o.max_batch = batch;
   auto e = must(engine::builtin_engine::create(config, o), "CUDA engine");
   store::store_tensor_source src{db, "default"};
@@ -168,7 +177,7 @@ engine_figures measure_engine(const engine::model_config& config, uint32_t batch
   return f;
 }
 
-int hf_check(const std::filesystem::path& dir) {
+int hf_check(const std::filesystem::path& dir, bool on_host) {
   auto config = must(engine::preset("small"), "preset");
   auto weights = must(engine::random_init(config, 3), "random weights");
   std::filesystem::remove_all(dir);
@@ -178,7 +187,8 @@ int hf_check(const std::filesystem::path& dir) {
   store::publisher pub{db};
   must(pub.publish({"default", "hf", 0, true, false, files}, weights), "publish");
   engine::builtin_engine::options o;
-  o.device = engine::engine_device::cuda;
+  o.device = on_host ? engine::engine_device::cpu : engine::engine_device::cuda;
+  o.device_copy_on_host = on_host;
   o.max_batch = 4;
   auto e = must(engine::builtin_engine::create(config, o), "CUDA engine");
   store::store_tensor_source src{db, "default"};
@@ -208,6 +218,7 @@ int main(int argc, char** argv) {
   size_t mb = 1024;
   bool big = true;
   std::filesystem::path hf_dir;
+  bool engine_on_host = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json")
@@ -218,10 +229,22 @@ int main(int argc, char** argv) {
       big = false;
     else if (a == "--hf-dir" && i + 1 < argc)
       hf_dir = argv[++i];
+    else if (a == "--engine-on-host")
+      engine_on_host = true;
     else {
-      std::fprintf(stderr, "usage: gpu_bench [--mb N] [--no-big] [--json] | --hf-dir DIR\n");
+      std::fprintf(stderr, "usage: gpu_bench [--mb N] [--no-big] [--json] [--hf-dir DIR] "
+                           "[--engine-on-host]\n");
       return 2;
     }
+  }
+  if (engine_on_host) {
+    // The engine parts of this bench without a GPU: they must run to the end.
+    if (!hf_dir.empty())
+      return hf_check(hf_dir, true);
+    auto f = measure_engine(bf16_model(256, 704, 2, 4, 2), 4, true, true);
+    std::printf("{\"engine_on_host\":true,\"gb\":%.4f,\"pause_us\":%.1f,\"tokens_per_s\":%.0f}\n",
+                f.gb, f.pause_us, f.tokens_per_s);
+    return 0;
   }
   if (auto why = gpu::why_no_device(); !why.empty()) {
     if (json)
@@ -231,7 +254,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!hf_dir.empty())
-    return hf_check(hf_dir);
+    return hf_check(hf_dir, false);
 
   const size_t n = mb << 20;
   auto stream = must(gpu::device_stream::create(0), "stream");
