@@ -49,6 +49,19 @@ status memory_stream::read(size_t index, uint64_t offset, std::span<std::byte> o
   return {};
 }
 
+result<tensor_stream::borrowed> memory_stream::borrow(size_t index, uint64_t offset, size_t max) {
+  if (index >= tensors_.size() || offset >= tensors_[index]->bytes.size() || max == 0)
+    return make_error(errc::invalid_argument, "borrow past the end of a tensor");
+  const auto& bytes = tensors_[index]->bytes;
+  borrowed out;
+  out.bytes = std::span<const std::byte>{bytes}.subspan(
+    offset, static_cast<size_t>(std::min<uint64_t>(max, bytes.size() - offset)));
+  // The weights outlive the stream (its contract): the owner only marks the
+  // bytes as lent.
+  out.owner = lent_;
+  return out;
+}
+
 result<std::unique_ptr<directory_stream>> directory_stream::open(const std::filesystem::path& dir) {
   auto ckpt = open_hf_directory(dir);
   if (!ckpt)

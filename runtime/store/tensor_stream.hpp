@@ -81,10 +81,13 @@ public:
   explicit memory_stream(const tensor_set& weights);
   const std::vector<tensor_header>& tensors() const override { return headers_; }
   status read(size_t index, uint64_t offset, std::span<std::byte> out) override;
+  /// Lends the tensors' own bytes.
+  result<borrowed> borrow(size_t index, uint64_t offset, size_t max) override;
 
 private:
   std::vector<tensor_header> headers_;
   std::vector<const host_tensor*> tensors_;
+  std::shared_ptr<const void> lent_ = std::make_shared<int>(0);
 };
 
 /// The tensors of an opened Hugging Face checkpoint directory, read from its
