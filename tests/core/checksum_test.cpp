@@ -5,21 +5,15 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "common/random_bytes.hpp"
 #include <xxhash.h>
 
 namespace cs = stitch::checksum;
 
 namespace {
 
-std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
-  std::mt19937_64 rng{seed};
-  std::vector<std::byte> out(n);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t word = rng();
-    std::memcpy(out.data() + i, &word, std::min<size_t>(8, n - i));
-  }
-  return out;
-}
+using stitch::testing::random_bytes;
 
 /// The DESIGN §1 definition written out with xxhash directly.
 uint64_t reference_checksum(const std::vector<std::byte>& bytes) {

@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/random_bytes.hpp"
+
 #include "gpu/checksum.hpp"
 #include "gpu/device.hpp"
 #include "runtime/core/checksum.hpp"
@@ -17,15 +19,7 @@
 
 namespace {
 
-std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
-  std::mt19937_64 rng{seed};
-  std::vector<std::byte> out(n);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t word = rng();
-    std::memcpy(out.data() + i, &word, std::min<size_t>(8, n - i));
-  }
-  return out;
-}
+using stitch::testing::random_bytes;
 
 } // namespace
 

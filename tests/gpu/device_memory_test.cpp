@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/random_bytes.hpp"
+
 #include "gpu/device.hpp"
 #include "gpu/nccl_group.hpp"
 #include "gpu/stager.hpp"
@@ -23,15 +25,7 @@ using stitch::gpu::device_buffer;
 using stitch::gpu::device_stager;
 using stitch::gpu::device_stream;
 
-std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
-  std::mt19937_64 rng{seed};
-  std::vector<std::byte> out(n);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t word = rng();
-    std::memcpy(out.data() + i, &word, std::min<size_t>(8, n - i));
-  }
-  return out;
-}
+using stitch::testing::random_bytes;
 
 /// The block decomposition of the xxh3 long path, run on the CPU exactly as
 /// the kernel runs it (stripe terms summed per block, then the lanes' chains).
