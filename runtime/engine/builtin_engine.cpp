@@ -494,15 +494,36 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       return ok;
     from_peers(buffers);
     for (auto& t : buffers) {
-      if (!fetched.contains(t->name)) {
+      if (fetched.contains(t->name)) {
+        if (device_)
+          if (auto ok = to_device(*t); !ok)
+            return ok;
+        continue;
+      }
+      if (!device_) {
         if (auto ok = source.read(anchor->ref, t->name, 0, t->bytes.bytes()); !ok)
           return ok;
-        own.emplace(t->name, t);
-        tensors.emplace(t->name, t);
+      } else {
+        // On a device, each piece read goes on to the device while the next
+        // is read: a large tensor's copy overlaps its own fetch.
+        auto made = gpu::device_buffer::allocate(device_->gpu, t->bytes.size());
+        if (!made)
+          return std::move(made).error();
+        auto buf = std::make_shared<gpu::device_buffer>(std::move(*made));
+        const auto all = t->bytes.bytes();
+        const size_t step = std::max<size_t>(opts_.device_read_piece, 1);
+        for (size_t at = 0; at < all.size(); at += step) {
+          auto piece = all.subspan(at, std::min(step, all.size() - at));
+          if (auto ok = source.read(anchor->ref, t->name, at, piece); !ok)
+            return ok;
+          if (auto ok = device_->stager->write(*buf, at, piece, true); !ok)
+            return ok;
+        }
+        dev_own[t->name] = buf;
+        dev[t->name] = buf;
       }
-      if (device_)
-        if (auto ok = to_device(*t); !ok)
-          return ok;
+      own.emplace(t->name, t);
+      tensors.emplace(t->name, t);
     }
   } else {
     std::lock_guard guard{mutex_};

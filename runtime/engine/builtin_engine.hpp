@@ -58,6 +58,9 @@ public:
     /// on CUDA, but into host memory (gpu/'s stand-in for a device), and
     /// compute on the CPU: the device staging path runs without a GPU.
     bool device_copy_on_host = false;
+    /// On a device, an anchor's tensors are read in pieces of this size,
+    /// each copied to the device while the next is read.
+    size_t device_read_piece = size_t{32} << 20;
   };
 
   /// Decode-loop counters (for tests and metrics).

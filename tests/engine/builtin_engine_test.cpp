@@ -786,6 +786,8 @@ void expect_same_answers(builtin_engine& gpu_engine, builtin_engine& cpu_engine,
 builtin_engine::options device_copy_on_host() {
   builtin_engine::options o;
   o.device_copy_on_host = true;
+  // Small pieces: every anchor tensor is read and copied in many.
+  o.device_read_piece = 1000;
   return o;
 }
 
