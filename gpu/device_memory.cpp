@@ -7,6 +7,7 @@
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -97,21 +98,12 @@ std::span<std::byte> device_buffer::host_bytes() const noexcept {
 
 // --- device_stream --------------------------------------------------------
 
-device_stream::device_stream(device_stream&& other) noexcept
-    : stream_(std::exchange(other.stream_, nullptr)),
-      device_(std::exchange(other.device_, host_device)) {}
-
-device_stream& device_stream::operator=(device_stream&& other) noexcept {
-  if (this != &other) {
-    cuda::stream_destroy(stream_);
-    stream_ = std::exchange(other.stream_, nullptr);
-    device_ = std::exchange(other.device_, host_device);
-  }
-  return *this;
+void detail::stream_release::operator()(void* stream) const noexcept {
+  cuda::stream_destroy(stream);
 }
 
-device_stream::~device_stream() {
-  cuda::stream_destroy(stream_);
+void detail::event_release::operator()(void* event) const noexcept {
+  cuda::event_destroy(event);
 }
 
 result<device_stream> device_stream::create(int device) {
@@ -119,44 +111,30 @@ result<device_stream> device_stream::create(int device) {
   out.device_ = device;
   if (device == host_device)
     return out;
-  if (auto ok = cuda::stream_create(device, &out.stream_); !ok)
+  void* stream = nullptr;
+  if (auto ok = cuda::stream_create(device, &stream); !ok)
     return std::move(ok).error();
+  out.stream_.reset(stream);
   return out;
 }
 
 status device_stream::synchronize() {
   if (device_ == host_device)
     return {};
-  return cuda::stream_sync(stream_);
+  return cuda::stream_sync(stream_.get());
 }
 
 // --- device_event ---------------------------------------------------------
-
-device_event::device_event(device_event&& other) noexcept
-    : event_(std::exchange(other.event_, nullptr)),
-      device_(std::exchange(other.device_, host_device)), host_ms_(other.host_ms_) {}
-
-device_event& device_event::operator=(device_event&& other) noexcept {
-  if (this != &other) {
-    cuda::event_destroy(event_);
-    event_ = std::exchange(other.event_, nullptr);
-    device_ = std::exchange(other.device_, host_device);
-    host_ms_ = other.host_ms_;
-  }
-  return *this;
-}
-
-device_event::~device_event() {
-  cuda::event_destroy(event_);
-}
 
 result<device_event> device_event::create(int device) {
   device_event out;
   out.device_ = device;
   if (device == host_device)
     return out;
-  if (auto ok = cuda::event_create(device, &out.event_); !ok)
+  void* event = nullptr;
+  if (auto ok = cuda::event_create(device, &event); !ok)
     return std::move(ok).error();
+  out.event_.reset(event);
   return out;
 }
 
@@ -165,19 +143,19 @@ status device_event::record(device_stream& stream) {
     host_ms_ = now_ms();
     return {};
   }
-  return cuda::event_record(event_, stream.native());
+  return cuda::event_record(event_.get(), stream.native());
 }
 
 status device_event::synchronize() {
   if (device_ == host_device)
     return {};
-  return cuda::event_sync(event_);
+  return cuda::event_sync(event_.get());
 }
 
 result<double> device_event::elapsed_ms_since(const device_event& start) const {
   if (device_ == host_device)
     return host_ms_ - start.host_ms_;
-  return cuda::event_elapsed_ms(start.event_, event_);
+  return cuda::event_elapsed_ms(start.event_.get(), event_.get());
 }
 
 // --- operations -----------------------------------------------------------
@@ -307,7 +285,7 @@ struct pinned_registrar::counters {
   std::atomic<uint64_t> registered{0};
   std::atomic<uint64_t> refused{0};
   std::mutex mutex;
-  std::vector<void*> pinned;
+  std::unordered_set<void*> pinned;
 };
 
 pinned_registrar::pinned_registrar() : counters_(std::make_shared<counters>()) {}
@@ -321,19 +299,15 @@ status pinned_registrar::on_allocate(std::span<std::byte> buffer) {
   }
   counters_->registered.fetch_add(1);
   std::lock_guard guard{counters_->mutex};
-  counters_->pinned.push_back(buffer.data());
+  counters_->pinned.insert(buffer.data());
   return {};
 }
 
 void pinned_registrar::on_release(std::span<std::byte> buffer) noexcept {
   {
     std::lock_guard guard{counters_->mutex};
-    auto& v = counters_->pinned;
-    auto it = std::find(v.begin(), v.end(), static_cast<void*>(buffer.data()));
-    if (it == v.end())
+    if (counters_->pinned.erase(buffer.data()) == 0)
       return;
-    *it = v.back();
-    v.pop_back();
   }
   cuda::host_unregister(buffer.data());
 }

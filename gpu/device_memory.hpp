@@ -22,6 +22,16 @@ namespace stitch::gpu {
 
 inline constexpr int host_device = -1;
 
+namespace detail {
+/// Destroy a `cudaStream_t` / `cudaEvent_t` (null: nothing).
+struct stream_release {
+  void operator()(void* stream) const noexcept;
+};
+struct event_release {
+  void operator()(void* event) const noexcept;
+};
+} // namespace detail
+
 /// Device memory: `cudaMalloc` (never managed memory) on a CUDA device, the
 /// staging allocator on the host. Move-only; freed when destroyed.
 class device_buffer {
@@ -56,23 +66,16 @@ private:
 /// host, operations complete before they return.
 class device_stream {
 public:
-  device_stream() = default;
-  device_stream(device_stream&& other) noexcept;
-  device_stream& operator=(device_stream&& other) noexcept;
-  device_stream(const device_stream&) = delete;
-  device_stream& operator=(const device_stream&) = delete;
-  ~device_stream();
-
   static result<device_stream> create(int device);
 
   int device() const noexcept { return device_; }
   /// The `cudaStream_t` (null on the host).
-  void* native() const noexcept { return stream_; }
+  void* native() const noexcept { return stream_.get(); }
   /// Waits for everything queued; a kernel's fault surfaces here.
   status synchronize();
 
 private:
-  void* stream_ = nullptr;
+  std::unique_ptr<void, detail::stream_release> stream_;
   int device_ = host_device;
 };
 
@@ -80,13 +83,6 @@ private:
 /// wall-clock time it was recorded.
 class device_event {
 public:
-  device_event() = default;
-  device_event(device_event&& other) noexcept;
-  device_event& operator=(device_event&& other) noexcept;
-  device_event(const device_event&) = delete;
-  device_event& operator=(const device_event&) = delete;
-  ~device_event();
-
   static result<device_event> create(int device);
 
   status record(device_stream& stream);
@@ -96,7 +92,7 @@ public:
   result<double> elapsed_ms_since(const device_event& start) const;
 
 private:
-  void* event_ = nullptr;
+  std::unique_ptr<void, detail::event_release> event_;
   int device_ = host_device;
   double host_ms_ = 0;
 };

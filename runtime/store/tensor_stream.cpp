@@ -160,52 +160,16 @@ status fed_stream::read(size_t index, uint64_t offset, std::span<std::byte> out)
   if (index >= headers_.size() || offset > headers_[index].size
       || out.size() > headers_[index].size - offset)
     return make_error(errc::invalid_argument, "read past the end of a tensor");
-  std::vector<std::function<void()>> done;
-  status outcome;
-  {
-    std::unique_lock lock{mutex_};
-    if (starts_[index] + offset != position_)
-      return make_error(errc::invalid_argument, "reads of a fed stream must be sequential");
-    size_t got = 0;
-    while (got < out.size()) {
-      if (pieces_.empty() && !closed_ && !done.empty()) {
-        // Pieces this read used up are consumed now: their senders may be
-        // waiting for that before they send the bytes this read still needs.
-        lock.unlock();
-        for (auto& f : done)
-          f();
-        done.clear();
-        lock.lock();
-      }
-      arrived_.wait(lock, [&] { return !pieces_.empty() || closed_; });
-      if (why_) {
-        // Aborted: stop at once, whatever is still queued.
-        outcome = *why_;
-        break;
-      }
-      if (pieces_.empty()) {
-        outcome = why_ ? *why_
-                       : make_error(errc::invalid_format,
-                                    "the stream ended after " + std::to_string(position_ + got)
-                                      + " of " + std::to_string(total_) + " bytes");
-        break;
-      }
-      auto& p = pieces_.front();
-      const size_t take = std::min(out.size() - got, p.bytes.size() - p.used);
-      std::memcpy(out.data() + got, p.bytes.data() + p.used, take);
-      p.used += take;
-      got += take;
-      if (p.used == p.bytes.size()) {
-        if (p.consumed)
-          done.push_back(std::move(p.consumed));
-        pieces_.pop_front();
-      }
-    }
-    position_ += got;
+  // Piece by piece: each piece used up is consumed before the next is
+  // waited for (its sender may wait for that before sending the rest).
+  for (size_t got = 0; got < out.size();) {
+    auto lent = borrow(index, offset + got, out.size() - got);
+    if (!lent)
+      return std::move(lent).error();
+    std::memcpy(out.data() + got, lent->bytes.data(), lent->bytes.size());
+    got += lent->bytes.size();
   }
-  for (auto& f : done)
-    f();
-  return outcome;
+  return {};
 }
 
 result<tensor_stream::borrowed> fed_stream::borrow(size_t index, uint64_t offset, size_t max) {
