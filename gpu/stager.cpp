@@ -104,7 +104,7 @@ status device_stager::write(const device_buffer& dst, size_t offset, std::span<c
   if (!first_error_)
     return first_error_;
   started();
-  counters_.bytes_copied += src.size();
+  add(&counters::bytes_copied, src.size());
   if (device_ == host_device || stable)
     return remember(copy_to_device(dst, offset, src, stream_));
   return remember(piecewise(dst, offset, src, false));
@@ -116,7 +116,7 @@ status device_stager::xor_apply(const device_buffer& dst, size_t offset,
   if (!first_error_)
     return first_error_;
   started();
-  counters_.bytes_xored += src.size();
+  add(&counters::bytes_xored, src.size());
   if (device_ == host_device) {
     if (offset > dst.size() || src.size() > dst.size() - offset)
       return remember(make_error(errc::invalid_argument, "xor piece outside the tensor"));
@@ -134,7 +134,7 @@ status device_stager::copy(const device_buffer& dst, const device_buffer& src) {
     return remember(
       make_error(errc::invalid_argument, "device copy of " + std::to_string(src.size())
                                            + " bytes into " + std::to_string(dst.size())));
-  counters_.bytes_copied += src.size();
+  add(&counters::bytes_copied, src.size());
   return remember(copy_on_device(dst, 0, src, 0, src.size(), stream_));
 }
 
@@ -142,6 +142,7 @@ status device_stager::finish() {
   std::lock_guard guard{mutex_};
   status synced = stream_.synchronize();
   if (busy_) {
+    std::lock_guard counting{counters_mutex_};
     counters_.busy_seconds += now_seconds() - busy_since_;
     busy_ = false;
   }
@@ -155,15 +156,20 @@ result<uint64_t> device_stager::checksum(const device_buffer& buffer, size_t n) 
   if (!first_error_)
     return first_error_.error();
   started();
-  counters_.bytes_verified += n;
+  add(&counters::bytes_verified, n);
   auto sum = device_tree_checksum(buffer, 0, n, stream_);
   if (!sum)
     (void) remember(sum.error());
   return sum;
 }
 
+void device_stager::add(uint64_t counters::*field, uint64_t n) {
+  std::lock_guard counting{counters_mutex_};
+  counters_.*field += n;
+}
+
 device_stager::counters device_stager::stats() const {
-  std::lock_guard guard{mutex_};
+  std::lock_guard counting{counters_mutex_};
   return counters_;
 }
 

@@ -64,6 +64,7 @@ public:
   /// everything queued before it.
   result<uint64_t> checksum(const device_buffer& buffer, size_t n);
 
+  /// Never waits for device work (status reads it on an actor's thread).
   counters stats() const;
 
 private:
@@ -80,6 +81,7 @@ private:
   status piecewise(const device_buffer& dst, size_t offset, std::span<const std::byte> src,
                    bool xor_into);
   void started();
+  void add(uint64_t counters::*field, uint64_t n);
   status remember(status s);
 
   int device_;
@@ -89,6 +91,8 @@ private:
   std::vector<slot> ring_;
   size_t next_ = 0;
   status first_error_;
+  /// Apart from `mutex_`, so that `stats` never waits for device work.
+  mutable std::mutex counters_mutex_;
   counters counters_;
   bool busy_ = false;
   double busy_since_ = 0;
