@@ -473,17 +473,37 @@ status node::join_cluster(const node_settings& settings) {
     j.thread = std::thread{[this, cmd = std::move(cmd), agent, stop = j.stop]() mutable {
       // Rollouts come from the cluster's rollout driver when it has one.
       auto coordinator = caf::actor_cast<caf::actor>(coordinator_);
-      auto driver = ask_actor<caf::actor>(sys_, coordinator, std::chrono::seconds{10},
-                                          atom::lookup_v, std::string{"rollout_driver"});
+      auto lookup_driver = [this, coordinator] {
+        return ask_actor<caf::actor>(sys_, coordinator, std::chrono::seconds{10}, atom::lookup_v,
+                                     std::string{"rollout_driver"});
+      };
+      auto driver = lookup_driver();
       if (driver) {
         log::info("trainer", cmd.run_id + " samples through the cluster's rollout driver");
-        cmd.rollouts = [this, handle = caf::actor_cast<rollout_driver_actor>(*driver),
-                        gw = cmd.gateway,
-                        pool = cmd.pool](uint64_t min_version, uint32_t count, uint64_t seed_base) {
-          rollout_request req{gw.host, gw.port, pool, min_version, count, seed_base};
-          return ask_actor<std::vector<engine::rollout_result>>(
-            sys_, handle, std::chrono::minutes{10}, atom::rollouts_v, req);
-        };
+        // A link to the driver's node can drop under a batch (its node
+        // restarted, or two nodes connected to each other at once and CAF
+        // closed one of the links, killing its proxies): the driver is looked
+        // up again and the batch asked again, for as long as a hub restart
+        // is waited out.
+        cmd.rollouts =
+          [this, lookup_driver, handle = caf::actor_cast<rollout_driver_actor>(*driver),
+           gw = cmd.gateway, pool = cmd.pool, stop = cmd.stop, patience = cmd.publish_retry_for,
+           run = cmd.run_id](uint64_t min_version, uint32_t count, uint64_t seed_base) mutable {
+            rollout_request req{gw.host, gw.port, pool, min_version, count, seed_base};
+            const auto give_up = std::chrono::steady_clock::now() + patience;
+            for (;;) {
+              auto got = ask_actor<std::vector<engine::rollout_result>>(
+                sys_, handle, std::chrono::minutes{10}, atom::rollouts_v, req);
+              if (got || got.error().code != errc::engine_unavailable
+                  || std::chrono::steady_clock::now() >= give_up || (stop && stop->load()))
+                return got;
+              log::warn("trainer", run + ": the rollout driver went away (" + got.error().message
+                                     + "); looking it up again");
+              std::this_thread::sleep_for(std::chrono::milliseconds{250});
+              if (auto again = lookup_driver())
+                handle = caf::actor_cast<rollout_driver_actor>(*again);
+            }
+          };
       }
       std::FILE* quiet = std::fopen("/dev/null", "w");
       auto done = run_demo(sys_, cmd, quiet ? quiet : stderr);
