@@ -2,6 +2,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/request_lane.hpp"
 #include "actors/status.hpp"
 
 #include <nlohmann/json.hpp>
@@ -162,6 +163,14 @@ replica_call call_of(transport::routed::versioned& d) {
   return call;
 }
 
+constraint versioned_constraint(const transport::routed::versioned& d) {
+  return d.c;
+}
+
+constraint versioned_constraint(const transport::routed::passthrough&) {
+  return {};
+}
+
 replica_call call_of(transport::routed::passthrough& d) {
   replica_call call;
   call.method = d.method;
@@ -239,7 +248,8 @@ std::string http_surface_metrics(
 }
 
 replica_http::replica_http(caf::actor_system& sys, caf::actor replica, replica_http_options options)
-    : http_surface(sys, std::move(replica), options.server), router_(std::move(options.router)) {}
+    : http_surface(sys, std::move(replica), options.server), router_(std::move(options.router)),
+      lane_(std::move(options.lane)) {}
 
 replica_http::~replica_http() {
   stop();
@@ -256,6 +266,18 @@ void replica_http::handle(transport::server_request req, std::shared_ptr<http_re
       } else if constexpr (std::is_same_v<
                              T, transport::routed::
                                   versioned> || std::is_same_v<T, transport::routed::passthrough>) {
+        if (lane_ && lane_->ready()) {
+          constexpr bool versioned = std::is_same_v<T, transport::routed::versioned>;
+          std::string method;
+          if constexpr (versioned)
+            method = "POST";
+          else
+            method = d.method;
+          lane_->submit(versioned ? request_kind::versioned : request_kind::passthrough,
+                        versioned_constraint(d), std::move(method), std::move(d.route),
+                        std::move(d.body), std::move(out));
+          return;
+        }
         replica_call call = call_of(d);
         call.key = next_key_++;
         auto key = call.key;

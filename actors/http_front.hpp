@@ -30,9 +30,15 @@ void deliver(const replica_answer& answer, transport::http_responder& out, bool 
 void relay_call(caf::actor_system& sys, const caf::actor& target, caf::message msg, uint64_t key,
                 std::shared_ptr<transport::http_responder> out);
 
+class request_lane;
+
 struct replica_http_options {
   transport::http_server_options server;
   transport::router_options router;
+  /// The replica's request lane (`replica_deps::lane`): its requests are
+  /// admitted, run and answered without a hop through the actor. Null: every
+  /// request goes through the actor.
+  std::shared_ptr<request_lane> lane;
 };
 
 /// An HTTP surface in front of one actor: owns the server, hands every
@@ -79,6 +85,7 @@ private:
   void handle(transport::server_request req,
               std::shared_ptr<transport::http_responder> out) override;
   transport::router_options router_;
+  std::shared_ptr<request_lane> lane_;
 };
 
 /// The gateway's HTTP surface (DESIGN §5 "Gateway"): versioned routes and

@@ -96,10 +96,6 @@ std::pair<replica_answer, caf::error> answer_of(result<engine_reply> out) {
   return {std::move(r), caf::error{}};
 }
 
-bool blocked(const std::vector<std::string>& routes, std::string_view route) {
-  return std::find(routes.begin(), routes.end(), route) != routes.end();
-}
-
 void apply(self_ptr self, std::vector<reconcile_effect> effects);
 void carry(self_ptr self, std::vector<request_effect> effects);
 void profile_progress(self_ptr self);
@@ -118,7 +114,7 @@ void answer(self_ptr self, request_id id, replica_answer reply) {
   if (st.profile && !st.profile->started)
     profile_progress(self);
   // A retiring replica leaves with its last answer, whichever path gave it.
-  if (st.life.retiring() && st.requests.empty()) {
+  if (st.lane->retiring() && st.requests.empty() && st.lane->unanswered() == 0) {
     log::info("replica", st.opts.replica_id + " drained; leaving");
     self->quit();
   }
@@ -167,7 +163,7 @@ void start_generation(self_ptr self, request_id id, std::optional<uint64_t> serv
 
 void arm_drain_timer(self_ptr self) {
   auto& st = self->state;
-  auto deadline = st.life.gate().drain_deadline();
+  auto deadline = st.lane->view().drain_deadline;
   if (!deadline || st.drain_timer_armed)
     return;
   st.drain_timer_armed = true;
@@ -307,13 +303,13 @@ void carry_out(self_ptr self, rfx::stage e) {
 void carry_out(self_ptr self, rfx::commit e) {
   auto& st = self->state;
   st.pending_commit = e;
-  carry(self, st.life.begin_commit(st.opts.mode, e.drain_all, now_of(self)));
+  carry(self, st.lane->begin_commit(st.opts.mode, e.drain_all, now_of(self)));
   arm_drain_timer(self);
 }
 
 void carry_out(self_ptr self, rfx::advance e) {
   auto& st = self->state;
-  if (auto ok = st.life.advance(e.target.version); !ok)
+  if (auto ok = st.lane->advance(e.target.version); !ok)
     log::warn("replica", st.opts.replica_id + " cannot advance to " + to_string(e.target) + ": "
                            + to_string(ok.error()));
   else {
@@ -335,14 +331,12 @@ void carry_out(self_ptr self, rfx::rebuild_engine e) {
 
 void carry_out(self_ptr self, rfx::leave_rotation e) {
   log::warn("replica", self->state.opts.replica_id + " leaves rotation: " + e.reason);
-  self->state.life.stop_serving(e.reason);
+  self->state.lane->stop_serving(e.reason);
 }
 
 void carry_out(self_ptr self, rfx::enter_rotation e) {
   log::info("replica", self->state.opts.replica_id + " enters rotation at " + to_string(e.version));
-  auto& life = self->state.life;
-  if (life.gate().open())
-    life.serve(e.version.version);
+  self->state.lane->serve_if_open(e.version.version);
 }
 
 /// Tells subscribers when what routing depends on changed.
@@ -363,13 +357,31 @@ void publish_state(self_ptr self) {
 void apply(self_ptr self, std::vector<reconcile_effect> effects) {
   for (auto& e : effects)
     std::visit([self](auto& x) { carry_out(self, std::move(x)); }, e);
+  // Requests of the lane are stamped with the run applied now.
+  const auto& applied = self->state.rec.applied();
+  self->state.lane->set_run(applied ? applied->run_id : std::string{});
   profile_progress(self);
   publish_state(self);
 }
 
-/// Carries out what the request lifecycle decided, in order.
-void carry(self_ptr self, std::vector<request_effect> effects) {
+/// Carries out what the request lifecycle decided, in order: the effects
+/// that name requests of the lane are the lane's to carry out.
+void carry(self_ptr self, std::vector<request_effect> decided) {
   auto& st = self->state;
+  std::vector<request_effect> effects, lanes;
+  for (auto& e : decided) {
+    auto id = std::visit(
+      [](const auto& x) -> std::optional<request_id> {
+        if constexpr (requires { x.id; })
+          return x.id;
+        else
+          return std::nullopt;
+      },
+      e);
+    (id && !st.requests.contains(*id) ? lanes : effects).push_back(std::move(e));
+  }
+  if (!lanes.empty())
+    st.lane->carry(std::move(lanes), &effects);
   for (auto& e : effects) {
     if (auto* a = std::get_if<qfx::start>(&e)) {
       start_generation(self, a->id, a->served);
@@ -508,12 +520,12 @@ void profile_progress(self_ptr self) {
   auto& p = *st.profile;
   const bool quiet = !st.rec.busy() && !st.pending_commit;
   if (!p.started) {
-    if (!p.begin || !st.requests.empty() || !quiet)
+    if (!p.begin || !st.requests.empty() || st.lane->unanswered() > 0 || !quiet)
       return;
     auto promise = std::move(*p.begin);
     p.begin.reset();
     if (auto ok = st.rec.retarget(true); !ok) {
-      st.life.put_back();
+      st.lane->put_back();
       st.profile.reset();
       promise.deliver(to_caf_error(ok.error()));
       return;
@@ -537,8 +549,8 @@ void profile_progress(self_ptr self) {
       st.bytes->retarget(st.deps.source_for(p.home_pool));
       // Nothing is admitted on the scratch weights: serving resumes when a
       // pass catches up with the replica's own pool.
-      st.life.stop_serving("returning to pool " + p.home_pool + " after a profile");
-      st.life.put_back();
+      st.lane->stop_serving("returning to pool " + p.home_pool + " after a profile");
+      st.lane->put_back();
       log::info("replica", st.opts.replica_id + " returns to pool " + p.home_pool);
       apply(self, st.rec.on_trigger(trigger::wake));
       return;
@@ -592,17 +604,17 @@ replica_info describe(const replica_state& st) {
   info.replica_id = st.opts.replica_id;
   info.pool = st.opts.pool;
   auto snap = st.rec.snapshot();
-  const auto& gate = st.life.gate();
+  const auto gate = st.lane->view();
   // Ready means admitting: caught up, in rotation, not terminally failed.
-  info.ready = snap.ready && snap.terminal_error.empty() && gate.served_version().has_value()
-               && !st.life.retiring() && !gate.taken_out();
+  info.ready = snap.ready && snap.terminal_error.empty() && gate.served.has_value()
+               && !gate.retiring && !gate.taken_out;
   info.applied = snap.applied;
   if (snap.applied)
-    info.serving = gate.served_version().value_or(snap.applied->version);
+    info.serving = gate.served.value_or(snap.applied->version);
   info.pointer = snap.pointer;
   info.state = snap.state;
   info.reason = snap.reason;
-  if (st.life.retiring())
+  if (gate.retiring)
     info.reason = "retiring";
   else if (st.profile)
     info.reason = "out of rotation: profiling (its own pool is " + st.profile->home_pool + ")";
@@ -611,8 +623,8 @@ replica_info describe(const replica_state& st) {
   if (!snap.terminal_error.empty())
     info.terminal_error = snap.terminal_error;
   info.mode = st.opts.mode;
-  info.active_requests = gate.active_requests();
-  info.queued_requests = gate.queued_requests();
+  info.active_requests = gate.active;
+  info.queued_requests = gate.queued;
   replica_metrics m = st.counters;
   m.last_stage_s = std::chrono::duration<double>(snap.metrics.last_stage).count();
   m.last_folded = snap.metrics.last_folded;
@@ -639,9 +651,10 @@ replica_info describe(const replica_state& st) {
     }
   }
   info.last_fetch = st.last_fetch;
-  m.requests_admitted_total = gate.metrics().admitted_total;
-  m.requests_rejected_total = gate.metrics().rejected_total;
-  m.drain_timeouts_total = gate.metrics().drain_timeouts_total;
+  m.requests_admitted_total = gate.metrics.admitted_total;
+  m.requests_rejected_total = gate.metrics.rejected_total;
+  m.drain_timeouts_total = gate.metrics.drain_timeouts_total;
+  m.requests_completed_total += st.lane->completed_total();
   info.metrics = m;
   return info;
 }
@@ -657,8 +670,13 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
   auto& init = self->state;
   init.opts = std::move(opts);
   init.deps = std::move(deps);
-  init.life = request_lifecycle{admission_gate::options{
-    std::chrono::duration_cast<clock_time>(init.opts.drain_timeout), init.opts.max_queued}};
+  init.lane =
+    init.deps.lane ? init.deps.lane : std::make_shared<request_lane>(gate_options_of(init.opts));
+  init.lane->set_identity(init.opts.replica_id, init.deps.request_workers);
+  init.lane->set_notify([addr = self->address()] {
+    if (auto h = caf::actor_cast<caf::actor>(addr))
+      caf::anon_send(h, atom::lane_work_v);
+  });
   init.bytes =
     std::make_shared<counting_source>(init.deps.bytes, [id = init.opts.replica_id](uint64_t total) {
       log::info("replica", id + " fetching: " + std::to_string(total >> 20) + " MiB so far");
@@ -671,6 +689,7 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
     return behavior(self);
   }
   init.engine = std::move(*made);
+  init.lane->set_engine(init.engine);
   self->set_down_handler([self](const caf::down_msg& down) {
     std::erase_if(self->state.subscribers,
                   [&](const replica_watcher_actor& a) { return a.address() == down.source; });
@@ -707,11 +726,11 @@ replica_actor::behavior_type behavior(self_ptr self) {
         // from another node.
         if (auto ok = merge(call.c, constraint{}); !ok)
           return refuse(http_failure::bad_request, ok.error().message);
-      } else if (blocked(st.engine->blocked_routes(), call.route)) {
+      } else if (route_blocked(st.engine->blocked_routes(), call.route)) {
         return refuse(http_failure::route_blocked,
                       "route " + call.route + " controls the engine; Stitch owns it");
       }
-      request_id id = st.next_id++;
+      request_id id = st.lane->next_id();
       st.by_key.emplace(std::pair{caller.address(), call.key}, id);
       auto c = call.c;
       replica_state::request r;
@@ -719,7 +738,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
       r.promise = promise;
       r.caller = std::move(caller);
       st.requests.emplace(id, std::move(r));
-      carry(self, st.life.arrive(id, kind, c, now_of(self)));
+      carry(self, st.lane->arrive(id, kind, c, now_of(self)));
       return promise;
     },
     [self](atom::cancel, uint64_t key) {
@@ -727,22 +746,25 @@ replica_actor::behavior_type behavior(self_ptr self) {
       auto k = st.by_key.find({caf::actor_cast<caf::actor_addr>(self->current_sender()), key});
       if (k == st.by_key.end())
         return;
-      carry(self, st.life.cancel(k->second, now_of(self)));
+      carry(self, st.lane->cancel(k->second, now_of(self)));
     },
     [self](atom::retire) {
       auto& st = self->state;
-      if (st.life.retiring()) {
+      if (st.lane->retiring()) {
         // The drain deadline passed (or a second retire): leave now.
         log::warn("replica", st.opts.replica_id + " leaves with "
-                               + std::to_string(st.requests.size()) + " request(s) unfinished");
+                               + std::to_string(st.requests.size() + st.lane->unanswered())
+                               + " request(s) unfinished");
         self->quit(caf::exit_reason::user_shutdown);
         return;
       }
-      st.life.retire();
+      st.lane->retire();
+      st.lane->watch_idle(true);
+      const size_t running = st.requests.size() + st.lane->unanswered();
       log::info("replica", st.opts.replica_id + " retiring: out of rotation, draining "
-                             + std::to_string(st.requests.size()) + " request(s)");
+                             + std::to_string(running) + " request(s)");
       publish_state(self);
-      if (st.requests.empty()) {
+      if (running == 0) {
         self->quit();
         return;
       }
@@ -754,7 +776,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
       const auto& id = st.opts.replica_id;
       if (st.profile)
         return profile_refusal(errc::conflict, id + " is being profiled already");
-      if (st.life.retiring())
+      if (st.lane->retiring())
         return profile_refusal(errc::engine_unavailable, id + " is retiring");
       if (st.rec.terminal())
         return profile_refusal(errc::engine_unavailable,
@@ -767,7 +789,8 @@ replica_actor::behavior_type behavior(self_ptr self) {
                                "the scratch pool must be named and differ from the replica's own");
       if (auto info = describe(st); info.ready && !take_out)
         return profile_refusal(errc::conflict, in_rotation_refusal(info));
-      st.life.take_out("out of rotation: profiling");
+      st.lane->take_out("out of rotation: profiling");
+      st.lane->watch_idle(true);
       auto promise = self->make_response_promise<replica_info>();
       auto& p = st.profile.emplace();
       p.home_pool = st.opts.pool;
@@ -831,7 +854,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
           st.profile->begin->deliver(
             profile_refusal(errc::engine_unavailable, "the profile was called off"));
         st.profile.reset();
-        st.life.put_back();
+        st.lane->put_back();
         promise.deliver(describe(st));
         publish_state(self);
         return promise;
@@ -881,7 +904,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
     [self](atom::drain_check) {
       auto& st = self->state;
       st.drain_timer_armed = false;
-      carry(self, st.life.tick(now_of(self)));
+      carry(self, st.lane->tick(now_of(self)));
       arm_drain_timer(self);
     },
     [self](atom::staged, const work_report& r) {
@@ -922,7 +945,8 @@ replica_actor::behavior_type behavior(self_ptr self) {
           std::chrono::duration<double, std::micro>(std::chrono::nanoseconds{r.nanos}).count();
         st.counters.last_pause_us = pause;
         st.counters.max_pause_us = std::max(st.counters.max_pause_us, pause);
-        carry(self, st.life.end_commit(r.version.version, now));
+        st.lane->set_run(r.version.run_id);
+        carry(self, st.lane->end_commit(r.version.version, now));
         expose_served(st, st.engine);
         apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
         auto m = describe(st).metrics;
@@ -938,13 +962,14 @@ replica_actor::behavior_type behavior(self_ptr self) {
                               + " failed; rebuilding the engine: " + to_string(outcome.error()));
       apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
       // The engine's weights are uncertain: nothing may finish on them.
-      carry(self, st.life.activation_failed(now));
+      carry(self, st.lane->activation_failed(now));
     },
     [self](atom::rebuilt, const work_report& r) {
       auto& st = self->state;
       auto outcome = status_of(self, r);
       if (outcome && st.rebuilt_engine && *st.rebuilt_engine) {
         st.engine = std::move(*st.rebuilt_engine);
+        st.lane->set_engine(st.engine);
         st.rebuilt_engine.reset();
         ++st.counters.rebuilds_total;
         log::info("replica", st.opts.replica_id + " rebuilt its engine at " + to_string(r.version));
@@ -955,6 +980,18 @@ replica_actor::behavior_type behavior(self_ptr self) {
       apply(self, st.rec.on_rebuilt(
                     r.op, outcome ? error{errc::engine_unavailable, "rebuild produced no engine"}
                                   : outcome.error()));
+    },
+    [self](atom::lane_work) {
+      auto& st = self->state;
+      carry(self, st.lane->take_left());
+      if (st.profile && !st.profile->started)
+        profile_progress(self);
+      if (st.lane->retiring() && st.requests.empty() && st.lane->unanswered() == 0) {
+        log::info("replica", st.opts.replica_id + " drained; leaving");
+        self->quit();
+        return;
+      }
+      st.lane->watch_idle(st.lane->retiring() || (st.profile && !st.profile->started));
     },
     [self](atom::generated, uint64_t id, replica_answer& reply, caf::error& err,
            const caf::optional<uint64_t>& last_token_version) {
@@ -970,7 +1007,7 @@ replica_actor::behavior_type behavior(self_ptr self) {
       if (last_token_version)
         outcome.last_token_version = *last_token_version;
       it->second.reply = std::move(reply);
-      carry(self, st.life.engine_done(id, outcome, now_of(self)));
+      carry(self, st.lane->engine_done(id, outcome, now_of(self)));
     },
   };
 }

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "actors/replica_actor.hpp"
+#include "actors/request_lane.hpp"
 #include "actors/store_actor.hpp"
 #include "actors/workers.hpp"
 #include "runtime/core/engine_port.hpp"
@@ -65,6 +66,10 @@ struct replica_deps {
   /// The byte source of another pool (`stitch profile`'s scratch pool and
   /// back); null: this replica cannot be profiled.
   std::function<std::shared_ptr<tensor_source>(const std::string& pool)> source_for;
+  /// The request lane the replica's own HTTP surface shares
+  /// (`replica_http_options::lane`, made with `gate_options_of`); null: the
+  /// replica makes one that only the actor uses.
+  std::shared_ptr<request_lane> lane;
 };
 
 /// A `tensor_source` that counts the bytes read through it (from the store,
@@ -183,14 +188,14 @@ struct replica_state {
   replica_options opts;
   replica_deps deps;
   reconciler rec;
-  request_lifecycle life;
+  /// The request lifecycle, shared with the HTTP surface's lane.
+  std::shared_ptr<request_lane> lane;
   std::shared_ptr<engine_port> engine;
   std::shared_ptr<counting_source> bytes;
   std::map<request_id, request> requests;
   /// (caller, caller's key) -> request: keys are unique per caller only (the
   /// gateway and the replica's own HTTP front count independently).
   std::map<std::pair<caf::actor_addr, uint64_t>, request_id> by_key;
-  request_id next_id = 1;
   /// The commit the gate is draining for.
   std::optional<reconcile_effects::commit> pending_commit;
   /// An engine built by a rebuild job, taken when its report arrives.
@@ -244,6 +249,8 @@ struct replica_state {
   ~replica_state() {
     for (auto& [id, r] : requests)
       r.cancelled->store(true);
+    if (lane)
+      lane->cancel_all();
   }
 };
 

@@ -314,6 +314,7 @@ CAF_ADD_ATOM(stitch_replica, stitch::atom, generated, "generated")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, offer, "offer")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, release, "release")
 CAF_ADD_ATOM(stitch_replica, stitch::atom, profile, "profile")
+CAF_ADD_ATOM(stitch_replica, stitch::atom, lane_work, "lanework")
 CAF_END_TYPE_ID_BLOCK(stitch_replica)
 
 static_assert(caf::id_block::stitch_replica::end <= stitch::type_ids::gateway);
@@ -373,6 +374,8 @@ using replica_actor = caf::typed_actor<
   // Internal: reports of the replica's worker threads.
   caf::reacts_to<atom::staged, work_report>, caf::reacts_to<atom::committed, work_report>,
   caf::reacts_to<atom::rebuilt, work_report>,
+  // Internal: the request lane left effects for the actor, or fell idle.
+  caf::reacts_to<atom::lane_work>,
   caf::reacts_to<atom::generated, uint64_t, replica_answer, caf::error, caf::optional<uint64_t>>>;
 
 /// Whoever lends a version's bytes to peers: a replica, or a publisher.

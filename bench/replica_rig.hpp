@@ -68,11 +68,14 @@ public:
     d.bytes = std::make_shared<store::store_tensor_source>(*backend_, "default");
     d.reconcile_worker = std::make_shared<worker_pool>(1, "stage");
     d.request_workers = std::make_shared<worker_pool>(o.request_workers, "gen");
+    d.lane = std::make_shared<request_lane>(gate_options_of(replica_options{}));
     replica_ = sys_.spawn(replica_service, replica_options{}, d);
     gateway_ = sys_.spawn(gateway_service, gateway_options{});
     caf::anon_send(gateway_, atom::enroll_v, std::string{"default"}, replica_);
-    replica_front_ = std::make_unique<replica_http>(sys_, caf::actor_cast<caf::actor>(replica_),
-                                                    replica_http_options{});
+    replica_http_options front;
+    front.lane = d.lane;
+    replica_front_ =
+      std::make_unique<replica_http>(sys_, caf::actor_cast<caf::actor>(replica_), std::move(front));
     gateway_front_ = std::make_unique<gateway_http>(sys_, caf::actor_cast<caf::actor>(gateway_),
                                                     std::move(o.gateway_http));
     auto rport = replica_front_->listen("127.0.0.1", 0);

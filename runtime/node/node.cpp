@@ -360,8 +360,10 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
   d.bytes = d.source_for(o.pool);
   d.reconcile_worker = std::make_shared<worker_pool>(1, "stage-" + o.replica_id);
   d.request_workers = std::make_shared<worker_pool>(64, "gen-" + o.replica_id);
+  d.lane = std::make_shared<request_lane>(gate_options_of(o));
   auto replica = sys_.spawn(replica_service, o, d);
   replica_http_options front;
+  front.lane = d.lane;
   front.server.body_limit = settings_.body_limit;
   front.server.max_connections = settings_.http_max_connections;
   front.server.max_connections_per_client = settings_.http_max_connections_per_client;
