@@ -261,8 +261,7 @@ void request_lane::answer(request_id id, std::optional<stamps> stamped, const ht
       completed_.fetch_add(1, std::memory_order_relaxed);
     }
   } else {
-    a = answer_of(
-      make_http_error(http_failure::unavailable, "the engine gave no answer; retry"));
+    a = answer_of(make_http_error(http_failure::unavailable, "the engine gave no answer; retry"));
   }
   a.replica_id = std::move(replica_id);
   deliver(a, *r.out, r.streaming->load());

@@ -18,8 +18,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "actors/workers.hpp"
@@ -123,9 +123,8 @@ public:
   gate_view view() const {
     return with([](const request_lifecycle& l) {
       const auto& g = l.gate();
-      return gate_view{g.served_version(),    g.taken_out(),       l.retiring(),
-                       g.active_requests(),   g.queued_requests(), g.metrics(),
-                       g.drain_deadline()};
+      return gate_view{g.served_version(),  g.taken_out(), l.retiring(),      g.active_requests(),
+                       g.queued_requests(), g.metrics(),   g.drain_deadline()};
     });
   }
 
@@ -147,16 +146,13 @@ public:
   std::vector<request_effect> take_left();
   /// Carries out the effects that name the lane's requests; the rest are
   /// left for the actor (and `notify` called) unless `others` takes them.
-  void carry(std::vector<request_effect> effects,
-             std::vector<request_effect>* others = nullptr);
+  void carry(std::vector<request_effect> effects, std::vector<request_effect>* others = nullptr);
   /// Whether request `id` is the lane's.
   bool owns(request_id id) const;
   /// The lane's requests not answered yet.
   size_t unanswered() const;
   /// Versioned answers the lane stamped.
-  uint64_t completed_total() const noexcept {
-    return completed_.load(std::memory_order_relaxed);
-  }
+  uint64_t completed_total() const noexcept { return completed_.load(std::memory_order_relaxed); }
   /// Stops every running request of the lane at its engine's next step (the
   /// replica is going away).
   void cancel_all();

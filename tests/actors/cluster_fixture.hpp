@@ -200,6 +200,10 @@ protected:
     workers.push_back(worker);
     d.reconcile_worker = worker;
     d.request_workers = std::make_shared<worker_pool>(8, "generate");
+    // The replica's own HTTP surface (`serve_replica`) runs its requests on
+    // this lane, as a node's does.
+    d.lane = std::make_shared<request_lane>(gate_options_of(o));
+    lanes.push_back(d.lane);
     auto r = sys.spawn(replica_service, o, d);
     replicas.push_back(r);
     caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, r);
@@ -213,9 +217,14 @@ protected:
     gateway_port = *p;
   }
 
-  uint16_t serve_replica(size_t i) {
-    replica_fronts.push_back(std::make_unique<replica_http>(
-      sys, caf::actor_cast<caf::actor>(replicas.at(i)), replica_http_options{}));
+  /// The replica's own HTTP surface; `lane` false sends every request
+  /// through the actor instead of the replica's lane.
+  uint16_t serve_replica(size_t i, bool lane = true) {
+    replica_http_options o;
+    if (lane)
+      o.lane = lanes.at(i);
+    replica_fronts.push_back(
+      std::make_unique<replica_http>(sys, caf::actor_cast<caf::actor>(replicas.at(i)), o));
     auto p = replica_fronts.back()->listen("127.0.0.1", 0);
     EXPECT_TRUE(p);
     return p ? *p : 0;
@@ -288,6 +297,7 @@ protected:
   uint16_t gateway_port = 0;
   std::vector<std::unique_ptr<replica_http>> replica_fronts;
   std::vector<replica_actor> replicas;
+  std::vector<std::shared_ptr<request_lane>> lanes;
   std::vector<std::shared_ptr<holdable_executor>> workers;
   std::mutex engines_mutex;
   std::vector<std::shared_ptr<probed_engine>> engines;

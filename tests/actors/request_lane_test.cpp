@@ -1,0 +1,150 @@
+// The replica's request lane: its own HTTP surface admits, runs and answers
+// requests without the actor, sharing one lifecycle with it — so stamps,
+// 409s, client disconnects, commits that wait for exact pins, and a retiring
+// replica that waits for what runs hold for the lane's requests as for the
+// actor's.
+
+#include "cluster_fixture.hpp"
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+
+#include <future>
+
+namespace stitch::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+using request_lane_test = cluster_test;
+
+template <class F>
+bool within(std::chrono::milliseconds limit, F done) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done())
+      return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return done();
+}
+
+TEST_F(request_lane_test, answers_with_stamps_and_refuses_with_409_on_the_replicas_own_port) {
+  publish(0);
+  start_replica("a");
+  serve_gateway();
+  const uint16_t port = serve_replica(0);
+  await_ready({"a"}, 0);
+  auto e = engines.at(0);
+  const int forwarded = e->forwarded.load();
+
+  auto ok = http(port, "POST", "/generate", generate_body(R"({"min_version":0})"));
+  ASSERT_EQ(ok.status, 200u) << ok.body;
+  EXPECT_EQ(ok.header("X-Stitch-Replica"), "a");
+  EXPECT_EQ(ok.json()["meta_info"]["weight_version_start"], 0);
+  EXPECT_EQ(ok.json()["meta_info"]["weight_version_end"], 0);
+  EXPECT_EQ(ok.json()["meta_info"]["run_id"], "r");
+  EXPECT_EQ(e->forwarded.load(), forwarded + 1);
+  EXPECT_EQ(lanes.at(0)->completed_total(), 1u) << "answered by the lane, not the actor";
+
+  auto stale = http(port, "POST", "/generate", generate_body(R"({"exact_version":3})"));
+  EXPECT_EQ(stale.status, 409u) << stale.body;
+  EXPECT_EQ(stale.json()["retryable"], true);
+  EXPECT_EQ(e->forwarded.load(), forwarded + 1) << "a refused request never reaches the engine";
+
+  // Both paths count into one server_info.
+  auto info = http(port, "GET", "/server_info").json();
+  EXPECT_EQ(info["metrics"]["requests_completed_total"], 1);
+  EXPECT_EQ(info["metrics"]["requests_rejected_total"], 1);
+  EXPECT_EQ(info["metrics"]["requests_admitted_total"], 1);
+  // The gateway's requests still go through the actor, on the same gate.
+  auto via_gateway = http(gateway_port, "POST", "/generate", generate_body());
+  ASSERT_EQ(via_gateway.status, 200u) << via_gateway.body;
+  info = http(port, "GET", "/server_info").json();
+  EXPECT_EQ(info["metrics"]["requests_completed_total"], 2);
+  EXPECT_EQ(lanes.at(0)->completed_total(), 1u);
+}
+
+TEST_F(request_lane_test, a_client_that_disconnects_aborts_its_generation) {
+  publish(0);
+  start_replica("a");
+  const uint16_t port = serve_replica(0);
+  await_ready({"a"}, 0);
+  auto e = engines.at(0);
+  ASSERT_TRUE(e->pause());
+  std::shared_ptr<void> resume_at_exit{nullptr, [e](void*) { (void) e->resume(); }};
+  {
+    namespace net = boost::asio;
+    net::io_context io;
+    net::ip::tcp::socket s{io};
+    s.connect({net::ip::make_address("127.0.0.1"), port});
+    auto body = generate_body("null", 400);
+    net::write(s, net::buffer("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                              "application/json\r\nContent-Length: "
+                              + std::to_string(body.size()) + "\r\n\r\n" + body));
+    ASSERT_TRUE(within(5s, [&] { return e->inner.requests_in_flight() == 1; }));
+  } // the client goes away
+  ASSERT_TRUE(within(5s, [&] { return e->cancelled_now(); })) << "the cancel reached the engine";
+  ASSERT_TRUE(e->resume());
+  EXPECT_TRUE(within(5s, [&] { return lanes.at(0)->unanswered() == 0; }));
+  EXPECT_EQ(lanes.at(0)->completed_total(), 0u);
+}
+
+TEST_F(request_lane_test, a_commit_waits_for_an_exact_pin_of_the_lane_and_then_activates) {
+  publish(0);
+  start_replica("a");
+  const uint16_t port = serve_replica(0);
+  await_ready({"a"}, 0);
+  auto e = engines.at(0);
+  ASSERT_TRUE(e->pause());
+  std::shared_ptr<void> resume_at_exit{nullptr, [e](void*) { (void) e->resume(); }};
+  auto pinned = std::async(std::launch::async, [&] {
+    return http(port, "POST", "/generate", generate_body(R"({"exact_version":0})", 4));
+  });
+  ASSERT_TRUE(within(5s, [&] { return e->inner.requests_in_flight() == 1; }));
+  publish(1);
+  // The commit drains the pin: the replica stays on version 0 while it runs.
+  std::this_thread::sleep_for(300ms);
+  auto info = http(port, "GET", "/server_info").json();
+  EXPECT_EQ(info["applied_version"], 0) << info.dump();
+  ASSERT_TRUE(e->resume());
+  auto answer = pinned.get();
+  ASSERT_EQ(answer.status, 200u) << answer.body;
+  EXPECT_EQ(answer.json()["meta_info"]["weight_version_start"], 0);
+  EXPECT_EQ(answer.json()["meta_info"]["weight_version_end"], 0);
+  // The lane's last answer let the commit proceed (the actor heard of it).
+  await_ready({"a"}, 1);
+  auto after = http(port, "POST", "/generate", generate_body(R"({"exact_version":1})"));
+  ASSERT_EQ(after.status, 200u) << after.body;
+  EXPECT_EQ(after.json()["meta_info"]["weight_version_start"], 1);
+}
+
+TEST_F(request_lane_test, a_retiring_replica_finishes_the_lanes_requests_before_it_leaves) {
+  publish(0);
+  auto replica = start_replica("a");
+  const uint16_t port = serve_replica(0);
+  await_ready({"a"}, 0);
+  auto e = engines.at(0);
+  ASSERT_TRUE(e->pause());
+  std::shared_ptr<void> resume_at_exit{nullptr, [e](void*) { (void) e->resume(); }};
+  auto running = std::async(std::launch::async, [&] {
+    return http(port, "POST", "/generate", generate_body("null", 4));
+  });
+  ASSERT_TRUE(within(5s, [&] { return e->inner.requests_in_flight() == 1; }));
+  self->monitor(replica);
+  self->send(replica, atom::retire_v);
+  // New requests are refused while it drains; the running one is not cut.
+  auto refused = http(port, "POST", "/generate", generate_body());
+  EXPECT_EQ(refused.status, 503u) << refused.body;
+  bool left = false;
+  self->receive([&](caf::down_msg&) { left = true; }, caf::after(200ms) >> [] {});
+  EXPECT_FALSE(left) << "left with a request of the lane running";
+  ASSERT_TRUE(e->resume());
+  auto answer = running.get();
+  EXPECT_EQ(answer.status, 200u) << answer.body;
+  self->receive([&](caf::down_msg&) { left = true; }, caf::after(10s) >> [] {});
+  EXPECT_TRUE(left) << "the replica left once the lane drained";
+}
+
+} // namespace
+} // namespace stitch::testing
