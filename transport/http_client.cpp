@@ -8,8 +8,11 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <mutex>
 
@@ -176,18 +179,11 @@ struct http_client::impl {
   /// A kept-alive connection the server has closed (or written to unasked)
   /// shows readable bytes or EOF; such a connection is dropped before use.
   bool connection_is_stale() {
-    auto& socket = lowest().socket();
-    beast::error_code ec;
-    if (socket.available(ec) > 0 || ec)
-      return true;
-    socket.non_blocking(true, ec);
-    if (ec)
-      return true;
+    // One syscall: a byte waiting (nothing was asked) or the peer's close
+    // makes the connection unusable; only "nothing to read" keeps it.
     char probe = 0;
-    socket.receive(net::buffer(&probe, 1), tcp::socket::message_peek, ec);
-    beast::error_code restore;
-    socket.non_blocking(false, restore);
-    return ec != net::error::would_block || restore;
+    ssize_t n = ::recv(lowest().socket().native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
   }
 
   result<bool> connect() {
@@ -366,11 +362,27 @@ struct http_client::impl {
     req.body().more = total > 0;
 
     http::request_serializer<http::buffer_body> serializer{req};
-    lowest().expires_after(io_limit);
-    auto ec = run_to_completion(
-      ioc, [&](auto handler) { http::async_write_header(stream, serializer, std::move(handler)); });
-    if (ec)
-      return fail("sending " + request.method + " " + request.target, ec);
+    beast::error_code ec;
+    if (!streamed) {
+      // Header and body in one write (one segment for a small request).
+      req.body().data = total > 0 ? const_cast<char*>(request.body.data()) : nullptr;
+      req.body().size = total;
+      req.body().more = false;
+      lowest().expires_after(io_limit);
+      ec = run_to_completion(
+        ioc, [&](auto handler) { http::async_write(stream, serializer, std::move(handler)); });
+      if (ec == http::error::need_buffer)
+        ec = {};
+      if (ec)
+        return fail("sending " + request.method + " " + request.target, ec);
+    } else {
+      lowest().expires_after(io_limit);
+      ec = run_to_completion(ioc, [&](auto handler) {
+        http::async_write_header(stream, serializer, std::move(handler));
+      });
+      if (ec)
+        return fail("sending " + request.method + " " + request.target, ec);
+    }
 
     std::vector<std::byte> chunk;
     uint64_t sent = 0;
@@ -378,11 +390,6 @@ struct http_client::impl {
       if (sent == total) {
         req.body().data = nullptr;
         req.body().more = false;
-      } else if (!streamed) {
-        req.body().data = const_cast<char*>(request.body.data());
-        req.body().size = request.body.size();
-        req.body().more = false;
-        sent = total;
       } else {
         chunk.resize(std::min<uint64_t>(total, 256 << 10));
         auto want = std::min<uint64_t>(chunk.size(), total - sent);

@@ -127,9 +127,8 @@ TEST_F(request_lane_test, a_retiring_replica_finishes_the_lanes_requests_before_
   auto e = engines.at(0);
   ASSERT_TRUE(e->pause());
   std::shared_ptr<void> resume_at_exit{nullptr, [e](void*) { (void) e->resume(); }};
-  auto running = std::async(std::launch::async, [&] {
-    return http(port, "POST", "/generate", generate_body("null", 4));
-  });
+  auto running = std::async(
+    std::launch::async, [&] { return http(port, "POST", "/generate", generate_body("null", 4)); });
   ASSERT_TRUE(within(5s, [&] { return e->inner.requests_in_flight() == 1; }));
   self->monitor(replica);
   self->send(replica, atom::retire_v);
