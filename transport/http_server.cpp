@@ -661,9 +661,11 @@ void http_server::stop() {
   });
   for (auto& p : live)
     p->drain();
+  // Outside the lock: the last reference to a session closes it, and its
+  // destructor takes the lock (`session_closed`).
+  live.clear();
   {
     std::unique_lock lock{s.mutex};
-    live.clear();
     s.drained.wait_for(lock, s.opts.drain_timeout, [&] { return s.connections == 0; });
     for (auto& w : s.sessions)
       if (auto p = w.lock())
