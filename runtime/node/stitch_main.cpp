@@ -3,7 +3,12 @@
 #include <CLI/CLI.hpp>
 #include <caf/actor_system.hpp>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <thread>
 
 #include "runtime/node/cli.hpp"
 #include "runtime/node/commands.hpp"
@@ -17,15 +22,48 @@ namespace {
 /// The exit code of a command, its error on stderr: `invalid_argument` is a
 /// usage error where `bad_input_is_usage` (the input named on the command
 /// line), any other failure a runtime one.
+/// What the command ended with (for an exit that cannot wait, below).
+std::atomic<int> exit_code{0};
+
 int finish(const char* name, const stitch::status& done, bool bad_input_is_usage = true) {
   using namespace stitch::node;
   if (done)
-    return exit_ok;
+    return exit_code = exit_ok;
   std::fprintf(stderr, "stitch %s: %s\n", name, to_string(done.error()).c_str());
-  return bad_input_is_usage && done.error().code == stitch::errc::invalid_argument
-           ? exit_usage
-           : exit_runtime_failure;
+  return exit_code = bad_input_is_usage && done.error().code == stitch::errc::invalid_argument
+                       ? exit_usage
+                       : exit_runtime_failure;
 }
+
+/// Shuts the CLI's actor system down once the command has answered, waiting
+/// at most 10 s: CAF 0.17 can wait forever for an actor that a network peer
+/// still references (seen under load: `stitch status` printed its answer
+/// and never exited). The command's work is done by then (its answer
+/// printed, the node holds what it sent), so the process then exits with
+/// the command's code without finishing the shutdown.
+class bounded_shutdown {
+public:
+  explicit bounded_shutdown(std::unique_ptr<caf::actor_system>& sys) : sys_(sys) {}
+  bounded_shutdown(const bounded_shutdown&) = delete;
+  bounded_shutdown& operator=(const bounded_shutdown&) = delete;
+  ~bounded_shutdown() {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    // The system shuts down on this thread (where it was made); a watchdog
+    // ends the process if that takes too long.
+    auto done = std::make_shared<std::promise<void>>();
+    std::thread watchdog{[finished = done->get_future()]() mutable {
+      if (finished.wait_for(std::chrono::seconds{10}) != std::future_status::ready)
+        std::_Exit(exit_code.load());
+    }};
+    sys_.reset();
+    done->set_value();
+    watchdog.join();
+  }
+
+private:
+  std::unique_ptr<caf::actor_system>& sys_;
+};
 
 } // namespace
 
@@ -177,7 +215,9 @@ int main(int argc, char** argv) {
   stitch::system_config cfg;
   if (tls_given == 3)
     cfg.use_tls(tls_cert, tls_key, tls_ca);
-  caf::actor_system sys{cfg};
+  auto system = std::make_unique<caf::actor_system>(cfg);
+  bounded_shutdown shutdown{system};
+  auto& sys = *system;
   if (chosen == submit) {
     sub.coordinator = *where;
     sub.token = token;
