@@ -370,14 +370,7 @@ void carry(self_ptr self, std::vector<request_effect> decided) {
   auto& st = self->state;
   std::vector<request_effect> effects, lanes;
   for (auto& e : decided) {
-    auto id = std::visit(
-      [](const auto& x) -> std::optional<request_id> {
-        if constexpr (requires { x.id; })
-          return x.id;
-        else
-          return std::nullopt;
-      },
-      e);
+    auto id = request_of(e);
     (id && !st.requests.contains(*id) ? lanes : effects).push_back(std::move(e));
   }
   if (!lanes.empty())

@@ -18,18 +18,6 @@ clock_time lane_now() {
     std::chrono::steady_clock::now().time_since_epoch());
 }
 
-/// The request an effect names, if it names one.
-std::optional<request_id> id_of(const request_effect& e) {
-  return std::visit(
-    [](const auto& x) -> std::optional<request_id> {
-      if constexpr (requires { x.id; })
-        return x.id;
-      else
-        return std::nullopt;
-    },
-    e);
-}
-
 } // namespace
 
 bool route_blocked(const std::vector<std::string>& routes, std::string_view route) {
@@ -143,7 +131,7 @@ void request_lane::submit(request_kind kind, const constraint& c, std::string me
 void request_lane::carry(std::vector<request_effect> effects, std::vector<request_effect>* others) {
   std::vector<request_effect> left;
   for (auto& e : effects) {
-    auto id = id_of(e);
+    auto id = request_of(e);
     if (!id || !owns(*id)) {
       left.push_back(std::move(e));
       continue;

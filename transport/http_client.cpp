@@ -362,17 +362,20 @@ struct http_client::impl {
     req.body().more = total > 0;
 
     http::request_serializer<http::buffer_body> serializer{req};
+    // Writes what the serializer has (a streamed body: up to its next piece).
+    auto write_out = [&] {
+      lowest().expires_after(io_limit);
+      auto e = run_to_completion(
+        ioc, [&](auto handler) { http::async_write(stream, serializer, std::move(handler)); });
+      return e == http::error::need_buffer ? beast::error_code{} : e;
+    };
     beast::error_code ec;
     if (!streamed) {
       // Header and body in one write (one segment for a small request).
       req.body().data = total > 0 ? const_cast<char*>(request.body.data()) : nullptr;
       req.body().size = total;
       req.body().more = false;
-      lowest().expires_after(io_limit);
-      ec = run_to_completion(
-        ioc, [&](auto handler) { http::async_write(stream, serializer, std::move(handler)); });
-      if (ec == http::error::need_buffer)
-        ec = {};
+      ec = write_out();
       if (ec)
         return fail("sending " + request.method + " " + request.target, ec);
     } else {
@@ -410,11 +413,7 @@ struct http_client::impl {
         sent += *n;
         req.body().more = sent < total;
       }
-      lowest().expires_after(io_limit);
-      ec = run_to_completion(
-        ioc, [&](auto handler) { http::async_write(stream, serializer, std::move(handler)); });
-      if (ec == http::error::need_buffer)
-        ec = {};
+      ec = write_out();
       if (ec)
         return fail("sending " + request.method + " " + request.target, ec);
     }

@@ -76,6 +76,18 @@ using request_effect =
                request_effects::fail, request_effects::reconcile_now,
                request_effects::commit_may_proceed>;
 
+/// The request an effect names (start, stop, deliver, fail), if any.
+inline std::optional<request_id> request_of(const request_effect& e) {
+  return std::visit(
+    [](const auto& x) -> std::optional<request_id> {
+      if constexpr (requires { x.id; })
+        return x.id;
+      else
+        return std::nullopt;
+    },
+    e);
+}
+
 /// Every request of one replica from its arrival to its one final answer: a
 /// pure state machine over the admission gate (DESIGN §1 admission, commits,
 /// drains and their deadline, stamps), like the reconciler next to it. It

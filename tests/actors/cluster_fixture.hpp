@@ -9,8 +9,11 @@
 
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <nlohmann/json.hpp>
 
 #include "actors/gateway.hpp"
@@ -275,6 +278,44 @@ protected:
       out.body = got->body;
     }
     return out;
+  }
+
+  /// Holds engine `e` paused until the returned guard goes (whatever fails
+  /// in between, the engine does not stay paused).
+  static std::shared_ptr<void> paused(const std::shared_ptr<probed_engine>& e) {
+    EXPECT_TRUE(e->pause());
+    return {nullptr, [e](void*) { (void) e->resume(); }};
+  }
+
+  /// Sends a long generation to `port` on a connection of its own and closes
+  /// it once engine `e` (paused meanwhile) holds the request; waits until
+  /// the cancel reached the engine (false if it never did), then lets the
+  /// engine run again. Answers the engine's step count when it resumed.
+  std::optional<uint64_t> abandon_generation(uint16_t port,
+                                             const std::shared_ptr<probed_engine>& e) {
+    auto hold = paused(e);
+    {
+      namespace net = boost::asio;
+      net::io_context io;
+      net::ip::tcp::socket s{io};
+      s.connect({net::ip::make_address("127.0.0.1"), port});
+      auto body = generate_body("null", 400);
+      net::write(s, net::buffer("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                "application/json\r\nContent-Length: "
+                                + std::to_string(body.size()) + "\r\n\r\n" + body));
+      for (int i = 0; i < 5000 && e->inner.requests_in_flight() == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds{1});
+      EXPECT_EQ(e->inner.requests_in_flight(), 1u);
+    } // the client goes away
+    for (int i = 0; i < 5000 && !e->cancelled_now(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds{1});
+    if (!e->cancelled_now())
+      return std::nullopt;
+    auto steps = e->inner.stats().steps;
+    hold.reset();
+    for (int i = 0; i < 5000 && e->inner.requests_in_flight() != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds{1});
+    return steps;
   }
 
   static std::string generate_body(const std::string& constraint_json = "null",

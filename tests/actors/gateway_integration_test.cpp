@@ -200,31 +200,10 @@ TEST_F(gateway_test, a_client_that_disconnects_aborts_its_generation) {
   serve_gateway();
   await_ready({"a"}, 0);
   auto e = engines.at(0);
-  ASSERT_TRUE(e->pause());
-  // Whatever fails below, the engine does not stay paused.
-  std::shared_ptr<void> resume_at_exit{nullptr, [e](void*) { (void) e->resume(); }};
-  {
-    namespace net = boost::asio;
-    net::io_context io;
-    net::ip::tcp::socket s{io};
-    s.connect({net::ip::make_address("127.0.0.1"), gateway_port});
-    auto body = generate_body("null", 400);
-    net::write(s, net::buffer("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                              "application/json\r\nContent-Length: "
-                              + std::to_string(body.size()) + "\r\n\r\n" + body));
-    for (int i = 0; i < 5000 && e->inner.requests_in_flight() == 0; ++i)
-      std::this_thread::sleep_for(1ms);
-    ASSERT_EQ(e->inner.requests_in_flight(), 1u);
-  } // the client goes away
-  for (int i = 0; i < 5000 && !e->cancelled_now(); ++i)
-    std::this_thread::sleep_for(1ms);
-  ASSERT_TRUE(e->cancelled_now()) << "the cancel reached the engine";
-  auto steps_before = e->inner.stats().steps;
-  ASSERT_TRUE(e->resume());
-  for (int i = 0; i < 5000 && e->inner.requests_in_flight() != 0; ++i)
-    std::this_thread::sleep_for(1ms);
+  auto steps_before = abandon_generation(gateway_port, e);
+  ASSERT_TRUE(steps_before) << "the cancel reached the engine";
   EXPECT_EQ(e->inner.requests_in_flight(), 0u);
-  EXPECT_LE(e->inner.stats().steps, steps_before + 1) << "aborted, not generated to the end";
+  EXPECT_LE(e->inner.stats().steps, *steps_before + 1) << "aborted, not generated to the end";
   for (int i = 0; i < 5000; ++i) {
     auto p = pool();
     if (!p.empty() && p[0].active_requests == 0)
