@@ -318,6 +318,37 @@ protected:
     return steps;
   }
 
+  /// A chat-completions stream through `port` at version 0 of run r: its
+  /// events pass one by one, only the last carries the stamps, then [DONE].
+  void expect_stamped_stream(uint16_t port) {
+    auto r = http(port, "POST", "/v1/chat/completions",
+                  R"({"messages":[{"role":"user","content":"hi"}],"temperature":0,"max_tokens":12,
+                    "stream":true,"weight_version":{"min_version":0,"exact_version":null}})");
+    ASSERT_EQ(r.status, 200u) << r.body;
+    EXPECT_EQ(r.header("Content-Type"), "text/event-stream");
+    std::vector<nlohmann::json> events;
+    bool done = false;
+    size_t at = 0;
+    while ((at = r.body.find("data: ", at)) != std::string::npos) {
+      auto end = r.body.find("\n\n", at);
+      auto data = r.body.substr(at + 6, end - at - 6);
+      at = end;
+      if (data == "[DONE]") {
+        done = true;
+        continue;
+      }
+      events.push_back(nlohmann::json::parse(data));
+    }
+    EXPECT_TRUE(done);
+    ASSERT_GE(events.size(), 2u) << r.body;
+    for (size_t i = 0; i + 1 < events.size(); ++i)
+      EXPECT_FALSE(events[i].contains("weight_version_start"));
+    EXPECT_EQ(events.back()["weight_version_start"], 0);
+    EXPECT_EQ(events.back()["weight_version_end"], 0);
+    EXPECT_EQ(events.back()["run_id"], "r");
+    EXPECT_FALSE(events.back()["choices"][0]["finish_reason"].is_null());
+  }
+
   static std::string generate_body(const std::string& constraint_json = "null",
                                    int max_tokens = 8) {
     return R"({"text":"policy says","sampling_params":{"temperature":0,"max_new_tokens":)"

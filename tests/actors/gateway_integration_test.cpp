@@ -218,32 +218,7 @@ TEST_F(gateway_test, streams_carry_the_stamps_on_the_last_event) {
   start_replica("a");
   serve_gateway();
   await_ready({"a"}, 0);
-  auto r = http(gateway_port, "POST", "/v1/chat/completions",
-                R"({"messages":[{"role":"user","content":"hi"}],"temperature":0,"max_tokens":12,
-                    "stream":true,"weight_version":{"min_version":0,"exact_version":null}})");
-  ASSERT_EQ(r.status, 200u) << r.body;
-  EXPECT_EQ(r.header("Content-Type"), "text/event-stream");
-  std::vector<nlohmann::json> events;
-  bool done = false;
-  size_t at = 0;
-  while ((at = r.body.find("data: ", at)) != std::string::npos) {
-    auto end = r.body.find("\n\n", at);
-    auto data = r.body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]") {
-      done = true;
-      continue;
-    }
-    events.push_back(nlohmann::json::parse(data));
-  }
-  EXPECT_TRUE(done);
-  ASSERT_GE(events.size(), 1u);
-  for (size_t i = 0; i + 1 < events.size(); ++i)
-    EXPECT_FALSE(events[i].contains("weight_version_start"));
-  EXPECT_EQ(events.back()["weight_version_start"], 0);
-  EXPECT_EQ(events.back()["weight_version_end"], 0);
-  EXPECT_EQ(events.back()["run_id"], "r");
-  EXPECT_FALSE(events.back()["choices"][0]["finish_reason"].is_null());
+  expect_stamped_stream(gateway_port);
 }
 
 TEST_F(gateway_test, oversized_bodies_and_bad_requests_are_4xx_with_a_json_error) {

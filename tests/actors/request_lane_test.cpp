@@ -67,29 +67,7 @@ TEST_F(request_lane_test, a_stream_passes_event_by_event_and_its_last_event_is_s
   start_replica("a");
   const uint16_t port = serve_replica(0);
   await_ready({"a"}, 0);
-  auto r = http(port, "POST", "/v1/chat/completions",
-                R"({"messages":[{"role":"user","content":"hi"}],"temperature":0,"max_tokens":12,
-                    "stream":true,"weight_version":{"min_version":0,"exact_version":null}})");
-  ASSERT_EQ(r.status, 200u) << r.body;
-  EXPECT_EQ(r.header("Content-Type"), "text/event-stream");
-  std::vector<nlohmann::json> events;
-  bool done = false;
-  for (size_t at = 0; (at = r.body.find("data: ", at)) != std::string::npos;) {
-    auto end = r.body.find("\n\n", at);
-    auto data = r.body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]")
-      done = true;
-    else
-      events.push_back(nlohmann::json::parse(data));
-  }
-  EXPECT_TRUE(done);
-  ASSERT_GE(events.size(), 2u) << r.body;
-  for (size_t i = 0; i + 1 < events.size(); ++i)
-    EXPECT_FALSE(events[i].contains("weight_version_start"));
-  EXPECT_EQ(events.back()["weight_version_start"], 0);
-  EXPECT_EQ(events.back()["weight_version_end"], 0);
-  EXPECT_EQ(events.back()["run_id"], "r");
+  expect_stamped_stream(port);
   EXPECT_EQ(lanes.at(0)->completed_total(), 1u);
 }
 
