@@ -250,7 +250,7 @@ struct replica_state {
     for (auto& [id, r] : requests)
       r.cancelled->store(true);
     if (lane)
-      lane->cancel_all();
+      lane->detach();
   }
 };
 

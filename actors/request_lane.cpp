@@ -67,10 +67,12 @@ size_t request_lane::unanswered() const {
   return requests_.size();
 }
 
-void request_lane::cancel_all() {
+void request_lane::detach() {
   std::lock_guard lock{mutex_};
   for (auto& [id, r] : requests_)
     r.cancelled->store(true);
+  notify_ = {};
+  left_.clear();
 }
 
 bool request_lane::ready() const {
@@ -261,8 +263,9 @@ void request_lane::tell_actor(std::vector<request_effect> left) {
   std::function<void()> notify;
   {
     std::lock_guard lock{mutex_};
-    std::move(left.begin(), left.end(), std::back_inserter(left_));
     notify = notify_;
+    if (notify)
+      std::move(left.begin(), left.end(), std::back_inserter(left_));
   }
   if (notify)
     notify();

@@ -153,9 +153,10 @@ public:
   size_t unanswered() const;
   /// Versioned answers the lane stamped.
   uint64_t completed_total() const noexcept { return completed_.load(std::memory_order_relaxed); }
-  /// Stops every running request of the lane at its engine's next step (the
-  /// replica is going away).
-  void cancel_all();
+  /// The replica is going away: every running request of the lane stops at
+  /// its engine's next step, and effects left for the actor are dropped
+  /// from now on (nobody would take them).
+  void detach();
 
   // --- the HTTP side ---
 
