@@ -5,6 +5,7 @@
 // actor's.
 
 #include "cluster_fixture.hpp"
+#include "common/eventually.hpp"
 
 #include <future>
 
@@ -14,17 +15,6 @@ namespace {
 using namespace std::chrono_literals;
 
 using request_lane_test = cluster_test;
-
-template <class F>
-bool within(std::chrono::milliseconds limit, F done) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done())
-      return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return done();
-}
 
 TEST_F(request_lane_test, answers_with_stamps_and_refuses_with_409_on_the_replicas_own_port) {
   publish(0);
@@ -80,7 +70,7 @@ TEST_F(request_lane_test, a_client_that_disconnects_aborts_its_generation) {
   auto steps_before = abandon_generation(port, e);
   ASSERT_TRUE(steps_before) << "the cancel reached the engine";
   EXPECT_LE(e->inner.stats().steps, *steps_before + 1) << "aborted, not generated to the end";
-  EXPECT_TRUE(within(5s, [&] { return lanes.at(0)->unanswered() == 0; }));
+  EXPECT_TRUE(eventually([&] { return lanes.at(0)->unanswered() == 0; }, 5s));
   EXPECT_EQ(lanes.at(0)->completed_total(), 0u);
 }
 
@@ -94,7 +84,7 @@ TEST_F(request_lane_test, a_commit_waits_for_an_exact_pin_of_the_lane_and_then_a
   auto pinned = std::async(std::launch::async, [&] {
     return http(port, "POST", "/generate", generate_body(R"({"exact_version":0})", 4));
   });
-  ASSERT_TRUE(within(5s, [&] { return e->inner.requests_in_flight() == 1; }));
+  ASSERT_TRUE(eventually([&] { return e->inner.requests_in_flight() == 1; }, 5s));
   publish(1);
   // The commit drains the pin: the replica stays on version 0 while it runs.
   std::this_thread::sleep_for(300ms);
@@ -121,7 +111,7 @@ TEST_F(request_lane_test, a_retiring_replica_finishes_the_lanes_requests_before_
   auto hold = paused(e);
   auto running = std::async(
     std::launch::async, [&] { return http(port, "POST", "/generate", generate_body("null", 4)); });
-  ASSERT_TRUE(within(5s, [&] { return e->inner.requests_in_flight() == 1; }));
+  ASSERT_TRUE(eventually([&] { return e->inner.requests_in_flight() == 1; }, 5s));
   self->monitor(replica);
   self->send(replica, atom::retire_v);
   // New requests are refused while it drains; the running one is not cut.

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/eventually.hpp"
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/engine/api_shapes.hpp"
 #include "runtime/engine/external_engine.hpp"
@@ -44,13 +45,7 @@ const std::string greedy_completion = R"({"prompt":"hello","temperature":0,"max_
 
 template <class Pred>
 bool eventually(Pred&& p, std::chrono::milliseconds limit = std::chrono::seconds{30}) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (p())
-      return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds{50});
-  }
-  return p();
+  return testing::eventually(std::forward<Pred>(p), limit, std::chrono::milliseconds{50});
 }
 
 class external_engine_test : public ::testing::TestWithParam<engine_kind> {

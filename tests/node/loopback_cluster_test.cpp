@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/eventually.hpp"
 #include "node/node_process.hpp"
 #include "store/store_fixtures.hpp"
 #include "transport/http_client.hpp"
@@ -30,16 +31,11 @@ std::optional<json> get_json(const std::string& port, const std::string& target)
   return stitch::testing::get_json("127.0.0.1", static_cast<uint16_t>(std::stoi(port)), target);
 }
 
-/// Polls `ok` every 100 ms until it holds or `limit` passes.
+/// Polls `ok` every 100 ms (each poll may run the CLI) until it holds or
+/// `limit` passes.
 template <class F>
-bool eventually(F ok, std::chrono::milliseconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (ok())
-      return true;
-    std::this_thread::sleep_for(100ms);
-  }
-  return ok();
+bool eventually(F&& ok, std::chrono::milliseconds limit) {
+  return testing::eventually(std::forward<F>(ok), limit, 100ms);
 }
 
 /// Samples through the gateway without pause: no constraint, `min_version`
