@@ -6,8 +6,15 @@
 #include <new>
 #include <string>
 
+// The block-level sequence producer API (zstd >= 1.5.4) is in zstd's
+// advanced section; Debian's shared library exports it.
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 #include <zstd_errors.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace stitch::delta {
 
@@ -32,6 +39,94 @@ void xor_bytes(std::byte* out, const std::byte* a, const std::byte* b, size_t n)
   }
   for (; i < n; ++i)
     out[i] = a[i] ^ b[i];
+}
+
+/// The index of the first byte in [from, n) that is zero (`zero`) or not
+/// zero, n if none: 16 bytes a step where SSE2 is there, 8 otherwise.
+template <bool zero>
+size_t find_byte(const unsigned char* s, size_t from, size_t n) noexcept {
+  size_t at = from;
+#if defined(__SSE2__)
+  const __m128i zeros = _mm_setzero_si128();
+  for (; at + 16 <= n; at += 16) {
+    const auto v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + at));
+    unsigned mask = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, zeros)));
+    if constexpr (!zero)
+      mask = ~mask & 0xffffu;
+    if (mask)
+      return at + static_cast<size_t>(__builtin_ctz(mask));
+  }
+#else
+  constexpr uint64_t low = 0x0101010101010101ull, high = 0x8080808080808080ull;
+  for (; at + 8 <= n; at += 8) {
+    uint64_t w;
+    std::memcpy(&w, s + at, sizeof w);
+    // The lowest flagged byte of (w - low) & ~w & high is w's first zero.
+    const uint64_t hit = zero ? (w - low) & ~w & high : w;
+    if (hit)
+      return at + static_cast<size_t>(__builtin_ctzll(hit)) / 8;
+  }
+#endif
+  while (at < n && (s[at] == 0) != zero)
+    ++at;
+  return at;
+}
+
+/// zstd's match finder for XOR deltas (a block-level sequence producer): an
+/// XOR delta is mostly zero runs, and a zero run is a match at offset 1 once
+/// one zero byte precedes it, so the parse is one scan for zero runs of 4
+/// bytes or more, each the literals before it plus its first zero, then the
+/// rest of the run copied from offset 1. That is most of what zstd's own
+/// finder would spend its time discovering; zstd still entropy-codes the
+/// literals and sequences and writes a standard frame. A block whose zero
+/// runs cover less than half of it answers an error, and zstd's own finder
+/// (enabled as the fallback) compresses that block instead.
+size_t xor_zero_runs(void*, ZSTD_Sequence* out, size_t capacity, const void* source, size_t n,
+                     const void*, size_t, int, size_t) {
+  const auto* s = static_cast<const unsigned char*>(source);
+  size_t pos = 0, literals = 0, k = 0, covered = 0;
+  while (pos < n) {
+    pos = find_byte<true>(s, pos, n);
+    if (pos >= n)
+      break;
+    const size_t end = find_byte<false>(s, pos + 1, n);
+    if (end - pos >= 4) {
+      // One sequence per run and one for the last literals: within the
+      // ZSTD_sequenceBound zstd guarantees, checked all the same.
+      if (k + 2 > capacity)
+        return ZSTD_SEQUENCE_PRODUCER_ERROR;
+      out[k++] = ZSTD_Sequence{1, static_cast<unsigned>(pos + 1 - literals),
+                               static_cast<unsigned>(end - pos - 1), 0};
+      covered += end - pos - 1;
+      literals = end;
+    }
+    pos = end;
+    // Dense bytes: give the block to zstd's own finder early.
+    if (pos >= n / 4 && covered < pos / 2 && pos < n)
+      return ZSTD_SEQUENCE_PRODUCER_ERROR;
+  }
+  if (covered < n / 2)
+    return ZSTD_SEQUENCE_PRODUCER_ERROR;
+  out[k++] = ZSTD_Sequence{0, static_cast<unsigned>(n - literals), 0, 0};
+  return k;
+}
+
+/// Level, frame checksum and, for a context compressing on the calling
+/// thread, the XOR delta match finder (zstd runs external finders only
+/// without worker threads).
+void configure(ZSTD_CCtx* cctx, int level, int workers) {
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
+  // The frame checksum turns corruption into an error instead of wrong bytes.
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+  if (workers > 0) {
+    (void) ZSTD_CCtx_setParameter(cctx, ZSTD_c_nbWorkers, workers);
+    return;
+  }
+  ZSTD_registerSequenceProducer(cctx, nullptr, &xor_zero_runs);
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_enableSeqProducerFallback, 1);
+  // External finders cannot work with long-distance matching; keep it off
+  // whatever the level would choose.
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_enableLongDistanceMatching, ZSTD_ps_disable);
 }
 
 error decode_error(std::string message) {
@@ -84,9 +179,7 @@ result<std::vector<std::byte>> compress(std::span<const std::byte> bytes, int le
   std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx{ZSTD_createCCtx(), &ZSTD_freeCCtx};
   if (!cctx)
     return make_error(errc::limit_exceeded, "out of memory creating a zstd context");
-  ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, level);
-  // The frame checksum turns corruption into an error instead of wrong bytes.
-  ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_checksumFlag, 1);
+  configure(cctx.get(), level, 0);
   // Uninitialized worst-case room: a sparse delta only ever touches the few
   // pages its small frame needs, where a zeroed vector would fault in all.
   size_t bound = ZSTD_compressBound(bytes.size());
@@ -168,10 +261,7 @@ result<stream_compressor> stream_compressor::start(uint64_t total_size, int leve
   auto s = std::make_unique<state>();
   if (!s->cctx)
     return make_error(errc::limit_exceeded, "out of memory creating a zstd context");
-  ZSTD_CCtx_setParameter(s->cctx.get(), ZSTD_c_compressionLevel, level);
-  ZSTD_CCtx_setParameter(s->cctx.get(), ZSTD_c_checksumFlag, 1);
-  if (workers > 0)
-    (void) ZSTD_CCtx_setParameter(s->cctx.get(), ZSTD_c_nbWorkers, workers);
+  configure(s->cctx.get(), level, workers);
   if (ZSTD_CCtx_setPledgedSrcSize(s->cctx.get(), total_size) != 0)
     return make_error(errc::invalid_argument,
                       "zstd refused a frame of " + std::to_string(total_size) + " bytes");

@@ -54,6 +54,7 @@ void buffer_pipeline::run() {
       filled_.pop_front();
       ++busy_;
     }
+    const bool holds_buffer = next.external.empty() && !next.call;
     status outcome;
     {
       std::lock_guard guard{mutex_};
@@ -61,14 +62,16 @@ void buffer_pipeline::run() {
     }
     // After a failure the rest is dropped unconsumed.
     if (outcome)
-      outcome =
-        consume_(next.owner ? next.external : buffers_[next.buffer].bytes().first(next.bytes));
+      outcome = next.call    ? next.call()
+                : next.owner ? consume_(next.external)
+                             : consume_(buffers_[next.buffer].bytes().first(next.bytes));
     next.owner.reset();
+    next.call = nullptr;
     {
       std::lock_guard guard{mutex_};
       if (!outcome && failure_)
         failure_ = std::move(outcome);
-      if (next.external.empty())
+      if (holds_buffer)
         free_.push_back(next.buffer);
       --busy_;
     }
@@ -91,7 +94,7 @@ status buffer_pipeline::submit(size_t n) {
     std::lock_guard guard{mutex_};
     if (!acquired_)
       return make_error(errc::invalid_argument, "submit without a buffer acquired");
-    filled_.push_back({*acquired_, n, {}, nullptr});
+    filled_.push_back({*acquired_, n, {}, nullptr, nullptr});
     acquired_.reset();
     if (!failure_)
       return failure_;
@@ -110,7 +113,18 @@ status buffer_pipeline::submit_external(std::span<const std::byte> bytes,
     changed_.wait(lock, [&] { return filled_.size() + busy_ < depth_ || !failure_; });
     if (!failure_)
       return failure_;
-    filled_.push_back({0, 0, bytes, std::move(owner)});
+    filled_.push_back({0, 0, bytes, std::move(owner), nullptr});
+  }
+  changed_.notify_all();
+  return {};
+}
+
+status buffer_pipeline::submit_call(std::function<status()> call) {
+  {
+    std::lock_guard guard{mutex_};
+    if (!failure_)
+      return failure_;
+    filled_.push_back({0, 0, {}, nullptr, std::move(call)});
   }
   changed_.notify_all();
   return {};

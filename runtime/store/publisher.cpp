@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -401,18 +402,124 @@ struct publisher::run_state {
 /// The buffers one publish works in, kept between publishes (fresh memory
 /// costs page faults; a model's worth of publishes would fault in the same
 /// buffers again and again).
+/// Where a delta's frames are made: zstd compresses the XORed chunks on the
+/// pipeline's thread while the publishing thread reads, compares, XORs and
+/// hashes the next ones. Between a publish's first job and its `finish`
+/// everything here but `gave_up` belongs to that thread.
+struct frame_encoder {
+  struct frame_ref {
+    size_t tensor;
+    uint64_t at;
+    uint64_t size;
+  };
+  /// The zstd context, restarted per frame (it compresses inline, with the
+  /// XOR delta match finder).
+  std::optional<delta::stream_compressor> zstd;
+  /// The frames (8-byte length, then the zstd payload), kept until it is
+  /// clear whether the delta pays off, and the compressed bytes on their way.
+  spill_buffer frames;
+  std::vector<std::byte> payload;
+  std::vector<frame_ref> refs;
+  uint64_t bytes = 0;
+  uint64_t frame_at = 0;
+  /// At this many bytes the delta is no smaller than the weights.
+  uint64_t limit = 0;
+  int level = 1;
+  /// The delta stopped paying: the rest of this publish's jobs are dropped.
+  std::atomic<bool> gave_up{false};
+
+  frame_encoder(uint64_t memory_bound, fs::path dir) : frames(memory_bound, std::move(dir)) {}
+
+  void reset(uint64_t raw_bytes, int zstd_level) {
+    frames.clear();
+    payload.clear();
+    refs.clear();
+    bytes = 0;
+    limit = raw_bytes;
+    level = zstd_level;
+    gave_up = false;
+  }
+  /// Moves compressed output into the frames.
+  status spill() {
+    if (payload.empty())
+      return {};
+    auto at = frames.append(payload);
+    bytes += payload.size();
+    payload.clear();
+    if (!at)
+      return std::move(at).error();
+    if (bytes >= limit)
+      give_up();
+    return {};
+  }
+  void give_up() {
+    gave_up = true;
+    frames.clear();
+    refs.clear();
+  }
+  /// A frame for a tensor of `size` bytes whose first `zeros` are unchanged.
+  status begin(uint64_t size, uint64_t zeros) {
+    if (gave_up)
+      return {};
+    if (!zstd) {
+      auto started = delta::stream_compressor::start(size, level);
+      if (!started)
+        return std::move(started).error();
+      zstd.emplace(std::move(*started));
+    } else if (auto ok = zstd->restart(size); !ok) {
+      return ok;
+    }
+    // The length prefix, filled in when the frame ends.
+    payload.assign(delta_frame_prefix, std::byte{0});
+    frame_at = bytes;
+    return add_zeros(zeros);
+  }
+  status add_zeros(uint64_t count) {
+    if (gave_up)
+      return {};
+    if (auto ok = feed_zeros(*zstd, count, payload); !ok)
+      return ok;
+    return spill();
+  }
+  status add(std::span<const std::byte> xored) {
+    if (gave_up)
+      return {};
+    if (auto ok = zstd->update(xored, payload); !ok)
+      return ok;
+    return spill();
+  }
+  status end(size_t tensor) {
+    if (gave_up)
+      return {};
+    if (auto ok = zstd->finish(payload); !ok)
+      return ok;
+    if (auto ok = spill(); !ok || gave_up)
+      return ok;
+    const uint64_t size = bytes - frame_at;
+    std::array<std::byte, delta_frame_prefix> prefix{};
+    for (size_t k = 0; k < delta_frame_prefix; ++k)
+      prefix[k] = static_cast<std::byte>(((size - delta_frame_prefix) >> (8 * k)) & 0xff);
+    if (auto ok = frames.patch(frame_at, prefix); !ok)
+      return ok;
+    refs.push_back({tensor, frame_at, size});
+    return {};
+  }
+};
+
+/// The buffers one publish works in, kept between publishes (fresh memory
+/// costs page faults; a model's worth of publishes would fault in the same
+/// buffers again and again).
 struct publisher::work_buffers {
   gpu::host_buffer fresh;
   gpu::host_buffer old;
-  gpu::host_buffer xored;
-  /// The zstd context (and its thread), restarted per frame.
-  std::optional<delta::stream_compressor> zstd;
-  /// A delta's frames, and the compressed bytes on their way there.
-  spill_buffer frames;
-  std::vector<std::byte> payload;
+  frame_encoder encoder;
+  /// Carries XORed chunks (its buffers) and frame starts and ends to the
+  /// encoder's thread; started by the first delta. Declared last: it stops
+  /// (finishing its queue) before the encoder goes.
+  std::unique_ptr<buffer_pipeline> to_encoder;
 
   work_buffers(uint64_t chunk, const std::filesystem::path& scratch_dir)
-      : frames(chunk * 4, scratch_dir) {}
+      : encoder(chunk * 4, scratch_dir) {}
 };
 
 result<std::unique_ptr<publisher::work_buffers>> publisher::take_work_buffers() {
@@ -425,7 +532,7 @@ result<std::unique_ptr<publisher::work_buffers>> publisher::take_work_buffers() 
     }
   }
   auto w = std::make_unique<work_buffers>(options_.chunk_bytes, options_.scratch_dir);
-  for (auto* b : {&w->fresh, &w->old, &w->xored}) {
+  for (auto* b : {&w->fresh, &w->old}) {
     auto got = gpu::staging_allocator().allocate(options_.chunk_bytes);
     if (!got)
       return std::move(got).error();
@@ -649,7 +756,6 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     work->release(), [this](work_buffers* w) { give_back(std::unique_ptr<work_buffers>{w}); }};
   const std::span<std::byte> fresh = held->fresh.bytes();
   const std::span<std::byte> scratch = held->old.bytes();
-  const std::span<std::byte> xored = held->xored.bytes();
 
   // An anchor's bytes go to the store on a thread of their own, so the
   // store's writes overlap reading and hashing the next pieces.
@@ -692,33 +798,25 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     if (auto ok = open_anchor(); !ok)
       return failed(std::move(ok).error());
 
-  // The delta's frames (8-byte length, then the zstd payload) as they are
-  // produced, kept until it is clear whether the delta pays off.
-  struct frame_ref {
-    size_t tensor;
-    uint64_t at;
-    uint64_t size;
-  };
-  spill_buffer& frames = held->frames;
-  frames.clear();
-  std::vector<frame_ref> frame_refs;
-  uint64_t delta_bytes = 0;
+  // The delta's frames, compressed on the encoder's thread.
+  frame_encoder& encoder = held->encoder;
   bool delta_pays = how == mode::delta;
+  if (delta_pays) {
+    // A pipeline that failed under an earlier publish is replaced.
+    if (!held->to_encoder || !held->to_encoder->finish())
+      held->to_encoder.reset();
+    encoder.reset(raw_bytes, options_.zstd_level);
+    if (!held->to_encoder) {
+      auto p = buffer_pipeline::start(
+        3, chunk, [&encoder](std::span<const std::byte> xored) { return encoder.add(xored); });
+      if (!p)
+        return failed(std::move(p).error());
+      held->to_encoder = std::move(*p);
+    }
+  }
+  buffer_pipeline* const to_encoder = held->to_encoder.get();
   bool identical = true;
   std::map<std::string, uint64_t> sums;
-  std::vector<std::byte>& payload = held->payload;
-  payload.clear();
-  /// Moves compressed output into the frames.
-  auto spill = [&]() -> status {
-    if (payload.empty())
-      return {};
-    auto at = frames.append(payload);
-    delta_bytes += payload.size();
-    payload.clear();
-    if (!at)
-      return std::move(at).error();
-    return {};
-  };
 
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
@@ -726,7 +824,6 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     /// This tensor changed: its frame is being compressed.
     bool compressing = false;
     uint64_t zeros_pending = 0;
-    uint64_t frame_at = 0;
     for (uint64_t off = 0; off < t.size;) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, t.size - off));
       // Bytes the source already holds in memory (a client's pieces) are
@@ -753,58 +850,42 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
       }
       hasher.update(now);
       bool same = false;
+      if (delta_pays && encoder.gave_up) {
+        // Not smaller than the weights: stop encoding, stream on.
+        delta_pays = false;
+        compressing = false;
+      }
       if (old && (delta_pays || compare_only)) {
         auto before = old->copy->read(old->offsets[i] + off, n, scratch);
         if (!before)
           return failed(std::move(before).error());
         same = std::memcmp(before->data(), now.data(), n) == 0;
         identical = identical && same;
-        if (delta_pays) {
-          // Untouched bytes are zeros in the XOR; a tensor compresses only
-          // once its first change shows up.
-          if (same && !compressing) {
-            zeros_pending += n;
-          } else {
-            if (!compressing) {
-              // zstd compresses on a thread of its own while this one reads,
-              // compares and hashes the next chunk.
-              auto* compressor = &held->zstd;
-              if (!*compressor) {
-                auto started = delta::stream_compressor::start(t.size, options_.zstd_level, 1);
-                if (!started)
-                  return failed(std::move(started).error());
-                compressor->emplace(std::move(*started));
-              } else if (auto ok = (*compressor)->restart(t.size); !ok) {
-                return failed(std::move(ok).error());
-              }
-              compressing = true;
-              // The length prefix, filled in when the frame ends.
-              payload.assign(delta_frame_prefix, std::byte{0});
-              frame_at = delta_bytes;
-              if (auto ok = feed_zeros(*held->zstd, zeros_pending, payload); !ok)
-                return failed(std::move(ok).error());
-              zeros_pending = 0;
-            }
-            if (same) {
-              if (auto ok = feed_zeros(*held->zstd, n, payload); !ok)
-                return failed(std::move(ok).error());
-            } else {
-              auto x = xored.first(n);
-              if (auto ok = delta::xor_encode(*before, now, x); !ok)
-                return failed(std::move(ok).error());
-              if (auto ok = held->zstd->update(x, payload); !ok)
-                return failed(std::move(ok).error());
-            }
-            if (auto ok = spill(); !ok)
+        // Untouched bytes are zeros in the XOR; a tensor compresses only
+        // once its first change shows up.
+        if (delta_pays && same && !compressing) {
+          zeros_pending += n;
+        } else if (delta_pays) {
+          status sent;
+          if (!compressing) {
+            compressing = true;
+            sent = to_encoder->submit_call([&encoder, size = t.size, zeros = zeros_pending] {
+              return encoder.begin(size, zeros);
+            });
+            zeros_pending = 0;
+          }
+          if (sent && same) {
+            sent = to_encoder->submit_call([&encoder, n] { return encoder.add_zeros(n); });
+          } else if (sent) {
+            auto x = to_encoder->acquire();
+            if (!x)
+              return failed(std::move(x).error());
+            if (auto ok = delta::xor_encode(*before, now, x->first(n)); !ok)
               return failed(std::move(ok).error());
+            sent = to_encoder->submit(n);
           }
-          if (delta_bytes >= raw_bytes) {
-            // Not smaller than the weights: stop encoding, stream on.
-            delta_pays = false;
-            compressing = false;
-            frames.clear();
-            frame_refs.clear();
-          }
+          if (!sent)
+            return failed(std::move(sent).error());
         }
       }
       if (write_copy && !same)
@@ -819,25 +900,17 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
       off += n;
     }
     sums[t.name] = hasher.digest();
-    if (compressing && delta_pays) {
-      if (auto ok = held->zstd->finish(payload); !ok)
+    if (compressing && delta_pays)
+      if (auto ok = to_encoder->submit_call([&encoder, i] { return encoder.end(i); }); !ok)
         return failed(std::move(ok).error());
-      if (auto ok = spill(); !ok)
-        return failed(std::move(ok).error());
-      const uint64_t size = delta_bytes - frame_at;
-      std::array<std::byte, delta_frame_prefix> prefix{};
-      for (size_t k = 0; k < delta_frame_prefix; ++k)
-        prefix[k] = static_cast<std::byte>(((size - delta_frame_prefix) >> (8 * k)) & 0xff);
-      if (auto ok = frames.patch(frame_at, prefix); !ok)
-        return failed(std::move(ok).error());
-      frame_refs.push_back({i, frame_at, size});
-      if (delta_bytes >= raw_bytes) {
-        delta_pays = false;
-        frames.clear();
-        frame_refs.clear();
-      }
-    }
   }
+  if (how == mode::delta) {
+    if (auto ok = to_encoder->finish(); !ok)
+      return failed(std::move(ok).error());
+    delta_pays = !encoder.gave_up;
+  }
+  spill_buffer& frames = encoder.frames;
+  const auto& frame_refs = encoder.refs;
 
   publish_report report;
   report.raw_bytes = raw_bytes;

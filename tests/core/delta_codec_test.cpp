@@ -234,6 +234,61 @@ TEST(delta_zstd_stream, pieces_of_any_size_round_trip_with_the_one_shot_codec) {
   EXPECT_EQ(out, data);
 }
 
+namespace {
+
+/// What XOR deltas look like: sparse changes (zero runs of every length
+/// around them, runs of exactly 3 and 4 bytes, a block that ends inside a
+/// run), dense changes (no zero run long enough: zstd's own finder), all
+/// zeros, and a mix within one stream.
+std::vector<std::vector<std::byte>> xor_shaped_inputs() {
+  std::vector<std::vector<std::byte>> inputs;
+  std::mt19937_64 rng{31};
+  std::vector<std::byte> sparse(1'000'003, std::byte{0});
+  for (size_t k = 0; k < sparse.size() / 100; ++k)
+    sparse[rng() % sparse.size()] = static_cast<std::byte>(rng() | 1);
+  inputs.push_back(sparse);
+  std::vector<std::byte> runs;
+  for (size_t len = 0; runs.size() < 300'000; len = (len + 1) % 40) {
+    runs.insert(runs.end(), len, std::byte{0});
+    runs.push_back(std::byte{0x11});
+  }
+  inputs.push_back(runs);
+  std::vector<std::byte> dense(400'000);
+  for (size_t k = 0; k < dense.size(); ++k)
+    dense[k] = k % 2 ? static_cast<std::byte>(rng() | 1) : std::byte{0};
+  inputs.push_back(dense);
+  inputs.emplace_back(262'144 + 5, std::byte{0});
+  std::vector<std::byte> mixed = dense;
+  mixed.insert(mixed.end(), sparse.begin(), sparse.end());
+  mixed.insert(mixed.end(), {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{7}});
+  inputs.push_back(mixed);
+  return inputs;
+}
+
+} // namespace
+
+TEST(delta_zstd_stream, xor_shaped_bytes_round_trip_through_every_compressor) {
+  for (const auto& data : xor_shaped_inputs()) {
+    auto one_shot = dc::compress(data, 1);
+    ASSERT_TRUE(one_shot);
+    EXPECT_EQ(*dc::decompress(*one_shot, data.size()), data) << data.size();
+    for (size_t piece : {size_t{4093}, size_t{1} << 20}) {
+      auto frame = stream_compress(data, piece, 0);
+      EXPECT_EQ(*dc::decompress(frame, data.size()), data) << data.size() << " " << piece;
+    }
+  }
+}
+
+TEST(delta_zstd_stream, the_xor_match_finder_packs_sparse_deltas_no_worse_than_zstds_own) {
+  // zstd with worker threads runs its own match finder only.
+  const auto sparse = xor_shaped_inputs().front();
+  const auto ours = stream_compress(sparse, 1 << 20, 0);
+  const auto zstds = stream_compress(sparse, 1 << 20, 1);
+  EXPECT_EQ(*dc::decompress(zstds, sparse.size()), sparse);
+  EXPECT_LE(ours.size(), zstds.size());
+  EXPECT_LT(ours.size(), sparse.size() / 20) << "1% of the bytes changed";
+}
+
 TEST(delta_zstd_stream, a_context_restarts_for_the_next_frame) {
   auto a = random_bytes(5000, 22);
   auto b = random_bytes(7000, 23);
