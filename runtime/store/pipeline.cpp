@@ -54,7 +54,6 @@ void buffer_pipeline::run() {
       filled_.pop_front();
       ++busy_;
     }
-    const bool holds_buffer = next.external.empty() && !next.call;
     status outcome;
     {
       std::lock_guard guard{mutex_};
@@ -62,16 +61,14 @@ void buffer_pipeline::run() {
     }
     // After a failure the rest is dropped unconsumed.
     if (outcome)
-      outcome = next.call    ? next.call()
-                : next.owner ? consume_(next.external)
-                             : consume_(buffers_[next.buffer].bytes().first(next.bytes));
+      outcome =
+        consume_(next.owner ? next.external : buffers_[next.buffer].bytes().first(next.bytes));
     next.owner.reset();
-    next.call = nullptr;
     {
       std::lock_guard guard{mutex_};
       if (!outcome && failure_)
         failure_ = std::move(outcome);
-      if (holds_buffer)
+      if (next.external.empty())
         free_.push_back(next.buffer);
       --busy_;
     }
@@ -94,7 +91,7 @@ status buffer_pipeline::submit(size_t n) {
     std::lock_guard guard{mutex_};
     if (!acquired_)
       return make_error(errc::invalid_argument, "submit without a buffer acquired");
-    filled_.push_back({*acquired_, n, {}, nullptr, nullptr});
+    filled_.push_back({*acquired_, n, {}, nullptr});
     acquired_.reset();
     if (!failure_)
       return failure_;
@@ -113,18 +110,7 @@ status buffer_pipeline::submit_external(std::span<const std::byte> bytes,
     changed_.wait(lock, [&] { return filled_.size() + busy_ < depth_ || !failure_; });
     if (!failure_)
       return failure_;
-    filled_.push_back({0, 0, bytes, std::move(owner), nullptr});
-  }
-  changed_.notify_all();
-  return {};
-}
-
-status buffer_pipeline::submit_call(std::function<status()> call) {
-  {
-    std::lock_guard guard{mutex_};
-    if (!failure_)
-      return failure_;
-    filled_.push_back({0, 0, {}, nullptr, std::move(call)});
+    filled_.push_back({0, 0, bytes, std::move(owner)});
   }
   changed_.notify_all();
   return {};

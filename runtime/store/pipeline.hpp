@@ -46,10 +46,6 @@ public:
   /// the buffers; `owner` keeps them valid and is dropped once consumed.
   /// Waits while the consumer is `depth` pieces behind.
   status submit_external(std::span<const std::byte> bytes, std::shared_ptr<const void> owner);
-  /// Runs `call` on the consumer's thread, in order with the buffers (work
-  /// that must happen between two pieces there: starting or ending a frame,
-  /// say); its error stops the pipeline as the consumer's would.
-  status submit_call(std::function<status()> call);
   /// Waits until everything submitted was consumed.
   status finish();
 
@@ -68,7 +64,6 @@ private:
     size_t bytes = 0;
     std::span<const std::byte> external;
     std::shared_ptr<const void> owner;
-    std::function<status()> call;
   };
   std::deque<job> filled_;
   size_t depth_ = 2;

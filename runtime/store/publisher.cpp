@@ -7,7 +7,15 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <pthread.h>
 
 #include "gpu/host_buffer.hpp"
 #include "runtime/core/checksum.hpp"
@@ -399,111 +407,273 @@ struct publisher::run_state {
   bool valid = false;
 };
 
-/// The buffers one publish works in, kept between publishes (fresh memory
-/// costs page faults; a model's worth of publishes would fault in the same
-/// buffers again and again).
-/// Where a delta's frames are made: zstd compresses the XORed chunks on the
-/// pipeline's thread while the publishing thread reads, compares, XORs and
-/// hashes the next ones. Between a publish's first job and its `finish`
-/// everything here but `gave_up` belongs to that thread.
-struct frame_encoder {
+/// Where a delta's frames are made, on two threads of its own while the
+/// publishing thread reads, compares, XORs and hashes the next chunks. Each
+/// chunk of a changed tensor (XORed bytes, or zeros where nothing changed)
+/// becomes a zstd frame of its own, so chunks compress in parallel; a
+/// tensor's delta payload is its chunks' frames back to back (a zstd stream
+/// of concatenated frames, which every reader decodes as one), behind the
+/// 8-byte length prefix. Results are appended in submission order.
+class frame_encoder {
+public:
   struct frame_ref {
     size_t tensor;
     uint64_t at;
     uint64_t size;
   };
-  /// The zstd context, restarted per frame (it compresses inline, with the
-  /// XOR delta match finder).
-  std::optional<delta::stream_compressor> zstd;
-  /// The frames (8-byte length, then the zstd payload), kept until it is
-  /// clear whether the delta pays off, and the compressed bytes on their way.
-  spill_buffer frames;
-  std::vector<std::byte> payload;
-  std::vector<frame_ref> refs;
-  uint64_t bytes = 0;
-  uint64_t frame_at = 0;
-  /// At this many bytes the delta is no smaller than the weights.
-  uint64_t limit = 0;
-  int level = 1;
-  /// The delta stopped paying: the rest of this publish's jobs are dropped.
-  std::atomic<bool> gave_up{false};
+  static constexpr size_t workers = 2;
 
-  frame_encoder(uint64_t memory_bound, fs::path dir) : frames(memory_bound, std::move(dir)) {}
-
-  void reset(uint64_t raw_bytes, int zstd_level) {
-    frames.clear();
-    payload.clear();
-    refs.clear();
-    bytes = 0;
-    limit = raw_bytes;
-    level = zstd_level;
-    gave_up = false;
+  static result<std::unique_ptr<frame_encoder>> start(uint64_t chunk, fs::path scratch_dir) {
+    std::unique_ptr<frame_encoder> e{new frame_encoder(chunk * 4, std::move(scratch_dir))};
+    // Two buffers per worker: one compressing, one being filled.
+    for (size_t i = 0; i < 2 * workers; ++i) {
+      auto b = gpu::staging_allocator().allocate(chunk);
+      if (!b)
+        return std::move(b).error();
+      e->buffers_.push_back(std::move(*b));
+      e->free_.push_back(i);
+    }
+    for (size_t k = 0; k < workers; ++k)
+      e->threads_.emplace_back([raw = e.get()] { raw->run(); });
+    return e;
   }
-  /// Moves compressed output into the frames.
-  status spill() {
-    if (payload.empty())
-      return {};
-    auto at = frames.append(payload);
-    bytes += payload.size();
-    payload.clear();
-    if (!at)
-      return std::move(at).error();
-    if (bytes >= limit)
-      give_up();
+  ~frame_encoder() {
+    {
+      std::lock_guard lock{mutex_};
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    for (auto& t : threads_)
+      t.join();
+  }
+  frame_encoder(const frame_encoder&) = delete;
+  frame_encoder& operator=(const frame_encoder&) = delete;
+
+  /// Starts a publish's frames: at `limit` bytes the delta does not pay.
+  /// Waits for an earlier publish's work, if any is left (a failed one).
+  void reset(uint64_t limit, int level) {
+    std::unique_lock lock{mutex_};
+    changed_.wait(lock, [&] { return appended_ == submitted_; });
+    if (acquired_)
+      free_.push_back(*acquired_);
+    acquired_.reset();
+    failure_ = {};
+    frames_.clear();
+    refs_.clear();
+    bytes_ = 0;
+    limit_ = limit;
+    level_ = level;
+    gave_up_ = false;
+  }
+  /// The frames of tensor `tensor` start.
+  status begin(size_t tensor) { return queue({job::begin, tensor, 0, 0}); }
+  /// `n` unchanged bytes (zeros in the XOR).
+  status zeros(uint64_t n) {
+    for (uint64_t left = n; left > 0;) {
+      const uint64_t k = std::min<uint64_t>(left, buffers_.front().size());
+      if (auto ok = queue({job::zeros, 0, 0, static_cast<size_t>(k)}); !ok)
+        return ok;
+      left -= k;
+    }
     return {};
   }
-  void give_up() {
-    gave_up = true;
-    frames.clear();
-    refs.clear();
+  /// A buffer to XOR the next chunk into; waits for one.
+  result<std::span<std::byte>> acquire() {
+    std::unique_lock lock{mutex_};
+    changed_.wait(lock, [&] { return !free_.empty() || !failure_; });
+    if (!failure_)
+      return failure_.error();
+    acquired_ = free_.front();
+    free_.pop_front();
+    return buffers_[*acquired_].bytes();
   }
-  /// A frame for a tensor of `size` bytes whose first `zeros` are unchanged.
-  status begin(uint64_t size, uint64_t zeros) {
-    if (gave_up)
-      return {};
+  /// Compresses the first `n` bytes of the acquired buffer.
+  status submit(size_t n) {
+    size_t buffer = 0;
+    {
+      std::lock_guard lock{mutex_};
+      if (!acquired_)
+        return make_error(errc::invalid_argument, "submit without a buffer acquired");
+      buffer = *acquired_;
+      acquired_.reset();
+    }
+    return queue({job::bytes, 0, buffer, n});
+  }
+  /// The frames of tensor `tensor` end.
+  status end(size_t tensor) { return queue({job::end, tensor, 0, 0}); }
+  /// Waits until everything submitted is appended; the first error.
+  status finish() {
+    std::unique_lock lock{mutex_};
+    changed_.wait(lock, [&] { return appended_ == submitted_; });
+    return failure_;
+  }
+  /// The delta stopped paying: the rest of this publish's work is dropped.
+  bool gave_up() const noexcept { return gave_up_; }
+  /// After `finish`: the frames, and where each tensor's lies.
+  spill_buffer& frames() { return frames_; }
+  const std::vector<frame_ref>& refs() const { return refs_; }
+
+private:
+  struct job {
+    enum kind { begin, end, bytes, zeros } what;
+    size_t tensor = 0;
+    size_t buffer = 0;
+    size_t n = 0;
+    uint64_t seq = 0;
+  };
+  /// A job whose compressed bytes (if any) wait for their turn.
+  struct finished {
+    job what;
+    std::vector<std::byte> out;
+    status outcome;
+  };
+
+  frame_encoder(uint64_t memory_bound, fs::path dir) : frames_(memory_bound, std::move(dir)) {}
+
+  status queue(job j) {
+    {
+      std::lock_guard lock{mutex_};
+      if (!failure_) {
+        if (j.what == job::bytes)
+          free_.push_back(j.buffer);
+        return failure_;
+      }
+      j.seq = submitted_++;
+      if (j.what == job::begin || j.what == job::end) {
+        // Nothing to compress: in line for appending at once.
+        done_.emplace(j.seq, finished{j, {}, {}});
+        drain();
+      } else {
+        todo_.push_back(j);
+      }
+    }
+    changed_.notify_all();
+    return {};
+  }
+
+  void run() {
+    pthread_setname_np(pthread_self(), "delta-encode");
+    run_as_background_thread();
+    std::optional<delta::stream_compressor> zstd;
+    int zstd_level = 0;
+    for (;;) {
+      job j;
+      int level = 1;
+      bool skip = false;
+      {
+        std::unique_lock lock{mutex_};
+        changed_.wait(lock, [&] { return stopping_ || !todo_.empty(); });
+        if (todo_.empty())
+          return;
+        j = todo_.front();
+        todo_.pop_front();
+        level = level_;
+        skip = !failure_ || gave_up_;
+      }
+      finished f{j, {}, {}};
+      if (zstd && zstd_level != level)
+        zstd.reset();
+      zstd_level = level;
+      if (!skip)
+        f.outcome = compress(zstd, level, j, f.out);
+      {
+        std::lock_guard lock{mutex_};
+        if (j.what == job::bytes)
+          free_.push_back(j.buffer);
+        done_.emplace(j.seq, std::move(f));
+        drain();
+      }
+      changed_.notify_all();
+    }
+  }
+
+  /// One chunk as a zstd frame of its own.
+  status compress(std::optional<delta::stream_compressor>& zstd, int level, const job& j,
+                  std::vector<std::byte>& out) {
     if (!zstd) {
-      auto started = delta::stream_compressor::start(size, level);
+      auto started = delta::stream_compressor::start(j.n, level);
       if (!started)
         return std::move(started).error();
       zstd.emplace(std::move(*started));
-    } else if (auto ok = zstd->restart(size); !ok) {
+    } else if (auto ok = zstd->restart(j.n); !ok) {
       return ok;
     }
-    // The length prefix, filled in when the frame ends.
-    payload.assign(delta_frame_prefix, std::byte{0});
-    frame_at = bytes;
-    return add_zeros(zeros);
+    auto fed = j.what == job::zeros ? feed_zeros(*zstd, j.n, out)
+                                    : zstd->update(buffers_[j.buffer].bytes().first(j.n), out);
+    if (!fed)
+      return fed;
+    return zstd->finish(out);
   }
-  status add_zeros(uint64_t count) {
-    if (gave_up)
-      return {};
-    if (auto ok = feed_zeros(*zstd, count, payload); !ok)
-      return ok;
-    return spill();
+
+  /// Appends finished work in submission order (the lock is held).
+  void drain() {
+    for (auto it = done_.find(appended_); it != done_.end(); it = done_.find(appended_)) {
+      finished f = std::move(it->second);
+      done_.erase(it);
+      ++appended_;
+      if (!failure_ || gave_up_)
+        continue;
+      if (!f.outcome) {
+        failure_ = std::move(f.outcome);
+        continue;
+      }
+      if (auto ok = append(f); !ok)
+        failure_ = std::move(ok);
+    }
   }
-  status add(std::span<const std::byte> xored) {
-    if (gave_up)
+
+  status append(const finished& f) {
+    if (f.what.what == job::begin) {
+      frame_at_ = bytes_;
+      // The length prefix, filled in when the tensor's frames end.
+      return add(std::array<std::byte, delta_frame_prefix>{});
+    }
+    if (f.what.what == job::end) {
+      const uint64_t size = bytes_ - frame_at_;
+      std::array<std::byte, delta_frame_prefix> prefix{};
+      for (size_t k = 0; k < delta_frame_prefix; ++k)
+        prefix[k] = static_cast<std::byte>(((size - delta_frame_prefix) >> (8 * k)) & 0xff);
+      if (auto ok = frames_.patch(frame_at_, prefix); !ok)
+        return ok;
+      refs_.push_back({f.what.tensor, frame_at_, size});
       return {};
-    if (auto ok = zstd->update(xored, payload); !ok)
-      return ok;
-    return spill();
+    }
+    return add(f.out);
   }
-  status end(size_t tensor) {
-    if (gave_up)
-      return {};
-    if (auto ok = zstd->finish(payload); !ok)
-      return ok;
-    if (auto ok = spill(); !ok || gave_up)
-      return ok;
-    const uint64_t size = bytes - frame_at;
-    std::array<std::byte, delta_frame_prefix> prefix{};
-    for (size_t k = 0; k < delta_frame_prefix; ++k)
-      prefix[k] = static_cast<std::byte>(((size - delta_frame_prefix) >> (8 * k)) & 0xff);
-    if (auto ok = frames.patch(frame_at, prefix); !ok)
-      return ok;
-    refs.push_back({tensor, frame_at, size});
+
+  status add(std::span<const std::byte> bytes) {
+    auto at = frames_.append(bytes);
+    if (!at)
+      return std::move(at).error();
+    bytes_ += bytes.size();
+    if (bytes_ >= limit_) {
+      gave_up_ = true;
+      frames_.clear();
+      refs_.clear();
+    }
     return {};
   }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<gpu::host_buffer> buffers_;
+  std::deque<size_t> free_;
+  std::optional<size_t> acquired_;
+  std::deque<job> todo_;
+  std::map<uint64_t, finished> done_;
+  uint64_t submitted_ = 0;
+  uint64_t appended_ = 0;
+  status failure_;
+  bool stopping_ = false;
+  std::atomic<bool> gave_up_{false};
+  int level_ = 1;
+  // What the appends build (under the lock).
+  spill_buffer frames_;
+  std::vector<frame_ref> refs_;
+  uint64_t bytes_ = 0;
+  uint64_t frame_at_ = 0;
+  uint64_t limit_ = 0;
+  std::vector<std::thread> threads_;
 };
 
 /// The buffers one publish works in, kept between publishes (fresh memory
@@ -512,14 +682,8 @@ struct frame_encoder {
 struct publisher::work_buffers {
   gpu::host_buffer fresh;
   gpu::host_buffer old;
-  frame_encoder encoder;
-  /// Carries XORed chunks (its buffers) and frame starts and ends to the
-  /// encoder's thread; started by the first delta. Declared last: it stops
-  /// (finishing its queue) before the encoder goes.
-  std::unique_ptr<buffer_pipeline> to_encoder;
-
-  work_buffers(uint64_t chunk, const std::filesystem::path& scratch_dir)
-      : encoder(chunk * 4, scratch_dir) {}
+  /// Started by the first delta.
+  std::unique_ptr<frame_encoder> encoder;
 };
 
 result<std::unique_ptr<publisher::work_buffers>> publisher::take_work_buffers() {
@@ -531,7 +695,7 @@ result<std::unique_ptr<publisher::work_buffers>> publisher::take_work_buffers() 
       return w;
     }
   }
-  auto w = std::make_unique<work_buffers>(options_.chunk_bytes, options_.scratch_dir);
+  auto w = std::make_unique<work_buffers>();
   for (auto* b : {&w->fresh, &w->old}) {
     auto got = gpu::staging_allocator().allocate(options_.chunk_bytes);
     if (!got)
@@ -798,23 +962,18 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     if (auto ok = open_anchor(); !ok)
       return failed(std::move(ok).error());
 
-  // The delta's frames, compressed on the encoder's thread.
-  frame_encoder& encoder = held->encoder;
+  // The delta's frames, compressed on the encoder's threads.
   bool delta_pays = how == mode::delta;
   if (delta_pays) {
-    // A pipeline that failed under an earlier publish is replaced.
-    if (!held->to_encoder || !held->to_encoder->finish())
-      held->to_encoder.reset();
-    encoder.reset(raw_bytes, options_.zstd_level);
-    if (!held->to_encoder) {
-      auto p = buffer_pipeline::start(
-        3, chunk, [&encoder](std::span<const std::byte> xored) { return encoder.add(xored); });
-      if (!p)
-        return failed(std::move(p).error());
-      held->to_encoder = std::move(*p);
+    if (!held->encoder) {
+      auto e = frame_encoder::start(chunk, options_.scratch_dir);
+      if (!e)
+        return failed(std::move(e).error());
+      held->encoder = std::move(*e);
     }
+    held->encoder->reset(raw_bytes, options_.zstd_level);
   }
-  buffer_pipeline* const to_encoder = held->to_encoder.get();
+  frame_encoder* const encoder = held->encoder.get();
   bool identical = true;
   std::map<std::string, uint64_t> sums;
 
@@ -850,7 +1009,7 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
       }
       hasher.update(now);
       bool same = false;
-      if (delta_pays && encoder.gave_up) {
+      if (delta_pays && encoder->gave_up()) {
         // Not smaller than the weights: stop encoding, stream on.
         delta_pays = false;
         compressing = false;
@@ -869,20 +1028,20 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
           status sent;
           if (!compressing) {
             compressing = true;
-            sent = to_encoder->submit_call([&encoder, size = t.size, zeros = zeros_pending] {
-              return encoder.begin(size, zeros);
-            });
+            sent = encoder->begin(i);
+            if (sent)
+              sent = encoder->zeros(zeros_pending);
             zeros_pending = 0;
           }
           if (sent && same) {
-            sent = to_encoder->submit_call([&encoder, n] { return encoder.add_zeros(n); });
+            sent = encoder->zeros(n);
           } else if (sent) {
-            auto x = to_encoder->acquire();
+            auto x = encoder->acquire();
             if (!x)
               return failed(std::move(x).error());
             if (auto ok = delta::xor_encode(*before, now, x->first(n)); !ok)
               return failed(std::move(ok).error());
-            sent = to_encoder->submit(n);
+            sent = encoder->submit(n);
           }
           if (!sent)
             return failed(std::move(sent).error());
@@ -901,16 +1060,14 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     }
     sums[t.name] = hasher.digest();
     if (compressing && delta_pays)
-      if (auto ok = to_encoder->submit_call([&encoder, i] { return encoder.end(i); }); !ok)
+      if (auto ok = encoder->end(i); !ok)
         return failed(std::move(ok).error());
   }
   if (how == mode::delta) {
-    if (auto ok = to_encoder->finish(); !ok)
+    if (auto ok = encoder->finish(); !ok)
       return failed(std::move(ok).error());
-    delta_pays = !encoder.gave_up;
+    delta_pays = !encoder->gave_up();
   }
-  spill_buffer& frames = encoder.frames;
-  const auto& frame_refs = encoder.refs;
 
   publish_report report;
   report.raw_bytes = raw_bytes;
@@ -923,6 +1080,8 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     m = *expected;
     report.idempotent = true;
   } else if (how == mode::delta && delta_pays) {
+    spill_buffer& frames = encoder->frames();
+    const auto& frame_refs = encoder->refs();
     std::vector<shard_streamer::item> items;
     for (const auto& f : frame_refs)
       items.push_back({tensors[f.tensor].name, safetensors::dtype::u8, {f.size}, f.size});
