@@ -38,8 +38,9 @@
 ///   readers size the weights.
 /// - A **delta** stores each touched tensor as a U8 tensor holding a *delta
 ///   frame*: the payload's length as 8 little-endian bytes, then the payload
-///   (the XOR of old and new bytes, zstd-compressed). A reader fetches the 8
-///   bytes, then the payload.
+///   (the XOR of old and new bytes, zstd-compressed: one zstd frame per
+///   publisher chunk, back to back, which zstd's decoders read as one
+///   stream). A reader fetches the 8 bytes, then the payload.
 namespace stitch::store {
 
 /// Bytes of a delta frame's length prefix.
