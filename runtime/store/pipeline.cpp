@@ -14,18 +14,43 @@ void run_as_background_thread() noexcept {
   (void) ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
 }
 
+status buffer_ring::allocate(size_t count, size_t bytes) {
+  for (size_t i = 0; i < count; ++i) {
+    auto b = gpu::staging_allocator().allocate(bytes);
+    if (!b)
+      return std::move(b).error();
+    buffers.push_back(std::move(*b));
+    free.push_back(buffers.size() - 1);
+  }
+  return {};
+}
+
+result<std::span<std::byte>> buffer_ring::acquire(std::unique_lock<std::mutex>& lock,
+                                                  std::condition_variable& changed,
+                                                  const status& failure) {
+  changed.wait(lock, [&] { return !free.empty() || !failure; });
+  if (!failure)
+    return failure.error();
+  acquired = free.front();
+  free.pop_front();
+  return buffers[*acquired].bytes();
+}
+
+result<size_t> buffer_ring::release_acquired() {
+  if (!acquired)
+    return make_error(errc::invalid_argument, "submit without a buffer acquired");
+  const size_t i = *acquired;
+  acquired.reset();
+  return i;
+}
+
 result<std::unique_ptr<buffer_pipeline>> buffer_pipeline::start(size_t depth, size_t piece_bytes,
                                                                 consumer consume) {
   std::unique_ptr<buffer_pipeline> p{new buffer_pipeline()};
   p->consume_ = std::move(consume);
   p->depth_ = std::max<size_t>(depth, 2);
-  for (size_t i = 0; i < std::max<size_t>(depth, 2); ++i) {
-    auto b = gpu::staging_allocator().allocate(piece_bytes);
-    if (!b)
-      return std::move(b).error();
-    p->buffers_.push_back(std::move(*b));
-    p->free_.push_back(i);
-  }
+  if (auto ok = p->ring_.allocate(p->depth_, piece_bytes); !ok)
+    return std::move(ok).error();
   p->thread_ = std::thread{[raw = p.get()] { raw->run(); }};
   return p;
 }
@@ -62,14 +87,14 @@ void buffer_pipeline::run() {
     // After a failure the rest is dropped unconsumed.
     if (outcome)
       outcome =
-        consume_(next.owner ? next.external : buffers_[next.buffer].bytes().first(next.bytes));
+        consume_(next.owner ? next.external : ring_.buffers[next.buffer].bytes().first(next.bytes));
     next.owner.reset();
     {
       std::lock_guard guard{mutex_};
       if (!outcome && failure_)
         failure_ = std::move(outcome);
       if (next.external.empty())
-        free_.push_back(next.buffer);
+        ring_.free.push_back(next.buffer);
       --busy_;
     }
     changed_.notify_all();
@@ -78,21 +103,16 @@ void buffer_pipeline::run() {
 
 result<std::span<std::byte>> buffer_pipeline::acquire() {
   std::unique_lock lock{mutex_};
-  changed_.wait(lock, [&] { return !free_.empty() || !failure_; });
-  if (!failure_)
-    return failure_.error();
-  acquired_ = free_.front();
-  free_.pop_front();
-  return buffers_[*acquired_].bytes();
+  return ring_.acquire(lock, changed_, failure_);
 }
 
 status buffer_pipeline::submit(size_t n) {
   {
     std::lock_guard guard{mutex_};
-    if (!acquired_)
-      return make_error(errc::invalid_argument, "submit without a buffer acquired");
-    filled_.push_back({*acquired_, n, {}, nullptr});
-    acquired_.reset();
+    auto buffer = ring_.release_acquired();
+    if (!buffer)
+      return std::move(buffer).error();
+    filled_.push_back({*buffer, n, {}, nullptr});
     if (!failure_)
       return failure_;
   }

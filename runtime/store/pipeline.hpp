@@ -22,6 +22,25 @@ namespace stitch::store {
 /// cores first. Threads it starts inherit it.
 void run_as_background_thread() noexcept;
 
+/// Staging buffers of one size that rotate between a producer and the
+/// threads consuming them, guarded by their owner's mutex: which are free,
+/// and the one the producer holds.
+struct buffer_ring {
+  std::vector<gpu::host_buffer> buffers;
+  std::deque<size_t> free;
+  std::optional<size_t> acquired;
+
+  /// `count` buffers of `bytes` each, all free.
+  status allocate(size_t count, size_t bytes);
+  /// Waits (the owner's `lock` held, `changed` told when a buffer comes
+  /// back) until a buffer is free, then holds it as `acquired`; `failure`'s
+  /// error instead once it has one.
+  result<std::span<std::byte>> acquire(std::unique_lock<std::mutex>& lock,
+                                       std::condition_variable& changed, const status& failure);
+  /// The held buffer, no longer held; `invalid_argument` without one.
+  result<size_t> release_acquired();
+};
+
 /// Overlaps producing bytes with consuming them: the producer fills one of
 /// `depth` rotating buffers while a thread of its own hands the filled ones
 /// to `consume` in order (a disk write while the next piece is read and
@@ -54,10 +73,9 @@ private:
   void run();
 
   consumer consume_;
-  std::vector<gpu::host_buffer> buffers_;
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<size_t> free_;
+  buffer_ring ring_;
   /// What waits for the consumer: a buffer's first bytes, or lent bytes.
   struct job {
     size_t buffer = 0;
@@ -67,7 +85,6 @@ private:
   };
   std::deque<job> filled_;
   size_t depth_ = 2;
-  std::optional<size_t> acquired_;
   size_t busy_ = 0;
   bool stopping_ = false;
   status failure_;

@@ -426,13 +426,8 @@ public:
   static result<std::unique_ptr<frame_encoder>> start(uint64_t chunk, fs::path scratch_dir) {
     std::unique_ptr<frame_encoder> e{new frame_encoder(chunk * 4, std::move(scratch_dir))};
     // Two buffers per worker: one compressing, one being filled.
-    for (size_t i = 0; i < 2 * workers; ++i) {
-      auto b = gpu::staging_allocator().allocate(chunk);
-      if (!b)
-        return std::move(b).error();
-      e->buffers_.push_back(std::move(*b));
-      e->free_.push_back(i);
-    }
+    if (auto ok = e->ring_.allocate(2 * workers, chunk); !ok)
+      return std::move(ok).error();
     for (size_t k = 0; k < workers; ++k)
       e->threads_.emplace_back([raw = e.get()] { raw->run(); });
     return e;
@@ -454,9 +449,8 @@ public:
   void reset(uint64_t limit, int level) {
     std::unique_lock lock{mutex_};
     changed_.wait(lock, [&] { return appended_ == submitted_; });
-    if (acquired_)
-      free_.push_back(*acquired_);
-    acquired_.reset();
+    if (auto held = ring_.release_acquired())
+      ring_.free.push_back(*held);
     failure_ = {};
     frames_.clear();
     refs_.clear();
@@ -470,7 +464,7 @@ public:
   /// `n` unchanged bytes (zeros in the XOR).
   status zeros(uint64_t n) {
     for (uint64_t left = n; left > 0;) {
-      const uint64_t k = std::min<uint64_t>(left, buffers_.front().size());
+      const uint64_t k = std::min<uint64_t>(left, ring_.buffers.front().size());
       if (auto ok = queue({job::zeros, 0, 0, static_cast<size_t>(k)}); !ok)
         return ok;
       left -= k;
@@ -480,24 +474,18 @@ public:
   /// A buffer to XOR the next chunk into; waits for one.
   result<std::span<std::byte>> acquire() {
     std::unique_lock lock{mutex_};
-    changed_.wait(lock, [&] { return !free_.empty() || !failure_; });
-    if (!failure_)
-      return failure_.error();
-    acquired_ = free_.front();
-    free_.pop_front();
-    return buffers_[*acquired_].bytes();
+    return ring_.acquire(lock, changed_, failure_);
   }
   /// Compresses the first `n` bytes of the acquired buffer.
   status submit(size_t n) {
-    size_t buffer = 0;
+    result<size_t> buffer = 0;
     {
       std::lock_guard lock{mutex_};
-      if (!acquired_)
-        return make_error(errc::invalid_argument, "submit without a buffer acquired");
-      buffer = *acquired_;
-      acquired_.reset();
+      buffer = ring_.release_acquired();
     }
-    return queue({job::bytes, 0, buffer, n});
+    if (!buffer)
+      return std::move(buffer).error();
+    return queue({job::bytes, 0, *buffer, n});
   }
   /// The frames of tensor `tensor` end.
   status end(size_t tensor) { return queue({job::end, tensor, 0, 0}); }
@@ -535,7 +523,7 @@ private:
       std::lock_guard lock{mutex_};
       if (!failure_) {
         if (j.what == job::bytes)
-          free_.push_back(j.buffer);
+          ring_.free.push_back(j.buffer);
         return failure_;
       }
       j.seq = submitted_++;
@@ -579,7 +567,7 @@ private:
       {
         std::lock_guard lock{mutex_};
         if (j.what == job::bytes)
-          free_.push_back(j.buffer);
+          ring_.free.push_back(j.buffer);
         done_.emplace(j.seq, std::move(f));
         drain();
       }
@@ -599,7 +587,7 @@ private:
       return ok;
     }
     auto fed = j.what == job::zeros ? feed_zeros(*zstd, j.n, out)
-                                    : zstd->update(buffers_[j.buffer].bytes().first(j.n), out);
+                                    : zstd->update(ring_.buffers[j.buffer].bytes().first(j.n), out);
     if (!fed)
       return fed;
     return zstd->finish(out);
@@ -656,9 +644,7 @@ private:
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::vector<gpu::host_buffer> buffers_;
-  std::deque<size_t> free_;
-  std::optional<size_t> acquired_;
+  buffer_ring ring_;
   std::deque<job> todo_;
   std::map<uint64_t, finished> done_;
   uint64_t submitted_ = 0;

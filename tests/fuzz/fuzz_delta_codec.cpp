@@ -29,13 +29,13 @@ std::vector<std::byte> expand(const uint8_t* data, size_t size) {
 }
 
 dc::compressed_input from(std::span<const std::byte> bytes, size_t piece) {
-  return [bytes, piece, at = size_t{0}](std::span<std::byte> into) mutable
-         -> stitch::result<size_t> {
-    const size_t n = std::min({into.size(), piece, bytes.size() - at});
-    std::memcpy(into.data(), bytes.data() + at, n);
-    at += n;
-    return n;
-  };
+  return
+    [bytes, piece, at = size_t{0}](std::span<std::byte> into) mutable -> stitch::result<size_t> {
+      const size_t n = std::min({into.size(), piece, bytes.size() - at});
+      std::memcpy(into.data(), bytes.data() + at, n);
+      at += n;
+      return n;
+    };
 }
 
 } // namespace
