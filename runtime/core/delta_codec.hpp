@@ -31,8 +31,10 @@ status overwrite_apply(std::span<std::byte> base, std::span<const std::byte> rep
 int min_level() noexcept;
 int max_level() noexcept;
 
-/// One zstd frame holding `bytes`, with its content size recorded. A level
-/// outside [min_level(), max_level()] is `invalid_argument`.
+/// One zstd frame holding `bytes`, with its content size recorded, its
+/// matches found by the XOR delta match finder (zstd's own for blocks that
+/// are not mostly zero runs). A level outside [min_level(), max_level()] is
+/// `invalid_argument`.
 result<std::vector<std::byte>> compress(std::span<const std::byte> bytes, int level = 3);
 
 /// Decompresses one or more zstd frames that must hold exactly
@@ -53,9 +55,12 @@ inline constexpr int max_window_log = 25;
 /// only zstd's window. Appends output to the caller's buffer.
 class stream_compressor {
 public:
-  /// A frame of exactly `total_size` input bytes at `level`. With `workers`,
-  /// zstd compresses on that many threads of its own while the caller goes
-  /// on (same format; zstd builds without threads compress inline).
+  /// A frame of exactly `total_size` input bytes at `level`. Without
+  /// `workers` it compresses on the caller's thread with a match finder made
+  /// for XOR deltas (zero runs; zstd's own finder for dense blocks), as
+  /// `compress` does. With `workers`, zstd compresses on that many threads
+  /// of its own, with its own finder, while the caller goes on (same format;
+  /// zstd builds without threads compress inline).
   static result<stream_compressor> start(uint64_t total_size, int level, int workers = 0);
   stream_compressor(stream_compressor&&) noexcept;
   stream_compressor& operator=(stream_compressor&&) noexcept;
