@@ -547,7 +547,7 @@ int main(int argc, char** argv) {
   fs::remove_all(dir / "db", ec);
   fs::remove_all(dir / "out", ec);
 
-  // The CPU's limit for a delta: XOR and zstd-compress the same kind of
+  // The CPU's limit for a delta: XOR and compress (the publisher's codec) the same kind of
   // change on one core, nothing else.
   double codec_s = 0;
   {
@@ -620,7 +620,7 @@ int main(int argc, char** argv) {
   std::printf("%-40s %9.3f %9.2f  >= 0.9 x write (model bytes/s; %llu stored)\n",
               "publish 1%-dense delta (in process)", delta_bw / 1e9, delta_bw / write_bw,
               static_cast<unsigned long long>(delta_stored));
-  std::printf("%-40s %9.3f %9.2f  (delta publish vs XOR + zstd on one core)\n",
+  std::printf("%-40s %9.3f %9.2f  (delta publish vs XOR + the delta codec on one core)\n",
               "  the CPU's delta codec limit", codec_bw / 1e9, delta_bw / codec_bw);
   std::printf("%-40s %9.3f %9.2f  >= 0.5 x read\n", "export anchor + delta (in process)",
               export_bw / 1e9, export_bw / read_bw);
