@@ -423,22 +423,26 @@ status write_all(int fd, std::span<const std::byte> bytes, const fs::path& path)
   return {};
 }
 
-/// Large files are written with direct I/O: the page cache would only hold
-/// (and later write back, slower than the device takes direct writes) bytes
-/// nobody reads soon.
+/// Large files that must be durable (`sync`) are written with direct I/O:
+/// the page cache would only hold bytes until the fsync writes them back,
+/// slower than the device takes direct writes. Without `sync` (an export the
+/// user did not ask to be durable, an engine's staged copy) they go through
+/// the page cache, as `cp` writes: the write ends at memory speed, the kernel
+/// writes back behind it, and whoever reads the directory next (an engine
+/// loading it) finds it cached.
 constexpr uint64_t direct_threshold = uint64_t{1} << 20;
 constexpr size_t direct_block = 4096;
 constexpr size_t direct_buffer = size_t{8} << 20;
 
 /// Creates `path` (which must not exist), lets `fill` write it through the
-/// sink, then (with `sync`) fsyncs and closes it. A file of `expected_size`
-/// bytes or more goes through an aligned buffer with O_DIRECT where the file
-/// system allows it: whole blocks out, the tail padded, then the file cut to
+/// sink, then (with `sync`) fsyncs and closes it. With `sync`, a file of
+/// `expected_size` bytes or more goes through an aligned buffer with O_DIRECT
+/// where the file system allows it: whole blocks out, the tail padded, then the file cut to
 /// its size.
 template <class Fill>
 status write_new_file(const fs::path& path, bool sync, uint64_t expected_size, Fill&& fill) {
   const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-  bool direct = expected_size >= direct_threshold;
+  bool direct = sync && expected_size >= direct_threshold;
   unique_fd fd{::open(path.c_str(), flags | (direct ? O_DIRECT : 0), 0644)};
   if (fd.get() < 0 && direct && errno == EINVAL) {
     direct = false;
