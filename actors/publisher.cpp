@@ -399,11 +399,6 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       });
       return id;
     },
-    [self](atom::chunk, uint64_t id, std::vector<char>& bytes) -> caf::result<uint64_t> {
-      auto owned = std::make_shared<const std::vector<char>>(std::move(bytes));
-      std::span<const char> view{*owned};
-      return take_chunk(self, id, std::move(owned), view);
-    },
     [self](atom::chunk, uint64_t id, shared_piece& piece) -> caf::result<uint64_t> {
       if (!piece.owner || (!piece.data && piece.size > 0))
         return to_caf_error({errc::invalid_argument, "a publish piece without its bytes"});

@@ -46,33 +46,6 @@ struct publish_summary {
   std::string reason_for_anchor;
 };
 
-/// Bytes of a streamed publish that another object already holds (an HTTP
-/// request's body): handed to the publisher in the same process without a
-/// copy. Across nodes it travels as its bytes.
-struct shared_piece {
-  /// Keeps `data` alive.
-  std::shared_ptr<const void> owner;
-  const char* data = nullptr;
-  uint64_t size = 0;
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, shared_piece& x) {
-  if constexpr (Inspector::reads_state) {
-    std::string bytes;
-    if (x.owner && x.data)
-      bytes.assign(x.data, x.size);
-    return f(caf::meta::type_name("stitch.shared_piece"), bytes);
-  } else {
-    auto bytes = std::make_shared<std::string>();
-    auto outcome = f(caf::meta::type_name("stitch.shared_piece"), *bytes);
-    x.data = bytes->data();
-    x.size = bytes->size();
-    x.owner = std::move(bytes);
-    return outcome;
-  }
-}
-
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, publish_args& x) {
   return f(caf::meta::type_name("stitch.publish_args"), x.pool, x.run_id, x.version, x.force_anchor,
@@ -130,8 +103,8 @@ using publisher_actor = caf::typed_actor<
   // The next bytes (at most `max_chunk_bytes`) of session `id`, answered
   // once the publish consumed them (the window a client keeps in flight is
   // all the memory it holds here) with the bytes the session still expects.
-  caf::replies_to<atom::chunk, uint64_t, std::vector<char>>::with<uint64_t>,
-  // The same for bytes that stay where they are (an HTTP body in this process).
+  // From another process they arrive in pooled buffers; in this one (an
+  // HTTP body) they stay where they are.
   caf::replies_to<atom::chunk, uint64_t, shared_piece>::with<uint64_t>,
   // Ends session `id`: answers what was published.
   caf::replies_to<atom::finish, uint64_t>::with<publish_summary>,

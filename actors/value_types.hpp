@@ -15,8 +15,10 @@
 #include <caf/typed_actor.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "actors/type_id_ranges.hpp"
@@ -43,6 +45,60 @@ error from_caf_error(const caf::actor_system& sys, const caf::error& err);
 /// Largest byte payload one message carries (shard and tensor bytes travel
 /// in chunks of at most this; control messages never carry whole tensors).
 inline constexpr uint64_t max_chunk_bytes = uint64_t{8} << 20;
+
+/// Bytes that an object already holds (an HTTP request's body, a pooled
+/// buffer a client filled): handed to an actor in the same process without a
+/// copy. Across nodes it travels as its bytes (the wire format of a byte
+/// sequence), and arrives in a buffer of the piece pool, at most
+/// `max_chunk_bytes` (a longer one is refused before anything is allocated).
+struct shared_piece {
+  /// Keeps `data` alive.
+  std::shared_ptr<const void> owner;
+  const char* data = nullptr;
+  uint64_t size = 0;
+};
+
+/// An uninitialized buffer of `size` bytes (at most `max_chunk_bytes`) for a
+/// piece, from a process-wide pool: when the last copy of `owner` goes, the
+/// buffer goes back to the pool (which keeps at most 64 MiB of them) instead
+/// of to the system. Streams of pieces (a client's publish, the node taking
+/// them in) reuse warm memory instead of faulting in and zeroing fresh pages
+/// for every piece.
+struct piece_buffer {
+  std::shared_ptr<const void> owner;
+  char* data = nullptr;
+  size_t size = 0;
+
+  /// The first `n` bytes (filled) as a piece, sharing the buffer.
+  shared_piece share(size_t n) const { return shared_piece{owner, data, n}; }
+};
+result<piece_buffer> take_piece_buffer(size_t size);
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shared_piece& x) {
+  if constexpr (!std::is_same_v<typename Inspector::result_type, caf::error>) {
+    // Rendering (to_string): the size only.
+    return f(caf::meta::type_name("stitch.shared_piece"), x.size);
+  } else if constexpr (Inspector::reads_state) {
+    size_t n = x.owner && x.data ? static_cast<size_t>(x.size) : 0;
+    return caf::error::eval(
+      [&] { return f.begin_sequence(n); },
+      [&] { return n > 0 ? f.apply_raw(n, const_cast<char*>(x.data)) : caf::none; },
+      [&] { return f.end_sequence(); });
+  } else {
+    size_t n = 0;
+    if (auto err = f.begin_sequence(n))
+      return err;
+    auto buffer = take_piece_buffer(n);
+    if (!buffer)
+      return to_caf_error(buffer.error());
+    if (n > 0)
+      if (auto err = f.apply_raw(n, buffer->data))
+        return err;
+    x = buffer->share(n);
+    return f.end_sequence();
+  }
+}
 
 /// `inspect` of a `std::optional` member through a `caf::optional` (CAF 0.17
 /// knows only its own): `field` is filled before saving, and `commit` writes

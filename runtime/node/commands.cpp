@@ -75,7 +75,7 @@ result<publish_summary> stream_directory(caf::actor_system& sys, const publisher
     return std::move(session).error();
   caf::scoped_actor self{sys};
   using handle = decltype(self->request(publisher, caf::duration{request_timeout}, atom::chunk_v,
-                                        uint64_t{}, std::vector<char>{}));
+                                        uint64_t{}, shared_piece{}));
   std::deque<handle> in_flight;
   status outcome;
   auto land_one = [&] {
@@ -86,33 +86,42 @@ result<publish_summary> stream_directory(caf::actor_system& sys, const publisher
                               });
     in_flight.pop_front();
   };
-  // Chunks run across tensor boundaries: the session reads one stream.
-  std::vector<char> chunk;
-  chunk.reserve(publish_chunk);
+  // Chunks run across tensor boundaries: the session reads one stream. Each
+  // is read straight into a pooled buffer, which goes back to the pool once
+  // the message carrying it was sent.
+  piece_buffer chunk;
+  size_t filled = 0;
   auto send = [&] {
     if (in_flight.size() >= publish_window)
       land_one();
     in_flight.push_back(self->request(publisher, caf::duration{request_timeout}, atom::chunk_v,
-                                      *session, std::move(chunk)));
+                                      *session, chunk.share(filled)));
     chunk = {};
-    chunk.reserve(publish_chunk);
+    filled = 0;
   };
   for (size_t i = 0; i < tensors.size() && outcome; ++i) {
     for (uint64_t at = 0; at < tensors[i].size && outcome;) {
-      const size_t room = publish_chunk - chunk.size();
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(room, tensors[i].size - at));
-      const size_t before = chunk.size();
-      chunk.resize(before + n);
+      if (!chunk.data) {
+        auto fresh = take_piece_buffer(publish_chunk);
+        if (!fresh) {
+          outcome = std::move(fresh).error();
+          break;
+        }
+        chunk = std::move(*fresh);
+      }
+      const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(publish_chunk - filled, tensors[i].size - at));
       if (auto ok =
-            (*source)->read(i, at, std::as_writable_bytes(std::span{chunk}).subspan(before));
+            (*source)->read(i, at, std::as_writable_bytes(std::span{chunk.data + filled, n}));
           !ok)
         outcome = std::move(ok).error();
+      filled += n;
       at += n;
-      if (chunk.size() == publish_chunk)
+      if (filled == publish_chunk)
         send();
     }
   }
-  if (outcome && !chunk.empty())
+  if (outcome && filled > 0)
     send();
   while (!in_flight.empty())
     land_one();

@@ -51,7 +51,6 @@ fake_publisher(publisher_actor::stateful_pointer<fake_publisher_state> self,
     [](atom::publish, const publish_args&, std::vector<store::tensor_header>&) -> uint64_t {
       return 0;
     },
-    [](atom::chunk, uint64_t, std::vector<char>&) -> uint64_t { return 0; },
     [](atom::chunk, uint64_t, stitch::shared_piece&) -> uint64_t { return 0; },
     [](atom::finish, uint64_t) -> caf::result<publish_summary> {
       return to_caf_error({errc::not_found, "no session"});
