@@ -182,22 +182,36 @@ constexpr size_t feed_window = 3;
 
 /// Hands `body` to session `id` in pieces of at most `max_chunk_bytes`, in
 /// order, up to `feed_window` of them in flight (the publisher answers each
-/// once consumed); `done` runs once, with nothing or the first error, when
-/// all are consumed or one failed.
+/// once consumed). `handed` runs once, when the last piece was sent (or with
+/// the error that stopped the feed before); `done` runs once, with nothing or
+/// the first error, when all are consumed or one failed.
 void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, shared_piece body,
+          std::function<void(std::optional<server_response>)> handed,
           std::function<void(std::optional<server_response>)> done) {
   struct progress {
     shared_piece body;
     size_t sent = 0;
     size_t consumed = 0;
     size_t in_flight = 0;
+    bool handed = false;
     bool finished = false;
   };
   sys.spawn(
-    [publisher, id, done = std::move(done),
+    [publisher, id, handed = std::move(handed), done = std::move(done),
      st = std::make_shared<progress>(progress{std::move(body)})](caf::event_based_actor* self) {
+      auto fail = [self, handed, done, st](std::optional<server_response> err) {
+        if (st->finished)
+          return;
+        st->finished = true;
+        if (!st->handed) {
+          st->handed = true;
+          handed(err);
+        }
+        done(std::move(err));
+        self->quit();
+      };
       auto pump = std::make_shared<std::function<void()>>();
-      *pump = [self, publisher, id, done, st, pump] {
+      *pump = [self, publisher, id, handed, done, st, pump, fail] {
         while (!st->finished && st->in_flight < feed_window && st->sent < st->body.size) {
           const size_t n = std::min<size_t>(max_chunk_bytes, st->body.size - st->sent);
           // The body's own bytes, shared: no copy on the way to the publisher.
@@ -220,15 +234,17 @@ void feed(caf::actor_system& sys, const caf::actor& publisher, uint64_t id, shar
                 }
                 (*pump)();
               },
-              [self, done, st, pump](caf::error& err) {
+              [self, st, pump, fail](caf::error& err) {
                 --st->in_flight;
-                if (st->finished)
-                  return;
-                st->finished = true;
-                done(failure(self->system(), err));
                 *pump = nullptr;
-                self->quit();
+                fail(failure(self->system(), err));
               });
+          // Every piece is in the publisher's mailbox, in order: the next PUT
+          // of the session may follow at once.
+          if (st->sent == st->body.size && !st->handed) {
+            st->handed = true;
+            handed(std::nullopt);
+          }
         }
       };
       (*pump)();
@@ -295,11 +311,11 @@ publisher_http::session_names publisher_http::forget(uint64_t session) {
   return names;
 }
 
-void publisher_http::when_consumed(uint64_t session, uint64_t count,
-                                   std::function<void(std::optional<server_response>)> f) {
+void publisher_http::when_reached(uint64_t session, mark which, uint64_t count,
+                                  std::function<void(std::optional<server_response>)> f) {
   std::unique_lock lock{mutex_};
   auto it = sessions_.find(session);
-  if (it == sessions_.end() || it->second.consumed >= count) {
+  if (it == sessions_.end() || it->second.count(which) >= count) {
     std::optional<server_response> err;
     if (it != sessions_.end())
       err = it->second.error;
@@ -307,7 +323,31 @@ void publisher_http::when_consumed(uint64_t session, uint64_t count,
     f(std::move(err));
     return;
   }
-  it->second.waiting.emplace_back(count, std::move(f));
+  it->second.waiting.push_back({which, count, std::move(f)});
+}
+
+void publisher_http::reached(uint64_t session, mark which, std::optional<server_response> err) {
+  std::vector<std::function<void(std::optional<server_response>)>> ready;
+  std::optional<server_response> first_error;
+  {
+    std::lock_guard lock{mutex_};
+    auto it = sessions_.find(session);
+    if (it == sessions_.end())
+      return;
+    auto& st = it->second;
+    ++st.count(which);
+    if (err && !st.error)
+      st.error = std::move(err);
+    first_error = st.error;
+    std::erase_if(st.waiting, [&](waiter& w) {
+      if (w.count > st.count(w.which))
+        return false;
+      ready.push_back(std::move(w.f));
+      return true;
+    });
+  }
+  for (auto& f : ready)
+    f(first_error);
 }
 
 void publisher_http::put(uint64_t id, shared_piece body, std::shared_ptr<http_responder> out) {
@@ -334,63 +374,55 @@ void publisher_http::put(uint64_t id, shared_piece body, std::shared_ptr<http_re
   }
   if (index == 0) {
     // A session this surface did not open: one request at a time.
-    feed(sys_, target_, id, std::move(body), [out, size](std::optional<server_response> err) {
-      if (err) {
-        out->send(std::move(*err));
-        return;
-      }
-      server_response r;
-      r.body = dump(json{{"received", size}});
-      out->send(std::move(r));
-    });
+    feed(
+      sys_, target_, id, std::move(body), [](std::optional<server_response>) {},
+      [out, size](std::optional<server_response> err) {
+        if (err) {
+          out->send(std::move(*err));
+          return;
+        }
+        server_response r;
+        r.body = dump(json{{"received", size}});
+        out->send(std::move(r));
+      });
     return;
   }
-  // When this PUT's bytes were consumed (or failed, or were never fed
-  // because an earlier one failed): wake what waits on the count.
-  auto consumed = [this, id](std::optional<server_response> err) {
-    std::vector<std::function<void(std::optional<server_response>)>> ready;
-    std::optional<server_response> first_error;
-    {
-      std::lock_guard lock{mutex_};
-      auto it = sessions_.find(id);
-      if (it == sessions_.end())
-        return;
-      auto& st = it->second;
-      ++st.consumed;
-      if (err && !st.error)
-        st.error = std::move(err);
-      first_error = st.error;
-      std::erase_if(st.waiting, [&](auto& w) {
-        if (w.first > st.consumed)
-          return false;
-        ready.push_back(std::move(w.second));
-        return true;
-      });
-    }
-    for (auto& f : ready)
-      f(first_error);
+  // This PUT's bytes go to the publisher once the earlier PUTs' were all
+  // handed on, so the pieces of two PUTs never interleave in the session's
+  // stream and the publish finds the next PUT's pieces queued when it ends
+  // one. It is answered once the earlier PUTs were consumed, so the client
+  // uploads the next while the publisher consumes this one (two requests of
+  // a session in memory at most).
+  auto handed = [this, id](std::optional<server_response> err) {
+    reached(id, mark::fed, std::move(err));
   };
-  // This PUT's bytes go to the publisher once the earlier PUTs' were
-  // consumed, so the pieces of two PUTs never interleave in the session's
-  // stream; it is answered then too, so the client uploads the next while
-  // the publisher consumes this one (two requests of a session in memory at
-  // most).
-  when_consumed(id, index - 1,
-                [this, id, out, size, remaining, bytes = std::move(body),
-                 consumed](std::optional<server_response> err) mutable {
-                  if (err) {
-                    consumed(std::nullopt); // nothing fed; the session's error stands
-                    out->send(std::move(*err));
-                    return;
-                  }
-                  feed(sys_, target_, id, std::move(bytes), consumed);
-                  json j;
-                  j["received"] = size;
-                  j["remaining"] = remaining;
-                  server_response r;
-                  r.body = dump(j);
-                  out->send(std::move(r));
-                });
+  auto consumed = [this, id](std::optional<server_response> err) {
+    reached(id, mark::consumed, std::move(err));
+  };
+  when_reached(id, mark::fed, index - 1,
+               [this, id, bytes = std::move(body), handed,
+                consumed](std::optional<server_response> err) mutable {
+                 if (err) {
+                   // Nothing fed; the session's error stands.
+                   handed(std::nullopt);
+                   consumed(std::nullopt);
+                   return;
+                 }
+                 feed(sys_, target_, id, std::move(bytes), handed, consumed);
+               });
+  when_reached(id, mark::consumed, index - 1,
+               [out, size, remaining](std::optional<server_response> err) {
+                 if (err) {
+                   out->send(std::move(*err));
+                   return;
+                 }
+                 json j;
+                 j["received"] = size;
+                 j["remaining"] = remaining;
+                 server_response r;
+                 r.body = dump(j);
+                 out->send(std::move(r));
+               });
 }
 
 void publisher_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
@@ -471,22 +503,23 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
       if (auto it = sessions_.find(*id); it != sessions_.end())
         sent = it->second.sent;
     }
-    when_consumed(*id, sent, [this, publisher, id = *id, out](std::optional<server_response> bad) {
-      auto args = forget(id);
-      if (bad) {
-        caf::anon_send(publisher, atom::abort_v, id);
-        out->send(std::move(*bad));
-        return;
-      }
-      answer_with<publish_summary>(
-        sys_, publisher, std::chrono::minutes{30}, out,
-        [args](const publish_summary& s) {
-          server_response r;
-          r.body = dump(summary_json(args, s));
-          return r;
-        },
-        atom::finish_v, id);
-    });
+    when_reached(*id, mark::consumed, sent,
+                 [this, publisher, id = *id, out](std::optional<server_response> bad) {
+                   auto args = forget(id);
+                   if (bad) {
+                     caf::anon_send(publisher, atom::abort_v, id);
+                     out->send(std::move(*bad));
+                     return;
+                   }
+                   answer_with<publish_summary>(
+                     sys_, publisher, std::chrono::minutes{30}, out,
+                     [args](const publish_summary& s) {
+                       server_response r;
+                       r.body = dump(summary_json(args, s));
+                       return r;
+                     },
+                     atom::finish_v, id);
+                 });
     return;
   }
   if (req.method == "PUT") {

@@ -67,22 +67,33 @@ private:
   session_names forget(uint64_t session);
   /// Feeds one PUT's bytes to the publisher and answers it.
   void put(uint64_t id, shared_piece body, std::shared_ptr<transport::http_responder> out);
+  /// How far a session's PUTs went: all their pieces handed to the
+  /// publisher, or consumed by it.
+  enum class mark { fed, consumed };
   /// Runs `f` (with the session's first error, if any) once `count` of its
-  /// PUTs were consumed.
-  void when_consumed(uint64_t session, uint64_t count,
-                     std::function<void(std::optional<transport::server_response>)> f);
+  /// PUTs reached `which` (at once if they did, or the session is gone).
+  void when_reached(uint64_t session, mark which, uint64_t count,
+                    std::function<void(std::optional<transport::server_response>)> f);
+  /// One more PUT of `session` reached `which` (`err`: how it failed).
+  void reached(uint64_t session, mark which, std::optional<transport::server_response> err);
 
+  struct waiter {
+    mark which = mark::consumed;
+    uint64_t count = 0;
+    std::function<void(std::optional<transport::server_response>)> f;
+  };
   /// A session this surface opened.
   struct session_state {
     session_names names;
     uint64_t expects = 0;
     uint64_t received = 0;
-    /// PUTs handed on, and consumed by the publisher.
+    /// PUTs received; handed on to the publisher; consumed by it.
     uint64_t sent = 0;
+    uint64_t fed = 0;
     uint64_t consumed = 0;
+    uint64_t& count(mark which) { return which == mark::fed ? fed : consumed; }
     std::optional<transport::server_response> error;
-    std::vector<std::pair<uint64_t, std::function<void(std::optional<transport::server_response>)>>>
-      waiting;
+    std::vector<waiter> waiting;
   };
 
   std::string admin_token_;
