@@ -318,7 +318,7 @@ struct node_figures {
 };
 
 node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& weights,
-                       uint64_t bytes, const fs::path& bin_dir) {
+                       uint64_t bytes, const fs::path& bin_dir, bool pointer_only) {
   node_figures f;
   const fs::path node_bin = bin_dir / "stitch-node";
   const fs::path cli_bin = bin_dir / "stitch";
@@ -379,7 +379,7 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
   // the CLI (medians of three; the machine is shared and noisy).
   std::vector<double> local, streamed, over_http, exported, exported_streamed;
   uint64_t version = 1;
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < (pointer_only ? 0 : 3); ++round) {
     local.push_back(cli({"publish", "--anchor", "--run", "r", "--version",
                          std::to_string(version++), model.string()})
                       .first);
@@ -389,10 +389,10 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
     if (have_python)
       over_http.push_back(http_publish(version++));
   }
-  if (have_python)
+  if (have_python && !over_http.empty())
     f.http_publish_bw = b / median(over_http);
   const std::string latest = "r/" + std::to_string(version - 1);
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < (pointer_only ? 0 : 3); ++round) {
     fs::remove_all(dir / "export", ec_ignored());
     drop_cache(dir / "node" / "store");
     auto [s, peak] = cli({"export", "--version", latest, "--out", (dir / "export").string()});
@@ -405,10 +405,12 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
     exported_streamed.push_back(ss);
     f.stream_export_cli_peak = std::max(f.stream_export_cli_peak, static_cast<double>(speak) / b);
   }
-  f.local_publish_bw = b / median(local);
-  f.stream_publish_bw = b / median(streamed);
-  f.export_bw = b / median(exported);
-  f.stream_export_bw = b / median(exported_streamed);
+  if (!pointer_only) {
+    f.local_publish_bw = b / median(local);
+    f.stream_publish_bw = b / median(streamed);
+    f.export_bw = b / median(exported);
+    f.stream_export_bw = b / median(exported_streamed);
+  }
 
   // Pointer reads, idle and while another pool takes a streamed publish.
   {
@@ -453,10 +455,13 @@ int main(int argc, char** argv) {
   fs::path dir = fs::temp_directory_path() / "stitch-store-bench";
   bool json = false;
   bool with_node = true;
+  bool pointer_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--no-node")
       with_node = false;
+    else if (a == "--pointer-only")
+      pointer_only = true;
     else if (a == "--mb" && i + 1 < argc)
       mb = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--dir" && i + 1 < argc)
@@ -464,7 +469,8 @@ int main(int argc, char** argv) {
     else if (a == "--json")
       json = true;
     else {
-      std::fprintf(stderr, "usage: store_bench [--mb N] [--dir PATH] [--no-node] [--json]\n");
+      std::fprintf(
+        stderr, "usage: store_bench [--mb N] [--dir PATH] [--no-node | --pointer-only] [--json]\n");
       return 2;
     }
   }
@@ -475,6 +481,29 @@ int main(int argc, char** argv) {
   std::error_code ec;
   fs::remove_all(dir, ec);
   fs::create_directories(dir);
+  if (pointer_only) {
+    // Only the pointer reads, idle and under a streamed publish (quick to
+    // repeat while working on that figure).
+    const auto nodes = node_rows(dir, make_weights(bytes, 16), bytes,
+                                 fs::canonical("/proc/self/exe").parent_path(), true);
+    fs::remove_all(dir, ec);
+    if (!nodes.ran)
+      die("no stitch-node/stitch next to this binary");
+    const double ratio = nodes.idle.p99 > 0 ? nodes.loaded.p99 / nodes.idle.p99 : 0;
+    if (json)
+      std::printf(
+        "{\"mb\":%llu,\"pointer_read_idle_p50_ms\":%.3f,\"pointer_read_idle_p99_ms\":%.3f,"
+        "\"pointer_read_loaded_p50_ms\":%.3f,\"pointer_read_loaded_p99_ms\":%.3f,"
+        "\"pointer_read_p99_loaded_over_idle\":%.2f}\n",
+        static_cast<unsigned long long>(mb), nodes.idle.p50 * 1e3, nodes.idle.p99 * 1e3,
+        nodes.loaded.p50 * 1e3, nodes.loaded.p99 * 1e3, ratio);
+    else
+      std::printf("pointer reads through the store actor: idle p50 %.3f ms p99 %.3f ms; during a "
+                  "streamed publish p50 %.3f ms p99 %.3f ms (%zu reads): p99 x%.2f (target <= 2)\n",
+                  nodes.idle.p50 * 1e3, nodes.idle.p99 * 1e3, nodes.loaded.p50 * 1e3,
+                  nodes.loaded.p99 * 1e3, nodes.loaded_samples, ratio);
+    return 0;
+  }
 
   // The disk's limits: the better of buffered and direct writes (each the
   // median of three, on new files), and a cold sequential read.
@@ -540,6 +569,7 @@ int main(int argc, char** argv) {
       auto exported =
         stitch::store::export_version(db, "default", {"bench", exported_version}, dir / "out");
       export_s.push_back(seconds_since(t0));
+        std::fprintf(stderr, "export round %.3f s\n", export_s.back());
       if (!exported)
         die("export: " + to_string(exported.error()));
     }
@@ -568,7 +598,7 @@ int main(int argc, char** argv) {
   }
 
   const auto nodes =
-    with_node ? node_rows(dir, weights, bytes, fs::canonical("/proc/self/exe").parent_path())
+    with_node ? node_rows(dir, weights, bytes, fs::canonical("/proc/self/exe").parent_path(), false)
               : node_figures{};
   fs::remove_all(dir, ec);
 
