@@ -569,7 +569,7 @@ int main(int argc, char** argv) {
       auto exported =
         stitch::store::export_version(db, "default", {"bench", exported_version}, dir / "out");
       export_s.push_back(seconds_since(t0));
-        std::fprintf(stderr, "export round %.3f s\n", export_s.back());
+      std::fprintf(stderr, "export round %.3f s\n", export_s.back());
       if (!exported)
         die("export: " + to_string(exported.error()));
     }
