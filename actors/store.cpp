@@ -130,20 +130,24 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
     },
     [=, &reads](atom::read_range, const std::string& pool, const version_ref& ref,
                 const std::string& tensor, uint64_t offset,
-                uint64_t len) -> caf::result<std::vector<char>> {
+                uint64_t len) -> caf::result<shared_piece> {
       if (len > max_chunk_bytes)
         return to_caf_error({errc::limit_exceeded, "a range read is limited to "
                                                      + std::to_string(max_chunk_bytes) + " bytes"});
-      return offload<std::vector<char>>(
-        self, self->state.jobs, reads, reads_name,
-        [db, pool, ref, tensor, offset, len]() -> result<std::vector<char>> {
-          std::vector<char> out(len);
-          auto ok = db->read_range(pool, ref, tensor, offset,
-                                   {reinterpret_cast<std::byte*>(out.data()), out.size()});
-          if (!ok)
-            return std::move(ok).error();
-          return out;
-        });
+      return offload<shared_piece>(self, self->state.jobs, reads, reads_name,
+                                   [db, pool, ref, tensor, offset, len]() -> result<shared_piece> {
+                                     // Read into a pooled buffer (no zero-fill, no fresh pages per
+                                     // read).
+                                     auto out = take_piece_buffer(static_cast<size_t>(len));
+                                     if (!out)
+                                       return std::move(out).error();
+                                     auto ok = db->read_range(
+                                       pool, ref, tensor, offset,
+                                       std::as_writable_bytes(std::span{out->data, out->size}));
+                                     if (!ok)
+                                       return std::move(ok).error();
+                                     return out->share(out->size);
+                                   });
     },
     [=, &fast](atom::list, const std::string& pool, const std::string& run) {
       return offload<std::vector<version_ref>>(

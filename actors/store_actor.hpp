@@ -61,7 +61,7 @@ using store_actor = caf::typed_actor<
   caf::replies_to<atom::read_manifest, std::string, version_ref>::with<manifest>,
   // Reads `len` (<= max_chunk_bytes) stored bytes of a tensor at `offset`.
   caf::replies_to<atom::read_range, std::string, version_ref, std::string, uint64_t,
-                  uint64_t>::with<std::vector<char>>,
+                  uint64_t>::with<shared_piece>,
   // Lists a run's published versions.
   caf::replies_to<atom::list, std::string, std::string>::with<std::vector<version_ref>>,
   // The pools holding published versions of `run` (every pool when empty).

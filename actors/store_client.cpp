@@ -191,16 +191,17 @@ status remote_store::read_range(std::string_view pool, const version_ref& ref,
   status outcome;
   auto land = [&](flight& f) {
     f.h.receive(
-      [&](std::vector<char>& bytes) {
+      [&](const shared_piece& bytes) {
         if (!outcome)
           return;
-        if (bytes.size() != f.len) {
+        if (bytes.size != f.len) {
           outcome =
-            make_error(errc::corrupt_data, "the store answered " + std::to_string(bytes.size())
+            make_error(errc::corrupt_data, "the store answered " + std::to_string(bytes.size)
                                              + " bytes for a read of " + std::to_string(f.len));
           return;
         }
-        std::memcpy(out.data() + f.at, bytes.data(), f.len);
+        if (f.len > 0)
+          std::memcpy(out.data() + f.at, bytes.data, f.len);
       },
       [&](caf::error& err) {
         if (outcome)

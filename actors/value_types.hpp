@@ -193,6 +193,7 @@ CAF_ADD_TYPE_ID(stitch_values, (stitch::retention_request))
 CAF_ADD_TYPE_ID(stitch_values, (stitch::retention_report))
 CAF_ADD_TYPE_ID(stitch_values, (std::vector<uint64_t>) )
 CAF_ADD_TYPE_ID(stitch_values, (std::vector<char>) )
+CAF_ADD_TYPE_ID(stitch_values, (stitch::shared_piece))
 CAF_ADD_TYPE_ID(stitch_values, (std::vector<std::string>) )
 CAF_ADD_TYPE_ID(stitch_values, (std::vector<uint32_t>) )
 // A worker finished job `id` of its actor (see `actors/offload.hpp`).

@@ -211,13 +211,14 @@ TEST_F(store_actor_test, range_reads_are_bounded) {
   self->send(actor, atom::read_range_v, pool, version_ref{"r", 0}, std::string{"w"}, uint64_t{0},
              max_chunk_bytes + 1);
   settle();
-  EXPECT_EQ(answer_code<std::vector<char>>(), errc::limit_exceeded);
+  EXPECT_EQ(answer_code<stitch::shared_piece>(), errc::limit_exceeded);
   self->send(actor, atom::read_range_v, pool, version_ref{"r", 0}, std::string{"w"}, uint64_t{10},
              uint64_t{20});
   settle();
   std::vector<char> got;
-  self->receive([&](std::vector<char>& bytes) { got = std::move(bytes); },
-                [&](const caf::error&) {}, caf::after(0s) >> [] {});
+  self->receive(
+    [&](const stitch::shared_piece& bytes) { got.assign(bytes.data, bytes.data + bytes.size); },
+    [&](const caf::error&) {}, caf::after(0s) >> [] {});
   ASSERT_EQ(got.size(), 20u);
   const auto& shard = v0.shards[0].second;
   EXPECT_EQ(std::memcmp(got.data(), shard.data() + shard.size() - 990, 20), 0);
@@ -278,8 +279,9 @@ TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_read_or_oth
   self->receive([&](manifest& got) { other_m = std::move(got); }, caf::after(0s) >> [] {});
   EXPECT_EQ(other_m, other.m);
   std::vector<char> got_bytes;
-  self->receive([&](std::vector<char>& got) { got_bytes = std::move(got); },
-                caf::after(0s) >> [] {});
+  self->receive(
+    [&](const stitch::shared_piece& got) { got_bytes.assign(got.data, got.data + got.size); },
+    caf::after(0s) >> [] {});
   ASSERT_EQ(got_bytes.size(), 100u);
   auto want = random_bytes(100, 3);
   EXPECT_EQ(std::memcmp(got_bytes.data(), want.data(), 100), 0);
