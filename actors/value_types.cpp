@@ -40,7 +40,13 @@ public:
       return make_error(errc::limit_exceeded, "a piece of " + std::to_string(size)
                                                 + " bytes is over the limit of "
                                                 + std::to_string(max_chunk_bytes));
-    const size_t cls = std::max<size_t>(1, (size + granule - 1) / granule);
+    if (size == 0) {
+      // Nothing to hold: an owner that keeps nothing alive.
+      static const char none = 0;
+      return piece_buffer{std::shared_ptr<const void>{std::shared_ptr<const void>{}, &none},
+                          const_cast<char*>(&none), 0};
+    }
+    const size_t cls = (size + granule - 1) / granule;
     char* raw = nullptr;
     {
       std::lock_guard lock{mutex_};

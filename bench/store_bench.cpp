@@ -448,6 +448,26 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
   return f;
 }
 
+/// The pointer-read figures as JSON members (without braces).
+void print_pointer_json(const node_figures& f) {
+  const double p50 = f.idle.p50 > 0 ? f.loaded.p50 / f.idle.p50 : 0;
+  const double p99 = f.idle.p99 > 0 ? f.loaded.p99 / f.idle.p99 : 0;
+  std::printf(
+    "\"pointer_read_idle_p50_ms\":%.3f,\"pointer_read_idle_p99_ms\":%.3f,"
+    "\"pointer_read_loaded_p50_ms\":%.3f,\"pointer_read_loaded_p99_ms\":%.3f,"
+    "\"pointer_read_p50_loaded_over_idle\":%.2f,\"pointer_read_p99_loaded_over_idle\":%.2f",
+    f.idle.p50 * 1e3, f.idle.p99 * 1e3, f.loaded.p50 * 1e3, f.loaded.p99 * 1e3, p50, p99);
+}
+
+/// The pointer-read figures as the table's last line.
+void print_pointer_line(const node_figures& f) {
+  const double p99 = f.idle.p99 > 0 ? f.loaded.p99 / f.idle.p99 : 0;
+  std::printf("pointer reads through the store actor: idle p50 %.3f ms p99 %.3f ms; during a "
+              "streamed publish p50 %.3f ms p99 %.3f ms (%zu reads): p99 x%.2f (target <= 2)\n",
+              f.idle.p50 * 1e3, f.idle.p99 * 1e3, f.loaded.p50 * 1e3, f.loaded.p99 * 1e3,
+              f.loaded_samples, p99);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -489,19 +509,13 @@ int main(int argc, char** argv) {
     fs::remove_all(dir, ec);
     if (!nodes.ran)
       die("no stitch-node/stitch next to this binary");
-    const double ratio = nodes.idle.p99 > 0 ? nodes.loaded.p99 / nodes.idle.p99 : 0;
-    if (json)
-      std::printf(
-        "{\"mb\":%llu,\"pointer_read_idle_p50_ms\":%.3f,\"pointer_read_idle_p99_ms\":%.3f,"
-        "\"pointer_read_loaded_p50_ms\":%.3f,\"pointer_read_loaded_p99_ms\":%.3f,"
-        "\"pointer_read_p99_loaded_over_idle\":%.2f}\n",
-        static_cast<unsigned long long>(mb), nodes.idle.p50 * 1e3, nodes.idle.p99 * 1e3,
-        nodes.loaded.p50 * 1e3, nodes.loaded.p99 * 1e3, ratio);
-    else
-      std::printf("pointer reads through the store actor: idle p50 %.3f ms p99 %.3f ms; during a "
-                  "streamed publish p50 %.3f ms p99 %.3f ms (%zu reads): p99 x%.2f (target <= 2)\n",
-                  nodes.idle.p50 * 1e3, nodes.idle.p99 * 1e3, nodes.loaded.p50 * 1e3,
-                  nodes.loaded.p99 * 1e3, nodes.loaded_samples, ratio);
+    if (json) {
+      std::printf("{\"mb\":%llu,", static_cast<unsigned long long>(mb));
+      print_pointer_json(nodes);
+      std::printf("}\n");
+    } else {
+      print_pointer_line(nodes);
+    }
     return 0;
   }
 
@@ -569,7 +583,6 @@ int main(int argc, char** argv) {
       auto exported =
         stitch::store::export_version(db, "default", {"bench", exported_version}, dir / "out");
       export_s.push_back(seconds_since(t0));
-      std::fprintf(stderr, "export round %.3f s\n", export_s.back());
       if (!exported)
         die("export: " + to_string(exported.error()));
     }
@@ -605,8 +618,6 @@ int main(int argc, char** argv) {
   const double b = static_cast<double>(bytes);
   const double full_bw = b / median(full_s), delta_bw = b / median(delta_s),
                export_bw = b / median(export_s), codec_bw = b / codec_s;
-  const double p99_ratio = nodes.idle.p99 > 0 ? nodes.loaded.p99 / nodes.idle.p99 : 0;
-  const double p50_ratio = nodes.idle.p50 > 0 ? nodes.loaded.p50 / nodes.idle.p50 : 0;
   if (json) {
     std::printf("{\"mb\":%llu,\"raw_write_buffered_gbps\":%.3f,\"raw_write_direct_gbps\":%.3f,"
                 "\"raw_write_gbps\":%.3f,\"raw_read_gbps\":%.3f,"
@@ -620,20 +631,18 @@ int main(int argc, char** argv) {
                 delta_bw / write_bw, static_cast<unsigned long long>(delta_stored), codec_bw / 1e9,
                 delta_bw / codec_bw, export_bw / 1e9, export_bw / read_bw, read_write_bw / 1e9,
                 export_bw / read_write_bw);
-    if (nodes.ran)
-      std::printf(
-        ",\"cli_publish_ratio\":%.3f,\"stream_publish_over_local_ratio\":%.3f,"
-        "\"node_publish_peak_over_model\":%.3f,\"cli_export_ratio\":%.3f,"
-        "\"cli_export_peak_over_model\":%.3f,\"stream_export_ratio\":%.3f,"
-        "\"stream_export_peak_over_model\":%.3f,\"pointer_read_idle_p50_ms\":%.3f,"
-        "\"pointer_read_idle_p99_ms\":%.3f,\"pointer_read_loaded_p50_ms\":%.3f,"
-        "\"pointer_read_loaded_p99_ms\":%.3f,\"pointer_read_p50_loaded_over_idle\":%.2f,"
-        "\"pointer_read_p99_loaded_over_idle\":%.2f,\"http_publish_over_cli_ratio\":%.3f",
-        nodes.local_publish_bw / write_bw, nodes.stream_publish_bw / nodes.local_publish_bw,
-        nodes.node_publish_peak, nodes.export_bw / read_bw, nodes.export_cli_peak,
-        nodes.stream_export_bw / read_bw, nodes.stream_export_cli_peak, nodes.idle.p50 * 1e3,
-        nodes.idle.p99 * 1e3, nodes.loaded.p50 * 1e3, nodes.loaded.p99 * 1e3, p50_ratio, p99_ratio,
-        nodes.http_publish_bw / nodes.local_publish_bw);
+    if (nodes.ran) {
+      std::printf(",\"cli_publish_ratio\":%.3f,\"stream_publish_over_local_ratio\":%.3f,"
+                  "\"node_publish_peak_over_model\":%.3f,\"cli_export_ratio\":%.3f,"
+                  "\"cli_export_peak_over_model\":%.3f,\"stream_export_ratio\":%.3f,"
+                  "\"stream_export_peak_over_model\":%.3f,\"http_publish_over_cli_ratio\":%.3f,",
+                  nodes.local_publish_bw / write_bw,
+                  nodes.stream_publish_bw / nodes.local_publish_bw, nodes.node_publish_peak,
+                  nodes.export_bw / read_bw, nodes.export_cli_peak,
+                  nodes.stream_export_bw / read_bw, nodes.stream_export_cli_peak,
+                  nodes.http_publish_bw / nodes.local_publish_bw);
+      print_pointer_json(nodes);
+    }
     std::printf("}\n");
     return 0;
   }
@@ -677,9 +686,6 @@ int main(int argc, char** argv) {
               nodes.stream_export_bw / 1e9, nodes.stream_export_bw / read_bw);
   std::printf("%-40s %9s %9.2f  <= 0.3 x model\n", "  CLI peak memory", "",
               nodes.stream_export_cli_peak);
-  std::printf("pointer reads through the store actor: idle p50 %.3f ms p99 %.3f ms; during a "
-              "streamed publish p50 %.3f ms p99 %.3f ms (%zu reads): p99 x%.2f (target <= 2)\n",
-              nodes.idle.p50 * 1e3, nodes.idle.p99 * 1e3, nodes.loaded.p50 * 1e3,
-              nodes.loaded.p99 * 1e3, nodes.loaded_samples, p99_ratio);
+  print_pointer_line(nodes);
   return 0;
 }
