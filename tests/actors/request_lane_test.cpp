@@ -114,6 +114,14 @@ TEST_F(request_lane_test, a_retiring_replica_finishes_the_lanes_requests_before_
   ASSERT_TRUE(eventually([&] { return e->inner.requests_in_flight() == 1; }, 5s));
   self->monitor(replica);
   self->send(replica, atom::retire_v);
+  // The retire and the next request travel separately: the request is sent
+  // once the replica says it retires (before, it could be admitted first).
+  ASSERT_TRUE(eventually(
+    [&] {
+      auto h = http(port, "GET", "/health");
+      return h.status == 503 && h.body.find("retiring") != std::string::npos;
+    },
+    5s));
   // New requests are refused while it drains; the running one is not cut.
   auto refused = http(port, "POST", "/generate", generate_body());
   EXPECT_EQ(refused.status, 503u) << refused.body;
