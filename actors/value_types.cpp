@@ -42,9 +42,9 @@ public:
                                                 + std::to_string(max_chunk_bytes));
     if (size == 0) {
       // Nothing to hold: an owner that keeps nothing alive.
-      static const char none = 0;
-      return piece_buffer{std::shared_ptr<const void>{std::shared_ptr<const void>{}, &none},
-                          const_cast<char*>(&none), 0};
+      static char none = 0;
+      return piece_buffer{std::shared_ptr<const void>{std::shared_ptr<const void>{}, &none}, &none,
+                          0};
     }
     const size_t cls = (size + granule - 1) / granule;
     char* raw = nullptr;

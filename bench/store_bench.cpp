@@ -315,6 +315,9 @@ struct node_figures {
   latency idle;
   latency loaded;
   size_t loaded_samples = 0;
+
+  double p50_ratio() const { return idle.p50 > 0 ? loaded.p50 / idle.p50 : 0; }
+  double p99_ratio() const { return idle.p99 > 0 ? loaded.p99 / idle.p99 : 0; }
 };
 
 node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& weights,
@@ -450,22 +453,20 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
 
 /// The pointer-read figures as JSON members (without braces).
 void print_pointer_json(const node_figures& f) {
-  const double p50 = f.idle.p50 > 0 ? f.loaded.p50 / f.idle.p50 : 0;
-  const double p99 = f.idle.p99 > 0 ? f.loaded.p99 / f.idle.p99 : 0;
   std::printf(
     "\"pointer_read_idle_p50_ms\":%.3f,\"pointer_read_idle_p99_ms\":%.3f,"
     "\"pointer_read_loaded_p50_ms\":%.3f,\"pointer_read_loaded_p99_ms\":%.3f,"
     "\"pointer_read_p50_loaded_over_idle\":%.2f,\"pointer_read_p99_loaded_over_idle\":%.2f",
-    f.idle.p50 * 1e3, f.idle.p99 * 1e3, f.loaded.p50 * 1e3, f.loaded.p99 * 1e3, p50, p99);
+    f.idle.p50 * 1e3, f.idle.p99 * 1e3, f.loaded.p50 * 1e3, f.loaded.p99 * 1e3, f.p50_ratio(),
+    f.p99_ratio());
 }
 
 /// The pointer-read figures as the table's last line.
 void print_pointer_line(const node_figures& f) {
-  const double p99 = f.idle.p99 > 0 ? f.loaded.p99 / f.idle.p99 : 0;
   std::printf("pointer reads through the store actor: idle p50 %.3f ms p99 %.3f ms; during a "
               "streamed publish p50 %.3f ms p99 %.3f ms (%zu reads): p99 x%.2f (target <= 2)\n",
               f.idle.p50 * 1e3, f.idle.p99 * 1e3, f.loaded.p50 * 1e3, f.loaded.p99 * 1e3,
-              f.loaded_samples, p99);
+              f.loaded_samples, f.p99_ratio());
 }
 
 } // namespace

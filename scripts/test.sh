@@ -91,13 +91,10 @@ step "chaos suite (bounded): a namespace cluster under a seeded fault schedule"
 # is the JSON report; any violation or lost version fails the run.
 # A machine that cannot make and enter network namespaces (a chroot such as
 # ../shared/tools/fresh-root.sh's, where `ip -n` cannot remount /; a container
-# without CAP_NET_ADMIN) says so, as tests/node/netns_cluster_test does; one
-# that can must run the suite.
-probe="stc$$-p"
-if why=$(ip netns add "$probe" 2>&1 && ip -n "$probe" link set lo up 2>&1 \
-  && ip netns del "$probe" 2>&1); then
+# without CAP_NET_ADMIN: `netns.sh probe`) says so, as
+# tests/node/netns_cluster_test does; one that can must run the suite.
+if why=$(examples/netns/netns.sh probe 2>&1); then
   tests/chaos/run.sh --seed "${STITCH_CHAOS_SEED:-6}" --minutes "${STITCH_CHAOS_MINUTES:-2}" --calm 20
 else
-  ip netns del "$probe" >/dev/null 2>&1 || true
   echo "chaos suite NOT RUN: network namespaces cannot be made here: $why"
 fi

@@ -10,6 +10,9 @@
 #   netns.sh throttle TAG I RATE  limit namespace I's egress (tc tbf, e.g. 80mbit)
 #   netns.sh addr I               the address of namespace I
 #   netns.sh exec TAG I CMD...    run CMD in namespace I
+#   netns.sh probe                whether namespaces can be made and entered
+#                                 here (a chroot cannot remount / for `ip -n`);
+#                                 on failure prints why and exits 1
 #
 # TAG: at most 8 characters (interface names are at most 15).
 set -euo pipefail
@@ -47,6 +50,16 @@ up() {
   done
 }
 
+probe() {
+  local ns="stp$$-p" why
+  if why=$(ip netns add "$ns" 2>&1 && ip -n "$ns" link set lo up 2>&1 && ip netns del "$ns" 2>&1); then
+    return 0
+  fi
+  ip netns del "$ns" >/dev/null 2>&1 || true
+  echo "$why"
+  return 1
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -56,5 +69,6 @@ case "$cmd" in
   throttle) ip netns exec "$1-$2" tc qdisc replace dev st0 root tbf rate "$3" burst 64kb latency 400ms ;;
   addr) addr "$1" ;;
   exec) tag=$1 i=$2; shift 2; exec ip netns exec "$tag-$i" "$@" ;;
-  *) sed -n '2,16p' "$0" >&2; exit 2 ;;
+  probe) probe ;;
+  *) sed -n '2,17p' "$0" >&2; exit 2 ;;
 esac
