@@ -597,14 +597,18 @@ int main(int argc, char** argv) {
   {
     std::mt19937_64 rng{13};
     std::vector<std::byte> x;
+    std::vector<std::byte> runs;
     for (const auto& [name, t] : weights) {
       auto changed = t.bytes;
       for (uint64_t k = 0; k < changed.size() / 100; ++k)
         changed[rng() % changed.size()] ^= std::byte{0x5a};
       x.resize(changed.size());
+      runs.resize(stitch::delta::sparse_encode_bound(x.size()));
       auto t0 = clock_type::now();
       (void) stitch::delta::xor_encode(t.bytes, changed, x);
-      auto packed = stitch::delta::compress(x, 1);
+      const size_t listed = stitch::delta::sparse_encode(x, runs);
+      auto packed =
+        stitch::delta::compress(std::span{runs}.first(listed), 1, stitch::delta::finder::plain);
       codec_s += seconds_since(t0);
       if (!packed)
         die("zstd: " + to_string(packed.error()));

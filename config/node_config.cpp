@@ -154,6 +154,7 @@ const std::vector<entry>& schema() {
                  },
                  [](const node_config& c) { return std::to_string(c.publisher_memory_limit); }});
     text("publisher.listen", &node_config::publisher_listen);
+    text("publisher.delta_encoding", &node_config::publisher_delta_encoding, {"xor-sparse", "xor"});
     number("publisher.session_idle_timeout", &node_config::session_idle_timeout, 1, 86400);
     e.push_back(
       {"io.buffer_bytes",

@@ -53,6 +53,9 @@ struct node_config {
   /// Host memory for the publisher's copies of each run's last version;
   /// copies beyond it go to scratch files.
   uint64_t publisher_memory_limit = uint64_t{2} << 30;
+  /// How deltas store their XOR: "xor-sparse" (run lists) or "xor" (the
+  /// XOR bytes, for replicas on releases before xor-sparse).
+  std::string publisher_delta_encoding = "xor-sparse";
   /// Bytes buffered by streamed reads and writes of version bytes (export).
   uint64_t io_buffer_bytes = uint64_t{64} << 20;
 

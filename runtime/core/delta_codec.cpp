@@ -114,7 +114,7 @@ size_t xor_zero_runs(void*, ZSTD_Sequence* out, size_t capacity, const void* sou
 /// Level, frame checksum and, for a context compressing on the calling
 /// thread, the XOR delta match finder (zstd runs external finders only
 /// without worker threads).
-void configure(ZSTD_CCtx* cctx, int level, int workers) {
+void configure(ZSTD_CCtx* cctx, int level, int workers, finder f) {
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
   // The frame checksum turns corruption into an error instead of wrong bytes.
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
@@ -122,6 +122,8 @@ void configure(ZSTD_CCtx* cctx, int level, int workers) {
     (void) ZSTD_CCtx_setParameter(cctx, ZSTD_c_nbWorkers, workers);
     return;
   }
+  if (f == finder::plain)
+    return;
   ZSTD_registerSequenceProducer(cctx, nullptr, &xor_zero_runs);
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_enableSeqProducerFallback, 1);
   // External finders cannot work with long-distance matching; keep it off
@@ -171,7 +173,7 @@ int max_level() noexcept {
   return ZSTD_maxCLevel();
 }
 
-result<std::vector<std::byte>> compress(std::span<const std::byte> bytes, int level) {
+result<std::vector<std::byte>> compress(std::span<const std::byte> bytes, int level, finder f) {
   if (level < min_level() || level > max_level())
     return make_error(errc::invalid_argument, "zstd level " + std::to_string(level)
                                                 + " is outside [" + std::to_string(min_level())
@@ -179,7 +181,7 @@ result<std::vector<std::byte>> compress(std::span<const std::byte> bytes, int le
   std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx{ZSTD_createCCtx(), &ZSTD_freeCCtx};
   if (!cctx)
     return make_error(errc::limit_exceeded, "out of memory creating a zstd context");
-  configure(cctx.get(), level, 0);
+  configure(cctx.get(), level, 0, f);
   // Uninitialized worst-case room: a sparse delta only ever touches the few
   // pages its small frame needs, where a zeroed vector would fault in all.
   size_t bound = ZSTD_compressBound(bytes.size());
@@ -253,7 +255,8 @@ stream_compressor::stream_compressor(stream_compressor&&) noexcept = default;
 stream_compressor& stream_compressor::operator=(stream_compressor&&) noexcept = default;
 stream_compressor::~stream_compressor() = default;
 
-result<stream_compressor> stream_compressor::start(uint64_t total_size, int level, int workers) {
+result<stream_compressor> stream_compressor::start(uint64_t total_size, int level, int workers,
+                                                   finder f) {
   if (level < min_level() || level > max_level())
     return make_error(errc::invalid_argument, "zstd level " + std::to_string(level)
                                                 + " is outside [" + std::to_string(min_level())
@@ -261,7 +264,7 @@ result<stream_compressor> stream_compressor::start(uint64_t total_size, int leve
   auto s = std::make_unique<state>();
   if (!s->cctx)
     return make_error(errc::limit_exceeded, "out of memory creating a zstd context");
-  configure(s->cctx.get(), level, workers);
+  configure(s->cctx.get(), level, workers, f);
   if (ZSTD_CCtx_setPledgedSrcSize(s->cctx.get(), total_size) != 0)
     return make_error(errc::invalid_argument,
                       "zstd refused a frame of " + std::to_string(total_size) + " bytes");
@@ -384,6 +387,28 @@ status stream_decompressor::read(std::span<std::byte> out) {
   return {};
 }
 
+result<size_t> stream_decompressor::read_some(std::span<std::byte> out) {
+  auto& s = *s_;
+  out = out.first(static_cast<size_t>(std::min<uint64_t>(out.size(), s.expected - s.produced)));
+  ZSTD_outBuffer dst{out.data(), out.size(), 0};
+  while (dst.pos < dst.size) {
+    if (auto ok = s.refill(); !ok)
+      return std::move(ok).error();
+    if (s.in.pos == s.in.size && s.input_ended) {
+      if (!s.frame_ended)
+        return decode_error("zstd data is truncated after " + std::to_string(s.produced + dst.pos)
+                            + " bytes");
+      break;
+    }
+    size_t left = ZSTD_decompressStream(s.dctx.get(), &dst, &s.in);
+    if (ZSTD_isError(left))
+      return decode_error(std::string{"zstd data is corrupt: "} + ZSTD_getErrorName(left));
+    s.frame_ended = left == 0;
+  }
+  s.produced += dst.pos;
+  return dst.pos;
+}
+
 status stream_decompressor::finish() {
   auto& s = *s_;
   if (s.produced != s.expected)
@@ -410,6 +435,238 @@ status stream_decompressor::finish() {
     return ok;
   if (s.in.pos != s.in.size || !s.input_ended)
     return decode_error("bytes follow the zstd frame");
+  return {};
+}
+
+namespace {
+
+/// Writes `v` as unsigned LEB128 at `out`; answers the bytes written (<= 10).
+size_t put_varint(uint64_t v, std::byte* out) noexcept {
+  size_t k = 0;
+  while (v >= 0x80) {
+    out[k++] = static_cast<std::byte>((v & 0x7f) | 0x80);
+    v >>= 7;
+  }
+  out[k++] = static_cast<std::byte>(v);
+  return k;
+}
+
+/// Reads an unsigned LEB128 from [at, end); answers the bytes it took, 0
+/// when it runs past `end`, and -1 when it is longer than 10 bytes or
+/// overflows 64 bits.
+int get_varint(const std::byte* at, const std::byte* end, uint64_t& v) noexcept {
+  v = 0;
+  for (int k = 0; k < 10; ++k) {
+    if (at + k >= end)
+      return 0;
+    const auto b = static_cast<uint64_t>(at[k]);
+    if (k == 9 && b > 1)
+      return -1;
+    v |= (b & 0x7f) << (7 * k);
+    if ((b & 0x80) == 0)
+      return k + 1;
+  }
+  return -1;
+}
+
+constexpr size_t max_run_header = 20;
+
+} // namespace
+
+size_t sparse_encode_bound(size_t n) noexcept {
+  // Every run but the last covers at least sparse_min_gap zeros and one
+  // literal byte, and costs at most two 10-byte varints besides its literals.
+  return n + max_run_header * (n / (sparse_min_gap + 1) + 2);
+}
+
+size_t sparse_encode(std::span<const std::byte> xored, std::span<std::byte> out) noexcept {
+  const auto* s = reinterpret_cast<const unsigned char*>(xored.data());
+  const size_t n = xored.size();
+  std::byte* w = out.data();
+  size_t i = 0;
+  while (i < n) {
+    const size_t start = find_byte<false>(s, i, n);
+    if (start == n) {
+      w += put_varint(n - i, w);
+      w += put_varint(0, w);
+      break;
+    }
+    // The literal stretch ends where sparse_min_gap zeros begin, or where
+    // only zeros are left.
+    size_t end = start;
+    for (;;) {
+      const size_t zero = find_byte<true>(s, end, n);
+      if (zero == n) {
+        end = n;
+        break;
+      }
+      const size_t limit = std::min(n, zero + sparse_min_gap);
+      const size_t next = find_byte<false>(s, zero, limit);
+      if (next == limit) {
+        end = zero;
+        break;
+      }
+      end = next;
+    }
+    w += put_varint(start - i, w);
+    w += put_varint(end - start, w);
+    std::memcpy(w, s + start, end - start);
+    w += end - start;
+    i = end;
+  }
+  return static_cast<size_t>(w - out.data());
+}
+
+size_t sparse_encode_zeros(uint64_t count, std::span<std::byte, 11> out) noexcept {
+  if (count == 0)
+    return 0;
+  size_t k = put_varint(count, out.data());
+  return k + put_varint(0, out.data() + k);
+}
+
+sparse_applier::sparse_applier(uint64_t total_size, compressed_input runs, size_t buffer_bytes)
+    : total_(total_size), input_(std::move(runs)),
+      buffer_(std::max<size_t>(buffer_bytes, 4 * max_run_header)) {}
+
+status sparse_applier::refill(size_t want) {
+  if (tail_ - head_ >= want || input_ended_)
+    return {};
+  if (head_ > 0) {
+    std::memmove(buffer_.data(), buffer_.data() + head_, tail_ - head_);
+    tail_ -= head_;
+    head_ = 0;
+  }
+  while (tail_ - head_ < want && tail_ < buffer_.size()) {
+    auto got = input_(std::span{buffer_}.subspan(tail_));
+    if (!got)
+      return std::move(got).error();
+    if (*got == 0) {
+      input_ended_ = true;
+      break;
+    }
+    tail_ += *got;
+  }
+  return {};
+}
+
+status sparse_applier::apply(std::span<std::byte> base, std::span<std::byte> dense) {
+  const size_t n = base.size();
+  if (n > total_ - pos_)
+    return decode_error("asked for " + std::to_string(n) + " bytes past the tensor's "
+                        + std::to_string(total_));
+  if (!dense.empty())
+    std::memset(dense.data(), 0, n);
+  size_t at = 0;
+  while (at < n) {
+    if (gap_left_ == 0 && literal_left_ == 0) {
+      // Whole runs that lie in the buffer and end within this piece, in one
+      // tight loop: most runs of a sparse delta are a few bytes. Anything
+      // else (a run crossing the piece's end or the buffer's, a bad run) is
+      // left to the general steps below, which also report errors.
+      const std::byte* p = buffer_.data() + head_;
+      const std::byte* const end = buffer_.data() + tail_;
+      while (end - p >= static_cast<ptrdiff_t>(max_run_header)) {
+        uint64_t gap = 0, length = 0;
+        int a = 1, b = 1;
+        if (static_cast<unsigned char>(p[0]) < 0x80)
+          gap = static_cast<unsigned char>(p[0]);
+        else
+          a = get_varint(p, end, gap);
+        if (a <= 0)
+          break;
+        if (static_cast<unsigned char>(p[a]) < 0x80)
+          length = static_cast<unsigned char>(p[a]);
+        else
+          b = get_varint(p + a, end, length);
+        if (b <= 0 || (gap == 0 && length == 0) || gap > n - at || length > n - at - gap
+            || length > static_cast<uint64_t>(end - p - a - b))
+          break;
+        p += a + b;
+        at += static_cast<size_t>(gap);
+        const size_t k = static_cast<size_t>(length);
+        if (k <= 16) {
+          for (size_t j = 0; j < k; ++j)
+            base[at + j] ^= p[j];
+        } else {
+          xor_bytes(base.data() + at, base.data() + at, p, k);
+        }
+        if (!dense.empty())
+          std::memcpy(dense.data() + at, p, k);
+        at += k;
+        p += k;
+      }
+      head_ = static_cast<size_t>(p - buffer_.data());
+      if (at == n)
+        break;
+    }
+    if (gap_left_ > 0) {
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(gap_left_, n - at));
+      at += k;
+      gap_left_ -= k;
+      continue;
+    }
+    if (literal_left_ > 0) {
+      if (head_ == tail_) {
+        if (auto ok = refill(buffer_.size()); !ok)
+          return ok;
+        if (head_ == tail_)
+          return decode_error("the run list ends inside a run, at byte " + std::to_string(pos_ + at)
+                              + " of " + std::to_string(total_));
+      }
+      const size_t k =
+        static_cast<size_t>(std::min<uint64_t>({literal_left_, tail_ - head_, n - at}));
+      const std::byte* lit = buffer_.data() + head_;
+      if (k < 32) {
+        for (size_t j = 0; j < k; ++j)
+          base[at + j] ^= lit[j];
+      } else {
+        xor_bytes(base.data() + at, base.data() + at, lit, k);
+      }
+      if (!dense.empty())
+        std::memcpy(dense.data() + at, lit, k);
+      at += k;
+      head_ += k;
+      literal_left_ -= k;
+      continue;
+    }
+    if (tail_ - head_ < max_run_header)
+      if (auto ok = refill(max_run_header); !ok)
+        return ok;
+    const std::byte* p = buffer_.data() + head_;
+    const std::byte* end = buffer_.data() + tail_;
+    uint64_t gap = 0, length = 0;
+    const int a = get_varint(p, end, gap);
+    const int b = a > 0 ? get_varint(p + a, end, length) : a;
+    if (a < 0 || b < 0)
+      return decode_error("a run's length is not a valid varint, at byte "
+                          + std::to_string(pos_ + at));
+    if (a == 0 || b == 0)
+      return decode_error(head_ == tail_ ? "the run list ends at byte " + std::to_string(pos_ + at)
+                                             + " of " + std::to_string(total_)
+                                         : std::string{"the run list is truncated inside a run"});
+    const uint64_t here = pos_ + at;
+    if (gap == 0 && length == 0)
+      return decode_error("a run covers no bytes, at byte " + std::to_string(here));
+    if (gap > total_ - here || length > total_ - here - gap)
+      return decode_error("a run at byte " + std::to_string(here) + " covers "
+                          + std::to_string(gap) + " + " + std::to_string(length)
+                          + " bytes, past the tensor's " + std::to_string(total_));
+    head_ += static_cast<size_t>(a + b);
+    gap_left_ = gap;
+    literal_left_ = length;
+  }
+  pos_ += n;
+  return {};
+}
+
+status sparse_applier::finish() {
+  if (pos_ != total_ || gap_left_ != 0 || literal_left_ != 0)
+    return decode_error("the run list was applied to " + std::to_string(pos_) + " of "
+                        + std::to_string(total_) + " bytes");
+  if (auto ok = refill(1); !ok)
+    return ok;
+  if (head_ != tail_)
+    return decode_error("bytes follow the run list's last run");
   return {};
 }
 

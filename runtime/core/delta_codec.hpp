@@ -31,11 +31,15 @@ status overwrite_apply(std::span<std::byte> base, std::span<const std::byte> rep
 int min_level() noexcept;
 int max_level() noexcept;
 
+/// Which match finder a compressor uses: the XOR delta finder (zero runs;
+/// zstd's own for blocks that are not mostly zero runs), or zstd's own.
+enum class finder : uint8_t { xor_delta, plain };
+
 /// One zstd frame holding `bytes`, with its content size recorded, its
-/// matches found by the XOR delta match finder (zstd's own for blocks that
-/// are not mostly zero runs). A level outside [min_level(), max_level()] is
+/// matches found by `f`. A level outside [min_level(), max_level()] is
 /// `invalid_argument`.
-result<std::vector<std::byte>> compress(std::span<const std::byte> bytes, int level = 3);
+result<std::vector<std::byte>> compress(std::span<const std::byte> bytes, int level = 3,
+                                        finder f = finder::xor_delta);
 
 /// Decompresses one or more zstd frames that must hold exactly
 /// `expected_size` bytes. Frames declaring or producing more, truncated or
@@ -56,12 +60,12 @@ inline constexpr int max_window_log = 25;
 class stream_compressor {
 public:
   /// A frame of exactly `total_size` input bytes at `level`. Without
-  /// `workers` it compresses on the caller's thread with a match finder made
-  /// for XOR deltas (zero runs; zstd's own finder for dense blocks), as
-  /// `compress` does. With `workers`, zstd compresses on that many threads
-  /// of its own, with its own finder, while the caller goes on (same format;
-  /// zstd builds without threads compress inline).
-  static result<stream_compressor> start(uint64_t total_size, int level, int workers = 0);
+  /// `workers` it compresses on the caller's thread with the match finder
+  /// `f`, as `compress` does. With `workers`, zstd compresses on that many
+  /// threads of its own, with its own finder, while the caller goes on (same
+  /// format; zstd builds without threads compress inline).
+  static result<stream_compressor> start(uint64_t total_size, int level, int workers = 0,
+                                         finder f = finder::xor_delta);
   stream_compressor(stream_compressor&&) noexcept;
   stream_compressor& operator=(stream_compressor&&) noexcept;
   ~stream_compressor();
@@ -99,6 +103,11 @@ public:
 
   /// Fills `out` exactly with the next decompressed bytes.
   status read(std::span<std::byte> out);
+  /// Fills `out` with the next decompressed bytes, fewer only where the
+  /// input ends; answers how many (0: the input ended after whole frames).
+  /// For data of unknown size (start it with the most it may hold); a
+  /// truncated or corrupt frame is `decode_failure`.
+  result<size_t> read_some(std::span<std::byte> out);
   /// Checks that every expected byte came out and the input is exhausted.
   status finish();
 
@@ -106,6 +115,65 @@ private:
   struct state;
   explicit stream_decompressor(std::unique_ptr<state> s);
   std::unique_ptr<state> s_;
+};
+
+/// The `xor-sparse` delta encoding (DESIGN §1): an XOR delta as a *run
+/// list*, so that applying it costs per changed stretch of bytes, not per
+/// byte of the tensor (a sparse XOR delta is mostly zeros, and zstd decodes
+/// each zero run of it as a match of its own: a 1%-dense delta is about ten
+/// million of them per GB).
+///
+/// A run list is runs back to back, each: `gap` (unsigned LEB128), `length`
+/// (unsigned LEB128), then `length` literal bytes. A run stands for `gap`
+/// zero bytes of the XOR followed by its literal bytes. Every run covers at
+/// least one byte; the runs of a tensor cover exactly its bytes, in order.
+/// The encoder ends a literal stretch only at `sparse_min_gap` or more zero
+/// bytes (shorter zero stretches cost less as literals than as a new run),
+/// and closes each piece it encodes with a run of its trailing zeros, so
+/// pieces encode independently and their run lists concatenate.
+
+/// Zero stretches shorter than this stay inside a run's literal bytes.
+inline constexpr size_t sparse_min_gap = 8;
+
+/// Room `sparse_encode` may need for `n` bytes.
+size_t sparse_encode_bound(size_t n) noexcept;
+
+/// Writes the run list of `xored` (covering exactly its bytes) to the
+/// front of `out`, which holds at least `sparse_encode_bound(xored.size())`
+/// bytes; answers how many it wrote.
+size_t sparse_encode(std::span<const std::byte> xored, std::span<std::byte> out) noexcept;
+
+/// Writes the run list of `count` zero bytes (one run; at most 11 bytes).
+size_t sparse_encode_zeros(uint64_t count, std::span<std::byte, 11> out) noexcept;
+
+/// Applies a tensor's run list to its bytes piece by piece, pulling the run
+/// list from `runs` as it goes (a decompressor, or stored bytes), in a
+/// buffer of its own: memory stays at that buffer whatever the tensor size.
+/// Runs covering more than the tensor, a run covering nothing, a run list
+/// ending early and bytes after the last run are `decode_failure`.
+class sparse_applier {
+public:
+  sparse_applier(uint64_t total_size, compressed_input runs, size_t buffer_bytes = 64 << 10);
+
+  /// XORs the run list into the next `base.size()` bytes of the tensor.
+  /// With `dense` (at least as large), also writes the XOR bytes of that
+  /// piece there, zeros included.
+  status apply(std::span<std::byte> base, std::span<std::byte> dense = {});
+  /// Checks that the runs covered the whole tensor and nothing follows.
+  status finish();
+
+private:
+  status refill(size_t want);
+
+  uint64_t total_ = 0;
+  uint64_t pos_ = 0;
+  uint64_t gap_left_ = 0;
+  uint64_t literal_left_ = 0;
+  compressed_input input_;
+  std::vector<std::byte> buffer_;
+  size_t head_ = 0;
+  size_t tail_ = 0;
+  bool input_ended_ = false;
 };
 
 } // namespace stitch::delta

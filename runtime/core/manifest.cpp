@@ -423,6 +423,7 @@ std::string_view to_string(delta_encoding encoding) noexcept {
     case delta_encoding::none: return "none";
     case delta_encoding::xor_bytes: return "xor";
     case delta_encoding::overwrite: return "overwrite";
+    case delta_encoding::xor_sparse: return "xor-sparse";
   }
   return "invalid";
 }
@@ -553,7 +554,7 @@ status validate(const manifest& m) {
                             + version);
     if (m.encoding == delta_encoding::none)
       return manifest_error(
-        "metadata.delta_encoding must be xor or overwrite for a delta, got none");
+        "metadata.delta_encoding must be xor, xor-sparse or overwrite for a delta, got none");
   }
   if (m.checksum_algorithm != checksum_algorithm_name)
     return manifest_error("metadata.checksum: unknown checksum algorithm "
@@ -699,7 +700,8 @@ result<manifest> parse_manifest(std::string_view text) {
 
   auto encoding = enum_member(
     meta, "delta_encoding", "metadata.delta_encoding",
-    std::array{delta_encoding::none, delta_encoding::xor_bytes, delta_encoding::overwrite},
+    std::array{delta_encoding::none, delta_encoding::xor_bytes, delta_encoding::overwrite,
+               delta_encoding::xor_sparse},
     delta_encoding::none);
   if (!encoding)
     return std::move(encoding).error();

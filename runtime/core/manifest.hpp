@@ -14,14 +14,15 @@
 namespace stitch {
 
 enum class version_kind : uint8_t { full, delta };
-enum class delta_encoding : uint8_t { none, xor_bytes, overwrite };
+/// `xor_sparse`: the XOR as a run list (runtime/core/delta_codec.hpp).
+enum class delta_encoding : uint8_t { none, xor_bytes, overwrite, xor_sparse };
 enum class compression : uint8_t { none, zstd };
 
 /// The checksum algorithm every manifest names (DESIGN §1).
 inline constexpr std::string_view checksum_algorithm_name = "xxh3-64-tree-1MiB";
 
 std::string_view to_string(version_kind kind) noexcept;
-/// "none", "xor", "overwrite".
+/// "none", "xor", "overwrite", "xor-sparse".
 std::string_view to_string(delta_encoding encoding) noexcept;
 /// "none", "zstd".
 std::string_view to_string(compression comp) noexcept;

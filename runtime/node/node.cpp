@@ -218,6 +218,8 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     store::publisher_options po;
     po.scratch_dir = settings.data_dir / "publisher";
     po.memory_limit = settings.publisher_memory_limit;
+    po.delta_format = settings.publisher_delta_encoding == "xor" ? delta_encoding::xor_bytes
+                                                                 : delta_encoding::xor_sparse;
     publisher_retention retention;
     retention.keep_last = settings.retain_versions;
     retention.directory = n->coordinator_; // checked: the coordinator answers in_use

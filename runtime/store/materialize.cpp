@@ -4,6 +4,7 @@
 #include <array>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -43,6 +44,8 @@ uint64_t load_le64(std::span<const std::byte, 8> bytes) {
 
 /// Compressed bytes pulled from the store per read.
 constexpr size_t input_piece = size_t{1} << 20;
+/// Decoded run-list bytes an `xor-sparse` delta's applier holds at once.
+constexpr size_t sparse_buffer = size_t{256} << 10;
 
 } // namespace
 
@@ -112,7 +115,27 @@ result<delta_cursor> delta_cursor::open(range_reader read, const manifest& delta
                                       + " bytes, more than the version stores");
   c.src_ = std::make_shared<source>(source{std::move(read), delta.ref, std::string{tensor},
                                            delta_frame_prefix, delta_frame_prefix + length});
-  if (delta.comp == compression::zstd) {
+  if (c.encoding_ == delta_encoding::xor_sparse) {
+    // The run list's size is not recorded: the applier bounds what it reads
+    // (every run covers at least one byte of the tensor).
+    delta::compressed_input runs;
+    if (delta.comp == compression::zstd) {
+      auto src = c.src_;
+      auto z = delta::stream_decompressor::start(
+        std::numeric_limits<uint64_t>::max(),
+        [src](std::span<std::byte> into) { return src->pull(into); }, input_piece);
+      if (!z)
+        return std::move(z).error();
+      auto zstd = std::make_shared<delta::stream_decompressor>(std::move(*z));
+      runs = [zstd](std::span<std::byte> into) { return zstd->read_some(into); };
+    } else if (delta.comp == compression::none) {
+      runs = [src = c.src_](std::span<std::byte> into) { return src->pull(into); };
+    } else {
+      return fail(errc::decode_failure, "the delta of tensor " + quote(tensor) + " in "
+                                          + to_string(delta.ref) + " has an unknown compression");
+    }
+    c.sparse_.emplace(tensor_size, std::move(runs), sparse_buffer);
+  } else if (delta.comp == compression::zstd) {
     auto src = c.src_;
     auto z = delta::stream_decompressor::start(
       tensor_size, [src](std::span<std::byte> into) { return src->pull(into); }, input_piece);
@@ -133,6 +156,23 @@ result<delta_cursor> delta_cursor::open(range_reader read, const manifest& delta
 
 status delta_cursor::apply(std::span<std::byte> base, std::span<std::byte> scratch,
                            const decoded_sink* sink) {
+  if (sparse_) {
+    if (!sink) {
+      if (auto ok = sparse_->apply(base); !ok)
+        return failed(ok.error());
+      return {};
+    }
+    // The sink gets plain XOR pieces, as from an `xor` delta.
+    for (size_t done = 0; done < base.size();) {
+      const size_t n = std::min(base.size() - done, scratch.size());
+      if (auto ok = sparse_->apply(base.subspan(done, n), scratch.first(n)); !ok)
+        return failed(ok.error());
+      if (auto told = sink->piece(done, scratch.first(n), delta_encoding::xor_bytes); !told)
+        return told;
+      done += n;
+    }
+    return {};
+  }
   for (size_t done = 0; done < base.size();) {
     const size_t n = std::min(base.size() - done, scratch.size());
     auto into = base.subspan(done, n);
@@ -161,6 +201,11 @@ status delta_cursor::apply(std::span<std::byte> base, std::span<std::byte> scrat
 }
 
 status delta_cursor::finish() {
+  if (sparse_) {
+    if (auto ok = sparse_->finish(); !ok)
+      return failed(ok.error());
+    return {};
+  }
   if (zstd_) {
     if (auto ok = zstd_->finish(); !ok)
       return failed(ok.error());

@@ -39,7 +39,8 @@ result<std::vector<safetensors::tensor_info>> read_tensor_specs(const manifest& 
 
 /// Told of each decoded piece of a delta as it is applied: `offset` into the
 /// tensor, the decoded bytes (valid only during the call), and whether they
-/// are XORed (`xor_bytes`) or copied over (`overwrite`).
+/// are XORed (`xor_bytes`) or copied over (`overwrite`). An `xor-sparse`
+/// delta's pieces are handed over as plain XOR bytes (zeros included).
 struct decoded_sink {
   std::function<status(uint64_t offset, std::span<const std::byte> decoded,
                        delta_encoding encoding)>
@@ -77,6 +78,8 @@ private:
   delta_encoding encoding_ = delta_encoding::none;
   std::shared_ptr<source> src_;
   std::optional<delta::stream_decompressor> zstd_;
+  /// `xor-sparse` deltas: the run list (through its own decompressor).
+  std::optional<delta::sparse_applier> sparse_;
 };
 
 /// Applies tensor `name`'s delta in `delta` to `bytes` (its bytes at the

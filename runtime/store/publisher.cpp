@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -407,13 +408,35 @@ struct publisher::run_state {
   bool valid = false;
 };
 
+/// An encoding thread's room for one chunk's run list (`xor-sparse`):
+/// allocated once at its largest, never zeroed, so only the pages a run list
+/// fills are ever touched.
+class run_list {
+public:
+  result<std::span<std::byte>> room(size_t n) {
+    if (n > size_) {
+      bytes_.reset(new (std::nothrow) std::byte[n]);
+      size_ = bytes_ ? n : 0;
+      if (!bytes_)
+        return make_error(errc::limit_exceeded,
+                          "out of memory for a delta's run list of " + std::to_string(n) + " bytes");
+    }
+    return std::span{bytes_.get(), n};
+  }
+
+private:
+  std::unique_ptr<std::byte[]> bytes_;
+  size_t size_ = 0;
+};
+
 /// Where a delta's frames are made, on two threads of its own while the
 /// publishing thread reads, compares, XORs and hashes the next chunks. Each
 /// chunk of a changed tensor (XORed bytes, or zeros where nothing changed)
-/// becomes a zstd frame of its own, so chunks compress in parallel; a
-/// tensor's delta payload is its chunks' frames back to back (a zstd stream
-/// of concatenated frames, which every reader decodes as one), behind the
-/// 8-byte length prefix. Results are appended in submission order.
+/// becomes a zstd frame of its own, so chunks compress in parallel: for
+/// `xor-sparse` the frame of the chunk's run list, for `xor` of its XOR
+/// bytes. A tensor's delta payload is its chunks' frames back to back (a
+/// zstd stream of concatenated frames, which every reader decodes as one),
+/// behind the 8-byte length prefix. Results are appended in submission order.
 class frame_encoder {
 public:
   struct frame_ref {
@@ -446,7 +469,7 @@ public:
 
   /// Starts a publish's frames: at `limit` bytes the delta does not pay.
   /// Waits for an earlier publish's work, if any is left (a failed one).
-  void reset(uint64_t limit, int level) {
+  void reset(uint64_t limit, int level, delta_encoding encoding) {
     std::unique_lock lock{mutex_};
     changed_.wait(lock, [&] { return appended_ == submitted_; });
     if (auto held = ring_.release_acquired())
@@ -457,6 +480,7 @@ public:
     bytes_ = 0;
     limit_ = limit;
     level_ = level;
+    encoding_ = encoding;
     gave_up_ = false;
   }
   /// The frames of tensor `tensor` start.
@@ -544,9 +568,12 @@ private:
     run_as_background_thread();
     std::optional<delta::stream_compressor> zstd;
     int zstd_level = 0;
+    delta_encoding zstd_encoding = delta_encoding::none;
+    run_list runs;
     for (;;) {
       job j;
       int level = 1;
+      delta_encoding encoding = delta_encoding::xor_bytes;
       bool skip = false;
       {
         std::unique_lock lock{mutex_};
@@ -556,14 +583,18 @@ private:
         j = todo_.front();
         todo_.pop_front();
         level = level_;
+        encoding = encoding_;
         skip = !failure_ || gave_up_;
       }
       finished f{j, {}, {}};
-      if (zstd && zstd_level != level)
+      if (zstd && (zstd_level != level || zstd_encoding != encoding))
         zstd.reset();
       zstd_level = level;
+      zstd_encoding = encoding;
       if (!skip)
-        f.outcome = compress(zstd, level, j, f.out);
+        f.outcome = encoding == delta_encoding::xor_sparse
+                      ? compress_runs(zstd, level, j, runs, f.out)
+                      : compress(zstd, level, j, f.out);
       {
         std::lock_guard lock{mutex_};
         if (j.what == job::bytes)
@@ -590,6 +621,32 @@ private:
                                     : zstd->update(ring_.buffers[j.buffer].bytes().first(j.n), out);
     if (!fed)
       return fed;
+    return zstd->finish(out);
+  }
+
+  /// One chunk's run list (`xor-sparse`) as a zstd frame of its own.
+  status compress_runs(std::optional<delta::stream_compressor>& zstd, int level, const job& j,
+                       run_list& runs, std::vector<std::byte>& out) {
+    std::span<const std::byte> list;
+    std::array<std::byte, 11> zero_run{};
+    if (j.what == job::zeros) {
+      list = std::span{zero_run}.first(delta::sparse_encode_zeros(j.n, zero_run));
+    } else {
+      auto room = runs.room(delta::sparse_encode_bound(j.n));
+      if (!room)
+        return std::move(room).error();
+      list = room->first(delta::sparse_encode(ring_.buffers[j.buffer].bytes().first(j.n), *room));
+    }
+    if (!zstd) {
+      auto started = delta::stream_compressor::start(list.size(), level, 0, delta::finder::plain);
+      if (!started)
+        return std::move(started).error();
+      zstd.emplace(std::move(*started));
+    } else if (auto ok = zstd->restart(list.size()); !ok) {
+      return ok;
+    }
+    if (auto ok = zstd->update(list, out); !ok)
+      return ok;
     return zstd->finish(out);
   }
 
@@ -653,6 +710,7 @@ private:
   bool stopping_ = false;
   std::atomic<bool> gave_up_{false};
   int level_ = 1;
+  delta_encoding encoding_ = delta_encoding::xor_sparse;
   // What the appends build (under the lock).
   spill_buffer frames_;
   std::vector<frame_ref> refs_;
@@ -701,6 +759,8 @@ void publisher::give_back(std::unique_ptr<work_buffers> w) {
 publisher::publisher(store_backend& store, publisher_options options)
     : store_(store), options_(std::move(options)) {
   options_.chunk_bytes = std::clamp<uint64_t>(options_.chunk_bytes, 4096, uint64_t{256} << 20);
+  if (options_.delta_format != delta_encoding::xor_bytes)
+    options_.delta_format = delta_encoding::xor_sparse;
 }
 
 publisher::~publisher() = default;
@@ -957,7 +1017,7 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
         return failed(std::move(e).error());
       held->encoder = std::move(*e);
     }
-    held->encoder->reset(raw_bytes, options_.zstd_level);
+    held->encoder->reset(raw_bytes, options_.zstd_level, options_.delta_format);
   }
   frame_encoder* const encoder = held->encoder.get();
   bool identical = true;
@@ -1077,7 +1137,7 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
     m.ref = ref;
     m.kind = version_kind::delta;
     m.base_version = request.version - 1;
-    m.encoding = delta_encoding::xor_bytes;
+    m.encoding = options_.delta_format;
     m.comp = compression::zstd;
     shards->describe(m);
     m.checksums = sums;

@@ -38,9 +38,10 @@
 ///   readers size the weights.
 /// - A **delta** stores each touched tensor as a U8 tensor holding a *delta
 ///   frame*: the payload's length as 8 little-endian bytes, then the payload
-///   (the XOR of old and new bytes, zstd-compressed: one zstd frame per
-///   publisher chunk, back to back, which zstd's decoders read as one
-///   stream). A reader fetches the 8 bytes, then the payload.
+///   (the XOR of old and new bytes as a run list, `xor-sparse`, or as
+///   itself, `xor`; zstd-compressed: one zstd frame per publisher chunk,
+///   back to back, which zstd's decoders read as one stream). A reader
+///   fetches the 8 bytes, then the payload.
 namespace stitch::store {
 
 /// Bytes of a delta frame's length prefix.
@@ -69,6 +70,10 @@ struct publisher_options {
   uint32_t anchor_every = 10;
   /// zstd level of delta payloads.
   int zstd_level = 1;
+  /// How deltas store their XOR (`publisher.delta_encoding`): `xor_sparse`
+  /// (run lists: cheap to apply when few bytes change) or `xor_bytes` (the
+  /// XOR bytes themselves, which readers before `xor-sparse` understand).
+  delta_encoding delta_format = delta_encoding::xor_sparse;
   /// Most tensor bytes per stored shard (a larger tensor gets its own).
   uint64_t max_shard_bytes = default_max_shard_bytes;
   /// Host memory the remembered last versions of all runs may take

@@ -1,6 +1,8 @@
 #include "runtime/core/delta_codec.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <random>
 #include <vector>
@@ -341,4 +343,200 @@ TEST(delta_zstd_stream, truncated_corrupt_short_and_trailing_input_are_decode_fa
   auto tr = decode(trailing, data.size());
   ASSERT_FALSE(tr);
   EXPECT_THAT(tr.error().message, HasSubstr("follow"));
+}
+
+namespace {
+
+/// The run list of `xored` encoded in pieces of `piece` bytes, concatenated.
+std::vector<std::byte> runs_of(const std::vector<std::byte>& xored, size_t piece) {
+  std::vector<std::byte> out;
+  std::vector<std::byte> room(dc::sparse_encode_bound(piece));
+  for (size_t at = 0; at < xored.size(); at += piece) {
+    auto chunk = std::span{xored}.subspan(at, std::min(piece, xored.size() - at));
+    size_t n = dc::sparse_encode(chunk, room);
+    out.insert(out.end(), room.begin(), room.begin() + static_cast<ptrdiff_t>(n));
+  }
+  return out;
+}
+
+/// Input that hands out `bytes` at most `step` at a time.
+dc::compressed_input feed(std::vector<std::byte> bytes, size_t step) {
+  auto held = std::make_shared<std::pair<std::vector<std::byte>, size_t>>(std::move(bytes), 0);
+  return [held, step](std::span<std::byte> into) -> stitch::result<size_t> {
+    auto& [b, at] = *held;
+    size_t n = std::min({into.size(), step, b.size() - at});
+    std::copy_n(b.begin() + static_cast<ptrdiff_t>(at), n, into.begin());
+    at += n;
+    return n;
+  };
+}
+
+/// Applies `runs` to `base` in pieces of `piece` bytes; the first error.
+stitch::status apply_runs(std::vector<std::byte>& base, std::vector<std::byte> runs, size_t piece,
+                          size_t feed_step, size_t buffer, std::vector<std::byte>* dense = nullptr) {
+  dc::sparse_applier a{base.size(), feed(std::move(runs), feed_step), buffer};
+  std::vector<std::byte> scratch(piece);
+  for (size_t at = 0; at < base.size(); at += piece) {
+    const size_t n = std::min(piece, base.size() - at);
+    auto into = std::span{base}.subspan(at, n);
+    if (dense) {
+      if (auto ok = a.apply(into, scratch); !ok)
+        return ok;
+      std::copy_n(scratch.begin(), n, dense->begin() + static_cast<ptrdiff_t>(at));
+    } else if (auto ok = a.apply(into); !ok) {
+      return ok;
+    }
+  }
+  return a.finish();
+}
+
+/// XOR bytes with the shapes run lists must get right: zeros at both ends,
+/// zero stretches just under and at `sparse_min_gap`, dense stretches.
+std::vector<std::byte> tricky_xor(size_t n, uint32_t seed) {
+  std::mt19937 rng{seed};
+  std::vector<std::byte> x(n, std::byte{0});
+  size_t at = rng() % 11;
+  while (at < n) {
+    const size_t lit = 1 + rng() % (rng() % 4 == 0 ? 300 : 5);
+    for (size_t k = 0; k < lit && at < n; ++k, ++at)
+      x[at] = static_cast<std::byte>(1 + rng() % 255);
+    const size_t choice = rng() % 4;
+    at += choice == 0 ? dc::sparse_min_gap - 1
+          : choice == 1 ? dc::sparse_min_gap
+                        : rng() % 200;
+  }
+  return x;
+}
+
+} // namespace
+
+TEST(delta_sparse, run_lists_round_trip_in_any_pieces) {
+  for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{4099}, size_t{100'003}}) {
+    for (uint32_t seed : {1u, 2u, 3u}) {
+      auto old_bytes = random_bytes(n, seed);
+      auto x = tricky_xor(n, seed);
+      auto expected = old_bytes;
+      for (size_t i = 0; i < n; ++i)
+        expected[i] ^= x[i];
+      for (size_t encode_piece : {size_t{1}, size_t{13}, size_t{4096}, n}) {
+        auto runs = runs_of(x, encode_piece);
+        for (size_t apply_piece : {size_t{1}, size_t{9}, size_t{1000}, n}) {
+          for (auto [step, buffer] : {std::pair{size_t{1}, size_t{80}}, {size_t{7}, size_t{97}},
+                                      {size_t{1} << 20, size_t{64} << 10}}) {
+            auto base = old_bytes;
+            std::vector<std::byte> dense(n, std::byte{0xee});
+            ASSERT_TRUE(apply_runs(base, runs, apply_piece, step, buffer, &dense))
+              << n << " " << seed << " " << encode_piece << " " << apply_piece << " " << step;
+            ASSERT_EQ(base, expected) << n << " " << encode_piece << " " << apply_piece;
+            ASSERT_EQ(dense, x) << n << " " << encode_piece << " " << apply_piece;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(delta_sparse, a_sparse_delta_costs_per_change_and_short_zero_stretches_stay_literal) {
+  // A changed byte about every 800: about four run-list bytes per change.
+  auto old_bytes = random_bytes(1 << 20, 4);
+  auto now = sparse_update(old_bytes, 5);
+  std::vector<std::byte> x(old_bytes.size());
+  ASSERT_TRUE(dc::xor_encode(old_bytes, now, x));
+  const size_t changed = static_cast<size_t>(std::count_if(x.begin(), x.end(), [](std::byte b) {
+    return b != std::byte{0};
+  }));
+  ASSERT_GT(changed, 1000u);
+  auto runs = runs_of(x, x.size());
+  EXPECT_LE(runs.size(), 5 * changed);
+  EXPECT_GE(runs.size(), 3 * changed);
+
+  // A stretch of sparse_min_gap - 1 zeros inside changed bytes is literal:
+  // one run (gap 2, 9 literals) and one for the trailing zeros.
+  std::vector<std::byte> y(2 + 1 + (dc::sparse_min_gap - 1) + 1 + 3, std::byte{0});
+  y[2] = y[2 + dc::sparse_min_gap] = std::byte{7};
+  auto short_gap = runs_of(y, y.size());
+  const std::vector<std::byte> expected_short{std::byte{2}, std::byte{9}, std::byte{7},
+                                              std::byte{0}, std::byte{0}, std::byte{0},
+                                              std::byte{0}, std::byte{0}, std::byte{0},
+                                              std::byte{0}, std::byte{7}, std::byte{3},
+                                              std::byte{0}};
+  EXPECT_EQ(short_gap, expected_short);
+  // sparse_min_gap zeros split it into two runs.
+  std::vector<std::byte> z(1 + dc::sparse_min_gap + 1, std::byte{0});
+  z.front() = z.back() = std::byte{9};
+  const std::vector<std::byte> expected_split{std::byte{0}, std::byte{1}, std::byte{9},
+                                              std::byte{dc::sparse_min_gap}, std::byte{1},
+                                              std::byte{9}};
+  EXPECT_EQ(runs_of(z, z.size()), expected_split);
+
+  std::array<std::byte, 11> zero_run{};
+  ASSERT_EQ(dc::sparse_encode_zeros(300, zero_run), 3u);
+  EXPECT_EQ(zero_run[0], std::byte{0xac});
+  EXPECT_EQ(zero_run[1], std::byte{0x02});
+  EXPECT_EQ(zero_run[2], std::byte{0});
+}
+
+TEST(delta_sparse, hostile_run_lists_are_decode_failures) {
+  auto check = [](std::vector<std::byte> runs, size_t n, const char* says) {
+    std::vector<std::byte> base(n, std::byte{1});
+    auto ok = apply_runs(base, std::move(runs), n, 1 << 20, 64 << 10);
+    ASSERT_FALSE(ok) << says;
+    EXPECT_EQ(ok.error().code, errc::decode_failure) << says;
+    EXPECT_THAT(ok.error().message, HasSubstr(says));
+  };
+  using b = std::byte;
+  check({b{5}, b{6}, b{1}, b{1}, b{1}, b{1}, b{1}, b{1}}, 10, "past the tensor's 10");
+  check({b{0}, b{0}, b{10}, b{0}}, 10, "covers no bytes");
+  check({b{4}, b{0}}, 10, "ends at byte 4 of 10");
+  check({b{4}, b{3}, b{1}}, 10, "ends inside a run");
+  check({b{4}, b{0x80}}, 10, "truncated inside a run");
+  check({b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0x02},
+         b{0}},
+        10, "not a valid varint");
+  check({b{10}, b{0}, b{1}, b{0}}, 10, "bytes follow");
+  // A huge gap does not wrap around the size checks.
+  check({b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0xff}, b{0x01},
+         b{0x05}},
+        10, "past the tensor's 10");
+
+  dc::sparse_applier a{10, feed({std::byte{10}, std::byte{0}}, 1)};
+  std::vector<std::byte> base(4);
+  ASSERT_TRUE(a.apply(base));
+  auto early = a.finish();
+  ASSERT_FALSE(early);
+  EXPECT_THAT(early.error().message, HasSubstr("applied to 4 of 10"));
+  std::vector<std::byte> more(7);
+  EXPECT_FALSE(a.apply(more));
+}
+
+TEST(delta_sparse, concatenated_frames_of_unknown_size_read_in_pieces) {
+  auto x = tricky_xor(50'000, 9);
+  auto runs = runs_of(x, 4096);
+  // One frame per 10000 bytes of run list, as the publisher writes per chunk.
+  std::vector<std::byte> frames;
+  for (size_t at = 0; at < runs.size(); at += 10'000) {
+    auto f = dc::compress(std::span{runs}.subspan(at, std::min<size_t>(10'000, runs.size() - at)),
+                          1, dc::finder::plain);
+    ASSERT_TRUE(f);
+    frames.insert(frames.end(), f->begin(), f->end());
+  }
+  auto z = dc::stream_decompressor::start(UINT64_MAX, feed(frames, 333), 100);
+  ASSERT_TRUE(z);
+  auto zstd = std::make_shared<dc::stream_decompressor>(std::move(*z));
+  dc::sparse_applier a{x.size(), [zstd](std::span<std::byte> into) {
+                         return zstd->read_some(into);
+                       }};
+  std::vector<std::byte> base(x.size(), std::byte{0});
+  ASSERT_TRUE(a.apply(base));
+  ASSERT_TRUE(a.finish());
+  EXPECT_EQ(base, x);
+
+  // The same frames cut short: a decode failure, not a short read.
+  frames.resize(frames.size() - 3);
+  auto cut = dc::stream_decompressor::start(UINT64_MAX, feed(frames, 1 << 20));
+  ASSERT_TRUE(cut);
+  std::vector<std::byte> out(runs.size() + 100);
+  auto got = cut->read_some(out);
+  ASSERT_FALSE(got);
+  EXPECT_THAT(got.error().message, HasSubstr("truncated"));
 }

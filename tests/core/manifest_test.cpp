@@ -71,6 +71,7 @@ TEST(manifest, enum_names) {
   EXPECT_EQ(to_string(delta_encoding::none), "none");
   EXPECT_EQ(to_string(delta_encoding::xor_bytes), "xor");
   EXPECT_EQ(to_string(delta_encoding::overwrite), "overwrite");
+  EXPECT_EQ(to_string(delta_encoding::xor_sparse), "xor-sparse");
   EXPECT_EQ(to_string(compression::none), "none");
   EXPECT_EQ(to_string(compression::zstd), "zstd");
 }
@@ -251,6 +252,16 @@ TEST(manifest, full_anchor_with_delta_encoding) {
   auto doc = full_doc();
   doc["metadata"]["delta_encoding"] = "xor";
   expect_refused(doc, {"metadata.delta_encoding", "full anchor", "xor"});
+}
+
+TEST(manifest, parses_an_xor_sparse_delta) {
+  auto doc = delta_doc();
+  doc["metadata"]["delta_encoding"] = "xor-sparse";
+  auto m = parse(doc);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->encoding, delta_encoding::xor_sparse);
+  doc["metadata"]["delta_encoding"] = "xor_sparse";
+  expect_refused(doc, {"metadata.delta_encoding", "xor_sparse"});
 }
 
 TEST(manifest, delta_with_encoding_none) {

@@ -3,7 +3,11 @@
 // through the XOR match finder, one-shot and streamed in pieces, and come
 // back exactly, one-shot and streamed; and the raw input, read as a stored
 // delta payload, either decodes to exactly the size it is read at or is a
-// decode failure, never more bytes than asked.
+// decode failure, never more bytes than asked. The same bytes encode as an
+// `xor-sparse` run list (in pieces) that applies back exactly, with and
+// without a dense copy; and the raw input, read as a run list, applies or
+// is a decode failure, never a crash or a read past the tensor.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -64,6 +68,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::byte> out(x.size());
   if (!d->read(out) || !d->finish() || out != x)
     std::abort();
+  // The same bytes as a run list, encoded in pieces, applied in others.
+  std::vector<std::byte> runs(dc::sparse_encode_bound(piece));
+  std::vector<std::byte> list;
+  for (size_t at = 0; at < x.size(); at += piece) {
+    auto part = std::span{x}.subspan(at, std::min(piece, x.size() - at));
+    const size_t n = dc::sparse_encode(part, runs);
+    if (n > dc::sparse_encode_bound(part.size()))
+      std::abort();
+    list.insert(list.end(), runs.begin(), runs.begin() + static_cast<ptrdiff_t>(n));
+  }
+  std::vector<std::byte> base(x.size(), std::byte{0});
+  std::vector<std::byte> dense(x.size());
+  dc::sparse_applier applier{x.size(), from(list, 101), 80};
+  const size_t step = 1 + piece / 3;
+  for (size_t at = 0; at < x.size(); at += step) {
+    const size_t n = std::min(step, x.size() - at);
+    if (!applier.apply(std::span{base}.subspan(at, n), std::span{dense}.subspan(at, n)))
+      std::abort();
+  }
+  if (!applier.finish() || base != x || dense != x)
+    std::abort();
   // The raw input as a payload someone stored.
   const auto raw = std::as_bytes(std::span{data, size});
   const uint64_t claimed = size > 1 ? uint64_t{data[1]} * 257 : 0;
@@ -74,5 +99,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (s->read(into))
       (void) s->finish();
   }
+  std::vector<std::byte> tensor(static_cast<size_t>(claimed));
+  dc::sparse_applier hostile{claimed, from(raw, 7), 80};
+  if (hostile.apply(tensor))
+    (void) hostile.finish();
   return 0;
 }

@@ -68,11 +68,13 @@ protected:
   void TearDown() override { fs::remove_all(dir); }
 
   /// Publishes `count` versions of run r1 (anchor every 4) and remembers them.
-  void publish_chain(size_t count, uint64_t max_shard_bytes = default_max_shard_bytes) {
+  void publish_chain(size_t count, uint64_t max_shard_bytes = default_max_shard_bytes,
+                     delta_encoding format = delta_encoding::xor_sparse) {
     publisher pub{store, [&] {
                     publisher_options o;
                     o.anchor_every = 4;
                     o.max_shard_bytes = max_shard_bytes;
+                    o.delta_format = format;
                     return o;
                   }()};
     std::mt19937_64 rng{99};
@@ -93,6 +95,19 @@ protected:
 
 TEST_F(materialize_test, every_version_of_a_chain) {
   publish_chain(11, 4096);
+  for (uint64_t v = 0; v < versions.size(); ++v) {
+    auto got = materialize(store, "default", {"r1", v});
+    ASSERT_TRUE(got) << v << ": " << to_string(got.error());
+    EXPECT_TRUE(*got == versions[v]) << "version " << v;
+  }
+}
+
+TEST_F(materialize_test, every_version_of_a_chain_of_xor_deltas) {
+  // Stores written before xor-sparse (or with publisher.delta_encoding = "xor").
+  publish_chain(11, 4096, delta_encoding::xor_bytes);
+  auto m = store.read_manifest("default", {"r1", 1});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->encoding, delta_encoding::xor_bytes);
   for (uint64_t v = 0; v < versions.size(); ++v) {
     auto got = materialize(store, "default", {"r1", v});
     ASSERT_TRUE(got) << v << ": " << to_string(got.error());
@@ -406,8 +421,9 @@ TEST_F(materialize_test, a_decoded_sink_rebuilds_each_delta_on_a_device_copy) {
       EXPECT_TRUE(std::equal(host.begin(), host.end(), dev->host_bytes().begin())) << name;
     }
   }
-  // The publisher writes xor frames; `overwrite` pieces take the stager's
-  // write, tested on both devices in tests/gpu/device_memory_test.cpp.
+  // The publisher writes xor-sparse run lists, handed over as xor pieces;
+  // `overwrite` pieces take the stager's write, tested on both devices in
+  // tests/gpu/device_memory_test.cpp.
   EXPECT_EQ(seen, std::set<delta_encoding>{delta_encoding::xor_bytes});
 }
 

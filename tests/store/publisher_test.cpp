@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -93,6 +95,49 @@ TEST_F(publisher_test, ten_sparse_versions_materialize_byte_identical) {
   }
 }
 
+TEST(publisher_delta_encodings, xor_and_xor_sparse_rebuild_the_same_versions) {
+  // Sparse steps, a step that rewrites a whole tensor with random bytes (a
+  // dense XOR: one long literal run), and a step that zeroes one (long runs).
+  std::vector<tensor_set> published;
+  std::map<delta_encoding, std::unique_ptr<memory_store>> stores;
+  for (auto format : {delta_encoding::xor_sparse, delta_encoding::xor_bytes}) {
+    auto& store = *(stores[format] = std::make_unique<memory_store>());
+    publisher pub{store, [&] {
+                    publisher_options o;
+                    o.delta_format = format;
+                    o.chunk_bytes = 4096; // several frames per tensor
+                    return o;
+                  }()};
+    std::mt19937_64 rng{17};
+    tensor_set w = make_weights(3);
+    published.clear();
+    for (uint64_t v = 0; v < 6; ++v) {
+      if (v == 3) {
+        for (auto& b : w.at("model.layers.0.mlp.up_proj.weight").bytes)
+          b = static_cast<std::byte>(rng() & 0xff);
+      } else if (v == 4) {
+        auto& t = w.at("model.embed_tokens.weight").bytes;
+        std::fill(t.begin() + 100, t.end() - 100, std::byte{0});
+      } else if (v > 0) {
+        mutate_sparse(w, rng);
+      }
+      auto report = pub.publish(req("r", v), w);
+      ASSERT_TRUE(report) << to_string(report.error());
+      EXPECT_EQ(report->kind, v == 0 ? version_kind::full : version_kind::delta) << v;
+      published.push_back(w);
+    }
+    auto m = store.read_manifest("default", {"r", 3});
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->encoding, format);
+  }
+  for (uint64_t v = 0; v < published.size(); ++v)
+    for (auto& [format, store] : stores) {
+      auto got = materialize(*store, "default", {"r", v});
+      ASSERT_TRUE(got) << to_string(format) << " " << v << ": " << to_string(got.error());
+      EXPECT_TRUE(*got == published[v]) << to_string(format) << " version " << v;
+    }
+}
+
 TEST_F(publisher_test, deltas_store_only_changed_tensors) {
   publisher pub{store};
   tensor_set w = make_weights(2);
@@ -108,7 +153,7 @@ TEST_F(publisher_test, deltas_store_only_changed_tensors) {
   auto m = store.read_manifest("default", {"r1", 1});
   ASSERT_TRUE(m);
   EXPECT_EQ(m->base_version, 0u);
-  EXPECT_EQ(m->encoding, delta_encoding::xor_bytes);
+  EXPECT_EQ(m->encoding, delta_encoding::xor_sparse);
   EXPECT_EQ(m->comp, compression::zstd);
   EXPECT_EQ(m->weight_map.size(), 1u);
   // Checksums cover every tensor of the result.
