@@ -451,21 +451,20 @@ TEST(delta_sparse, a_sparse_delta_costs_per_change_and_short_zero_stretches_stay
   EXPECT_GE(runs.size(), 3 * changed);
 
   // A stretch of sparse_min_gap - 1 zeros inside changed bytes is literal:
-  // one run (gap 2, 9 literals) and one for the trailing zeros.
-  std::vector<std::byte> y(2 + 1 + (dc::sparse_min_gap - 1) + 1 + 3, std::byte{0});
-  y[2] = y[2 + dc::sparse_min_gap] = std::byte{7};
-  auto short_gap = runs_of(y, y.size());
-  const std::vector<std::byte> expected_short{std::byte{2}, std::byte{9}, std::byte{7},
-                                              std::byte{0}, std::byte{0}, std::byte{0},
-                                              std::byte{0}, std::byte{0}, std::byte{0},
-                                              std::byte{0}, std::byte{7}, std::byte{3},
-                                              std::byte{0}};
-  EXPECT_EQ(short_gap, expected_short);
+  // one run (gap 2, the two changed bytes and the zeros between them as
+  // literals) and one for the three trailing zeros.
+  const size_t g = dc::sparse_min_gap;
+  std::vector<std::byte> y(2 + 1 + (g - 1) + 1 + 3, std::byte{0});
+  y[2] = y[2 + g] = std::byte{7};
+  std::vector<std::byte> expected_short{std::byte{2}, static_cast<std::byte>(g + 1), std::byte{7}};
+  expected_short.insert(expected_short.end(), g - 1, std::byte{0});
+  expected_short.insert(expected_short.end(), {std::byte{7}, std::byte{3}, std::byte{0}});
+  EXPECT_EQ(runs_of(y, y.size()), expected_short);
   // sparse_min_gap zeros split it into two runs.
   std::vector<std::byte> z(1 + dc::sparse_min_gap + 1, std::byte{0});
   z.front() = z.back() = std::byte{9};
   const std::vector<std::byte> expected_split{std::byte{0}, std::byte{1}, std::byte{9},
-                                              std::byte{dc::sparse_min_gap}, std::byte{1},
+                                              static_cast<std::byte>(g), std::byte{1},
                                               std::byte{9}};
   EXPECT_EQ(runs_of(z, z.size()), expected_split);
 
