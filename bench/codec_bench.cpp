@@ -6,15 +6,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <span>
-#include <utility>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gpu/checksum.hpp"
@@ -188,8 +188,8 @@ int main(int argc, char** argv) {
     std::vector<std::byte> sparse;
     c = best_seconds(opt.reps, [&] {
       const size_t listed = stitch::delta::sparse_encode(*x, runs);
-      auto out = stitch::delta::compress(std::span{runs}.first(listed), 1,
-                                         stitch::delta::finder::plain);
+      auto out =
+        stitch::delta::compress(std::span{runs}.first(listed), 1, stitch::delta::finder::plain);
       if (out)
         sparse = std::move(*out);
     });

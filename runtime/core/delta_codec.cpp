@@ -648,9 +648,9 @@ status sparse_applier::apply(std::span<std::byte> base, std::span<std::byte> den
     if (gap == 0 && length == 0)
       return decode_error("a run covers no bytes, at byte " + std::to_string(here));
     if (gap > total_ - here || length > total_ - here - gap)
-      return decode_error("a run at byte " + std::to_string(here) + " covers "
-                          + std::to_string(gap) + " + " + std::to_string(length)
-                          + " bytes, past the tensor's " + std::to_string(total_));
+      return decode_error("a run at byte " + std::to_string(here) + " covers " + std::to_string(gap)
+                          + " + " + std::to_string(length) + " bytes, past the tensor's "
+                          + std::to_string(total_));
     head_ += static_cast<size_t>(a + b);
     gap_left_ = gap;
     literal_left_ = length;

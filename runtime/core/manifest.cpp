@@ -698,11 +698,10 @@ result<manifest> parse_manifest(std::string_view text) {
     m.base_version = *value;
   }
 
-  auto encoding = enum_member(
-    meta, "delta_encoding", "metadata.delta_encoding",
-    std::array{delta_encoding::none, delta_encoding::xor_bytes, delta_encoding::overwrite,
-               delta_encoding::xor_sparse},
-    delta_encoding::none);
+  auto encoding = enum_member(meta, "delta_encoding", "metadata.delta_encoding",
+                              std::array{delta_encoding::none, delta_encoding::xor_bytes,
+                                         delta_encoding::overwrite, delta_encoding::xor_sparse},
+                              delta_encoding::none);
   if (!encoding)
     return std::move(encoding).error();
   m.encoding = *encoding;

@@ -418,8 +418,8 @@ public:
       bytes_.reset(new (std::nothrow) std::byte[n]);
       size_ = bytes_ ? n : 0;
       if (!bytes_)
-        return make_error(errc::limit_exceeded,
-                          "out of memory for a delta's run list of " + std::to_string(n) + " bytes");
+        return make_error(errc::limit_exceeded, "out of memory for a delta's run list of "
+                                                  + std::to_string(n) + " bytes");
     }
     return std::span{bytes_.get(), n};
   }

@@ -373,7 +373,8 @@ dc::compressed_input feed(std::vector<std::byte> bytes, size_t step) {
 
 /// Applies `runs` to `base` in pieces of `piece` bytes; the first error.
 stitch::status apply_runs(std::vector<std::byte>& base, std::vector<std::byte> runs, size_t piece,
-                          size_t feed_step, size_t buffer, std::vector<std::byte>* dense = nullptr) {
+                          size_t feed_step, size_t buffer,
+                          std::vector<std::byte>* dense = nullptr) {
   dc::sparse_applier a{base.size(), feed(std::move(runs), feed_step), buffer};
   std::vector<std::byte> scratch(piece);
   for (size_t at = 0; at < base.size(); at += piece) {
@@ -401,9 +402,7 @@ std::vector<std::byte> tricky_xor(size_t n, uint32_t seed) {
     for (size_t k = 0; k < lit && at < n; ++k, ++at)
       x[at] = static_cast<std::byte>(1 + rng() % 255);
     const size_t choice = rng() % 4;
-    at += choice == 0 ? dc::sparse_min_gap - 1
-          : choice == 1 ? dc::sparse_min_gap
-                        : rng() % 200;
+    at += choice == 0 ? dc::sparse_min_gap - 1 : choice == 1 ? dc::sparse_min_gap : rng() % 200;
   }
   return x;
 }
@@ -421,7 +420,8 @@ TEST(delta_sparse, run_lists_round_trip_in_any_pieces) {
       for (size_t encode_piece : {size_t{1}, size_t{13}, size_t{4096}, n}) {
         auto runs = runs_of(x, encode_piece);
         for (size_t apply_piece : {size_t{1}, size_t{9}, size_t{1000}, n}) {
-          for (auto [step, buffer] : {std::pair{size_t{1}, size_t{80}}, {size_t{7}, size_t{97}},
+          for (auto [step, buffer] : {std::pair{size_t{1}, size_t{80}},
+                                      {size_t{7}, size_t{97}},
                                       {size_t{1} << 20, size_t{64} << 10}}) {
             auto base = old_bytes;
             std::vector<std::byte> dense(n, std::byte{0xee});
@@ -442,9 +442,8 @@ TEST(delta_sparse, a_sparse_delta_costs_per_change_and_short_zero_stretches_stay
   auto now = sparse_update(old_bytes, 5);
   std::vector<std::byte> x(old_bytes.size());
   ASSERT_TRUE(dc::xor_encode(old_bytes, now, x));
-  const size_t changed = static_cast<size_t>(std::count_if(x.begin(), x.end(), [](std::byte b) {
-    return b != std::byte{0};
-  }));
+  const size_t changed = static_cast<size_t>(
+    std::count_if(x.begin(), x.end(), [](std::byte b) { return b != std::byte{0}; }));
   ASSERT_GT(changed, 1000u);
   auto runs = runs_of(x, x.size());
   EXPECT_LE(runs.size(), 5 * changed);
@@ -463,9 +462,9 @@ TEST(delta_sparse, a_sparse_delta_costs_per_change_and_short_zero_stretches_stay
   // sparse_min_gap zeros split it into two runs.
   std::vector<std::byte> z(1 + dc::sparse_min_gap + 1, std::byte{0});
   z.front() = z.back() = std::byte{9};
-  const std::vector<std::byte> expected_split{std::byte{0}, std::byte{1}, std::byte{9},
-                                              static_cast<std::byte>(g), std::byte{1},
-                                              std::byte{9}};
+  const std::vector<std::byte> expected_split{std::byte{0}, std::byte{1},
+                                              std::byte{9}, static_cast<std::byte>(g),
+                                              std::byte{1}, std::byte{9}};
   EXPECT_EQ(runs_of(z, z.size()), expected_split);
 
   std::array<std::byte, 11> zero_run{};
@@ -522,9 +521,8 @@ TEST(delta_sparse, concatenated_frames_of_unknown_size_read_in_pieces) {
   auto z = dc::stream_decompressor::start(UINT64_MAX, feed(frames, 333), 100);
   ASSERT_TRUE(z);
   auto zstd = std::make_shared<dc::stream_decompressor>(std::move(*z));
-  dc::sparse_applier a{x.size(), [zstd](std::span<std::byte> into) {
-                         return zstd->read_some(into);
-                       }};
+  dc::sparse_applier a{x.size(),
+                       [zstd](std::span<std::byte> into) { return zstd->read_some(into); }};
   std::vector<std::byte> base(x.size(), std::byte{0});
   ASSERT_TRUE(a.apply(base));
   ASSERT_TRUE(a.finish());
