@@ -409,6 +409,65 @@ std::vector<std::byte> tricky_xor(size_t n, uint32_t seed) {
 
 } // namespace
 
+/// The run list of `x` as the format describes it, a byte at a time: a
+/// maximal zero stretch is a gap when it is sparse_min_gap long or more or
+/// touches either end; the bytes between gaps are literals.
+std::vector<std::byte> reference_runs(const std::vector<std::byte>& x) {
+  const size_t n = x.size();
+  std::vector<bool> gap(n, false);
+  for (size_t a = 0; a < n;) {
+    if (x[a] != std::byte{0}) {
+      ++a;
+      continue;
+    }
+    size_t b = a;
+    while (b < n && x[b] == std::byte{0})
+      ++b;
+    if (b - a >= dc::sparse_min_gap || a == 0 || b == n)
+      std::fill(gap.begin() + static_cast<ptrdiff_t>(a), gap.begin() + static_cast<ptrdiff_t>(b),
+                true);
+    a = b;
+  }
+  std::vector<std::byte> out;
+  auto put = [&](uint64_t v) {
+    for (; v >= 0x80; v >>= 7)
+      out.push_back(static_cast<std::byte>((v & 0x7f) | 0x80));
+    out.push_back(static_cast<std::byte>(v));
+  };
+  size_t at = 0;
+  while (at < n) {
+    size_t g = at;
+    while (g < n && gap[g])
+      ++g;
+    size_t l = g;
+    while (l < n && !gap[l])
+      ++l;
+    put(g - at);
+    put(l - g);
+    out.insert(out.end(), x.begin() + static_cast<ptrdiff_t>(g),
+               x.begin() + static_cast<ptrdiff_t>(l));
+    at = l;
+  }
+  return out;
+}
+
+TEST(delta_sparse, the_encoder_writes_the_run_list_the_format_describes) {
+  for (size_t n : {size_t{1}, size_t{2}, size_t{3}, size_t{63}, size_t{64}, size_t{65},
+                   size_t{127}, size_t{128}, size_t{129}, size_t{5000}}) {
+    for (uint32_t seed = 0; seed < 20; ++seed) {
+      auto x = tricky_xor(n, seed);
+      EXPECT_EQ(runs_of(x, n), reference_runs(x)) << n << " " << seed;
+      // Zeros on both ends, shorter than a gap, across 64-byte boundaries.
+      std::mt19937 rng{seed};
+      for (auto& b : x)
+        b = rng() % 3 == 0 ? std::byte{0} : static_cast<std::byte>(1 + rng() % 255);
+      EXPECT_EQ(runs_of(x, n), reference_runs(x)) << n << " " << seed << " (dense)";
+    }
+  }
+  std::vector<std::byte> zeros(200, std::byte{0});
+  EXPECT_EQ(runs_of(zeros, zeros.size()), reference_runs(zeros));
+}
+
 TEST(delta_sparse, run_lists_round_trip_in_any_pieces) {
   for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{4099}, size_t{100'003}}) {
     for (uint32_t seed : {1u, 2u, 3u}) {
