@@ -489,9 +489,9 @@ uint64_t zero_bits(const unsigned char* s, size_t at, size_t n) noexcept {
     uint64_t bits = 0;
     for (int k = 0; k < 4; ++k) {
       const auto v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + at + 16 * k));
-      bits |= static_cast<uint64_t>(
-                static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, zeros))))
-              << (16 * k);
+      bits |=
+        static_cast<uint64_t>(static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, zeros))))
+        << (16 * k);
     }
     return bits;
 #else

@@ -452,8 +452,8 @@ std::vector<std::byte> reference_runs(const std::vector<std::byte>& x) {
 }
 
 TEST(delta_sparse, the_encoder_writes_the_run_list_the_format_describes) {
-  for (size_t n : {size_t{1}, size_t{2}, size_t{3}, size_t{63}, size_t{64}, size_t{65},
-                   size_t{127}, size_t{128}, size_t{129}, size_t{5000}}) {
+  for (size_t n : {size_t{1}, size_t{2}, size_t{3}, size_t{63}, size_t{64}, size_t{65}, size_t{127},
+                   size_t{128}, size_t{129}, size_t{5000}}) {
     for (uint32_t seed = 0; seed < 20; ++seed) {
       auto x = tricky_xor(n, seed);
       EXPECT_EQ(runs_of(x, n), reference_runs(x)) << n << " " << seed;
