@@ -248,6 +248,10 @@ struct stream_compressor::state {
   std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx{ZSTD_createCCtx(), &ZSTD_freeCCtx};
   uint64_t total = 0;
   uint64_t seen = 0;
+  /// Where zstd writes before the bytes are appended to the caller's
+  /// vector (growing that vector by a block's room at every call would
+  /// zero-fill the room each time).
+  std::vector<std::byte> room = std::vector<std::byte>(ZSTD_CStreamOutSize());
 };
 
 stream_compressor::stream_compressor(std::unique_ptr<state> s) : s_(std::move(s)) {}
@@ -274,17 +278,15 @@ result<stream_compressor> stream_compressor::start(uint64_t total_size, int leve
 
 namespace {
 
-/// Runs the compressor on `in` with `mode`, growing `out` as it needs room.
+/// Runs the compressor on `in` with `mode` through `room`, appending what it
+/// writes to `out`.
 status pump(ZSTD_CCtx* cctx, std::span<const std::byte> in, ZSTD_EndDirective mode,
-            std::vector<std::byte>& out) {
+            std::span<std::byte> room, std::vector<std::byte>& out) {
   ZSTD_inBuffer src{in.data(), in.size(), 0};
   for (;;) {
-    const size_t room = std::max<size_t>(ZSTD_CStreamOutSize(), in.size() / 8);
-    const size_t at = out.size();
-    out.resize(at + room);
-    ZSTD_outBuffer dst{out.data() + at, room, 0};
+    ZSTD_outBuffer dst{room.data(), room.size(), 0};
     size_t left = ZSTD_compressStream2(cctx, &dst, &src, mode);
-    out.resize(at + dst.pos);
+    out.insert(out.end(), room.begin(), room.begin() + static_cast<ptrdiff_t>(dst.pos));
     if (ZSTD_isError(left))
       return make_error(errc::invalid_argument,
                         std::string{"zstd compression failed: "} + ZSTD_getErrorName(left));
@@ -311,7 +313,7 @@ status stream_compressor::update(std::span<const std::byte> in, std::vector<std:
     return make_error(errc::invalid_argument,
                       "more bytes than the frame's pledged " + std::to_string(s_->total));
   s_->seen += in.size();
-  return pump(s_->cctx.get(), in, ZSTD_e_continue, out);
+  return pump(s_->cctx.get(), in, ZSTD_e_continue, s_->room, out);
 }
 
 status stream_compressor::finish(std::vector<std::byte>& out) {
@@ -319,7 +321,7 @@ status stream_compressor::finish(std::vector<std::byte>& out) {
     return make_error(errc::invalid_argument, "the frame got " + std::to_string(s_->seen)
                                                 + " of its " + std::to_string(s_->total)
                                                 + " bytes");
-  return pump(s_->cctx.get(), {}, ZSTD_e_end, out);
+  return pump(s_->cctx.get(), {}, ZSTD_e_end, s_->room, out);
 }
 
 struct stream_decompressor::state {
