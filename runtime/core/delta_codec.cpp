@@ -473,6 +473,19 @@ int get_varint(const std::byte* at, const std::byte* end, uint64_t& v) noexcept 
 
 constexpr size_t max_run_header = 20;
 
+/// XORs `k` literal bytes into `base`, and copies them to `dense` unless
+/// it is null.
+void xor_literal(std::byte* base, std::byte* dense, const std::byte* lit, size_t k) noexcept {
+  if (k <= 16) {
+    for (size_t j = 0; j < k; ++j)
+      base[j] ^= lit[j];
+  } else {
+    xor_bytes(base, base, lit, k);
+  }
+  if (dense)
+    std::memcpy(dense, lit, k);
+}
+
 } // namespace
 
 size_t sparse_encode_bound(size_t n) noexcept {
@@ -662,14 +675,7 @@ status sparse_applier::apply(std::span<std::byte> base, std::span<std::byte> den
         } else
 #endif
         {
-          if (k <= 16) {
-            for (size_t j = 0; j < k; ++j)
-              base[at + j] ^= p[j];
-          } else {
-            xor_bytes(base.data() + at, base.data() + at, p, k);
-          }
-          if (!dense.empty())
-            std::memcpy(dense.data() + at, p, k);
+          xor_literal(base.data() + at, dense.empty() ? nullptr : dense.data() + at, p, k);
         }
         at += k;
         p += k;
@@ -694,15 +700,8 @@ status sparse_applier::apply(std::span<std::byte> base, std::span<std::byte> den
       }
       const size_t k =
         static_cast<size_t>(std::min<uint64_t>({literal_left_, tail_ - head_, n - at}));
-      const std::byte* lit = buffer_.data() + head_;
-      if (k < 32) {
-        for (size_t j = 0; j < k; ++j)
-          base[at + j] ^= lit[j];
-      } else {
-        xor_bytes(base.data() + at, base.data() + at, lit, k);
-      }
-      if (!dense.empty())
-        std::memcpy(dense.data() + at, lit, k);
+      xor_literal(base.data() + at, dense.empty() ? nullptr : dense.data() + at,
+                  buffer_.data() + head_, k);
       at += k;
       head_ += k;
       literal_left_ -= k;
