@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
     c = best_seconds(opt.reps, [&] {
       const size_t listed = stitch::delta::sparse_encode(*x, runs);
       auto out =
-        stitch::delta::compress(std::span{runs}.first(listed), 1, stitch::delta::finder::plain);
+        stitch::delta::compress(std::span{runs}.first(listed), 1, stitch::delta::finder::literals);
       if (out)
         sparse = std::move(*out);
     });

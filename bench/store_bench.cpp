@@ -608,7 +608,7 @@ int main(int argc, char** argv) {
       (void) stitch::delta::xor_encode(t.bytes, changed, x);
       const size_t listed = stitch::delta::sparse_encode(x, runs);
       auto packed =
-        stitch::delta::compress(std::span{runs}.first(listed), 1, stitch::delta::finder::plain);
+        stitch::delta::compress(std::span{runs}.first(listed), 1, stitch::delta::finder::literals);
       codec_s += seconds_since(t0);
       if (!packed)
         die("zstd: " + to_string(packed.error()));

@@ -111,9 +111,19 @@ size_t xor_zero_runs(void*, ZSTD_Sequence* out, size_t capacity, const void* sou
   return k;
 }
 
+/// A block-level sequence producer that finds no matches: the block is one
+/// run of literals, which zstd Huffman-codes.
+size_t no_matches(void*, ZSTD_Sequence* out, size_t capacity, const void*, size_t n, const void*,
+                  size_t, int, size_t) {
+  if (capacity < 1)
+    return ZSTD_SEQUENCE_PRODUCER_ERROR;
+  out[0] = ZSTD_Sequence{0, static_cast<unsigned>(n), 0, 0};
+  return 1;
+}
+
 /// Level, frame checksum and, for a context compressing on the calling
-/// thread, the XOR delta match finder (zstd runs external finders only
-/// without worker threads).
+/// thread, the finder `f` (zstd runs external finders only without worker
+/// threads).
 void configure(ZSTD_CCtx* cctx, int level, int workers, finder f) {
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
   // The frame checksum turns corruption into an error instead of wrong bytes.
@@ -124,7 +134,8 @@ void configure(ZSTD_CCtx* cctx, int level, int workers, finder f) {
   }
   if (f == finder::plain)
     return;
-  ZSTD_registerSequenceProducer(cctx, nullptr, &xor_zero_runs);
+  ZSTD_registerSequenceProducer(cctx, nullptr,
+                                f == finder::literals ? &no_matches : &xor_zero_runs);
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_enableSeqProducerFallback, 1);
   // External finders cannot work with long-distance matching; keep it off
   // whatever the level would choose.

@@ -638,7 +638,8 @@ private:
       list = room->first(delta::sparse_encode(ring_.buffers[j.buffer].bytes().first(j.n), *room));
     }
     if (!zstd) {
-      auto started = delta::stream_compressor::start(list.size(), level, 0, delta::finder::plain);
+      auto started =
+        delta::stream_compressor::start(list.size(), level, 0, delta::finder::literals);
       if (!started)
         return std::move(started).error();
       zstd.emplace(std::move(*started));

@@ -298,6 +298,7 @@ class Chaos:
         self.fingerprints = {}  # version -> (tokens, logprobs, replica)
         self.probes = 0
         self.faults_done = collections.Counter()
+        self.fault_ended = {}  # target -> when its last fault ended (restart included)
         self.fault_notes = collections.Counter()
         self.recoveries = []  # seconds from a fault's heal to convergence
         self.pending = []  # (healed_at, pointer version then, kind)
@@ -756,6 +757,7 @@ class Chaos:
         elif kind == "corrupt_chunk":
             note = self.corrupt(lasts, extra)
         with self.lock:
+            self.fault_ended[target] = time.time()
             self.faults_done[kind] += 1
             if note:
                 self.fault_notes[f"{kind}: {note}"] += 1
@@ -763,13 +765,27 @@ class Chaos:
 
     def run_schedule(self, schedule, t0):
         threads = []
+        running = {}  # target -> the thread of its latest fault
         for start, kind, target, lasts, extra in schedule:
             wait = t0 + start - time.time()
             if wait > 0 and self.stop_flag.wait(wait):
                 break
+            # The schedule gives a target one fault at a time, settled before
+            # the next; a run that fell behind it (the machine stalled, so
+            # faults are due at once) keeps that: a node killed twice at once
+            # would be started twice, and its second self refused by name.
+            prev = running.get(target)
+            if prev is not None and prev.is_alive():
+                log(f"fault {kind} on {target} waits: its previous fault is still on")
+                prev.join(timeout=120)
+            with self.lock:
+                settle = self.fault_ended.get(target, 0.0) + SETTLE_S - time.time()
+            if settle > 0 and self.stop_flag.wait(settle):
+                break
             log(f"fault {kind} on {target} for {lasts} s")
             t = threading.Thread(target=self.fault, args=(kind, target, lasts, extra), daemon=True)
             t.start()
+            running[target] = t
             threads.append(t)
         for t in threads:
             t.join(timeout=120)

@@ -271,9 +271,12 @@ std::vector<std::vector<std::byte>> xor_shaped_inputs() {
 
 TEST(delta_zstd_stream, xor_shaped_bytes_round_trip_through_every_compressor) {
   for (const auto& data : xor_shaped_inputs()) {
-    auto one_shot = dc::compress(data, 1);
-    ASSERT_TRUE(one_shot);
-    EXPECT_EQ(*dc::decompress(*one_shot, data.size()), data) << data.size();
+    for (auto f : {dc::finder::xor_delta, dc::finder::plain, dc::finder::literals}) {
+      auto one_shot = dc::compress(data, 1, f);
+      ASSERT_TRUE(one_shot);
+      EXPECT_EQ(*dc::decompress(*one_shot, data.size()), data)
+        << data.size() << " finder " << static_cast<int>(f);
+    }
     for (size_t piece : {size_t{4093}, size_t{1} << 20}) {
       auto frame = stream_compress(data, piece, 0);
       EXPECT_EQ(*dc::decompress(frame, data.size()), data) << data.size() << " " << piece;
@@ -289,6 +292,28 @@ TEST(delta_zstd_stream, the_xor_match_finder_packs_sparse_deltas_no_worse_than_z
   EXPECT_EQ(*dc::decompress(zstds, sparse.size()), sparse);
   EXPECT_LE(ours.size(), zstds.size());
   EXPECT_LT(ours.size(), sparse.size() / 20) << "1% of the bytes changed";
+}
+
+TEST(delta_zstd_stream, the_literals_finder_codes_bytes_without_matches) {
+  // A random 100-byte pattern repeated: all matches, no skew in the bytes.
+  auto pattern = random_bytes(100, 8);
+  std::vector<std::byte> repeated;
+  while (repeated.size() < (1 << 20))
+    repeated.insert(repeated.end(), pattern.begin(), pattern.end());
+  auto plain = dc::compress(repeated, 1, dc::finder::plain);
+  auto literals = dc::compress(repeated, 1, dc::finder::literals);
+  ASSERT_TRUE(plain && literals);
+  EXPECT_LT(plain->size(), repeated.size() / 50);
+  EXPECT_GT(literals->size(), repeated.size() / 2);
+  EXPECT_EQ(*dc::decompress(*literals, repeated.size()), repeated);
+  // Skewed bytes still shrink: they are Huffman-coded.
+  std::vector<std::byte> skewed = random_bytes(1 << 20, 9);
+  for (auto& b : skewed)
+    b &= std::byte{0x07};
+  auto coded = dc::compress(skewed, 1, dc::finder::literals);
+  ASSERT_TRUE(coded);
+  EXPECT_LT(coded->size(), skewed.size() / 2);
+  EXPECT_EQ(*dc::decompress(*coded, skewed.size()), skewed);
 }
 
 TEST(delta_zstd_stream, a_context_restarts_for_the_next_frame) {
@@ -573,7 +598,7 @@ TEST(delta_sparse, concatenated_frames_of_unknown_size_read_in_pieces) {
   std::vector<std::byte> frames;
   for (size_t at = 0; at < runs.size(); at += 10'000) {
     auto f = dc::compress(std::span{runs}.subspan(at, std::min<size_t>(10'000, runs.size() - at)),
-                          1, dc::finder::plain);
+                          1, dc::finder::literals);
     ASSERT_TRUE(f);
     frames.insert(frames.end(), f->begin(), f->end());
   }
