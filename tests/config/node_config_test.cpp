@@ -90,6 +90,20 @@ preset = 7
     EXPECT_NE(m.find(want), std::string::npos) << want << "\n" << m;
 }
 
+TEST(node_config, the_delta_encoding_is_xor_sparse_unless_set_to_xor) {
+  auto defaults = parse_node_config("", "empty.toml");
+  ASSERT_TRUE(defaults) << defaults.error().message;
+  EXPECT_EQ(defaults->publisher_delta_encoding, "xor-sparse");
+  auto old_readers = parse_node_config("[publisher]\ndelta_encoding = \"xor\"\n", "p.toml");
+  ASSERT_TRUE(old_readers) << old_readers.error().message;
+  EXPECT_EQ(old_readers->publisher_delta_encoding, "xor");
+  auto unknown = parse_node_config("[publisher]\ndelta_encoding = \"overwrite\"\n", "p.toml");
+  ASSERT_FALSE(unknown);
+  EXPECT_NE(unknown.error().message.find("publisher.delta_encoding: 'overwrite' is not one of"),
+            std::string::npos)
+    << unknown.error().message;
+}
+
 TEST(node_config, two_roles_on_one_port_clash) {
   auto c = parse_node_config(R"(
 [gateway]
