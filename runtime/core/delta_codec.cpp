@@ -380,23 +380,12 @@ status stream_decompressor::read(std::span<std::byte> out) {
   if (out.size() > s.expected - s.produced)
     return decode_error("asked for " + std::to_string(out.size()) + " bytes past the expected "
                         + std::to_string(s.expected));
-  ZSTD_outBuffer dst{out.data(), out.size(), 0};
-  while (dst.pos < dst.size) {
-    if (auto ok = s.refill(); !ok)
-      return ok;
-    if (s.in.pos == s.in.size && s.input_ended)
-      return decode_error(s.frame_ended
-                            ? "zstd data holds " + std::to_string(s.produced + dst.pos)
-                                + " bytes, fewer than the expected " + std::to_string(s.expected)
-                            : "zstd data is truncated after " + std::to_string(s.produced + dst.pos)
-                                + " of " + std::to_string(s.expected) + " bytes");
-    // A finished frame followed by more input: the next frame begins.
-    size_t left = ZSTD_decompressStream(s.dctx.get(), &dst, &s.in);
-    if (ZSTD_isError(left))
-      return decode_error(std::string{"zstd data is corrupt: "} + ZSTD_getErrorName(left));
-    s.frame_ended = left == 0;
-  }
-  s.produced += out.size();
+  auto got = read_some(out);
+  if (!got)
+    return std::move(got).error();
+  if (*got < out.size())
+    return decode_error("zstd data holds " + std::to_string(s.produced)
+                        + " bytes, fewer than the expected " + std::to_string(s.expected));
   return {};
 }
 
@@ -413,6 +402,7 @@ result<size_t> stream_decompressor::read_some(std::span<std::byte> out) {
                             + " bytes");
       break;
     }
+    // A finished frame followed by more input: the next frame begins.
     size_t left = ZSTD_decompressStream(s.dctx.get(), &dst, &s.in);
     if (ZSTD_isError(left))
       return decode_error(std::string{"zstd data is corrupt: "} + ZSTD_getErrorName(left));

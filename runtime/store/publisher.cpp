@@ -609,19 +609,26 @@ private:
   /// One chunk as a zstd frame of its own.
   status compress(std::optional<delta::stream_compressor>& zstd, int level, const job& j,
                   std::vector<std::byte>& out) {
-    if (!zstd) {
-      auto started = delta::stream_compressor::start(j.n, level);
-      if (!started)
-        return std::move(started).error();
-      zstd.emplace(std::move(*started));
-    } else if (auto ok = zstd->restart(j.n); !ok) {
+    if (auto ok = next_frame(zstd, j.n, level, delta::finder::xor_delta); !ok)
       return ok;
-    }
     auto fed = j.what == job::zeros ? feed_zeros(*zstd, j.n, out)
                                     : zstd->update(ring_.buffers[j.buffer].bytes().first(j.n), out);
     if (!fed)
       return fed;
     return zstd->finish(out);
+  }
+
+  /// Starts a frame of `n` bytes on the thread's context, made on first use
+  /// (and again whenever the level or encoding changes, by the caller).
+  static status next_frame(std::optional<delta::stream_compressor>& zstd, uint64_t n, int level,
+                           delta::finder f) {
+    if (zstd)
+      return zstd->restart(n);
+    auto started = delta::stream_compressor::start(n, level, 0, f);
+    if (!started)
+      return std::move(started).error();
+    zstd.emplace(std::move(*started));
+    return {};
   }
 
   /// One chunk's run list (`xor-sparse`) as a zstd frame of its own.
@@ -637,15 +644,8 @@ private:
         return std::move(room).error();
       list = room->first(delta::sparse_encode(ring_.buffers[j.buffer].bytes().first(j.n), *room));
     }
-    if (!zstd) {
-      auto started =
-        delta::stream_compressor::start(list.size(), level, 0, delta::finder::literals);
-      if (!started)
-        return std::move(started).error();
-      zstd.emplace(std::move(*started));
-    } else if (auto ok = zstd->restart(list.size()); !ok) {
+    if (auto ok = next_frame(zstd, list.size(), level, delta::finder::literals); !ok)
       return ok;
-    }
     if (auto ok = zstd->update(list, out); !ok)
       return ok;
     return zstd->finish(out);
