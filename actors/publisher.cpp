@@ -2,6 +2,8 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
+
 #include "actors/log.hpp"
 #include "actors/peer_offer.hpp"
 #include "runtime/core/token.hpp"
@@ -14,6 +16,9 @@ namespace stitch {
 namespace {
 
 using self_ptr = publisher_actor::stateful_pointer<publisher_state>;
+
+/// Pieces a streamed publish queues ahead of the publish consuming them.
+constexpr size_t queued_pieces = 64;
 
 /// How often idle sessions are looked for: often enough for the timeout.
 std::chrono::milliseconds sweep_every(const publisher_limits& limits) {
@@ -360,7 +365,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
         return to_caf_error(ok.error());
       if (auto ok = store::validate_headers(tensors); !ok)
         return to_caf_error(ok.error());
-      auto stream = std::make_shared<store::fed_stream>(std::move(tensors), 64);
+      auto stream = std::make_shared<store::fed_stream>(std::move(tensors), queued_pieces);
       if (stream->total() > st.limits.max_session_bytes)
         return to_caf_error(
           {errc::limit_exceeded, "the publish declares " + std::to_string(stream->total())
@@ -397,7 +402,16 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
         stream->close(std::move(why));
         caf::anon_send(handle, atom::done_v, job);
       });
-      return id;
+      // The client hears the session id once the buffers its first pieces
+      // land in are warm (their pages faulted in here, on a bulk thread, not
+      // on the network thread while other connections wait).
+      const uint64_t pieces = std::min<uint64_t>(
+        queued_pieces, (stream->total() + streamed_piece_bytes - 1) / streamed_piece_bytes);
+      return offload<uint64_t>(
+        self, st.jobs, *st.workers, "publisher's workers", [id, pieces]() -> result<uint64_t> {
+          warm_piece_buffers(static_cast<size_t>(pieces), streamed_piece_bytes);
+          return id;
+        });
     },
     [self](atom::chunk, uint64_t id, shared_piece& piece) -> caf::result<uint64_t> {
       if (!piece.owner || (!piece.data && piece.size > 0))

@@ -89,6 +89,12 @@ namespace stitch {
 /// delta against the last version it remembers, checksums, publish, pointer
 /// move (DESIGN §2, §7 `stitch publish`). Publishes run on worker threads,
 /// one at a time per pool; its handlers only hand work over.
+/// The pieces `stitch publish --stream` sends: small, so that each takes a
+/// short share of the receiving node's network thread (pointer reads and
+/// requests share it). A session opens with that many pieces' buffers
+/// warmed up (up to the publisher's queue).
+inline constexpr size_t streamed_piece_bytes = size_t{1} << 20;
+
 using publisher_actor = caf::typed_actor<
   // Publishes the Hugging Face directory at `path` (readable by this node).
   caf::replies_to<atom::publish, publish_args, std::string>::with<publish_summary>,
@@ -99,7 +105,8 @@ using publisher_actor = caf::typed_actor<
   // Opens a streamed publish of these tensors (ascending names); answers a
   // session id. Their bytes follow with `chunk`, tensor after tensor.
   caf::replies_to<atom::publish, publish_args, std::vector<store::tensor_header>>::with<uint64_t>,
-  // The next bytes (at most `max_chunk_bytes`) of session `id`, answered
+  // The next bytes (at most `max_chunk_bytes`; `stitch publish --stream`
+  // sends `streamed_piece_bytes`) of session `id`, answered
   // once the publish consumed them (the window a client keeps in flight is
   // all the memory it holds here) with the bytes the session still expects.
   // From another process they arrive in pooled buffers; in this one (an

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <mutex>
+#include <vector>
 
 namespace stitch {
 
@@ -96,6 +97,22 @@ result<piece_buffer> take_piece_buffer(size_t size) {
   // Never destroyed: pieces may be released while the process exits.
   static auto* pool = new piece_pool;
   return pool->take(size);
+}
+
+void warm_piece_buffers(size_t count, size_t size) {
+  constexpr size_t page = 4096;
+  std::vector<piece_buffer> held;
+  held.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    auto b = take_piece_buffer(size);
+    if (!b)
+      break;
+    // A write per page: the pages of a recycled buffer are already there.
+    for (size_t at = 0; at < b->size; at += page)
+      reinterpret_cast<volatile char*>(b->data)[at] = 0;
+    held.push_back(std::move(*b));
+  }
+  // All go back to the pool here, as far as it keeps them.
 }
 
 } // namespace stitch

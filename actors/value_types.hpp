@@ -74,6 +74,14 @@ struct piece_buffer {
 };
 result<piece_buffer> take_piece_buffer(size_t size);
 
+/// Puts `count` buffers of `size` bytes in the piece pool (within its 64 MiB)
+/// with every page faulted in: a node that is about to take a stream of
+/// pieces does this on a bulk thread first, so that its network thread copies
+/// the first pieces into warm memory instead of faulting in fresh pages for
+/// each (on a virtual machine that backs memory lazily, about 1 ms per MiB,
+/// during which the other connections wait).
+void warm_piece_buffers(size_t count, size_t size);
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shared_piece& x) {
   if constexpr (!std::is_same_v<typename Inspector::result_type, caf::error>) {

@@ -17,6 +17,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,6 +43,7 @@
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/hf_directory.hpp"
 #include "runtime/store/materialize.hpp"
+#include "runtime/store/pipeline.hpp"
 #include "runtime/store/publisher.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 
@@ -173,20 +175,25 @@ struct child {
   pid_t pid = -1;
   fs::path log;
 
+  /// Spawned without copying this process (posix_spawn: no fork of its
+  /// page tables, no exit of the copy at exec), so starting a load does not
+  /// stall the threads measuring it.
   static child start(const std::vector<std::string>& argv, const fs::path& log) {
     child c;
     c.log = log;
-    c.pid = ::fork();
-    if (c.pid == 0) {
-      std::freopen(log.c_str(), "a", stdout);
-      std::freopen(log.c_str(), "a", stderr);
-      std::vector<char*> args;
-      for (const auto& a : argv)
-        args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execvp(args[0], args.data());
-      ::_exit(127);
-    }
+    posix_spawn_file_actions_t actions;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                       0644);
+    ::posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    if (int err = ::posix_spawnp(&c.pid, args[0], &actions, nullptr, args.data(), environ);
+        err != 0)
+      die("cannot start " + argv[0] + ": " + std::strerror(err));
+    ::posix_spawn_file_actions_destroy(&actions);
     return c;
   }
 
@@ -416,7 +423,10 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
   }
 
   // Pointer reads, idle and while another pool takes a streamed publish.
+  // The reader is set up as a node is (a replica reading the pointer runs in
+  // one): its threads preempt bulk work when they wake.
   {
+    stitch::store::run_as_latency_thread();
     stitch::system_config cfg;
     cfg.set("logger.file-verbosity", caf::atom("quiet"));
     caf::actor_system sys{cfg};

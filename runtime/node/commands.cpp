@@ -56,10 +56,9 @@ result<caf::actor> lookup(caf::actor_system& sys, const host_port& where, const 
   return ask<caf::actor>(sys, *coordinator, atom::lookup_v, role);
 }
 
-/// A streamed publish sends chunks of this size, this many in flight: what
-/// the node holds of this client. Small chunks keep each message's share of
-/// the node's network thread short (pointer reads and requests share it).
-constexpr size_t publish_chunk = size_t{1} << 20;
+/// A streamed publish sends chunks of `streamed_piece_bytes`, this many in
+/// flight: what the node holds of this client.
+constexpr size_t publish_chunk = streamed_piece_bytes;
 constexpr size_t publish_window = 16;
 
 result<publish_summary> stream_directory(caf::actor_system& sys, const publisher_actor& publisher,

@@ -12,11 +12,15 @@
 #include "runtime/node/cli.hpp"
 #include "runtime/node/node.hpp"
 #include "runtime/node/system_config.hpp"
+#include "runtime/store/pipeline.hpp"
 
 int main(int argc, char** argv) {
   using namespace stitch::node;
   // A quarter of an HTTP publish's time went to zeroing fresh pages.
   stitch::keep_freed_buffers_in_heap();
+  // Control threads preempt bulk work as soon as they wake; bulk threads go
+  // back to the default slice (runtime/store/pipeline.hpp).
+  stitch::store::run_as_latency_thread();
   CLI::App app{"stitch-node: runs the Stitch roles of this machine on one actor system.\n"
                "With no --config it runs every role in one process on an embedded RocksDB store "
                "under ./stitch-data, with built-in engine replicas.",

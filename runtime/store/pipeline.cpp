@@ -1,5 +1,7 @@
 #include "runtime/store/pipeline.hpp"
 
+#include <cerrno>
+#include <cstdint>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -8,10 +10,51 @@
 
 namespace stitch::store {
 
+namespace {
+
+/// `struct sched_attr` of sched_setattr(2) (glibc has no wrapper before 2.41).
+struct sched_attributes {
+  uint32_t size = sizeof(sched_attributes);
+  uint32_t policy = 0;
+  uint64_t flags = 0;
+  int32_t nice = 0;
+  uint32_t priority = 0;
+  /// For SCHED_OTHER and SCHED_BATCH since Linux 6.12: the time slice in
+  /// nanoseconds (0: the kernel's default).
+  uint64_t runtime = 0;
+  uint64_t deadline = 0;
+  uint64_t period = 0;
+};
+
+bool set_attributes(uint32_t policy, int nice, uint64_t slice_ns) noexcept {
+  sched_attributes a;
+  a.policy = policy;
+  a.nice = nice;
+  a.runtime = slice_ns;
+  return ::syscall(SYS_sched_setattr, 0, &a, 0) == 0;
+}
+
+int current_nice() noexcept {
+  errno = 0;
+  const int n = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  return errno == 0 ? n : 0;
+}
+
+} // namespace
+
 void run_as_background_thread() noexcept {
+  // A custom slice survives sched_setscheduler(2): set the policy, nice and
+  // the default slice at once.
+  if (set_attributes(SCHED_BATCH, 10, 0))
+    return;
   sched_param param{};
   (void) ::pthread_setschedparam(::pthread_self(), SCHED_BATCH, &param);
   (void) ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+}
+
+void run_as_latency_thread() noexcept {
+  constexpr uint64_t shortest_slice_ns = 100'000;
+  (void) set_attributes(SCHED_OTHER, current_nice(), shortest_slice_ns);
 }
 
 status buffer_ring::allocate(size_t count, size_t bytes) {

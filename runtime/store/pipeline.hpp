@@ -16,11 +16,23 @@
 
 namespace stitch::store {
 
-/// Lowers the calling thread's scheduling priority (SCHED_BATCH, nice 10):
-/// bulk byte work (staging, publishing, streaming) runs there, so on a busy
-/// machine the threads that answer control messages and requests get the
-/// cores first. Threads it starts inherit it.
+/// Lowers the calling thread's scheduling priority (SCHED_BATCH, nice 10,
+/// the kernel's default time slice): bulk byte work (staging, publishing,
+/// streaming) runs there, so on a busy machine the threads that answer
+/// control messages and requests get the cores first. Threads it starts
+/// inherit it.
 void run_as_background_thread() noexcept;
+
+/// Asks for the shortest time slice the kernel gives (0.1 ms; Linux 6.12's
+/// EEVDF custom slices, ignored by older kernels) for the calling thread and
+/// every thread it starts, at its normal priority and share of the CPU. A
+/// thread with a shorter slice than the running one preempts it when it
+/// wakes instead of waiting out that thread's slice (1–3 ms), so a node's
+/// control threads (the network thread, actors, the store's fast lane)
+/// answer within microseconds of a wakeup while bulk threads
+/// (`run_as_background_thread`, which goes back to the default slice) and
+/// other processes keep the cores busy. `stitch-node` calls it first thing.
+void run_as_latency_thread() noexcept;
 
 /// Staging buffers of one size that rotate between a producer and the
 /// threads consuming them, guarded by their owner's mutex: which are free,

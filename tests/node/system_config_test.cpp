@@ -3,12 +3,20 @@
 #include <caf/binary_serializer.hpp>
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
 
 #include "actors/cluster_types.hpp"
 #include "actors/replica_actor.hpp"
 #include "actors/value_types.hpp"
 #include "runtime/node/system_config.hpp"
+#include "runtime/store/pipeline.hpp"
 
 namespace {
 
@@ -190,6 +198,74 @@ TEST_F(caf_types_test, released_piece_buffers_are_reused) {
   auto d = stitch::take_piece_buffer(5 << 20);
   ASSERT_TRUE(d);
   EXPECT_TRUE(c->data == first || d->data == first);
+}
+
+/// Pages of `[data, data + size)` (whole pages inside it) not in memory.
+size_t missing_pages(const char* data, size_t size) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(data) + size) / page * page;
+  std::vector<unsigned char> in((end - begin) / page);
+  if (::mincore(reinterpret_cast<void*>(begin), end - begin, in.data()) != 0)
+    return in.size();
+  size_t missing = 0;
+  for (auto v : in)
+    missing += (v & 1) ? 0 : 1;
+  return missing;
+}
+
+TEST_F(caf_types_test, warmed_piece_buffers_come_out_of_the_pool_with_their_pages_in) {
+  // A size class nothing else here uses: without the warm-up these would be
+  // fresh mappings with no page in memory.
+  constexpr size_t size = size_t{7} << 20;
+  stitch::warm_piece_buffers(2, size);
+  auto a = stitch::take_piece_buffer(size);
+  auto b = stitch::take_piece_buffer(size);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(missing_pages(a->data, a->size), 0u);
+  EXPECT_EQ(missing_pages(b->data, b->size), 0u);
+  // The pool had just the two: a third is fresh.
+  auto c = stitch::take_piece_buffer(size);
+  ASSERT_TRUE(c);
+  EXPECT_GT(missing_pages(c->data, c->size), 0u);
+}
+
+/// The calling thread's time slice (ns) and policy, from /proc.
+std::pair<uint64_t, int> slice_and_policy() {
+  std::ifstream in{"/proc/thread-self/sched"};
+  std::string line;
+  uint64_t slice = 0;
+  int policy = -1;
+  while (std::getline(in, line)) {
+    auto value = [&] { return std::stoull(line.substr(line.find(':') + 1)); };
+    if (line.starts_with("se.slice"))
+      slice = value();
+    else if (line.starts_with("policy"))
+      policy = static_cast<int>(value());
+  }
+  return {slice, policy};
+}
+
+TEST(thread_priority, control_threads_get_short_slices_and_bulk_threads_give_them_back) {
+  std::pair<uint64_t, int> control, inherited, bulk, bulk_child;
+  std::thread t{[&] {
+    stitch::store::run_as_latency_thread();
+    control = slice_and_policy();
+    std::thread{[&] { inherited = slice_and_policy(); }}.join();
+    stitch::store::run_as_background_thread();
+    bulk = slice_and_policy();
+    std::thread{[&] { bulk_child = slice_and_policy(); }}.join();
+  }};
+  t.join();
+  if (control.first != 100'000)
+    GTEST_SKIP() << "this kernel has no custom time slices (Linux 6.12+); se.slice "
+                 << control.first;
+  EXPECT_EQ(control.second, SCHED_OTHER);
+  EXPECT_EQ(inherited, control);
+  // SCHED_BATCH at the kernel's default slice, which threads it starts keep.
+  EXPECT_EQ(bulk.second, SCHED_BATCH);
+  EXPECT_GT(bulk.first, 100'000u);
+  EXPECT_EQ(bulk_child, bulk);
 }
 
 } // namespace
