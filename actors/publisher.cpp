@@ -388,6 +388,16 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
         it->second.outcome = std::move(*slot);
         settle(self, id);
       });
+      // The client hears the session id once the buffers its first pieces
+      // land in are warm (their pages faulted in here, on a bulk thread, not
+      // on the network thread while other connections wait).
+      const uint64_t pieces = std::min<uint64_t>(
+        queued_pieces, (stream->total() + streamed_piece_bytes - 1) / streamed_piece_bytes);
+      auto answer = offload<uint64_t>(
+        self, st.jobs, *st.workers, "publisher's workers", [id, pieces]() -> result<uint64_t> {
+          warm_piece_buffers(static_cast<size_t>(pieces), streamed_piece_bytes);
+          return id;
+        });
       queue_of(self, args.pool).post([impl, args, stream, slot, handle, job] {
         auto report = impl->publish(to_request(args), *stream);
         // Bytes still queued for a publish that ended are dropped; bytes
@@ -402,16 +412,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
         stream->close(std::move(why));
         caf::anon_send(handle, atom::done_v, job);
       });
-      // The client hears the session id once the buffers its first pieces
-      // land in are warm (their pages faulted in here, on a bulk thread, not
-      // on the network thread while other connections wait).
-      const uint64_t pieces = std::min<uint64_t>(
-        queued_pieces, (stream->total() + streamed_piece_bytes - 1) / streamed_piece_bytes);
-      return offload<uint64_t>(
-        self, st.jobs, *st.workers, "publisher's workers", [id, pieces]() -> result<uint64_t> {
-          warm_piece_buffers(static_cast<size_t>(pieces), streamed_piece_bytes);
-          return id;
-        });
+      return answer;
     },
     [self](atom::chunk, uint64_t id, shared_piece& piece) -> caf::result<uint64_t> {
       if (!piece.owner || (!piece.data && piece.size > 0))

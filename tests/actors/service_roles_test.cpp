@@ -216,6 +216,11 @@ TEST_F(publisher_actor_test, streamed_sessions_are_bounded_checked_and_dropped_w
   std::vector<store::tensor_header> good{{"a", safetensors::dtype::f32, {2}, 8}};
   self->send(publisher, atom::publish_v, args, good);
   sched.run();
+  // The id comes once the session's piece buffers are warm (the first job on
+  // the workers; the publish itself, next in line, waits for bytes).
+  EXPECT_FALSE(answer<uint64_t>(&err));
+  ASSERT_TRUE(workers->run_one());
+  sched.run();
   auto id = answer<uint64_t>(&err);
   ASSERT_TRUE(id) << err;
   // One session at a time.
@@ -242,6 +247,8 @@ TEST_F(publisher_actor_test, a_publisher_that_stops_ends_the_publishes_waiting_f
   args.run_id = "r";
   std::vector<store::tensor_header> good{{"a", safetensors::dtype::f32, {2}, 8}};
   self->send(publisher, atom::publish_v, args, good);
+  sched.run();
+  ASSERT_TRUE(workers->run_one()); // the piece buffers' warm-up
   sched.run();
   std::string err;
   ASSERT_TRUE(answer<uint64_t>(&err)) << err;
