@@ -3,8 +3,8 @@
 #include <caf/actor_system.hpp>
 #include <caf/message.hpp>
 
-#include <array>
-#include <mutex>
+#include "transport/buffer_pool.hpp"
+
 #include <vector>
 
 namespace stitch {
@@ -26,77 +26,25 @@ error from_caf_error(const caf::actor_system& sys, const caf::error& err) {
   return error{errc::backend_failure, sys.render(err)};
 }
 
-namespace {
-
-/// Recycled piece buffers in size classes of whole MiB (a piece of at most
-/// `max_chunk_bytes` takes the class it fits).
-class piece_pool {
-public:
-  static constexpr size_t granule = size_t{1} << 20;
-  static constexpr size_t classes = max_chunk_bytes / granule;
-  static constexpr size_t kept_limit = size_t{64} << 20;
-
-  result<piece_buffer> take(size_t size) {
-    if (size > max_chunk_bytes)
-      return make_error(errc::limit_exceeded, "a piece of " + std::to_string(size)
-                                                + " bytes is over the limit of "
-                                                + std::to_string(max_chunk_bytes));
-    if (size == 0) {
-      // Nothing to hold: an owner that keeps nothing alive.
-      static char none = 0;
-      return piece_buffer{std::shared_ptr<const void>{std::shared_ptr<const void>{}, &none}, &none,
-                          0};
-    }
-    const size_t cls = (size + granule - 1) / granule;
-    char* raw = nullptr;
-    {
-      std::lock_guard lock{mutex_};
-      auto& free = free_[cls - 1];
-      if (!free.empty()) {
-        raw = free.back();
-        free.pop_back();
-        kept_ -= cls * granule;
-      }
-    }
-    if (!raw)
-      raw = new (std::nothrow) char[cls * granule];
-    if (!raw)
-      return make_error(errc::limit_exceeded,
-                        "no memory for a piece of " + std::to_string(size) + " bytes");
-    std::shared_ptr<const void> owner{raw, [this, cls](const void* p) {
-                                        give_back(cls, static_cast<char*>(const_cast<void*>(p)));
-                                      }};
-    return piece_buffer{std::move(owner), raw, size};
-  }
-
-private:
-  void give_back(size_t cls, char* raw) noexcept {
-    {
-      std::lock_guard lock{mutex_};
-      if (kept_ + cls * granule <= kept_limit) {
-        try {
-          free_[cls - 1].push_back(raw);
-          kept_ += cls * granule;
-          return;
-        } catch (...) {
-          // No room to remember it: free it below.
-        }
-      }
-    }
-    delete[] raw;
-  }
-
-  std::mutex mutex_;
-  std::array<std::vector<char*>, classes> free_;
-  size_t kept_ = 0;
-};
-
-} // namespace
-
 result<piece_buffer> take_piece_buffer(size_t size) {
+  if (size > max_chunk_bytes)
+    return make_error(errc::limit_exceeded, "a piece of " + std::to_string(size)
+                                              + " bytes is over the limit of "
+                                              + std::to_string(max_chunk_bytes));
+  if (size == 0) {
+    // Nothing to hold: an owner that keeps nothing alive.
+    static char none = 0;
+    return piece_buffer{std::shared_ptr<const void>{std::shared_ptr<const void>{}, &none}, &none,
+                        0};
+  }
   // Never destroyed: pieces may be released while the process exits.
-  static auto* pool = new piece_pool;
-  return pool->take(size);
+  static auto* pool = new transport::buffer_pool{max_chunk_bytes, size_t{64} << 20};
+  auto raw = pool->take(size);
+  if (!raw)
+    return make_error(errc::limit_exceeded,
+                      "no memory for a piece of " + std::to_string(size) + " bytes");
+  char* data = raw.get();
+  return piece_buffer{std::shared_ptr<const void>{std::move(raw), data}, data, size};
 }
 
 void warm_piece_buffers(size_t count, size_t size) {

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "runtime/core/constraint.hpp"
+#include "transport/buffer_pool.hpp"
 
 namespace stitch::transport {
 
@@ -145,6 +146,12 @@ struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
   bool stopped = false;
 };
 
+buffer_pool& large_body_pool() {
+  // Never destroyed: a body may be released while the process exits.
+  static auto* pool = new buffer_pool{size_t{64} << 20, size_t{64} << 20};
+  return *pool;
+}
+
 namespace {
 
 class session final : public std::enable_shared_from_this<session> {
@@ -250,8 +257,17 @@ private:
                                             && !parser_->is_done()
                                             && server_->opts.raw_large_bodies) {
       // Not even zero-filled first: every byte is about to be overwritten.
-      std::shared_ptr<char[]> raw{new char[static_cast<size_t>(*n)]};
+      // Recycled: a fresh allocation would fault in new pages every few
+      // bodies (buffer_pool.hpp says why).
       const size_t size = static_cast<size_t>(*n);
+      std::shared_ptr<char[]> raw = large_body_pool().take(size);
+      if (!raw) {
+        reading_ = false;
+        read_timer_.cancel();
+        refuse(http_failure::unavailable,
+               "no memory for a request body of " + std::to_string(size) + " bytes");
+        return;
+      }
       size_t have = std::min(buffer_.size(), size);
       net::buffer_copy(net::buffer(raw.get(), have), buffer_.data());
       buffer_.consume(have);
@@ -313,10 +329,15 @@ private:
       close();
       return;
     }
+    refuse(*why, std::move(message));
+  }
+
+  /// Answers `why` after the answers pending and reads no more requests.
+  void refuse(http_failure why, std::string message) {
     stop_reading_ = true;
     auto s = std::make_shared<slot>(weak_from_this(), strand_, false, 11);
     s->answered = true;
-    s->whole = error_response(*why, std::move(message));
+    s->whole = error_response(why, std::move(message));
     slots_.push_back(std::move(s));
     pump();
   }

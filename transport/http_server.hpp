@@ -134,4 +134,9 @@ server_response response_of(const http_error& e);
 /// `response_of(make_http_error(why, message))`.
 server_response error_response(http_failure why, std::string message);
 
+class buffer_pool;
+/// Where `raw_large_bodies` are read (bodies up to 64 MiB, and 64 MiB of
+/// them kept warm between requests); shared by every server of the process.
+buffer_pool& large_body_pool();
+
 } // namespace stitch::transport
