@@ -5,9 +5,8 @@
 namespace stitch::transport {
 
 buffer_pool::buffer_pool(size_t max_buffer, size_t kept_limit)
-  : max_buffer_(max_buffer), kept_limit_(kept_limit),
-    free_((max_buffer + granule - 1) / granule) {
-}
+    : max_buffer_(max_buffer), kept_limit_(kept_limit),
+      free_((max_buffer + granule - 1) / granule) {}
 
 buffer_pool::~buffer_pool() {
   for (auto& cls : free_)
