@@ -365,7 +365,10 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
       "from stitch_client import Client; c = Client(publisher='http://127.0.0.1:"
       + http_port + "'); t = time.monotonic(); c.publish('" + model.string()
       + "', run='r', version=" + std::to_string(v) + ", anchor=True); print(time.monotonic() - t)";
-    auto c = child::start({"python3", "-c", script}, dir / "python.log");
+    // A log of its own: the output read back is this run's seconds (one log
+    // for every run would be read from its start, the first run's figure).
+    auto c =
+      child::start({"python3", "-c", script}, dir / ("python-" + std::to_string(v) + ".log"));
     int status = 0;
     ::waitpid(c.pid, &status, 0);
     c.pid = -1;
