@@ -14,10 +14,17 @@ buffer_pool::~buffer_pool() {
       delete[] raw;
 }
 
-std::shared_ptr<char[]> buffer_pool::take(size_t size) {
+std::shared_ptr<char[]> buffer_pool::take(size_t size) noexcept {
   if (size == 0 || size > max_buffer_) {
     char* raw = new (std::nothrow) char[size == 0 ? 1 : size];
-    return raw ? std::shared_ptr<char[]>{raw} : nullptr;
+    if (!raw)
+      return nullptr;
+    try {
+      return std::shared_ptr<char[]>{raw};
+    } catch (const std::bad_alloc&) {
+      // The shared_ptr deleted `raw` already.
+      return nullptr;
+    }
   }
   const size_t cls = (size + granule - 1) / granule;
   char* raw = nullptr;
@@ -34,7 +41,12 @@ std::shared_ptr<char[]> buffer_pool::take(size_t size) {
     raw = new (std::nothrow) char[cls * granule];
   if (!raw)
     return nullptr;
-  return std::shared_ptr<char[]>{raw, [this, cls](char* p) { give_back(cls, p); }};
+  try {
+    return std::shared_ptr<char[]>{raw, [this, cls](char* p) { give_back(cls, p); }};
+  } catch (const std::bad_alloc&) {
+    // No room for the control block: the deleter gave `raw` back already.
+    return nullptr;
+  }
 }
 
 size_t buffer_pool::kept() const {

@@ -31,8 +31,8 @@ public:
   /// A buffer of at least `size` bytes (more than zero), its contents
   /// undefined; nullptr when there is no memory for it. A size over
   /// `max_buffer` is allocated and freed plainly. The pool must outlive
-  /// every buffer it hands out.
-  std::shared_ptr<char[]> take(size_t size);
+  /// every buffer it hands out. Never throws.
+  std::shared_ptr<char[]> take(size_t size) noexcept;
 
   /// Bytes kept for reuse now.
   size_t kept() const;
