@@ -6,8 +6,10 @@
 #include <caf/io/middleman.hpp>
 #include <caf/message.hpp>
 
+#include <algorithm>
 #include <caf/openssl/manager.hpp>
 #include <fstream>
+#include <thread>
 
 #include "actors/cluster_types.hpp"
 #include "actors/coordinator_actor.hpp"
@@ -49,6 +51,11 @@ void register_stitch_types(caf::actor_system_config& cfg) {
                          });
 }
 
+size_t middleman_workers(unsigned cores) {
+  // CAF's default is min(3, cores / 4) + 1.
+  return cores < 4 ? 0 : std::min(3u, cores / 4) + 1;
+}
+
 void tune_scheduler(caf::actor_system_config& cfg) {
   cfg.set("work-stealing.moderate-poll-attempts", 1);
 }
@@ -66,6 +73,7 @@ system_config::system_config() {
   // status actors take in again what the coordinator re-enrolls every few
   // seconds.
   set("middleman.enable-automatic-connections", true);
+  set("middleman.workers", middleman_workers(std::thread::hardware_concurrency()));
 }
 
 std::string check_tls_files(const std::string& cert, const std::string& key,

@@ -246,6 +246,20 @@ std::pair<uint64_t, int> slice_and_policy() {
   return {slice, policy};
 }
 
+TEST(middleman, small_machines_deserialize_on_the_network_thread) {
+  // Below four cores no deserializing worker (one would only add a hop);
+  // from four, CAF's own default.
+  for (unsigned cores : {0u, 1u, 2u, 3u})
+    EXPECT_EQ(stitch::middleman_workers(cores), 0u) << cores;
+  EXPECT_EQ(stitch::middleman_workers(4), 2u);
+  EXPECT_EQ(stitch::middleman_workers(8), 3u);
+  EXPECT_EQ(stitch::middleman_workers(16), 4u);
+  EXPECT_EQ(stitch::middleman_workers(128), 4u);
+  stitch::system_config cfg;
+  EXPECT_EQ(caf::get_or(cfg, "middleman.workers", size_t{99}),
+            stitch::middleman_workers(std::thread::hardware_concurrency()));
+}
+
 TEST(thread_priority, control_threads_get_short_slices_and_bulk_threads_give_them_back) {
   std::pair<uint64_t, int> control, inherited, bulk, bulk_child;
   std::thread t{[&] {
