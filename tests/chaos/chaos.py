@@ -300,7 +300,7 @@ class Chaos:
         self.faults_done = collections.Counter()
         self.fault_ended = {}  # target -> when its last fault ended (restart included)
         self.fault_notes = collections.Counter()
-        self.recoveries = []  # seconds from a fault's heal to convergence
+        self.recoveries = []  # (seconds from a fault's heal to convergence, fault kind)
         self.pending = []  # (healed_at, pointer version then, kind)
         self.side_acked = []  # (version, source dir)
         self.side_killed = 0
@@ -464,7 +464,7 @@ class Chaos:
         with self.lock:
             for item in done:
                 self.pending.remove(item)
-                self.recoveries.append(now - item[0])
+                self.recoveries.append((now - item[0], item[2]))
 
     # -- load ----------------------------------------------------------------
     def client(self, i):
@@ -891,10 +891,17 @@ class Chaos:
             self.teardown()
         with self.lock:
             pending = len(self.pending)
-            times = sorted(self.recoveries) + [final_converge]
-        return self.report(schedule, time.time() - began, lost, times, pending)
+            heals = list(self.recoveries) + [(final_converge, "calm")]
+        return self.report(schedule, time.time() - began, lost, heals, pending)
 
-    def report(self, schedule, duration, lost, times, pending):
+    def report(self, schedule, duration, lost, heals, pending):
+        # heals: (seconds to converge, the fault kind it followed; "calm" for
+        # the convergence after the last fault).
+        times = sorted(t for t, _ in heals)
+        slowest = max(heals, key=lambda h: h[0]) if heals else (0.0, "")
+        max_by_kind = {}
+        for t, kind in heals:
+            max_by_kind[kind] = round(max(t, max_by_kind.get(kind, 0.0)), 2)
         answers = {str(k): v for k, v in sorted(self.answers.items())}
         answers["no_answer"] = self.no_answer
         answers["interrupted_streams"] = self.interrupted_streams
@@ -914,8 +921,9 @@ class Chaos:
         print(f"probes             {self.probes} over {len(self.fingerprints)} versions")
         print(f"pointer            default at {self.pointer('default')}, {self.pointer_polls} polls")
         print(f"versions served    {len(self.served)}")
-        print(f"converge (s)       p50 {p50:.2f}, max {max(times) if times else 0:.2f} "
+        print(f"converge (s)       p50 {p50:.2f}, max {slowest[0]:.2f} (after {slowest[1] or '-'}) "
               f"over {len(times)} heals; {pending} unhealed at the end")
+        print(f"  slowest by fault {dict(sorted(max_by_kind.items()))}")
         print(f"violations         {len(self.violations)}")
         for v in self.violations[:20]:
             print(f"  - {v[:400]}")
@@ -931,7 +939,9 @@ class Chaos:
             "probes": self.probes, "final_pointer": self.pointer("default"),
             "violations": len(self.violations), "lost_versions": len(lost),
             "converge_p50_s": round(p50, 2),
-            "converge_max_s": round(max(times) if times else 0.0, 2),
+            "converge_max_s": round(slowest[0], 2),
+            "converge_max_after": slowest[1],
+            "converge_max_by_kind": dict(sorted(max_by_kind.items())),
         }
         print(json.dumps(result))
         return 1 if self.violations or lost else 0
