@@ -2,6 +2,8 @@
 
 #include <caf/all.hpp>
 
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "actors/handle_types.hpp"
@@ -26,18 +28,65 @@ struct relay_state {
     caf::message msg;
   };
   std::vector<remembered> sticky;
+  /// With `own_requests`: the requests sent and not yet answered, by key.
+  std::unordered_map<uint64_t, caf::response_promise> out;
+  uint64_t next_key = 1;
 };
 
 using self_ptr = caf::stateful_actor<relay_state>*;
 
 void look_up(self_ptr self);
 
+/// Answers every request still out with a retryable error: the target that
+/// had them is gone and will never answer.
+void fail_requests_out(self_ptr self) {
+  auto& st = self->state;
+  if (st.out.empty())
+    return;
+  auto out = std::move(st.out);
+  st.out.clear();
+  log::warn("node", "lost the " + st.opts.role + " it pointed at with " + std::to_string(out.size())
+                      + " request(s) unanswered; each is answered with a retryable error");
+  for (auto& [key, promise] : out)
+    promise.deliver(to_caf_error(
+      {errc::engine_unavailable, "the " + st.opts.role
+                                   + " went away before it answered (its node is down or "
+                                     "restarting); retry"}));
+}
+
+/// Sends the current request to the target as the relay's own and passes
+/// its answer (or error) back to the one who asked.
+void send_as_own(self_ptr self, caf::message msg) {
+  auto& st = self->state;
+  const uint64_t key = st.next_key++;
+  st.out.emplace(key, self->make_response_promise());
+  auto handle = self->request(st.target, caf::duration{st.opts.request_bound}, std::move(msg));
+  // CAF 0.17's behaviors have no catch-all: an answer that matches no
+  // handler is offered again as `sec::unexpected_response` holding the
+  // answer as its context, so the one error handler sees every answer.
+  self->add_multiplexed_response_handler(handle.id(), caf::behavior{[self, key](caf::error& e) {
+                                           auto& out = self->state.out;
+                                           auto it = out.find(key);
+                                           if (it == out.end())
+                                             return;
+                                           if (e == caf::sec::unexpected_response)
+                                             it->second.deliver(std::move(e.context()));
+                                           else
+                                             it->second.deliver(std::move(e));
+                                           out.erase(it);
+                                         }});
+}
+
 void point_at(self_ptr self, caf::actor target) {
   auto& st = self->state;
   if (st.target == target)
     return;
-  if (st.target)
+  if (st.target) {
     self->demonitor(st.target);
+    // Requests out to the old target are answered as lost: the caller asks
+    // again, through the new one (a late answer from the old is dropped).
+    fail_requests_out(self);
+  }
   st.target = std::move(target);
   if (!st.target) {
     look_up(self);
@@ -75,6 +124,7 @@ caf::behavior hub_relay(self_ptr self, hub_relay_options opts, caf::actor target
     auto& st = self->state;
     if (st.target && down.source == st.target.address()) {
       st.target = nullptr;
+      fail_requests_out(self);
       look_up(self);
       return;
     }
@@ -101,6 +151,10 @@ caf::behavior hub_relay(self_ptr self, hub_relay_options opts, caf::actor target
           {errc::engine_unavailable, "the " + st.opts.role
                                        + " is unreachable from this node (its node is "
                                          "down or restarting); retry"});
+      if (st.opts.own_requests && self->current_message_id().is_request()) {
+        send_as_own(self, std::move(msg));
+        return caf::delegated<caf::message>{};
+      }
       auto promise = self->make_response_promise();
       promise.delegate(st.target, std::move(msg));
       return caf::delegated<caf::message>{};

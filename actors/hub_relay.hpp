@@ -8,10 +8,17 @@
 // nothing that holds its handle changes. While it points at nothing, requests
 // are answered at once with an error naming the role (callers retry as they
 // would after a timeout); plain messages are dropped.
+//
+// A request the hub actor never answers because its node died (CAF answers
+// nothing across a lost connection; the caller would wait out its own
+// timeout, 30 s for a replica) is answered by a relay with `own_requests`:
+// it sends such requests itself, passes the answer on, and answers every
+// request still out with a retryable error the moment its target goes down.
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include <chrono>
 #include <functional>
 #include <string>
 
@@ -28,6 +35,15 @@ struct hub_relay_options {
   /// new target (the store's pointer subscriptions); dropped when their
   /// sender is gone.
   std::function<bool(const caf::message&)> sticky;
+  /// Requests go out as the relay's own and their answers come back through
+  /// it, so that a target that dies leaves none of them unanswered. The
+  /// target then sees the relay as the sender of requests: only for hub
+  /// actors that do not look at who asks (the store; the coordinator checks
+  /// its members' heartbeats by sender, and its relay delegates).
+  bool own_requests = false;
+  /// With `own_requests`: how long the relay waits for an answer before it
+  /// forgets the request (answering it with CAF's request timeout).
+  std::chrono::milliseconds request_bound{std::chrono::minutes{10}};
 };
 
 /// Spawns a relay pointing at `target` (may be null). `(rebind, actor)` from

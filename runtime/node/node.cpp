@@ -193,6 +193,10 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     ro.sticky = [](const caf::message& m) {
       return m.match_elements<atom::subscribe, std::string, pointer_listener_actor>();
     };
+    // A request out when the hub's node dies is answered at once (retryable)
+    // instead of waiting out its caller's timeout: a replica's pointer read
+    // held its reconcile for 30 s after a hub restart (tests/chaos, seed 6).
+    ro.own_requests = true;
     n->store_ = caf::actor_cast<store_actor>(spawn_hub_relay(sys, std::move(ro), *found));
     n->relays_.push_back(caf::actor_cast<caf::actor>(n->store_));
     n->backend_ = std::make_shared<remote_store>(sys, n->store_);

@@ -2,7 +2,8 @@
 // reach the actor it points at with their sender (answers come straight
 // back), a relay pointing at nothing answers at once with an error naming
 // the role, remembered subscriptions are replayed to a new target, and a
-// relay with a directory finds a new target itself when its target dies.
+// relay with a directory finds a new target itself when its target dies, and
+// a relay that owns its requests answers those a dying target never will.
 
 #include <gtest/gtest.h>
 
@@ -25,6 +26,24 @@ caf::behavior fake_hub(caf::event_based_actor* self, std::string name) {
     [name](const std::string& text) { return name + ":" + text; },
     [self, name](atom::subscribe, const std::string& pool) {
       self->send(caf::actor_cast<caf::actor>(self->current_sender()), name + " tells " + pool);
+    },
+  };
+}
+
+/// A hub actor that never answers `(claim, text)` (it keeps the promises),
+/// answers `(text)` with its name and `(list, text)` with an error.
+struct holding_state {
+  std::vector<caf::response_promise> held;
+};
+caf::behavior holding_hub(caf::stateful_actor<holding_state>* self, std::string name) {
+  return {
+    [name](const std::string& text) { return name + ":" + text; },
+    [self](atom::claim, const std::string&) -> caf::result<std::string> {
+      self->state.held.push_back(self->make_response_promise());
+      return caf::delegated<std::string>{};
+    },
+    [](atom::list, const std::string& text) -> caf::result<std::string> {
+      return to_caf_error({errc::not_found, "no " + text});
     },
   };
 }
@@ -124,6 +143,56 @@ TEST_F(hub_relay_test, finds_a_new_target_through_its_directory_and_replays_subs
   sched.run();
   EXPECT_EQ(next_text(), "store2 tells pool-a");
   EXPECT_EQ(next_text(), "(none)");
+  EXPECT_EQ(ask(relay, "read"), "store2:read");
+  for (const auto& x : {second, directory, relay})
+    caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+  sched.run();
+}
+
+// Without `own_requests` the held request below is never answered (the
+// test then hangs until ctest's timeout; checked by hand).
+TEST_F(hub_relay_test, owned_requests_are_answered_when_their_target_dies_unanswering) {
+  auto first = sys.spawn(holding_hub, std::string{"store1"});
+  auto current = std::make_shared<caf::actor>(first);
+  auto directory = sys.spawn(fake_directory, current);
+  hub_relay_options o;
+  o.role = "store";
+  o.directory = directory;
+  o.own_requests = true;
+  auto relay = spawn_hub_relay(sys, o, first);
+  sched.run();
+  // Answers and errors pass back through the relay.
+  EXPECT_EQ(ask(relay, "read"), "store1:read");
+  {
+    auto answer = self->request(relay, caf::infinite, atom::list_v, std::string{"such run"});
+    sched.run();
+    std::string out = "(none)";
+    answer.receive([&](std::string& s) { out = s; },
+                   [&](const caf::error& e) { out = "error: " + sys.render(e); });
+    EXPECT_NE(out.find("no such run"), std::string::npos) << out;
+    EXPECT_NE(out.find("not_found"), std::string::npos) << out;
+  }
+  // A request the store holds, then the store dies without answering (as a
+  // store on a node that is killed): the relay answers it, retryably, naming
+  // the role, as soon as it sees the store go down.
+  auto held = self->request(relay, caf::infinite, atom::claim_v, std::string{"pool"});
+  sched.run();
+  *current = caf::actor{};
+  // A kill leaves the held promises unanswered in CAF (a dead node's are
+  // never answered at all); the answer below can only be the relay's.
+  caf::anon_send_exit(first, caf::exit_reason::kill);
+  sched.run();
+  std::string out = "(none)";
+  held.receive([&](std::string& s) { out = s; },
+               [&](const caf::error& e) { out = "error: " + sys.render(e); });
+  EXPECT_NE(out.find("the store went away before it answered"), std::string::npos) << out;
+  EXPECT_NE(out.find("engine_unavailable"), std::string::npos) << out;
+
+  // A new store: requests go there.
+  auto second = sys.spawn(holding_hub, std::string{"store2"});
+  *current = second;
+  sched.trigger_timeouts();
+  sched.run();
   EXPECT_EQ(ask(relay, "read"), "store2:read");
   for (const auto& x : {second, directory, relay})
     caf::anon_send_exit(x, caf::exit_reason::user_shutdown);

@@ -992,6 +992,8 @@ def main():
                     help="seconds the replicas have to converge after the faults stop")
     ap.add_argument("--bin", default=os.environ.get("STITCH_BIN_DIR",
                                                     os.path.join(ROOT, "build", "bin")))
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the nodes' logs and data after a passing run too")
     ap.add_argument("--print-schedule", action="store_true",
                     help="print the seed's schedule and exit")
     args = ap.parse_args()
@@ -1010,7 +1012,7 @@ def main():
         print(f"chaos: {e}", file=sys.stderr)
         print(json.dumps({"seed": args.seed, "error": str(e)[:2000]}))
         code = 2
-    if code == 0:
+    if code == 0 and not args.keep:
         shutil.rmtree(chaos.work, ignore_errors=True)
     else:
         print(f"chaos: logs kept in {chaos.work}", file=sys.stderr)
