@@ -28,9 +28,9 @@ struct relay_state {
     caf::message msg;
   };
   std::vector<remembered> sticky;
-  /// With `own_requests`: the requests sent and not yet answered, by key.
+  /// With `own_requests`: the callers of the requests sent and not yet
+  /// answered, by the relay's own request id.
   std::unordered_map<uint64_t, caf::response_promise> out;
-  uint64_t next_key = 1;
 };
 
 using self_ptr = caf::stateful_actor<relay_state>*;
@@ -58,9 +58,10 @@ void fail_requests_out(self_ptr self) {
 /// its answer (or error) back to the one who asked.
 void send_as_own(self_ptr self, caf::message msg) {
   auto& st = self->state;
-  const uint64_t key = st.next_key++;
-  st.out.emplace(key, self->make_response_promise());
+  auto caller = self->make_response_promise();
   auto handle = self->request(st.target, caf::duration{st.opts.request_bound}, std::move(msg));
+  const uint64_t key = handle.id().integer_value();
+  st.out.emplace(key, std::move(caller));
   // CAF 0.17's behaviors have no catch-all: an answer that matches no
   // handler is offered again as `sec::unexpected_response` holding the
   // answer as its context, so the one error handler sees every answer.
