@@ -8,6 +8,7 @@
 
 #include "actors/handle_types.hpp"
 #include "actors/log.hpp"
+#include "actors/store_actor.hpp"
 #include "runtime/core/error.hpp"
 
 namespace stitch {
@@ -175,6 +176,24 @@ caf::behavior hub_relay(self_ptr self, hub_relay_options opts, caf::actor target
 }
 
 } // namespace
+
+hub_relay_options coordinator_relay_options() {
+  hub_relay_options o;
+  o.role = "coordinator";
+  o.own_requests = true;
+  return o;
+}
+
+hub_relay_options store_relay_options(caf::actor directory) {
+  hub_relay_options o;
+  o.role = "store";
+  o.directory = std::move(directory);
+  o.sticky = [](const caf::message& m) {
+    return m.match_elements<atom::subscribe, std::string, pointer_listener_actor>();
+  };
+  o.own_requests = true;
+  return o;
+}
 
 caf::actor spawn_hub_relay(caf::actor_system& sys, hub_relay_options opts, caf::actor target) {
   return sys.spawn(hub_relay, std::move(opts), std::move(target));

@@ -14,6 +14,8 @@
 // timeout, 30 s for a replica) is answered by a relay with `own_requests`:
 // it sends such requests itself, passes the answer on, and answers every
 // request still out with a retryable error the moment its target goes down.
+// A node's two relays (`coordinator_relay_options`, `store_relay_options`)
+// both do.
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
@@ -37,14 +39,27 @@ struct hub_relay_options {
   std::function<bool(const caf::message&)> sticky;
   /// Requests go out as the relay's own and their answers come back through
   /// it, so that a target that dies leaves none of them unanswered. The
-  /// target then sees the relay as the sender of requests: only for hub
-  /// actors that do not look at who asks (the store; the coordinator checks
-  /// its members' heartbeats by sender, and its relay delegates).
+  /// target then sees the relay as the sender of requests (plain messages
+  /// keep theirs): only for hub actors whose request handlers do not look at
+  /// who asks. The store's do not; the coordinator's heartbeats and `trained`,
+  /// which it checks by sender, come from the node agent, which holds the
+  /// coordinator itself, not the relay.
   bool own_requests = false;
   /// With `own_requests`: how long the relay waits for an answer before it
   /// forgets the request (answering it with CAF's request timeout).
   std::chrono::milliseconds request_bound{std::chrono::minutes{10}};
 };
+
+/// A node's relay to the coordinator: role lookups, the holders of a
+/// version, the retention directory (`in_use`), enrollments and replica
+/// states; requests owned.
+hub_relay_options coordinator_relay_options();
+
+/// A node's relay to the store: found again through `directory` (the node's
+/// coordinator relay), replays the replicas' pointer subscriptions to a new
+/// store; requests owned (a replica's pointer read out when the hub's node
+/// died held its reconcile for 30 s: tests/chaos, seed 6).
+hub_relay_options store_relay_options(caf::actor directory);
 
 /// Spawns a relay pointing at `target` (may be null). `(rebind, actor)` from
 /// an actor of this node points it elsewhere (null: at nothing).

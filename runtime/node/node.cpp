@@ -160,7 +160,7 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     // agent points at it again after the hub's node restarts.
     n->coordinator_remote_ = *found;
     n->coordinator_ = caf::actor_cast<coordinator_actor>(
-      spawn_hub_relay(sys, {"coordinator", {}, {}}, caf::actor_cast<caf::actor>(*found)));
+      spawn_hub_relay(sys, coordinator_relay_options(), caf::actor_cast<caf::actor>(*found)));
     n->relays_.push_back(caf::actor_cast<caf::actor>(n->coordinator_));
   }
   if (settings.has_role("store")) {
@@ -187,17 +187,8 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     }
     // The store's relay finds the store again through the coordinator, and
     // renews the replicas' pointer subscriptions with it.
-    hub_relay_options ro;
-    ro.role = "store";
-    ro.directory = caf::actor_cast<caf::actor>(n->coordinator_);
-    ro.sticky = [](const caf::message& m) {
-      return m.match_elements<atom::subscribe, std::string, pointer_listener_actor>();
-    };
-    // A request out when the hub's node dies is answered at once (retryable)
-    // instead of waiting out its caller's timeout: a replica's pointer read
-    // held its reconcile for 30 s after a hub restart (tests/chaos, seed 6).
-    ro.own_requests = true;
-    n->store_ = caf::actor_cast<store_actor>(spawn_hub_relay(sys, std::move(ro), *found));
+    n->store_ = caf::actor_cast<store_actor>(spawn_hub_relay(
+      sys, store_relay_options(caf::actor_cast<caf::actor>(n->coordinator_)), *found));
     n->relays_.push_back(caf::actor_cast<caf::actor>(n->store_));
     n->backend_ = std::make_shared<remote_store>(sys, n->store_);
   }

@@ -13,6 +13,7 @@
 #include "actors/fakes.hpp"
 #include "actors/handle_types.hpp"
 #include "actors/hub_relay.hpp"
+#include "actors/store_actor.hpp"
 
 namespace stitch {
 namespace {
@@ -85,6 +86,23 @@ protected:
     return out;
   }
 
+  /// Sends `whom` a request its holding hub keeps, kills `hub` (as a hub on
+  /// a node that is killed: CAF leaves the held promise unanswered, a dead
+  /// node's are never answered at all) and returns what the caller got,
+  /// which can only be the relay's answer ("(no answer)" if none came).
+  std::string ask_held_then_kill(const caf::actor& whom, const caf::actor& hub) {
+    auto held = self->request(whom, caf::infinite, atom::claim_v, std::string{"pool"});
+    sched.run();
+    caf::anon_send_exit(hub, caf::exit_reason::kill);
+    sched.run();
+    if (self->mailbox().empty())
+      return "(no answer)";
+    std::string out = "(none)";
+    held.receive([&](std::string& s) { out = s; },
+                 [&](const caf::error& e) { out = "error: " + sys.render(e); });
+    return out;
+  }
+
   caf::actor_system_config cfg;
   caf::actor_system sys;
   caf::scoped_actor self;
@@ -149,8 +167,7 @@ TEST_F(hub_relay_test, finds_a_new_target_through_its_directory_and_replays_subs
   sched.run();
 }
 
-// Without `own_requests` the held request below is never answered (the
-// test then hangs until ctest's timeout; checked by hand).
+// Without `own_requests` the held request below is never answered.
 TEST_F(hub_relay_test, owned_requests_are_answered_when_their_target_dies_unanswering) {
   auto first = sys.spawn(holding_hub, std::string{"store1"});
   auto current = std::make_shared<caf::actor>(first);
@@ -172,19 +189,11 @@ TEST_F(hub_relay_test, owned_requests_are_answered_when_their_target_dies_unansw
     EXPECT_NE(out.find("no such run"), std::string::npos) << out;
     EXPECT_NE(out.find("not_found"), std::string::npos) << out;
   }
-  // A request the store holds, then the store dies without answering (as a
-  // store on a node that is killed): the relay answers it, retryably, naming
-  // the role, as soon as it sees the store go down.
-  auto held = self->request(relay, caf::infinite, atom::claim_v, std::string{"pool"});
-  sched.run();
+  // A request the store holds, then the store dies without answering: the
+  // relay answers it, retryably, naming the role, as soon as it sees the
+  // store go down.
   *current = caf::actor{};
-  // A kill leaves the held promises unanswered in CAF (a dead node's are
-  // never answered at all); the answer below can only be the relay's.
-  caf::anon_send_exit(first, caf::exit_reason::kill);
-  sched.run();
-  std::string out = "(none)";
-  held.receive([&](std::string& s) { out = s; },
-               [&](const caf::error& e) { out = "error: " + sys.render(e); });
+  auto out = ask_held_then_kill(relay, first);
   EXPECT_NE(out.find("the store went away before it answered"), std::string::npos) << out;
   EXPECT_NE(out.find("engine_unavailable"), std::string::npos) << out;
 
@@ -197,6 +206,40 @@ TEST_F(hub_relay_test, owned_requests_are_answered_when_their_target_dies_unansw
   for (const auto& x : {second, directory, relay})
     caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
   sched.run();
+}
+
+// The relays a node runs (`coordinator_relay_options`, `store_relay_options`)
+// both own their requests; plain messages (enrollments, replica states,
+// subscriptions) still reach the hub with their own sender.
+TEST_F(hub_relay_test, a_nodes_coordinator_relay_answers_what_a_dying_coordinator_held) {
+  auto coordinator = sys.spawn(holding_hub, std::string{"coordinator1"});
+  auto relay = spawn_hub_relay(sys, coordinator_relay_options(), coordinator);
+  sched.run();
+  EXPECT_EQ(ask(relay, "lookup"), "coordinator1:lookup");
+  auto out = ask_held_then_kill(relay, coordinator);
+  EXPECT_NE(out.find("the coordinator went away before it answered"), std::string::npos) << out;
+  EXPECT_NE(out.find("engine_unavailable"), std::string::npos) << out;
+  // Pointed at the restarted coordinator by the node agent.
+  auto again = sys.spawn(fake_hub, std::string{"coordinator2"});
+  rebind_hub_relay(relay, again);
+  sched.run();
+  self->send(relay, atom::subscribe_v, std::string{"pool-a"});
+  EXPECT_EQ(next_text(), "coordinator2 tells pool-a");
+  EXPECT_EQ(ask(relay, "lookup"), "coordinator2:lookup");
+  for (const auto& x : {again, relay})
+    caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+  sched.run();
+}
+
+TEST_F(hub_relay_test, a_nodes_store_relay_remembers_pointer_subscriptions_and_owns_requests) {
+  auto opts = store_relay_options(caf::actor{});
+  EXPECT_EQ(opts.role, "store");
+  EXPECT_TRUE(opts.own_requests);
+  ASSERT_TRUE(opts.sticky);
+  pointer_listener_actor listener;
+  EXPECT_TRUE(opts.sticky(caf::make_message(atom::subscribe_v, std::string{"pool"}, listener)));
+  EXPECT_FALSE(opts.sticky(caf::make_message(atom::subscribe_v, std::string{"pool"})));
+  EXPECT_FALSE(opts.sticky(caf::make_message(std::string{"read"})));
 }
 
 } // namespace
