@@ -181,6 +181,20 @@ caf::typed_response_promise<publish_summary> run_publish(self_ptr self, const pu
     });
 }
 
+/// Watches the sender of the current message as a feeder of `s` when it
+/// runs on another node (see `session::feeders`).
+template <class Self>
+void watch_feeder(Self* self, publisher_state::session& s) {
+  const auto& sender = self->current_sender();
+  if (!sender || sender->node() == self->node())
+    return;
+  auto addr = caf::actor_cast<caf::actor_addr>(sender);
+  if (std::find(s.feeders.begin(), s.feeders.end(), addr) != s.feeders.end())
+    return;
+  self->monitor(caf::actor_cast<caf::actor>(sender));
+  s.feeders.push_back(std::move(addr));
+}
+
 /// A session's outcome went to its client (or nobody wants it): it goes.
 void settle(self_ptr self, uint64_t id) {
   auto& st = self->state;
@@ -192,7 +206,43 @@ void settle(self_ptr self, uint64_t id) {
   } else if (!it->second.aborted) {
     return; // the client has yet to ask with `finish`
   }
+  auto feeders = std::move(it->second.feeders);
   st.sessions.erase(it);
+  // Its feeders are no longer watched unless another session has them too.
+  for (const auto& f : feeders)
+    if (std::none_of(st.sessions.begin(), st.sessions.end(), [&](const auto& kv) {
+          const auto& others = kv.second.feeders;
+          return std::find(others.begin(), others.end(), f) != others.end();
+        }))
+      self->demonitor(f);
+}
+
+/// A feeder of sessions went down: each session it fed that is still
+/// taking bytes is aborted (nothing will finish it).
+void feeder_down(self_ptr self, const caf::down_msg& down) {
+  auto& st = self->state;
+  std::vector<uint64_t> hit;
+  for (auto& [id, s] : st.sessions) {
+    auto f = std::find(s.feeders.begin(), s.feeders.end(), down.source);
+    if (f == s.feeders.end())
+      continue;
+    s.feeders.erase(f);
+    // A client that asked `finish` has sent everything: its publish ends
+    // on its own. A normal exit is the CLI's own scoped actor that opened
+    // the session for another (an older client).
+    if (s.aborted || s.waiting || down.reason == caf::exit_reason::normal)
+      continue;
+    log::warn("publisher",
+              "the client of publish session " + std::to_string(id) + " (pool " + s.args.pool + ", "
+                + to_string(version_ref{s.args.run_id, s.args.version}) + ") went away ("
+                + self->system().render(down.reason) + "); aborting it");
+    s.aborted = true;
+    s.stream->close(
+      error{errc::engine_unavailable, "the client went away before it finished the publish"});
+    hit.push_back(id);
+  }
+  for (auto id : hit)
+    settle(self, id);
 }
 
 stitch::error no_session(uint64_t id) {
@@ -212,6 +262,7 @@ caf::result<uint64_t> take_chunk(Self* self, uint64_t id, std::shared_ptr<const 
     return to_caf_error(no_session(id));
   auto& s = it->second;
   s.last_seen = self->clock().now();
+  watch_feeder(self, s);
   if (bytes.size() > max_chunk_bytes)
     return to_caf_error({errc::limit_exceeded, "a publish chunk is limited to "
                                                  + std::to_string(max_chunk_bytes) + " bytes"});
@@ -312,6 +363,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
     init.impl->watch(std::make_shared<lending_watcher>(
       init.lending, caf::actor_cast<caf::weak_actor_ptr>(self->ctrl())));
   self->delayed_send(self, sweep_every(init.limits), atom::tick_v);
+  self->set_down_handler([self](caf::down_msg& down) { feeder_down(self, down); });
   return {
     [self](atom::publish, const publish_args& args,
            const std::string& path) -> caf::result<publish_summary> {
@@ -376,6 +428,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       s.args = args;
       s.stream = stream;
       s.last_seen = self->clock().now();
+      watch_feeder(self, s);
       auto impl = st.impl;
       auto handle = caf::actor_cast<caf::actor>(self);
       auto slot = std::make_shared<std::optional<result<publish_summary>>>();

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <caf/actor_addr.hpp>
 #include <caf/actor_clock.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "actors/offload.hpp"
 #include "actors/publisher_actor.hpp"
@@ -24,7 +26,8 @@ namespace stitch {
 struct publisher_limits {
   /// Streamed publishes open at once.
   size_t max_sessions = 4;
-  /// A session silent this long is dropped (its client went away).
+  /// A session silent this long is dropped (its client went away without
+  /// its node or connection going down, which abort it at once).
   std::chrono::seconds session_idle_timeout{600};
   /// Most bytes one streamed publish may declare.
   uint64_t max_session_bytes = uint64_t{4} << 40;
@@ -62,6 +65,12 @@ struct publisher_state {
     std::optional<caf::typed_response_promise<publish_summary>> waiting;
     caf::actor_clock::time_point last_seen;
     bool aborted = false;
+    /// The actors on other nodes that opened or fed it (a `stitch publish
+    /// --stream`), watched: one that goes down before `finish` (its process
+    /// or its connection died) aborts the session at once, which frees its
+    /// slot and its pool's queue instead of holding both for
+    /// `session_idle_timeout`. The HTTP surface aborts its own on disconnect.
+    std::vector<caf::actor_addr> feeders;
   };
 
   std::shared_ptr<store_backend> backend;

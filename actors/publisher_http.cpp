@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 
+#include "actors/log.hpp"
 #include "actors/publisher_actor.hpp"
 #include "runtime/core/safetensors.hpp"
 #include "runtime/core/token.hpp"
@@ -272,10 +273,40 @@ void answer_with(caf::actor_system& sys, const publisher_actor& publisher, caf::
   });
 }
 
+/// The bearer token a request carries ("" when none).
+std::string bearer_of(const transport::server_request& req) {
+  if (const auto* given = req.header("Authorization"); given && given->starts_with("Bearer "))
+    return given->substr(7);
+  return {};
+}
+
+/// Aborts publish session `id` whose client went away with one of its PUTs
+/// unanswered or cut off: it can never learn how far its bytes got, so the
+/// session's slot and its pool's publish queue are freed now instead of
+/// after `publisher.session_idle_timeout`.
+void abort_abandoned(const caf::actor& publisher, uint64_t id, const char* how) {
+  log::warn("publisher", "the client of publish session " + std::to_string(id) + " went away " + how
+                           + "; aborting the session");
+  caf::anon_send(publisher, atom::abort_v, id);
+}
+
 /// The publisher's server takes tensor bytes as they arrive (no zero-fill,
-/// no copy): they go to the publish as they are.
-transport::http_server_options with_raw_bodies(transport::http_server_options o) {
+/// no copy): they go to the publish as they are. A `PUT /publish/<id>` whose
+/// body was cut off aborts its session (under the same token rule as
+/// `DELETE`).
+transport::http_server_options publisher_server(transport::http_server_options o,
+                                                caf::actor publisher, std::string admin_token) {
   o.raw_large_bodies = true;
+  o.abandoned = [publisher = std::move(publisher),
+                 admin_token = std::move(admin_token)](const transport::server_request& head) {
+    if (head.method != "PUT" || !head.path.starts_with("/publish/"))
+      return;
+    if (!admin_token.empty() && !token_matches(admin_token, bearer_of(head)))
+      return;
+    if (auto id =
+          session_of(std::string_view{head.path}.substr(std::string_view{"/publish/"}.size())))
+      abort_abandoned(publisher, *id, "in the middle of a PUT's body");
+  };
   return o;
 }
 
@@ -283,7 +314,8 @@ transport::http_server_options with_raw_bodies(transport::http_server_options o)
 
 publisher_http::publisher_http(caf::actor_system& sys, caf::actor publisher,
                                publisher_http_options options)
-    : http_surface(sys, std::move(publisher), with_raw_bodies(options.server)),
+    : http_surface(sys, publisher,
+                   publisher_server(options.server, publisher, options.admin_token)),
       admin_token_(std::move(options.admin_token)) {}
 
 publisher_http::~publisher_http() {
@@ -372,6 +404,9 @@ void publisher_http::put(uint64_t id, shared_piece body, std::shared_ptr<http_re
       remaining = st.expects > st.received ? st.expects - st.received : 0;
     }
   }
+  // A client gone before this PUT is answered aborts the session.
+  out->on_disconnect(
+    [publisher = target_, id] { abort_abandoned(publisher, id, "before its PUT was answered"); });
   if (index == 0) {
     // A session this surface did not open: one request at a time.
     feed(
@@ -437,9 +472,7 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
                      "the publisher serves /publish, /publish/<session>[/commit] and /health"));
     return;
   }
-  std::string token;
-  if (const auto* given = req.header("Authorization"); given && given->starts_with("Bearer "))
-    token = given->substr(7);
+  const std::string token = bearer_of(req);
   if (!admin_token_.empty() && !token_matches(admin_token_, token)) {
     out->send(
       refuse(http_failure::unauthorized, "publishing needs Authorization: Bearer <admin token>"));

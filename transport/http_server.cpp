@@ -232,6 +232,7 @@ private:
   void on_header(boost::system::error_code ec) {
     if (ec)
       return on_read_error(ec);
+    have_header_ = true;
     arm(read_timer_, server_->opts.read_timeout);
     auto& req = parser_->get();
     auto expect = req[bhttp::field::expect];
@@ -307,8 +308,7 @@ private:
   void on_read_error(boost::system::error_code ec) {
     reading_ = false;
     read_timer_.cancel();
-    if (closed_)
-      return;
+    const bool mid_body = std::exchange(have_header_, false);
     std::optional<http_failure> why;
     std::string message;
     if (ec == bhttp::error::body_limit) {
@@ -324,6 +324,16 @@ private:
       why = http_failure::bad_request;
       message = "malformed HTTP request: " + ec.message();
     }
+    if (!why && mid_body && server_->opts.abandoned) {
+      // The client went away (or a timer closed the connection) mid-body.
+      try {
+        server_->opts.abandoned(head_of(parser_->get()));
+      } catch (const std::exception&) {
+        // A hook that throws changes nothing for the connection.
+      }
+    }
+    if (closed_)
+      return;
     if (!why) {
       // The client went away (or timed out): nobody waits for the answers.
       close();
@@ -342,23 +352,31 @@ private:
     pump();
   }
 
-  void on_request(boost::system::error_code ec) {
-    if (ec)
-      return on_read_error(ec);
-    reading_ = false;
-    read_timer_.cancel();
-    auto msg = parser_->release();
+  /// A request's method, target, path, headers and peer, without its body.
+  template <class Message>
+  server_request head_of(const Message& msg) const {
     server_request req;
     req.method = std::string{msg.method_string()};
     req.target = std::string{msg.target()};
     req.path = req.target.substr(0, req.target.find('?'));
     for (const auto& field : msg)
       req.headers.push_back({std::string{field.name_string()}, std::string{field.value()}});
+    req.remote = remote_;
+    return req;
+  }
+
+  void on_request(boost::system::error_code ec) {
+    if (ec)
+      return on_read_error(ec);
+    have_header_ = false;
+    reading_ = false;
+    read_timer_.cancel();
+    auto msg = parser_->release();
+    server_request req = head_of(msg);
     req.body = std::move(msg.body());
     req.raw_body = std::move(raw_body_);
     req.raw_body_size = std::exchange(raw_body_size_, 0);
     raw_body_.reset();
-    req.remote = remote_;
     bool keep = msg.keep_alive();
     auto s = std::make_shared<slot>(weak_from_this(), strand_, keep, msg.version());
     slots_.push_back(s);
@@ -510,6 +528,8 @@ private:
   /// The client's address (what the per-client limit counts by).
   std::string client_;
   bool reading_ = false;
+  /// The current request's header was read; its body is being read.
+  bool have_header_ = false;
   bool writing_ = false;
   bool stop_reading_ = false;
   bool draining_ = false;

@@ -91,6 +91,12 @@ struct http_server_options {
   /// Open connections from one client address at most
   /// (`http.max_connections_per_client`); 0 = no limit.
   size_t max_connections_per_client = 1024;
+  /// Called (on a server thread; keep it short) with the head (no body) of
+  /// a request whose header arrived but whose body did not: the client went
+  /// away or stalled past `read_timeout` mid-body. The handler never sees
+  /// such a request; one that keeps state across requests (a publish
+  /// session) learns here that its client is gone.
+  std::function<void(const server_request& head)> abandoned;
 };
 
 /// What a server has refused and holds (for `/metrics`).

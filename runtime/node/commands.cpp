@@ -69,10 +69,16 @@ result<publish_summary> stream_directory(caf::actor_system& sys, const publisher
   const auto& tensors = (*source)->tensors();
   publish_args args = cmd.args;
   args.files = (*source)->files();
-  auto session = ask<uint64_t>(sys, publisher, atom::publish_v, args, tensors);
+  // One actor opens the session and sends all its bytes: the publisher
+  // watches it and aborts the session the moment this process or its
+  // connection dies, instead of holding a slot and the pool's queue.
+  caf::scoped_actor self{sys};
+  result<uint64_t> session = make_error(errc::engine_unavailable, "the publisher did not answer");
+  self->request(publisher, caf::duration{request_timeout}, atom::publish_v, args, tensors)
+    .receive([&](uint64_t id) { session = id; },
+             [&](caf::error& err) { session = from_caf_error(sys, err); });
   if (!session)
     return std::move(session).error();
-  caf::scoped_actor self{sys};
   using handle = decltype(self->request(publisher, caf::duration{request_timeout}, atom::chunk_v,
                                         uint64_t{}, shared_piece{}));
   std::deque<handle> in_flight;

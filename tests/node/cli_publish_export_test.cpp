@@ -173,6 +173,88 @@ TEST_F(cli_test, bad_input_is_refused_with_the_reason) {
     << no_node.output;
 }
 
+/// Bytes the process has read with `read` and friends so far (its
+/// `/proc/PID/io`), or -1 once it is gone.
+int64_t bytes_read_by(pid_t pid) {
+  std::ifstream io{"/proc/" + std::to_string(pid) + "/io"};
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value)
+    if (key == "rchar:")
+      return value;
+  return -1;
+}
+
+// A streamed publish whose CLI dies mid-way (SIGKILL, as a trainer that
+// crashes) gives its session's slot and its pool's queue back at once: more
+// such deaths than the node takes sessions (4) leave the next publish to the
+// same pool unhindered. (Before, each held both for
+// `publisher.session_idle_timeout`, 10 minutes by default: the fifth was
+// refused with "too many publishes in progress".)
+TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once) {
+  store::tensor_set w;
+  for (uint32_t i = 0; i < 4; ++i) {
+    auto name = "model.layers." + std::to_string(i) + ".mlp.up_proj.weight";
+    auto& t = w[name];
+    t.name = name;
+    t.type = safetensors::dtype::f32;
+    t.shape = {1024, 4096};
+    t.bytes = random_bytes(size_t{16} << 20, 40 + i);
+  }
+  const auto path = write("big", w);
+  const std::string port_arg = "127.0.0.1:" + port;
+  int killed = 0;
+  for (int attempt = 0; attempt < 40 && killed < 6; ++attempt) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::freopen("/dev/null", "w", stdout);
+      std::freopen("/dev/null", "w", stderr);
+      execl(STITCH_BIN, STITCH_BIN, "--coordinator", port_arg.c_str(), "publish", "--stream",
+            "--pool", "crashy", "--run", "r", "--version", "1", path.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    ASSERT_GT(pid, 0);
+    // Its session is open once it reads the model's bytes (headers are
+    // read before the session opens, and are far smaller).
+    int status = 0;
+    bool done = false;
+    while (!done) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        done = true;
+        break;
+      }
+      if (bytes_read_by(pid) > (int64_t{4} << 20))
+        break;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (done) {
+      // Finished (or refused) before it could be caught mid-way.
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a streamed publish failed on its own (exit " << status << "): " << node->log();
+      continue;
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    ++killed;
+  }
+  ASSERT_GE(killed, 6) << "the publishes finished before they could be killed";
+  // Bounded: without the fix the pool's queue is held for 10 minutes.
+  auto after =
+    run("timeout 120 " + stitch("publish --stream --pool crashy --run r --version 1 ") + path);
+  EXPECT_EQ(after.code, 0) << after.output;
+  const auto log = node->log();
+  EXPECT_NE(log.find("went away (exit_reason(remote_link_unreachable)); aborting it"),
+            std::string::npos)
+    << log;
+  auto back =
+    run(stitch("export --pool crashy --version r/1 --out " + (dir.path() / "back").string()));
+  ASSERT_EQ(back.code, 0) << back.output;
+  auto loaded = store::load_hf_directory(dir.path() / "back");
+  ASSERT_TRUE(loaded) << to_string(loaded.error());
+  EXPECT_EQ(*loaded, w);
+}
+
 /// A node keeping the newest 3 versions of each run.
 class retention_cli_test : public cli_test {
 protected:

@@ -288,6 +288,63 @@ TEST_F(http_server_test, slowloris_headers_and_bodies_are_cut_at_a_deadline_not_
   expect_answer("/fine", "ok");
 }
 
+// A request whose body never arrives whole is reported (head only) to
+// `abandoned`, whether the client left or a deadline cut it; the handler
+// never sees it, and complete requests or bodyless ones are not reported.
+TEST_F(http_server_test, a_request_cut_off_mid_body_is_reported_as_abandoned) {
+  http_server_options o;
+  o.read_timeout = 300ms;
+  o.raw_large_bodies = true;
+  std::mutex m;
+  std::vector<std::string> abandoned;
+  o.abandoned = [&](const server_request& head) {
+    const auto* auth = head.header("authorization");
+    std::lock_guard lock{m};
+    abandoned.push_back(head.method + " " + head.path + " " + (auth ? *auth : "-")
+                        + (head.body.empty() ? "" : " (with a body)"));
+  };
+  std::atomic<int> handled{0};
+  start(o, [&](server_request, std::shared_ptr<http_responder> r) {
+    ++handled;
+    r->send(text("ok"));
+  });
+  auto reported = [&] {
+    std::lock_guard lock{m};
+    return abandoned;
+  };
+  {
+    // Left half-way through a small body.
+    raw_client c{port};
+    c.write("PUT /publish/7?x=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
+            "Content-Length: 100\r\n\r\n0123456789");
+    c.close();
+  }
+  ASSERT_TRUE(testing::eventually([&] { return reported().size() == 1; }, 10s));
+  EXPECT_EQ(reported()[0], "PUT /publish/7 Bearer t");
+  {
+    // A large (raw) body cut by the read deadline.
+    raw_client c{port};
+    c.write("PUT /publish/8 HTTP/1.1\r\nHost: x\r\nContent-Length: 4194304\r\n\r\n");
+    c.write(std::string(1 << 20, 'b'));
+    c.read_to_close();
+  }
+  ASSERT_TRUE(testing::eventually([&] { return reported().size() == 2; }, 10s));
+  EXPECT_EQ(reported()[1], "PUT /publish/8 -");
+  {
+    // Complete requests, and a connection closed between requests or
+    // before a header ended: nothing to report.
+    raw_client c{port};
+    c.write("PUT /publish/9 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc");
+    auto got = c.read_until("ok");
+    EXPECT_NE(got.find("200"), std::string::npos) << got;
+    c.write("GET /health HTTP/1.1\r\nHo");
+    c.close();
+  }
+  expect_no_open_connections();
+  EXPECT_EQ(handled.load(), 1);
+  EXPECT_EQ(reported().size(), 2u);
+}
+
 TEST_F(http_server_test, a_client_that_never_reads_its_stream_is_closed_and_reported_gone) {
   // The handler streams 64 KiB events until it hears the client is gone;
   // the client never reads. The socket buffers fill, the write deadline

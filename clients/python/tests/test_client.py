@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -323,6 +324,78 @@ class SessionLifetime(unittest.TestCase):
             self.assertEqual(caught.exception.status, 404)
             # Nothing of either session is visible: version 0 publishes afresh.
             done = client.publish(weights, run="r", version=0)
+            self.assertTrue(done["claimed"])
+            self.assertFalse(done["idempotent"])
+            client.close()
+        finally:
+            node.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# A publishing process that dies with a PUT in flight: ``whole`` sends the
+# whole body and waits for the answer, ``half`` stops half-way through it.
+# Prints the session's id, then sleeps until it is killed.
+DYING_CLIENT = r"""
+import http.client, json, sys, time
+from urllib.parse import urlsplit
+from stitch_client import Client
+url, pool, mode, listing, sizes = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5])
+session = Client(publisher=url).open_session([tuple(t) for t in listing], run="r", version=0, pool=pool)
+session.write(bytes(sizes[0]))
+session._flush()
+u = urlsplit(url)
+conn = http.client.HTTPConnection(u.hostname, u.port)
+conn.putrequest("PUT", f"/publish/{session.id}")
+conn.putheader("Content-Length", str(sizes[1]))
+conn.endheaders()
+conn.send(bytes(sizes[1] if mode == "whole" else sizes[1] // 2))
+print(session.id, flush=True)
+time.sleep(600)
+"""
+
+
+class DyingClients(unittest.TestCase):
+    def test_a_client_killed_mid_request_frees_its_session_at_once(self):
+        # With the default session_idle_timeout (600 s) each dead client's
+        # session would hold the pool's publish queue for ten minutes.
+        tmp = tempfile.mkdtemp(prefix="stitch-client-dying-")
+        node = Node(os.path.join(tmp, "node"), "replicas=0")
+        try:
+            boot = os.path.join(tmp, "boot")
+            init_model(boot, 5)
+            weights = read_safetensors(boot)
+            names = sorted(weights)
+            listing = [(n, weights[n].dtype, weights[n].shape) for n in names]
+            sizes = [len(weights[n].data) for n in names[:2]]
+            client = Client(publisher=node.publisher, timeout=60)
+            # The first session's publish holds the pool's queue (it waits for
+            # bytes), so the dying clients' second PUTs stay unanswered.
+            holder = client.open_session(listing, run="r", version=0, pool="busy")
+            expect = {"whole": "before its PUT was answered",
+                      "half": "in the middle of a PUT's body"}
+            ids = {}
+            for mode in expect:
+                p = subprocess.Popen(
+                    [sys.executable, "-c", DYING_CLIENT, node.publisher, "busy", mode,
+                     json.dumps(listing), json.dumps(sizes)],
+                    stdout=subprocess.PIPE, text=True)
+                ids[mode] = int(p.stdout.readline())
+                time.sleep(1.0)  # the node reads what was sent
+                p.kill()
+                p.wait()
+                p.stdout.close()
+            deadline = time.monotonic() + 20
+            while True:
+                with open(node.log_path) as f:
+                    log = f.read()
+                if all(f"publish session {ids[m]} went away {expect[m]}" in log for m in expect):
+                    break
+                if time.monotonic() > deadline:
+                    self.fail(f"sessions {ids} were not aborted:\n{log[-3000:]}")
+                time.sleep(0.1)
+            holder.abort()
+            # Nothing of the dead clients' sessions stands in the way.
+            done = client.publish(weights, run="r", version=0, pool="busy")
             self.assertTrue(done["claimed"])
             self.assertFalse(done["idempotent"])
             client.close()
