@@ -15,7 +15,8 @@
 // it sends such requests itself, passes the answer on, and answers every
 // request still out with a retryable error the moment its target goes down.
 // A node's two relays (`coordinator_relay_options`, `store_relay_options`)
-// both do.
+// both do, and so does the one `stitch publish --stream` sends its chunks
+// through (a node that dies mid-publish fails the CLI at once).
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>

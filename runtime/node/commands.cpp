@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/coordinator_actor.hpp"
+#include "actors/hub_relay.hpp"
 #include "actors/publisher_actor.hpp"
 #include "actors/status.hpp"
 #include "actors/status_actor.hpp"
@@ -61,7 +62,8 @@ result<caf::actor> lookup(caf::actor_system& sys, const host_port& where, const 
 constexpr size_t publish_chunk = streamed_piece_bytes;
 constexpr size_t publish_window = 16;
 
-result<publish_summary> stream_directory(caf::actor_system& sys, const publisher_actor& publisher,
+result<publish_summary> stream_directory(caf::actor_system& sys,
+                                         const publisher_actor& publisher_node,
                                          const publish_command& cmd) {
   auto source = store::directory_stream::open(cmd.directory);
   if (!source)
@@ -69,9 +71,21 @@ result<publish_summary> stream_directory(caf::actor_system& sys, const publisher
   const auto& tensors = (*source)->tensors();
   publish_args args = cmd.args;
   args.files = (*source)->files();
-  // One actor opens the session and sends all its bytes: the publisher
-  // watches it and aborts the session the moment this process or its
-  // connection dies, instead of holding a slot and the pool's queue.
+  // Every request goes through a local relay that owns it: the publisher
+  // watches the relay (one actor opens the session and feeds it) and aborts
+  // the session the moment this process or its connection dies, and the
+  // relay answers every request still out with an error the moment the
+  // publisher's node or the connection does (CAF answers nothing across a
+  // lost connection: the CLI waited out its 10 minute timeout).
+  hub_relay_options link;
+  link.role = "publisher";
+  link.own_requests = true;
+  auto relay = spawn_hub_relay(sys, link, caf::actor_cast<caf::actor>(publisher_node));
+  struct stop_relay {
+    caf::actor relay;
+    ~stop_relay() { caf::anon_send_exit(relay, caf::exit_reason::user_shutdown); }
+  } stop{relay};
+  auto publisher = caf::actor_cast<publisher_actor>(relay);
   caf::scoped_actor self{sys};
   result<uint64_t> session = make_error(errc::engine_unavailable, "the publisher did not answer");
   self->request(publisher, caf::duration{request_timeout}, atom::publish_v, args, tensors)

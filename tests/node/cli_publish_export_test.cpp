@@ -185,13 +185,9 @@ int64_t bytes_read_by(pid_t pid) {
   return -1;
 }
 
-// A streamed publish whose CLI dies mid-way (SIGKILL, as a trainer that
-// crashes) gives its session's slot and its pool's queue back at once: more
-// such deaths than the node takes sessions (4) leave the next publish to the
-// same pool unhindered. (Before, each held both for
-// `publisher.session_idle_timeout`, 10 minutes by default: the fifth was
-// refused with "too many publishes in progress".)
-TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once) {
+/// Four 16 MiB tensors: a streamed publish of them takes long enough to be
+/// caught in the middle.
+store::tensor_set big_model() {
   store::tensor_set w;
   for (uint32_t i = 0; i < 4; ++i) {
     auto name = "model.layers." + std::to_string(i) + ".mlp.up_proj.weight";
@@ -201,41 +197,88 @@ TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once)
     t.shape = {1024, 4096};
     t.bytes = random_bytes(size_t{16} << 20, 40 + i);
   }
-  const auto path = write("big", w);
-  const std::string port_arg = "127.0.0.1:" + port;
-  int killed = 0;
-  for (int attempt = 0; attempt < 40 && killed < 6; ++attempt) {
-    pid_t pid = fork();
+  return w;
+}
+
+/// A `stitch publish --stream` child, its output in `out`.
+struct streamed_publish {
+  pid_t pid = -1;
+  int status = 0;
+
+  streamed_publish(const std::string& port, const std::string& path, const std::string& out) {
+    const std::string at = "127.0.0.1:" + port;
+    pid = fork();
     if (pid == 0) {
-      std::freopen("/dev/null", "w", stdout);
-      std::freopen("/dev/null", "w", stderr);
-      execl(STITCH_BIN, STITCH_BIN, "--coordinator", port_arg.c_str(), "publish", "--stream",
-            "--pool", "crashy", "--run", "r", "--version", "1", path.c_str(),
-            static_cast<char*>(nullptr));
+      std::freopen(out.c_str(), "w", stdout);
+      std::freopen(out.c_str(), "a", stderr);
+      execl(STITCH_BIN, STITCH_BIN, "--coordinator", at.c_str(), "publish", "--stream", "--pool",
+            "crashy", "--run", "r", "--version", "1", path.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
-    ASSERT_GT(pid, 0);
-    // Its session is open once it reads the model's bytes (headers are
-    // read before the session opens, and are far smaller).
-    int status = 0;
-    bool done = false;
-    while (!done) {
+  }
+
+  /// Waits until its session is open and bytes flow (it reads the model's
+  /// bytes only then: headers come before the session and are far
+  /// smaller): true; false when it exited first (`status`).
+  bool caught_mid_way() {
+    while (true) {
       if (waitpid(pid, &status, WNOHANG) == pid) {
-        done = true;
-        break;
+        pid = -1;
+        return false;
       }
       if (bytes_read_by(pid) > (int64_t{4} << 20))
-        break;
+        return true;
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    if (done) {
-      // Finished (or refused) before it could be caught mid-way.
-      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "a streamed publish failed on its own (exit " << status << "): " << node->log();
-      continue;
+  }
+
+  /// Waits up to `limit` for it to exit; SIGKILLs it past that. True when
+  /// it exited on its own.
+  bool exits_within(std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    kill9();
+    return false;
+  }
+
+  void kill9() {
+    if (pid <= 0)
+      return;
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
+    pid = -1;
+  }
+
+  ~streamed_publish() { kill9(); }
+};
+
+// A streamed publish whose CLI dies mid-way (SIGKILL, as a trainer that
+// crashes) gives its session's slot and its pool's queue back at once: more
+// such deaths than the node takes sessions (4) leave the next publish to the
+// same pool unhindered. (Before, each held both for
+// `publisher.session_idle_timeout`, 10 minutes by default: the fifth was
+// refused with "too many publishes in progress".)
+TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once) {
+  const auto w = big_model();
+  const auto path = write("big", w);
+  const auto out = (dir.path() / "cli.out").string();
+  int killed = 0;
+  for (int attempt = 0; attempt < 40 && killed < 6; ++attempt) {
+    streamed_publish p{port, path, out};
+    ASSERT_GT(p.pid, 0);
+    if (!p.caught_mid_way()) {
+      // Finished (or refused) before it could be caught mid-way.
+      ASSERT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0)
+        << "a streamed publish failed on its own (exit " << p.status << "): " << node->log();
+      continue;
+    }
+    p.kill9();
     ++killed;
   }
   ASSERT_GE(killed, 6) << "the publishes finished before they could be killed";
@@ -253,6 +296,31 @@ TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once)
   auto loaded = store::load_hf_directory(dir.path() / "back");
   ASSERT_TRUE(loaded) << to_string(loaded.error());
   EXPECT_EQ(*loaded, w);
+}
+
+// The node dies in the middle of a streamed publish: the CLI fails at once,
+// retryably, naming why (before, every chunk in flight waited out the CLI's
+// 10 minute request timeout: CAF answers nothing across a lost connection).
+TEST_F(cli_test, a_streamed_publish_fails_at_once_when_its_node_dies) {
+  const auto path = write("big", big_model());
+  const auto out = (dir.path() / "cli.out").string();
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    streamed_publish p{port, path, out};
+    ASSERT_GT(p.pid, 0);
+    if (!p.caught_mid_way())
+      continue; // it finished first: again, as a new version would
+    node->kill9();
+    ASSERT_TRUE(p.exits_within(std::chrono::seconds{60})) << "the CLI still waits";
+    std::ifstream in{out};
+    std::stringstream said;
+    said << in.rdbuf();
+    EXPECT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 1) << said.str();
+    EXPECT_NE(said.str().find("the publisher went away before it answered"), std::string::npos)
+      << said.str();
+    EXPECT_NE(said.str().find("engine_unavailable"), std::string::npos) << said.str();
+    return;
+  }
+  FAIL() << "every streamed publish finished before the node could be killed";
 }
 
 /// A node keeping the newest 3 versions of each run.
