@@ -28,7 +28,9 @@ Invariants (each breach is a violation; the exit status is non-zero on any):
 - no acknowledged version is lost: the side pool's acknowledged versions
   within the store's retention are exported at the end and must be byte for
   byte the directories they were published from; each pool's final pointer
-  exports;
+  exports; a side publish is never refused for "too many publishes in
+  progress" (the side publisher runs one at a time, so only sessions that
+  killed publishers left open could fill the node's slots);
 - after every fault heals, and after the faults stop, every replica converges
   to the pointer (all replicas ready, each at or past the pointer seen when
   the fault healed): the times are reported (p50, max), and the final
@@ -669,6 +671,11 @@ class Chaos:
                 why = out.strip().splitlines()[-1][:80] if out.strip() else "no output"
                 with self.lock:
                     self.fault_notes["side publish refused: " + why] += 1
+                # One publisher, one publish at a time: only sessions that
+                # killed publishers left behind can fill the node's slots.
+                if "too many publishes in progress" in out:
+                    self.violate("a side publish was refused for sessions that killed "
+                                 "publishers left open: " + why)
                 self.stop_flag.wait(1.0)
 
     # -- faults --------------------------------------------------------------
