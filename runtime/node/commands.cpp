@@ -57,6 +57,24 @@ result<caf::actor> lookup(caf::actor_system& sys, const host_port& where, const 
   return ask<caf::actor>(sys, *coordinator, atom::lookup_v, role);
 }
 
+/// A relay in this process through which requests to `target` (on the
+/// node) go as the relay's own: when the node dies or the connection drops,
+/// every request still out is answered at once with a retryable error (CAF
+/// answers nothing across a lost connection: the CLI waited out its
+/// timeout, 10 minutes for a publish, 2 for an export). Stopped with it.
+struct owned_link {
+  caf::actor relay;
+  owned_link(caf::actor_system& sys, std::string role, caf::actor target) {
+    hub_relay_options o;
+    o.role = std::move(role);
+    o.own_requests = true;
+    relay = spawn_hub_relay(sys, std::move(o), std::move(target));
+  }
+  owned_link(const owned_link&) = delete;
+  owned_link& operator=(const owned_link&) = delete;
+  ~owned_link() { caf::anon_send_exit(relay, caf::exit_reason::user_shutdown); }
+};
+
 /// A streamed publish sends chunks of `streamed_piece_bytes`, this many in
 /// flight: what the node holds of this client.
 constexpr size_t publish_chunk = streamed_piece_bytes;
@@ -71,21 +89,11 @@ result<publish_summary> stream_directory(caf::actor_system& sys,
   const auto& tensors = (*source)->tensors();
   publish_args args = cmd.args;
   args.files = (*source)->files();
-  // Every request goes through a local relay that owns it: the publisher
-  // watches the relay (one actor opens the session and feeds it) and aborts
-  // the session the moment this process or its connection dies, and the
-  // relay answers every request still out with an error the moment the
-  // publisher's node or the connection does (CAF answers nothing across a
-  // lost connection: the CLI waited out its 10 minute timeout).
-  hub_relay_options link;
-  link.role = "publisher";
-  link.own_requests = true;
-  auto relay = spawn_hub_relay(sys, link, caf::actor_cast<caf::actor>(publisher_node));
-  struct stop_relay {
-    caf::actor relay;
-    ~stop_relay() { caf::anon_send_exit(relay, caf::exit_reason::user_shutdown); }
-  } stop{relay};
-  auto publisher = caf::actor_cast<publisher_actor>(relay);
+  // Every request goes through a link that owns it: the publisher watches
+  // the link (one actor opens the session and feeds it) and aborts the
+  // session the moment this process or its connection dies.
+  owned_link link{sys, "publisher", caf::actor_cast<caf::actor>(publisher_node)};
+  auto publisher = caf::actor_cast<publisher_actor>(link.relay);
   caf::scoped_actor self{sys};
   result<uint64_t> session = make_error(errc::engine_unavailable, "the publisher did not answer");
   self->request(publisher, caf::duration{request_timeout}, atom::publish_v, args, tensors)
@@ -203,7 +211,8 @@ status run_export(caf::actor_system& sys, const export_command& cmd, std::FILE* 
   auto handle = lookup(sys, cmd.coordinator, "store");
   if (!handle)
     return std::move(handle).error();
-  remote_store store{sys, caf::actor_cast<store_actor>(*handle)};
+  owned_link link{sys, "store", *handle};
+  remote_store store{sys, caf::actor_cast<store_actor>(link.relay)};
   std::string pool = cmd.pool;
   if (pool.empty()) {
     auto pools = store.pools_of(ref->run_id);

@@ -173,14 +173,14 @@ TEST_F(cli_test, bad_input_is_refused_with_the_reason) {
     << no_node.output;
 }
 
-/// Bytes the process has read with `read` and friends so far (its
-/// `/proc/PID/io`), or -1 once it is gone.
-int64_t bytes_read_by(pid_t pid) {
+/// Bytes the process has read (`rchar:`) or written (`wchar:`) with `read`,
+/// `write` and friends so far (its `/proc/PID/io`), or -1 once it is gone.
+int64_t io_of(pid_t pid, const std::string& field) {
   std::ifstream io{"/proc/" + std::to_string(pid) + "/io"};
   std::string key;
   int64_t value = 0;
   while (io >> key >> value)
-    if (key == "rchar:")
+    if (key == field)
       return value;
   return -1;
 }
@@ -200,36 +200,50 @@ store::tensor_set big_model() {
   return w;
 }
 
-/// A `stitch publish --stream` child, its output in `out`.
-struct streamed_publish {
+/// A `stitch --coordinator 127.0.0.1:PORT ARGS...` child, its output in
+/// `out`.
+struct cli_child {
   pid_t pid = -1;
   int status = 0;
 
-  streamed_publish(const std::string& port, const std::string& path, const std::string& out) {
-    const std::string at = "127.0.0.1:" + port;
+  cli_child(const std::string& port, std::vector<std::string> args, const std::string& out) {
+    args.insert(args.begin(), {STITCH_BIN, "--coordinator", "127.0.0.1:" + port});
     pid = fork();
     if (pid == 0) {
       std::freopen(out.c_str(), "w", stdout);
       std::freopen(out.c_str(), "a", stderr);
-      execl(STITCH_BIN, STITCH_BIN, "--coordinator", at.c_str(), "publish", "--stream", "--pool",
-            "crashy", "--run", "r", "--version", "1", path.c_str(), static_cast<char*>(nullptr));
+      std::vector<char*> argv;
+      for (auto& a : args)
+        argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(STITCH_BIN, argv.data());
       _exit(127);
     }
   }
 
-  /// Waits until its session is open and bytes flow (it reads the model's
-  /// bytes only then: headers come before the session and are far
-  /// smaller): true; false when it exited first (`status`).
-  bool caught_mid_way() {
+  cli_child(const cli_child&) = delete;
+  cli_child& operator=(const cli_child&) = delete;
+
+  /// Waits until bytes flow, `field` (`rchar:` or `wchar:`) past 4 MiB:
+  /// true; false when it exited first (`status`).
+  bool caught_mid_way(const std::string& field) {
     while (true) {
       if (waitpid(pid, &status, WNOHANG) == pid) {
         pid = -1;
         return false;
       }
-      if (bytes_read_by(pid) > (int64_t{4} << 20))
+      if (io_of(pid, field) > (int64_t{4} << 20))
         return true;
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+  }
+
+  /// What it printed.
+  std::string output(const std::string& out) const {
+    std::ifstream in{out};
+    std::stringstream said;
+    said << in.rdbuf();
+    return said.str();
   }
 
   /// Waits up to `limit` for it to exit; SIGKILLs it past that. True when
@@ -255,8 +269,17 @@ struct streamed_publish {
     pid = -1;
   }
 
-  ~streamed_publish() { kill9(); }
+  ~cli_child() { kill9(); }
 };
+
+/// `stitch publish --stream` of `path` as crashy's r/1: its session is open
+/// and bytes flow once it reads the model's bytes (headers come before the
+/// session and are far smaller).
+cli_child streamed_publish(const std::string& port, const std::string& path,
+                           const std::string& out) {
+  return cli_child{
+    port, {"publish", "--stream", "--pool", "crashy", "--run", "r", "--version", "1", path}, out};
+}
 
 // A streamed publish whose CLI dies mid-way (SIGKILL, as a trainer that
 // crashes) gives its session's slot and its pool's queue back at once: more
@@ -270,9 +293,9 @@ TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once)
   const auto out = (dir.path() / "cli.out").string();
   int killed = 0;
   for (int attempt = 0; attempt < 40 && killed < 6; ++attempt) {
-    streamed_publish p{port, path, out};
+    auto p = streamed_publish(port, path, out);
     ASSERT_GT(p.pid, 0);
-    if (!p.caught_mid_way()) {
+    if (!p.caught_mid_way("rchar:")) {
       // Finished (or refused) before it could be caught mid-way.
       ASSERT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0)
         << "a streamed publish failed on its own (exit " << p.status << "): " << node->log();
@@ -305,22 +328,41 @@ TEST_F(cli_test, a_streamed_publish_fails_at_once_when_its_node_dies) {
   const auto path = write("big", big_model());
   const auto out = (dir.path() / "cli.out").string();
   for (int attempt = 0; attempt < 20; ++attempt) {
-    streamed_publish p{port, path, out};
+    auto p = streamed_publish(port, path, out);
     ASSERT_GT(p.pid, 0);
-    if (!p.caught_mid_way())
+    if (!p.caught_mid_way("rchar:"))
       continue; // it finished first: again, as a new version would
     node->kill9();
     ASSERT_TRUE(p.exits_within(std::chrono::seconds{60})) << "the CLI still waits";
-    std::ifstream in{out};
-    std::stringstream said;
-    said << in.rdbuf();
-    EXPECT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 1) << said.str();
-    EXPECT_NE(said.str().find("the publisher went away before it answered"), std::string::npos)
-      << said.str();
-    EXPECT_NE(said.str().find("engine_unavailable"), std::string::npos) << said.str();
+    const auto said = p.output(out);
+    EXPECT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 1) << said;
+    EXPECT_NE(said.find("the publisher went away before it answered"), std::string::npos) << said;
+    EXPECT_NE(said.find("engine_unavailable"), std::string::npos) << said;
     return;
   }
   FAIL() << "every streamed publish finished before the node could be killed";
+}
+
+// The same for `stitch export --stream` (before: each read in flight waited
+// out the CLI's 2 minute store timeout).
+TEST_F(cli_test, a_streamed_export_fails_at_once_when_its_node_dies) {
+  ASSERT_EQ(
+    run(stitch("publish --pool crashy --run r --version 1 " + write("big", big_model()))).code, 0);
+  const auto out = (dir.path() / "cli.out").string();
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    const auto to = (dir.path() / ("export-" + std::to_string(attempt))).string();
+    cli_child p{port, {"export", "--stream", "--version", "r/1", "--out", to}, out};
+    ASSERT_GT(p.pid, 0);
+    if (!p.caught_mid_way("wchar:"))
+      continue; // it finished first
+    node->kill9();
+    ASSERT_TRUE(p.exits_within(std::chrono::seconds{60})) << "the CLI still waits";
+    const auto said = p.output(out);
+    EXPECT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 1) << said;
+    EXPECT_NE(said.find("the store went away before it answered"), std::string::npos) << said;
+    return;
+  }
+  FAIL() << "every streamed export finished before the node could be killed";
 }
 
 /// A node keeping the newest 3 versions of each run.
