@@ -177,21 +177,23 @@ caf::behavior hub_relay(self_ptr self, hub_relay_options opts, caf::actor target
 
 } // namespace
 
-hub_relay_options coordinator_relay_options() {
+hub_relay_options owning_relay_options(std::string role) {
   hub_relay_options o;
-  o.role = "coordinator";
+  o.role = std::move(role);
   o.own_requests = true;
   return o;
 }
 
+hub_relay_options coordinator_relay_options() {
+  return owning_relay_options("coordinator");
+}
+
 hub_relay_options store_relay_options(caf::actor directory) {
-  hub_relay_options o;
-  o.role = "store";
+  auto o = owning_relay_options("store");
   o.directory = std::move(directory);
   o.sticky = [](const caf::message& m) {
     return m.match_elements<atom::subscribe, std::string, pointer_listener_actor>();
   };
-  o.own_requests = true;
   return o;
 }
 

@@ -51,6 +51,12 @@ struct hub_relay_options {
   std::chrono::milliseconds request_bound{std::chrono::minutes{10}};
 };
 
+/// A relay for `role` that owns its requests (`own_requests`), nothing else:
+/// what a process puts between itself and an actor on another node so that
+/// a node or connection that dies leaves no request unanswered (the CLI's
+/// link to a publisher or a store).
+hub_relay_options owning_relay_options(std::string role);
+
 /// A node's relay to the coordinator: role lookups, the holders of a
 /// version, the retention directory (`in_use`), enrollments and replica
 /// states; requests owned.

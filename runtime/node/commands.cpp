@@ -64,12 +64,8 @@ result<caf::actor> lookup(caf::actor_system& sys, const host_port& where, const 
 /// timeout, 10 minutes for a publish, 2 for an export). Stopped with it.
 struct owned_link {
   caf::actor relay;
-  owned_link(caf::actor_system& sys, std::string role, caf::actor target) {
-    hub_relay_options o;
-    o.role = std::move(role);
-    o.own_requests = true;
-    relay = spawn_hub_relay(sys, std::move(o), std::move(target));
-  }
+  owned_link(caf::actor_system& sys, std::string role, caf::actor target)
+      : relay(spawn_hub_relay(sys, owning_relay_options(std::move(role)), std::move(target))) {}
   owned_link(const owned_link&) = delete;
   owned_link& operator=(const owned_link&) = delete;
   ~owned_link() { caf::anon_send_exit(relay, caf::exit_reason::user_shutdown); }

@@ -103,6 +103,13 @@ protected:
     return out;
   }
 
+  /// Stops `actors` and runs what their exits set off.
+  void shut_down(std::initializer_list<caf::actor> actors) {
+    for (const auto& x : actors)
+      caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+
   caf::actor_system_config cfg;
   caf::actor_system sys;
   caf::scoped_actor self;
@@ -124,9 +131,7 @@ TEST_F(hub_relay_test, delegates_with_the_sender_and_refuses_by_role_while_point
   rebind_hub_relay(relay, b);
   sched.run();
   EXPECT_EQ(ask(relay, "again"), "b:again");
-  for (const auto& x : {a, b, relay})
-    caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
-  sched.run();
+  shut_down({a, b, relay});
 }
 
 TEST_F(hub_relay_test, finds_a_new_target_through_its_directory_and_replays_subscriptions) {
@@ -162,9 +167,7 @@ TEST_F(hub_relay_test, finds_a_new_target_through_its_directory_and_replays_subs
   EXPECT_EQ(next_text(), "store2 tells pool-a");
   EXPECT_EQ(next_text(), "(none)");
   EXPECT_EQ(ask(relay, "read"), "store2:read");
-  for (const auto& x : {second, directory, relay})
-    caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
-  sched.run();
+  shut_down({second, directory, relay});
 }
 
 // Without `own_requests` the held request below is never answered.
@@ -203,9 +206,7 @@ TEST_F(hub_relay_test, owned_requests_are_answered_when_their_target_dies_unansw
   sched.trigger_timeouts();
   sched.run();
   EXPECT_EQ(ask(relay, "read"), "store2:read");
-  for (const auto& x : {second, directory, relay})
-    caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
-  sched.run();
+  shut_down({second, directory, relay});
 }
 
 // The relays a node runs (`coordinator_relay_options`, `store_relay_options`)
@@ -226,9 +227,7 @@ TEST_F(hub_relay_test, a_nodes_coordinator_relay_answers_what_a_dying_coordinato
   self->send(relay, atom::subscribe_v, std::string{"pool-a"});
   EXPECT_EQ(next_text(), "coordinator2 tells pool-a");
   EXPECT_EQ(ask(relay, "lookup"), "coordinator2:lookup");
-  for (const auto& x : {again, relay})
-    caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
-  sched.run();
+  shut_down({again, relay});
 }
 
 TEST_F(hub_relay_test, a_nodes_store_relay_remembers_pointer_subscriptions_and_owns_requests) {

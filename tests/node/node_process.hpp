@@ -60,6 +60,24 @@ inline run_result run(const std::string& command) {
   return r;
 }
 
+/// Starts `args` (searched on PATH) as a child whose stdout and stderr
+/// both append to `log`; its pid (-1 when fork failed).
+inline pid_t spawn_logged(std::vector<std::string> args, const std::filesystem::path& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    // Both in append mode: two offsets into one file would overwrite each other.
+    std::freopen(log.c_str(), "a", stdout);
+    std::freopen(log.c_str(), "a", stderr);
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 /// A `stitch-node` child process; its log is `DIR/node.log`.
 class node_process {
 public:
@@ -164,18 +182,7 @@ private:
     args.insert(args.begin(), STITCH_NODE_BIN);
     // A wrapper (`ip netns exec NS env K=V`) execs the node in its place.
     args.insert(args.begin(), wrapper_.begin(), wrapper_.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      // Both in append mode: two offsets into one file would overwrite each other.
-      std::freopen(log_.c_str(), "a", stdout);
-      std::freopen(log_.c_str(), "a", stderr);
-      std::vector<char*> argv;
-      for (auto& a : args)
-        argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execvp(argv[0], argv.data());
-      _exit(127);
-    }
+    pid_ = spawn_logged(std::move(args), log_);
   }
 
   std::filesystem::path log_;

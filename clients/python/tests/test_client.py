@@ -41,6 +41,21 @@ def read_safetensors(path: str):
     return out
 
 
+def listed(path: str):
+    """The directory's tensors, their names sorted, and the listing a
+    session opens with (name, dtype, shape)."""
+    weights = read_safetensors(path)
+    names = sorted(weights)
+    return weights, names, [(n, weights[n].dtype, weights[n].shape) for n in names]
+
+
+def booted(tmp: str):
+    """`listed` of a fresh tiny model (seed 5) written under ``tmp``."""
+    boot = os.path.join(tmp, "boot")
+    init_model(boot, 5)
+    return listed(boot)
+
+
 class PublishAndRollouts(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -118,9 +133,7 @@ class PublishAndRollouts(unittest.TestCase):
         self.assertEqual(caught.exception.type, "Rewind")
 
     def test_an_aborted_session_leaves_nothing_and_its_version_stays_free(self):
-        weights = read_safetensors(self.boot)
-        names = sorted(weights)
-        listing = [(n, weights[n].dtype, weights[n].shape) for n in names]
+        weights, names, listing = listed(self.boot)
         session = self.client.open_session(listing, run="aborted", version=0, pool="scratch")
         session.write(weights[names[0]].data)
         session.abort()
@@ -290,11 +303,7 @@ class SessionLifetime(unittest.TestCase):
         tmp = tempfile.mkdtemp(prefix="stitch-client-expiry-")
         node = Node(os.path.join(tmp, "node"), "publisher.session_idle_timeout=1", "replicas=0")
         try:
-            boot = os.path.join(tmp, "boot")
-            init_model(boot, 5)
-            weights = read_safetensors(boot)
-            names = sorted(weights)
-            listing = [(n, weights[n].dtype, weights[n].shape) for n in names]
+            weights, names, listing = booted(tmp)
             client = Client(publisher=node.publisher, gateway=node.gateway)
             # Silent past the idle timeout: dropped, named as such.
             session = client.open_session(listing, run="r", version=0)
@@ -361,11 +370,7 @@ class DyingClients(unittest.TestCase):
         tmp = tempfile.mkdtemp(prefix="stitch-client-dying-")
         node = Node(os.path.join(tmp, "node"), "replicas=0")
         try:
-            boot = os.path.join(tmp, "boot")
-            init_model(boot, 5)
-            weights = read_safetensors(boot)
-            names = sorted(weights)
-            listing = [(n, weights[n].dtype, weights[n].shape) for n in names]
+            weights, names, listing = booted(tmp)
             sizes = [len(weights[n].data) for n in names[:2]]
             client = Client(publisher=node.publisher, timeout=60)
             # The first session's publish holds the pool's queue (it waits for
