@@ -70,6 +70,15 @@ protected:
     return path.string();
   }
 
+  /// Runs the CLI with `args_of(attempt)` until one is caught mid-way
+  /// (`field` of its I/O past 4 MiB), kills the node then, and expects the
+  /// CLI to fail within 60 s with the relay's retryable answer naming
+  /// `role`: to a request out ("went away before it answered") or, when the
+  /// death fell between two, to the next.
+  template <class Args>
+  void expect_fails_at_once_when_the_node_dies(const std::string& role, const std::string& field,
+                                               Args args_of);
+
   temp_dir dir;
   std::unique_ptr<node_process> node;
   std::string port;
@@ -264,13 +273,25 @@ struct cli_child {
   ~cli_child() { kill9(); }
 };
 
-/// `stitch publish --stream` of `path` as crashy's r/1: its session is open
-/// and bytes flow once it reads the model's bytes (headers come before the
-/// session and are far smaller).
-cli_child streamed_publish(const std::string& port, const std::string& path,
-                           const std::string& out) {
-  return cli_child{
-    port, {"publish", "--stream", "--pool", "crashy", "--run", "r", "--version", "1", path}, out};
+template <class Args>
+void cli_test::expect_fails_at_once_when_the_node_dies(const std::string& role,
+                                                       const std::string& field, Args args_of) {
+  const auto out = (dir.path() / "cli.out").string();
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    cli_child p{port, args_of(attempt), out};
+    ASSERT_GT(p.pid, 0);
+    if (!p.caught_mid_way(field))
+      continue; // it finished first: again
+    node->kill9();
+    ASSERT_TRUE(p.exits_within(std::chrono::seconds{60})) << "the CLI still waits";
+    const auto said = p.output(out);
+    EXPECT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 1) << said;
+    EXPECT_NE(said.find("the " + role + " "), std::string::npos) << said;
+    EXPECT_NE(said.find("(its node is down or restarting); retry"), std::string::npos) << said;
+    EXPECT_NE(said.find("engine_unavailable"), std::string::npos) << said;
+    return;
+  }
+  FAIL() << "every attempt finished before the node could be killed";
 }
 
 // A streamed publish whose CLI dies mid-way (SIGKILL, as a trainer that
@@ -285,7 +306,10 @@ TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once)
   const auto out = (dir.path() / "cli.out").string();
   int killed = 0;
   for (int attempt = 0; attempt < 40 && killed < 6; ++attempt) {
-    auto p = streamed_publish(port, path, out);
+    // Its session is open and bytes flow once it reads the model's bytes
+    // (headers come before the session and are far smaller).
+    cli_child p{
+      port, {"publish", "--stream", "--pool", "crashy", "--run", "r", "--version", "1", path}, out};
     ASSERT_GT(p.pid, 0);
     if (!p.caught_mid_way("rchar:")) {
       // Finished (or refused) before it could be caught mid-way.
@@ -318,24 +342,10 @@ TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once)
 // 10 minute request timeout: CAF answers nothing across a lost connection).
 TEST_F(cli_test, a_streamed_publish_fails_at_once_when_its_node_dies) {
   const auto path = write("big", big_model());
-  const auto out = (dir.path() / "cli.out").string();
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    auto p = streamed_publish(port, path, out);
-    ASSERT_GT(p.pid, 0);
-    if (!p.caught_mid_way("rchar:"))
-      continue; // it finished first: again, as a new version would
-    node->kill9();
-    ASSERT_TRUE(p.exits_within(std::chrono::seconds{60})) << "the CLI still waits";
-    const auto said = p.output(out);
-    EXPECT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 1) << said;
-    // The relay's answer: to a request out ("went away before it
-    // answered") or, when the death fell between two, to the next.
-    EXPECT_NE(said.find("the publisher "), std::string::npos) << said;
-    EXPECT_NE(said.find("(its node is down or restarting); retry"), std::string::npos) << said;
-    EXPECT_NE(said.find("engine_unavailable"), std::string::npos) << said;
-    return;
-  }
-  FAIL() << "every streamed publish finished before the node could be killed";
+  expect_fails_at_once_when_the_node_dies("publisher", "rchar:", [&](int) {
+    return std::vector<std::string>{"publish", "--stream",  "--pool", "crashy", "--run",
+                                    "r",       "--version", "1",      path};
+  });
 }
 
 // The same for `stitch export --stream` (before: each read in flight waited
@@ -343,23 +353,11 @@ TEST_F(cli_test, a_streamed_publish_fails_at_once_when_its_node_dies) {
 TEST_F(cli_test, a_streamed_export_fails_at_once_when_its_node_dies) {
   ASSERT_EQ(
     run(stitch("publish --pool crashy --run r --version 1 " + write("big", big_model()))).code, 0);
-  const auto out = (dir.path() / "cli.out").string();
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    const auto to = (dir.path() / ("export-" + std::to_string(attempt))).string();
-    cli_child p{port, {"export", "--stream", "--version", "r/1", "--out", to}, out};
-    ASSERT_GT(p.pid, 0);
-    if (!p.caught_mid_way("wchar:"))
-      continue; // it finished first
-    node->kill9();
-    ASSERT_TRUE(p.exits_within(std::chrono::seconds{60})) << "the CLI still waits";
-    const auto said = p.output(out);
-    EXPECT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 1) << said;
-    EXPECT_NE(said.find("the store "), std::string::npos) << said;
-    EXPECT_NE(said.find("(its node is down or restarting); retry"), std::string::npos) << said;
-    EXPECT_NE(said.find("engine_unavailable"), std::string::npos) << said;
-    return;
-  }
-  FAIL() << "every streamed export finished before the node could be killed";
+  expect_fails_at_once_when_the_node_dies("store", "wchar:", [&](int attempt) {
+    return std::vector<std::string>{
+      "export", "--stream", "--version",
+      "r/1",    "--out",    (dir.path() / ("export-" + std::to_string(attempt))).string()};
+  });
 }
 
 /// A node keeping the newest 3 versions of each run.
