@@ -1,6 +1,7 @@
 #include "gpu/checksum.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "runtime/core/checksum.hpp"
 #include "runtime/core/delta_codec.hpp"
@@ -11,6 +12,8 @@ namespace {
 
 /// Large enough to amortize a task, small enough to balance the threads.
 constexpr size_t xor_block = size_t{4} << 20;
+/// A copy's blocks: a ring chunk (8 MiB) over 16 threads.
+constexpr size_t copy_block = size_t{512} << 10;
 
 } // namespace
 
@@ -44,6 +47,19 @@ status parallel_xor_apply(std::span<std::byte> base, std::span<const std::byte> 
     (void) delta::xor_apply(base.subspan(offset, len), delta.subspan(offset, len));
   });
   return {};
+}
+
+void parallel_copy(std::span<std::byte> dst, std::span<const std::byte> src) {
+  const size_t n = std::min(dst.size(), src.size());
+  if (n < parallel_copy_threshold) {
+    if (n > 0)
+      std::memcpy(dst.data(), src.data(), n);
+    return;
+  }
+  shared_pool().run((n + copy_block - 1) / copy_block, [&](size_t i) {
+    const size_t at = i * copy_block;
+    std::memcpy(dst.data() + at, src.data() + at, std::min(copy_block, n - at));
+  });
 }
 
 } // namespace stitch::gpu

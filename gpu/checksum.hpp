@@ -23,4 +23,10 @@ status parallel_xor_apply(std::span<std::byte> base, std::span<const std::byte> 
 status parallel_xor_apply(std::span<std::byte> base, std::span<const std::byte> delta,
                           thread_pool& pool);
 
+/// `memcpy` of `src` into `dst` (as large), split over the shared pool in
+/// blocks from `parallel_copy_threshold` on: one thread copies from pageable
+/// memory at a fraction of what the memory and the PCIe link take.
+inline constexpr size_t parallel_copy_threshold = size_t{2} << 20;
+void parallel_copy(std::span<std::byte> dst, std::span<const std::byte> src);
+
 } // namespace stitch::gpu

@@ -1,8 +1,11 @@
 // The DESIGN §1 checksum's chunk digests on the device (gpu/cuda_backend.hpp),
 // through the block decomposition of gpu/xxh3_blocks.hpp: one thread block
-// per 1 MiB chunk; its threads compute the 16 stripe terms of every 1 KiB
-// block in parallel and sum them with warp shuffles into shared memory, then
-// eight threads run the lanes' scramble chains and one merges them.
+// per 1 MiB chunk. Eight producer warps sum the stripe terms of the chunk's
+// 1 KiB blocks, 64 blocks a round: each thread one block's 16-byte column
+// (16 coalesced loads, two lanes' terms, no shuffles). A ninth warp runs the
+// lanes' scramble chains over the last round's sums while the producers read
+// the next round, so the only sequential part of XXH3 overlaps the memory
+// traffic instead of following it; then it adds the tail and merges.
 #include <cuda_runtime.h>
 
 #include <mutex>
@@ -19,18 +22,22 @@ namespace {
 
 namespace x = xxh3;
 
-constexpr unsigned threads = 512;
-constexpr size_t max_full_blocks = (checksum::chunk_size - 1) / x::block_len;
+constexpr unsigned producer_warps = 8;
+constexpr unsigned threads = (producer_warps + 1) * 32;
+/// Threads per block's column pairs: a block's 16-byte columns.
+constexpr unsigned pairs = x::stripe_len / 16;
+constexpr size_t round_blocks = producer_warps * 32 / pairs; // 64
 constexpr size_t key_words = x::stripes_per_block * x::lanes;
-constexpr size_t shared_bytes = (key_words + max_full_blocks * x::lanes) * sizeof(uint64_t);
+constexpr size_t shared_bytes = (key_words + 2 * round_blocks * x::lanes) * sizeof(uint64_t);
+static_assert(shared_bytes <= 48 * 1024);
 
 __constant__ unsigned char secret[x::secret_size];
 
-__global__ void __launch_bounds__(threads)
-  chunk_digest_kernel(const unsigned char* data, size_t bytes, uint64_t* digests) {
-  extern __shared__ uint64_t smem[];
-  uint64_t* keys = smem;
-  uint64_t* sums = smem + key_words;
+__global__ void __launch_bounds__(threads, 4)
+  chunk_digest_kernel(const unsigned char* __restrict__ data, size_t bytes,
+                      uint64_t* __restrict__ digests) {
+  __shared__ uint64_t keys[key_words];
+  __shared__ uint64_t sums[2][round_blocks * x::lanes];
   const size_t chunk = blockIdx.x;
   const size_t offset = chunk * checksum::chunk_size;
   const size_t rest = bytes - offset;
@@ -44,40 +51,48 @@ __global__ void __launch_bounds__(threads)
     keys[t] = x::stripe_key(secret, (t / x::lanes) * 8, t % x::lanes);
   __syncthreads();
   const unsigned char* in = data + offset;
-  const size_t tasks = x::full_blocks(len) * x::stripes_per_block;
-  const size_t rounded = (tasks + 31) / 32 * 32;
-  for (size_t t = threadIdx.x; t < rounded; t += blockDim.x) {
-    uint64_t term[x::lanes] = {};
-    const size_t s = t % x::stripes_per_block;
-    if (t < tasks) {
-      uint64_t w[x::lanes];
-      x::load_stripe(in + (t / x::stripes_per_block) * x::block_len + s * x::stripe_len, w);
-      for (size_t i = 0; i < x::lanes; ++i)
-        term[i] = x::stripe_term(w, keys[s * x::lanes + i], i);
+  const bool aligned16 = reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const size_t full = x::full_blocks(len);
+  const size_t rounds = (full + round_blocks - 1) / round_blocks;
+  const unsigned warp = threadIdx.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  // The chain warp's lanes 0..7 each carry one accumulator.
+  uint64_t acc = lane < x::lanes ? x::initial_acc(lane) : 0;
+  const uint64_t scramble_key = lane < x::lanes ? x::scramble_key(secret, lane) : 0;
+  // Round r is summed into sums[r % 2] while the chain runs over round r - 1.
+  for (size_t r = 0; r <= rounds; ++r) {
+    if (warp < producer_warps) {
+      const size_t local = warp * (32 / pairs) + lane / pairs;
+      const size_t b = r * round_blocks + local;
+      if (r < rounds && b < full) {
+        const size_t k = lane % pairs;
+        uint64_t even = 0;
+        uint64_t odd = 0;
+        x::pair_block_sums(in + b * x::block_len, keys, k, aligned16, even, odd);
+        sums[r % 2][local * x::lanes + 2 * k] = even;
+        sums[r % 2][local * x::lanes + 2 * k + 1] = odd;
+      }
+    } else if (r > 0 && lane < x::lanes) {
+      const size_t first = (r - 1) * round_blocks;
+      const size_t n = full - first < round_blocks ? full - first : round_blocks;
+      const uint64_t* round = sums[(r - 1) % 2];
+      for (size_t j = 0; j < n; ++j)
+        acc = x::chain_step(acc, round[j * x::lanes + lane], scramble_key);
     }
-    // Sum over the 16 threads of a block (a half warp): xor offsets 8..1.
-    for (int o = 8; o > 0; o >>= 1)
-      for (size_t i = 0; i < x::lanes; ++i)
-        term[i] += __shfl_xor_sync(0xffffffffU, term[i], o);
-    if (t < tasks && s == 0)
-      for (size_t i = 0; i < x::lanes; ++i)
-        sums[(t / x::stripes_per_block) * x::lanes + i] = term[i];
+    __syncthreads();
   }
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    uint64_t acc = 0;
-    if (threadIdx.x < x::lanes)
-      acc = x::lane_finish(sums, in, len, secret, threadIdx.x);
+  if (warp == producer_warps) {
+    if (lane < x::lanes)
+      acc = x::lane_tail(acc, in, len, secret, lane);
     uint64_t all[x::lanes];
     for (int i = 0; i < static_cast<int>(x::lanes); ++i)
       all[i] = __shfl_sync(0xffffffffU, acc, i);
-    if (threadIdx.x == 0)
+    if (lane == 0)
       digests[chunk] = x::merge(all, secret, len);
   }
 }
 
-/// Once per process and device: the secret into constant memory, the
-/// kernel's shared memory above the default 48 KiB.
+/// Once per process and device: the secret into constant memory.
 status prepare() {
   static std::mutex mutex;
   static int prepared_mask = 0;
@@ -94,12 +109,6 @@ status prepare() {
   // The copy runs on the legacy stream, which the kernel's non-blocking
   // stream does not wait for: done before any kernel reads the secret.
   if (auto ok = check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); !ok)
-    return ok;
-  if (auto ok =
-        check(cudaFuncSetAttribute(chunk_digest_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(shared_bytes)),
-              "cudaFuncSetAttribute");
-      !ok)
     return ok;
   if (device < 31)
     prepared_mask |= 1 << device;
@@ -133,7 +142,7 @@ status chunk_digests(const void* data, size_t bytes, uint64_t* digests, void* st
   void* out = nullptr;
   if (auto ok = check(cudaMallocAsync(&out, chunks * sizeof(uint64_t), s), "cudaMallocAsync"); !ok)
     return ok;
-  chunk_digest_kernel<<<static_cast<unsigned>(chunks), threads, shared_bytes, s>>>(
+  chunk_digest_kernel<<<static_cast<unsigned>(chunks), threads, 0, s>>>(
     static_cast<const unsigned char*>(data), bytes, static_cast<uint64_t*>(out));
   status launched = check(cudaGetLastError(), "checksum kernel launch");
   status copied =

@@ -29,7 +29,7 @@ result<std::unique_ptr<device_stager>> device_stager::create(int device, options
   if (!stream)
     return std::move(stream).error();
   s->stream_ = std::move(*stream);
-  if (device != host_device) {
+  if (device != host_device || opts.ring_on_host) {
     s->ring_.resize(opts.ring);
     for (auto& sl : s->ring_) {
       auto host = pinned_buffer::allocate(device, opts.chunk_bytes);
@@ -66,63 +66,82 @@ status device_stager::remember(status s) {
   return s;
 }
 
-result<device_stager::slot*> device_stager::next_slot() {
-  slot& sl = ring_[next_];
-  next_ = (next_ + 1) % ring_.size();
-  if (sl.used)
-    if (auto ok = sl.done.synchronize(); !ok)
-      return std::move(ok).error();
-  sl.used = true;
-  return &sl;
+device_stager::slot& device_stager::claim_slot(std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    for (size_t i = 0; i < ring_.size(); ++i) {
+      slot& sl = ring_[(next_ + i) % ring_.size()];
+      if (!sl.filling) {
+        next_ = (next_ + i + 1) % ring_.size();
+        sl.filling = true;
+        return sl;
+      }
+    }
+    slot_free_.wait(lock);
+  }
 }
 
-status device_stager::piecewise(const device_buffer& dst, size_t offset,
-                                std::span<const std::byte> src, bool xor_into) {
-  for (size_t done = 0; done < src.size();) {
+status device_stager::piecewise(std::unique_lock<std::mutex>& lock, const device_buffer& dst,
+                                size_t offset, std::span<const std::byte> src, bool xor_into) {
+  // Each chunk is filled outside the lock, so the engine's patch workers
+  // fill chunks side by side; the device work is queued under it.
+  ++fillers_;
+  status out;
+  for (size_t done = 0; done < src.size() && first_error_;) {
     const size_t n = std::min(opts_.chunk_bytes, src.size() - done);
-    auto sl = next_slot();
-    if (!sl)
-      return std::move(sl).error();
-    auto host = (*sl)->host.bytes().first(n);
-    std::memcpy(host.data(), src.data() + done, n);
-    status ok = xor_into ? copy_to_device((*sl)->scratch, 0, host, stream_) : status{};
+    slot& sl = claim_slot(lock);
+    lock.unlock();
+    // The slot's last use must be over before its host chunk is refilled.
+    status ok = sl.used ? sl.done.synchronize() : status{};
+    auto host = sl.host.bytes().first(n);
     if (ok)
-      ok = xor_into ? xor_on_device(dst, offset + done, (*sl)->scratch, 0, n, stream_)
-                    : copy_to_device(dst, offset + done, host, stream_);
-    if (ok)
-      ok = (*sl)->done.record(stream_);
-    if (!ok)
-      return ok;
+      parallel_copy(host, src.subspan(done, n));
+    lock.lock();
+    if (ok && first_error_) {
+      ok = xor_into ? copy_to_device(sl.scratch, 0, host, stream_) : status{};
+      if (ok)
+        ok = xor_into ? xor_on_device(dst, offset + done, sl.scratch, 0, n, stream_)
+                      : copy_to_device(dst, offset + done, host, stream_);
+      if (ok)
+        ok = sl.done.record(stream_);
+      sl.used = true;
+    }
+    sl.filling = false;
+    slot_free_.notify_all();
+    if (!ok) {
+      out = remember(ok);
+      break;
+    }
     done += n;
   }
-  return {};
+  if (--fillers_ == 0)
+    slot_free_.notify_all();
+  return out ? first_error_ : out;
 }
 
 status device_stager::write(const device_buffer& dst, size_t offset, std::span<const std::byte> src,
                             bool stable) {
-  std::lock_guard guard{mutex_};
+  std::unique_lock lock{mutex_};
   if (!first_error_)
     return first_error_;
   started();
   add(&counters::bytes_copied, src.size());
-  if (device_ == host_device || stable)
+  if (ring_.empty() || stable)
     return remember(copy_to_device(dst, offset, src, stream_));
-  return remember(piecewise(dst, offset, src, false));
+  return piecewise(lock, dst, offset, src, false);
 }
 
 status device_stager::xor_apply(const device_buffer& dst, size_t offset,
                                 std::span<const std::byte> src) {
-  std::lock_guard guard{mutex_};
+  std::unique_lock lock{mutex_};
   if (!first_error_)
     return first_error_;
   started();
   add(&counters::bytes_xored, src.size());
-  if (device_ == host_device) {
-    if (offset > dst.size() || src.size() > dst.size() - offset)
-      return remember(make_error(errc::invalid_argument, "xor piece outside the tensor"));
-    return remember(parallel_xor_apply(dst.host_bytes().subspan(offset, src.size()), src));
-  }
-  return remember(piecewise(dst, offset, src, true));
+  if (!ring_.empty())
+    return piecewise(lock, dst, offset, src, true);
+  if (offset > dst.size() || src.size() > dst.size() - offset)
+    return remember(make_error(errc::invalid_argument, "xor piece outside the tensor"));
+  return remember(parallel_xor_apply(dst.host_bytes().subspan(offset, src.size()), src));
 }
 
 status device_stager::copy(const device_buffer& dst, const device_buffer& src) {
@@ -139,7 +158,8 @@ status device_stager::copy(const device_buffer& dst, const device_buffer& src) {
 }
 
 status device_stager::finish() {
-  std::lock_guard guard{mutex_};
+  std::unique_lock lock{mutex_};
+  slot_free_.wait(lock, [this] { return fillers_ == 0; });
   status synced = stream_.synchronize();
   if (busy_) {
     std::lock_guard counting{counters_mutex_};

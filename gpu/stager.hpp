@@ -1,5 +1,6 @@
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -27,8 +28,12 @@ public:
   struct options {
     /// Size of one ring chunk and of the largest single copy.
     size_t chunk_bytes = size_t{8} << 20;
-    /// Chunks in the ring: how many copies can be in flight.
+    /// Chunks in the ring: how many copies can be in flight, and how many
+    /// threads can fill chunks at once.
     size_t ring = 4;
+    /// Runs the ring on `host_device` too (the CPU stand-in otherwise copies
+    /// at once), so that the pipeline itself is tested without a GPU.
+    bool ring_on_host = false;
   };
 
   struct counters {
@@ -72,14 +77,17 @@ private:
     pinned_buffer host;
     device_buffer scratch;
     device_event done;
+    /// The device has been given work with it (`done` was recorded).
     bool used = false;
+    /// A thread is filling it, outside the lock.
+    bool filling = false;
   };
 
   device_stager(int device, options opts) : device_(device), opts_(opts) {}
-  /// The next ring slot, once the device is done with its last use.
-  result<slot*> next_slot();
-  status piecewise(const device_buffer& dst, size_t offset, std::span<const std::byte> src,
-                   bool xor_into);
+  /// A slot no other thread is filling, waiting for one; marks it filling.
+  slot& claim_slot(std::unique_lock<std::mutex>& lock);
+  status piecewise(std::unique_lock<std::mutex>& lock, const device_buffer& dst, size_t offset,
+                   std::span<const std::byte> src, bool xor_into);
   void started();
   void add(uint64_t counters::*field, uint64_t n);
   status remember(status s);
@@ -90,6 +98,10 @@ private:
   device_stream stream_;
   std::vector<slot> ring_;
   size_t next_ = 0;
+  /// Signalled when a slot stops filling and when `fillers_` drops to 0.
+  std::condition_variable slot_free_;
+  /// Threads inside `piecewise`: `finish` waits for them.
+  size_t fillers_ = 0;
   status first_error_;
   /// Apart from `mutex_`, so that `stats` never waits for device work.
   mutable std::mutex counters_mutex_;

@@ -12,11 +12,13 @@
 /// accumulators are scrambled. The additions commute, so the 16 terms of a
 /// block can be computed by 16 threads and summed in any order; only the
 /// scramble after each block is a sequential chain, one cheap step per KiB
-/// and lane. `block_terms` computes one stripe's terms, `lane_finish` runs one
-/// lane's chain over the block sums and the tail, `merge` folds the eight
-/// lanes into the digest. The CPU test (`tests/gpu/xxh3_blocks_test.cpp`)
-/// checks this decomposition against libxxhash; the kernel
-/// (`gpu/checksum_kernel.cu`) runs the same functions.
+/// and lane. Each stripe term of lanes 2k and 2k+1 reads only the stripe's
+/// k-th 16 bytes, so `pair_block_sums` sums one such pair of lanes over a
+/// whole block from 16 aligned 16-byte loads; `chain_step` is one scramble
+/// of a lane's chain, `lane_tail` adds the tail's stripes and the final
+/// stripe, `merge` folds the eight lanes into the digest. The CPU test
+/// (`tests/gpu/device_memory_test.cpp`) checks this decomposition against
+/// libxxhash; the kernel (`gpu/checksum_kernel.cu`) runs the same functions.
 #if defined(__CUDACC__)
 #define STITCH_HD __host__ __device__ __forceinline__
 #else
@@ -149,25 +151,82 @@ STITCH_HD void load_stripe(const unsigned char* p, uint64_t* words) {
   }
 }
 
-/// One lane's accumulator after the whole input: the chain over the full
-/// blocks' summed terms (`block_sums[b * lanes + lane]`), then the tail's
-/// stripes and the final stripe read from `input` directly.
-STITCH_HD uint64_t lane_finish(const uint64_t* block_sums, const unsigned char* input, size_t len,
-                               const unsigned char* secret, size_t lane) {
-  uint64_t acc = initial_acc(lane);
-  const uint64_t key = scramble_key(secret, lane);
-  const size_t blocks = full_blocks(len);
-  for (size_t b = 0; b < blocks; ++b)
-    acc = scramble(acc + block_sums[b * lanes + lane], key);
+/// The 8 bytes at `p` (8-byte aligned on the device), little-endian.
+STITCH_HD uint64_t load_word(const unsigned char* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint64_t*>(p);
+#else
+  uint64_t v = 0;
+  for (int j = 7; j >= 0; --j)
+    v = (v << 8) | p[static_cast<size_t>(j)];
+  return v;
+#endif
+}
+
+/// The sums, over the 16 stripes of the block at `block`, of the terms of
+/// lanes 2k and 2k+1 (`keys[s * lanes + lane]` is stripe s's key of a lane).
+/// On the device with `aligned16`, one 16-byte load per stripe; otherwise
+/// two 8-byte ones (the block must then be 8-byte aligned).
+STITCH_HD void pair_block_sums(const unsigned char* block, const uint64_t* keys, size_t k,
+                               bool aligned16, uint64_t& sum_even, uint64_t& sum_odd) {
+  // Loads in batches of 8, issued before their terms use them, so that
+  // enough of them are in flight to keep the memory busy.
+  constexpr size_t batch = 8;
+  uint64_t even = 0;
+  uint64_t odd = 0;
+  const unsigned char* p = block + 16 * k;
+  for (size_t s0 = 0; s0 < stripes_per_block; s0 += batch) {
+    uint64_t w[batch][2];
+#if defined(__CUDA_ARCH__)
+    if (aligned16) {
+#pragma unroll
+      for (size_t i = 0; i < batch; ++i) {
+        const ulonglong2 v = __ldg(reinterpret_cast<const ulonglong2*>(p + (s0 + i) * stripe_len));
+        w[i][0] = v.x;
+        w[i][1] = v.y;
+      }
+    } else
+#endif
+    {
+      (void) aligned16;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (size_t i = 0; i < batch; ++i) {
+        w[i][0] = load_word(p + (s0 + i) * stripe_len);
+        w[i][1] = load_word(p + (s0 + i) * stripe_len + 8);
+      }
+    }
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (size_t i = 0; i < batch; ++i) {
+      even += stripe_term(w[i], keys[(s0 + i) * lanes + 2 * k], 0);
+      odd += stripe_term(w[i], keys[(s0 + i) * lanes + 2 * k + 1], 1);
+    }
+  }
+  sum_even = even;
+  sum_odd = odd;
+}
+
+/// One link of a lane's chain: a full block's summed term, then the scramble.
+STITCH_HD uint64_t chain_step(uint64_t acc, uint64_t block_sum, uint64_t key) {
+  return scramble(acc + block_sum, key);
+}
+
+/// A lane's accumulator after its chain over the full blocks: the tail's
+/// stripes and the final stripe, read from `input` directly.
+STITCH_HD uint64_t lane_tail(uint64_t acc, const unsigned char* input, size_t len,
+                             const unsigned char* secret, size_t lane) {
   uint64_t words[lanes];
+  const size_t blocks = full_blocks(len);
   const size_t tail = tail_stripes(len);
   for (size_t s = 0; s < tail; ++s) {
     load_stripe(input + blocks * block_len + s * stripe_len, words);
     acc += stripe_term(words, stripe_key(secret, s * 8, lane), lane);
   }
   load_stripe(input + len - stripe_len, words);
-  acc += stripe_term(words, stripe_key(secret, secret_size - stripe_len - 7, lane), lane);
-  return acc;
+  return acc + stripe_term(words, stripe_key(secret, secret_size - stripe_len - 7, lane), lane);
 }
 
 } // namespace stitch::gpu::xxh3

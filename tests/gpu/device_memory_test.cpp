@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -28,23 +29,28 @@ using stitch::gpu::device_stream;
 using stitch::testing::random_bytes;
 
 /// The block decomposition of the xxh3 long path, run on the CPU exactly as
-/// the kernel runs it (stripe terms summed per block, then the lanes' chains).
+/// the kernel runs it: each full block's lane sums from its four 16-byte
+/// columns, then each lane's chain over them, its tail, and the merge.
 uint64_t decomposed_xxh3(std::span<const std::byte> bytes) {
   namespace x = stitch::gpu::xxh3;
   const auto* in = reinterpret_cast<const unsigned char*>(bytes.data());
   const unsigned char* secret = stitch::gpu::xxh3_default_secret.b;
   const size_t len = bytes.size();
+  uint64_t keys[x::stripes_per_block * x::lanes];
+  for (size_t t = 0; t < std::size(keys); ++t)
+    keys[t] = x::stripe_key(secret, (t / x::lanes) * 8, t % x::lanes);
   std::vector<uint64_t> sums(x::full_blocks(len) * x::lanes, 0);
   for (size_t b = 0; b < x::full_blocks(len); ++b)
-    for (size_t s = 0; s < x::stripes_per_block; ++s) {
-      uint64_t w[x::lanes];
-      x::load_stripe(in + b * x::block_len + s * x::stripe_len, w);
-      for (size_t i = 0; i < x::lanes; ++i)
-        sums[b * x::lanes + i] += x::stripe_term(w, x::stripe_key(secret, s * 8, i), i);
-    }
+    for (size_t k = 0; k < x::lanes / 2; ++k)
+      x::pair_block_sums(in + b * x::block_len, keys, k, false, sums[b * x::lanes + 2 * k],
+                         sums[b * x::lanes + 2 * k + 1]);
   uint64_t acc[x::lanes];
-  for (size_t i = 0; i < x::lanes; ++i)
-    acc[i] = x::lane_finish(sums.data(), in, len, secret, i);
+  for (size_t i = 0; i < x::lanes; ++i) {
+    acc[i] = x::initial_acc(i);
+    for (size_t b = 0; b < x::full_blocks(len); ++b)
+      acc[i] = x::chain_step(acc[i], sums[b * x::lanes + i], x::scramble_key(secret, i));
+    acc[i] = x::lane_tail(acc[i], in, len, secret, i);
+  }
   return x::merge(acc, secret, len);
 }
 
@@ -148,8 +154,10 @@ TEST_P(on_device, checksum_equals_the_cpu_checksum_single_bit_changes_included) 
 TEST_P(on_device, staged_deltas_equal_the_cpu_decoders_output) {
   const int device = GetParam();
   REQUIRE_DEVICE(device);
-  // Small chunks, so the ring wraps many times within one tensor.
-  auto stager = device_stager::create(device, {.chunk_bytes = 64 << 10, .ring = 3});
+  // Small chunks, so the ring wraps many times within one tensor (the host
+  // stand-in runs the ring too).
+  auto stager = device_stager::create(
+    device, {.chunk_bytes = 64 << 10, .ring = 3, .ring_on_host = true});
   ASSERT_TRUE(stager) << stager.error().message;
   const size_t n = (size_t{2} << 20) + 12345;
   auto base = random_bytes(n, 1);
@@ -188,6 +196,60 @@ TEST_P(on_device, staged_deltas_equal_the_cpu_decoders_output) {
   EXPECT_EQ(c.bytes_xored, n);
   EXPECT_EQ(c.bytes_copied, n + n + replacement.size());
   EXPECT_EQ(c.bytes_verified, n);
+}
+
+TEST_P(on_device, patch_workers_fill_the_ring_side_by_side) {
+  const int device = GetParam();
+  REQUIRE_DEVICE(device);
+  // More workers than slots, chunks small enough that each piece spans
+  // several, pieces large enough that the copy is split over the pool.
+  auto stager = device_stager::create(
+    device, {.chunk_bytes = (size_t{3} << 20) + 8, .ring = 2, .ring_on_host = true});
+  ASSERT_TRUE(stager) << stager.error().message;
+  constexpr size_t workers = 5;
+  const size_t n = (size_t{7} << 20) + 24;
+  std::vector<std::vector<std::byte>> bases, deltas, expected;
+  std::vector<device_buffer> bufs;
+  for (size_t w = 0; w < workers; ++w) {
+    bases.push_back(random_bytes(n, static_cast<uint32_t>(10 + w)));
+    deltas.push_back(random_bytes(n, static_cast<uint32_t>(20 + w)));
+    expected.push_back(bases.back());
+    ASSERT_TRUE(stitch::delta::xor_apply(expected.back(), deltas.back()));
+    auto buf = device_buffer::allocate(device, n);
+    ASSERT_TRUE(buf) << buf.error().message;
+    bufs.push_back(std::move(*buf));
+  }
+  std::vector<stitch::status> outcomes(workers);
+  {
+    std::vector<std::thread> threads;
+    for (size_t w = 0; w < workers; ++w)
+      threads.emplace_back([&, w] {
+        // Each worker's pieces come out of one scratch it overwrites after
+        // every call, as a decoder's do.
+        std::vector<std::byte> scratch(n / 2 + 8);
+        for (auto [from, xor_into] : {std::pair{&bases[w], false}, std::pair{&deltas[w], true}})
+          for (size_t done = 0; done < n && outcomes[w]; done += scratch.size()) {
+            const size_t k = std::min(scratch.size(), n - done);
+            std::memcpy(scratch.data(), from->data() + done, k);
+            auto piece = std::span{scratch}.first(k);
+            outcomes[w] = xor_into ? (*stager)->xor_apply(bufs[w], done, piece)
+                                   : (*stager)->write(bufs[w], done, piece);
+            std::memset(scratch.data(), 0xCD, k);
+          }
+      });
+    for (auto& t : threads)
+      t.join();
+  }
+  for (size_t w = 0; w < workers; ++w)
+    ASSERT_TRUE(outcomes[w]) << outcomes[w].error().message;
+  ASSERT_TRUE((*stager)->finish());
+  auto stream = device_stream::create(device);
+  ASSERT_TRUE(stream);
+  for (size_t w = 0; w < workers; ++w)
+    EXPECT_TRUE(download(bufs[w], *stream) == expected[w]) << "worker " << w;
+  auto c = (*stager)->stats();
+  EXPECT_EQ(c.bytes_copied, workers * n);
+  EXPECT_EQ(c.bytes_xored, workers * n);
 }
 
 TEST_P(on_device, out_of_range_operations_are_refused_and_the_error_is_kept_until_finish) {
