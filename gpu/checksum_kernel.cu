@@ -92,27 +92,48 @@ __global__ void __launch_bounds__(threads, 4)
   }
 }
 
-/// Once per process and device: the secret into constant memory.
-status prepare() {
+/// Once per process and device: the secret into constant memory, and a
+/// memory pool for the digests that keeps what it had. (The device's default
+/// pool hands its memory back at every synchronize, and mapping it again cost
+/// each checksum more than hashing 1 GiB on an H200 takes; this one holds
+/// only the digests of the checksums in flight, 8 bytes per MiB.)
+result<cudaMemPool_t> prepare() {
+  constexpr int max_devices = 64;
   static std::mutex mutex;
-  static int prepared_mask = 0;
+  static cudaMemPool_t pools[max_devices] = {};
   int device = 0;
   if (auto ok = check(cudaGetDevice(&device), "cudaGetDevice"); !ok)
-    return ok;
+    return std::move(ok).error();
+  if (device < 0 || device >= max_devices)
+    return make_error(errc::invalid_argument,
+                      "device checksum on device " + std::to_string(device));
   std::lock_guard guard{mutex};
-  if (device < 31 && (prepared_mask & (1 << device)))
-    return {};
+  if (pools[device])
+    return pools[device];
   if (auto ok = check(cudaMemcpyToSymbol(secret, xxh3_default_secret.b, x::secret_size),
                       "cudaMemcpyToSymbol");
       !ok)
-    return ok;
+    return std::move(ok).error();
   // The copy runs on the legacy stream, which the kernel's non-blocking
   // stream does not wait for: done before any kernel reads the secret.
   if (auto ok = check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); !ok)
-    return ok;
-  if (device < 31)
-    prepared_mask |= 1 << device;
-  return {};
+    return std::move(ok).error();
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  if (auto ok = check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate"); !ok)
+    return std::move(ok).error();
+  uint64_t keep = UINT64_MAX;
+  if (auto ok = check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+                      "cudaMemPoolSetAttribute");
+      !ok) {
+    cudaMemPoolDestroy(pool);
+    return std::move(ok).error();
+  }
+  pools[device] = pool;
+  return pool;
 }
 
 } // namespace
@@ -136,11 +157,14 @@ status chunk_digests(const void* data, size_t bytes, uint64_t* digests, void* st
     int device;
     ~restore() { cudaSetDevice(device); }
   } back{caller_device};
-  if (auto ok = prepare(); !ok)
-    return ok;
+  auto pool = prepare();
+  if (!pool)
+    return std::move(pool).error();
   auto s = static_cast<cudaStream_t>(stream);
   void* out = nullptr;
-  if (auto ok = check(cudaMallocAsync(&out, chunks * sizeof(uint64_t), s), "cudaMallocAsync"); !ok)
+  if (auto ok = check(cudaMallocFromPoolAsync(&out, chunks * sizeof(uint64_t), *pool, s),
+                      "cudaMallocFromPoolAsync");
+      !ok)
     return ok;
   chunk_digest_kernel<<<static_cast<unsigned>(chunks), threads, 0, s>>>(
     static_cast<const unsigned char*>(data), bytes, static_cast<uint64_t*>(out));

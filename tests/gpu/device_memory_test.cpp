@@ -156,8 +156,8 @@ TEST_P(on_device, staged_deltas_equal_the_cpu_decoders_output) {
   REQUIRE_DEVICE(device);
   // Small chunks, so the ring wraps many times within one tensor (the host
   // stand-in runs the ring too).
-  auto stager = device_stager::create(
-    device, {.chunk_bytes = 64 << 10, .ring = 3, .ring_on_host = true});
+  auto stager =
+    device_stager::create(device, {.chunk_bytes = 64 << 10, .ring = 3, .ring_on_host = true});
   ASSERT_TRUE(stager) << stager.error().message;
   const size_t n = (size_t{2} << 20) + 12345;
   auto base = random_bytes(n, 1);
