@@ -110,9 +110,17 @@ engine::model_config bf16_model(uint32_t hidden, uint32_t intermediate, uint32_t
 struct engine_figures {
   double gb = 0;
   double anchor_stage_s = 0;
-  /// The same anchor read from the store into host tensors made as the
-  /// engine makes them (the host side of the stage, no device).
+  /// The making of the anchor's host tensors as the engine makes them:
+  /// fresh (mapping and page locking), then again from the buffers the
+  /// first released (the allocator's recycling, as from a replica's third
+  /// version on).
+  double anchor_host_alloc_s = 0;
+  double anchor_host_realloc_s = 0;
+  /// The anchor read from the store into recycled host tensors, their making
+  /// included: the host side of the stage, no device.
   double anchor_host_read_s = 0;
+  /// Bytes of the stage's tensors that were recycled buffers.
+  double stage_recycled_gb = 0;
   double pause_us = 0;
   double tokens_per_s = 0;
 };
@@ -152,17 +160,30 @@ engine_figures measure_engine(const engine::model_config& config, uint32_t batch
   {
     auto anchor = must(src.manifest_of(*plan.anchor), "manifest");
     auto specs = must(store::read_tensor_specs(anchor), "tensor specs");
-    std::vector<std::shared_ptr<engine::tensor_buffer>> kept;
+    auto make_all = [&] {
+      std::vector<std::shared_ptr<engine::tensor_buffer>> made;
+      for (auto& info : specs)
+        made.push_back(
+          must(engine::make_tensor_buffer(info.name, info.type, info.shape), "tensor"));
+      return made;
+    };
     auto t0 = clock_type::now();
-    for (auto& info : specs) {
-      kept.push_back(must(engine::make_tensor_buffer(info.name, info.type, info.shape), "tensor"));
-      must(src.read(anchor.ref, info.name, 0, kept.back()->bytes.bytes()), "read");
-    }
-    f.anchor_host_read_s = seconds_since(t0);
+    make_all();
+    f.anchor_host_alloc_s = seconds_since(t0);
+    // Released as they were made: kept (the engine reserved a version's worth).
+    auto t1 = clock_type::now();
+    auto kept = make_all();
+    f.anchor_host_realloc_s = seconds_since(t1);
+    for (size_t i = 0; i < specs.size(); ++i)
+      must(src.read(anchor.ref, specs[i].name, 0, kept[i]->bytes.bytes()), "read");
+    f.anchor_host_read_s = seconds_since(t1);
   }
+  const auto reused_before = gpu::staging_allocator().recycling().reused_bytes;
   auto t0 = clock_type::now();
   must(e->stage(plan, false, src), "stage");
   f.anchor_stage_s = seconds_since(t0);
+  f.stage_recycled_gb =
+    static_cast<double>(gpu::staging_allocator().recycling().reused_bytes - reused_before) / 1e9;
   auto t1 = clock_type::now();
   must(e->commit(), "commit");
   f.pause_us = seconds_since(t1) * 1e6;
@@ -347,12 +368,18 @@ int main(int argc, char** argv) {
   j["engine_small_gb"] = small.gb;
   j["engine_small_anchor_stage_s"] = small.anchor_stage_s;
   j["engine_small_stage_vs_host_read_ratio"] = small.anchor_host_read_s / small.anchor_stage_s;
+  j["engine_small_host_alloc_s"] = small.anchor_host_alloc_s;
+  j["engine_small_host_realloc_s"] = small.anchor_host_realloc_s;
+  j["engine_small_stage_recycled_gb"] = small.stage_recycled_gb;
   j["engine_small_pause_us"] = small.pause_us;
   j["decode_tokens_per_s"] = small.tokens_per_s;
   if (big) {
     j["engine_large_gb"] = large.gb;
     j["engine_large_anchor_stage_s"] = large.anchor_stage_s;
     j["engine_large_host_read_s"] = large.anchor_host_read_s;
+    j["engine_large_host_alloc_s"] = large.anchor_host_alloc_s;
+    j["engine_large_host_realloc_s"] = large.anchor_host_realloc_s;
+    j["engine_large_stage_recycled_gb"] = large.stage_recycled_gb;
     j["engine_large_stage_vs_host_read_ratio"] = large.anchor_host_read_s / large.anchor_stage_s;
     j["engine_large_pause_us"] = large.pause_us;
     j["pause_flatness_ratio"] = large.pause_us / std::max(small.pause_us, 1e-3);

@@ -114,6 +114,11 @@ result<std::shared_ptr<builtin_engine>> builtin_engine::create(model_config conf
   std::call_once(pinned, [] {
     gpu::staging_allocator().add_registrar(std::make_shared<gpu::pinned_registrar>());
   });
+  // Page locking a fresh buffer costs about as much as filling it: a
+  // released version's buffers are kept for the next version's tensors
+  // (an eighth more for the mappings' rounding to 2 MiB).
+  parts->recycling = gpu::recycling_reservation{gpu::staging_allocator(),
+                                                parts->budget.weights + parts->budget.weights / 8};
   opts.max_batch = slots;
   auto engine = std::make_shared<builtin_engine>(std::move(config), opts);
   // No job can reach the decode loop before this returns.

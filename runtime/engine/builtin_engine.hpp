@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu/host_buffer.hpp"
 #include "gpu/llama.hpp"
 #include "gpu/stager.hpp"
 #include "runtime/core/engine_port.hpp"
@@ -154,6 +155,9 @@ private:
     std::unique_ptr<gpu::device_stager> stager;
     /// The job id holding each KV slot (0: free). Decode loop only.
     std::vector<uint64_t> slot_owner;
+    /// One version's host tensors kept page-locked when released, for the
+    /// version after next (`gpu::host_allocator`'s recycling).
+    gpu::recycling_reservation recycling;
   };
   std::unique_ptr<device_parts> device_;
   uint64_t next_job_id_ = 1;

@@ -4,7 +4,9 @@
 // implementations of the same operations on the same inputs.
 #include "gpu/device_memory.hpp"
 
+#include <atomic>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -314,6 +316,139 @@ TEST(pinned_registrar, small_buffers_stay_pageable_and_refusals_are_counted) {
     EXPECT_EQ(reg.refused(), 1u);
   reg.on_release(large);
   reg.on_release(small); // unknown to it: ignored
+}
+
+namespace {
+
+/// Counts what an allocator registers and releases; refuses on request.
+struct counting_registrar final : stitch::gpu::buffer_registrar {
+  std::atomic<int> allocated{0};
+  std::atomic<int> released{0};
+  bool refuse = false;
+  stitch::status on_allocate(std::span<std::byte>) override {
+    if (refuse)
+      return stitch::make_error(stitch::errc::limit_exceeded, "refused by the test");
+    ++allocated;
+    return {};
+  }
+  void on_release(std::span<std::byte>) noexcept override { ++released; }
+};
+
+constexpr size_t mib = size_t{1} << 20;
+
+} // namespace
+
+TEST(host_allocator, without_a_recycling_limit_released_buffers_are_freed) {
+  stitch::gpu::host_allocator alloc;
+  auto reg = std::make_shared<counting_registrar>();
+  alloc.add_registrar(reg);
+  for (int i = 0; i < 2; ++i) {
+    auto b = alloc.allocate(6 * mib);
+    ASSERT_TRUE(b) << b.error().message;
+  }
+  EXPECT_EQ(reg->allocated, 2);
+  EXPECT_EQ(reg->released, 2);
+  EXPECT_EQ(alloc.recycling().kept, 0u);
+  EXPECT_EQ(alloc.recycling().reused, 0u);
+}
+
+TEST(host_allocator, a_released_buffer_is_kept_registered_and_serves_the_next_of_its_size) {
+  stitch::gpu::host_allocator alloc;
+  auto reg = std::make_shared<counting_registrar>();
+  alloc.add_registrar(reg);
+  std::optional<stitch::gpu::recycling_reservation> reserve{std::in_place, alloc, 20 * mib};
+  std::byte* first = nullptr;
+  {
+    auto b = alloc.allocate(6 * mib);
+    ASSERT_TRUE(b);
+    first = b->data();
+    std::memset(b->data(), 0x5A, b->size());
+  }
+  EXPECT_EQ(reg->released, 0) << "kept, registration and all";
+  auto stats = alloc.recycling();
+  EXPECT_EQ(stats.kept, 1u);
+  EXPECT_EQ(stats.kept_bytes, 6 * mib);
+  {
+    auto other = alloc.allocate(8 * mib); // another size: a fresh mapping
+    ASSERT_TRUE(other);
+    EXPECT_NE(other->data(), first);
+    auto same = alloc.allocate(6 * mib);
+    ASSERT_TRUE(same);
+    EXPECT_EQ(same->data(), first);
+    EXPECT_EQ(same->bytes()[123], std::byte{0x5A}) << "the same pages, not copied";
+  }
+  EXPECT_EQ(reg->allocated, 2) << "the reused buffer is not registered again";
+  stats = alloc.recycling();
+  EXPECT_EQ(stats.reused, 1u);
+  EXPECT_EQ(stats.reused_bytes, 6 * mib);
+  EXPECT_EQ(stats.kept, 2u);
+  // Small buffers come from the heap and are never kept.
+  {
+    auto small = alloc.allocate(mib);
+    ASSERT_TRUE(small);
+  }
+  EXPECT_EQ(alloc.recycling().kept, 2u);
+  // The reservation's end frees what was kept.
+  reserve.reset();
+  EXPECT_EQ(alloc.recycling().kept, 0u);
+  EXPECT_EQ(alloc.recycling().limit, 0u);
+  EXPECT_EQ(reg->released, reg->allocated.load());
+}
+
+TEST(host_allocator, the_oldest_kept_buffers_make_room_and_the_limit_is_never_passed) {
+  stitch::gpu::host_allocator alloc;
+  auto reg = std::make_shared<counting_registrar>();
+  alloc.add_registrar(reg);
+  stitch::gpu::recycling_reservation reserve{alloc, 16 * mib};
+  std::vector<std::byte*> order;
+  {
+    std::vector<stitch::gpu::host_buffer> held;
+    for (int i = 0; i < 3; ++i) {
+      auto b = alloc.allocate(6 * mib);
+      ASSERT_TRUE(b);
+      order.push_back(b->data());
+      held.push_back(std::move(*b));
+    }
+    {
+      auto too_big = alloc.allocate(18 * mib); // over the limit on its own: freed
+      ASSERT_TRUE(too_big);
+    }
+    EXPECT_EQ(reg->released, 1);
+  } // released in order: the third evicts the first
+  auto stats = alloc.recycling();
+  EXPECT_EQ(stats.kept, 2u);
+  EXPECT_EQ(stats.kept_bytes, 12 * mib);
+  EXPECT_LE(stats.kept_bytes, stats.limit);
+  EXPECT_EQ(reg->released, 2);
+  auto again = alloc.allocate(6 * mib);
+  ASSERT_TRUE(again);
+  EXPECT_NE(again->data(), order[0]) << "the oldest was freed";
+}
+
+TEST(host_allocator, kept_buffers_unknown_to_a_new_registrar_and_refused_ones_are_not_reused) {
+  stitch::gpu::host_allocator alloc;
+  auto first = std::make_shared<counting_registrar>();
+  alloc.add_registrar(first);
+  stitch::gpu::recycling_reservation reserve{alloc, 64 * mib};
+  {
+    auto b = alloc.allocate(6 * mib);
+    ASSERT_TRUE(b);
+  }
+  auto second = std::make_shared<counting_registrar>();
+  alloc.add_registrar(second);
+  {
+    auto b = alloc.allocate(6 * mib);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(second->allocated, 1) << "registered by the registrar added since";
+  }
+  EXPECT_EQ(alloc.recycling().reused, 0u);
+  EXPECT_EQ(first->released, 1) << "the stale kept buffer was freed";
+  EXPECT_EQ(alloc.recycling().kept, 1u);
+  // A buffer a registrar refused fails its allocation and is never kept.
+  second->refuse = true;
+  auto refused = alloc.allocate(10 * mib);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(alloc.recycling().kept, 1u);
 }
 
 TEST(nccl_group, a_one_gpu_group_broadcasts_into_another_buffer_of_that_gpu) {
