@@ -61,6 +61,17 @@ builtin_engine::builtin_engine(model_config config, options opts)
   loop_ = std::thread{[this] { decode_loop(); }};
 }
 
+namespace {
+
+/// Page locking a fresh buffer costs about as much as filling it: a released
+/// version's host buffers are kept for the next version's tensors (an eighth
+/// more than the weights, for the mappings' rounding to 2 MiB).
+gpu::recycling_reservation recycling_for(uint64_t weights) {
+  return {gpu::staging_allocator(), weights + weights / 8};
+}
+
+} // namespace
+
 result<std::shared_ptr<builtin_engine>> builtin_engine::create(model_config config, options opts) {
   if (opts.device == engine_device::cpu && opts.device_copy_on_host) {
     auto parts = std::make_unique<device_parts>();
@@ -70,6 +81,8 @@ result<std::shared_ptr<builtin_engine>> builtin_engine::create(model_config conf
     if (!stager)
       return std::move(stager).error();
     parts->stager = std::move(*stager);
+    // Host buffers recycle as on a device, so tests see stale recycled bytes.
+    parts->recycling = recycling_for(device_budget_for(config, 1, 0).weights);
     auto engine = std::make_shared<builtin_engine>(std::move(config), opts);
     engine->device_ = std::move(parts);
     return engine;
@@ -114,11 +127,7 @@ result<std::shared_ptr<builtin_engine>> builtin_engine::create(model_config conf
   std::call_once(pinned, [] {
     gpu::staging_allocator().add_registrar(std::make_shared<gpu::pinned_registrar>());
   });
-  // Page locking a fresh buffer costs about as much as filling it: a
-  // released version's buffers are kept for the next version's tensors
-  // (an eighth more for the mappings' rounding to 2 MiB).
-  parts->recycling = gpu::recycling_reservation{gpu::staging_allocator(),
-                                                parts->budget.weights + parts->budget.weights / 8};
+  parts->recycling = recycling_for(parts->budget.weights);
   opts.max_batch = slots;
   auto engine = std::make_shared<builtin_engine>(std::move(config), opts);
   // No job can reach the decode loop before this returns.

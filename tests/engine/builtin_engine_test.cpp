@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/device.hpp"
+#include "gpu/host_buffer.hpp"
 #include "runtime/core/base64.hpp"
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/core/checksum.hpp"
@@ -836,6 +837,81 @@ TEST_F(builtin_engine_test, the_device_staging_path_builds_exact_copies_across_d
             before->device->buffers.at("lm_head.weight"));
   EXPECT_GT((*fresh)->device_usage().staged_bytes_total, 0u);
   EXPECT_EQ((*fresh)->device_usage().device, "host");
+}
+
+/// Stages versions 0..3 (deltas to 4 MiB MLP tensors: mapped host buffers,
+/// which the allocator recycles) on an engine made with `o`, each answering
+/// as a CPU engine on the same versions does (within `tolerance`); on the
+/// host stand-in, its device copy is checked byte for byte too.
+void expect_exact_versions_in_recycled_buffers(builtin_engine::options o, float tolerance) {
+  auto c = preset("tiny");
+  ASSERT_TRUE(c);
+  model_config config = *c;
+  config.hidden_size = 512;
+  config.intermediate_size = 2048;
+  std::vector<store::tensor_set> versions;
+  versions.push_back(*random_init(config, 7));
+  memory_store db;
+  store::publisher pub{db};
+  for (uint64_t v = 0; v < 4; ++v) {
+    if (v > 0) {
+      versions.push_back(versions.back());
+      for (const char* part : {"up_proj", "down_proj"})
+        nudge(
+          versions.back().at("model.layers." + std::to_string(v % 2) + ".mlp." + part + ".weight"),
+          static_cast<uint32_t>(v));
+    }
+    ASSERT_TRUE(pub.publish({"default", "r", v, false, false}, versions[v]));
+  }
+  auto made = builtin_engine::create(config, o);
+  ASSERT_TRUE(made) << to_string(made.error());
+  auto& e = **made;
+  builtin_engine cpu{config};
+  store::store_tensor_source src{db, "default"};
+  auto& alloc = gpu::staging_allocator();
+  EXPECT_GT(alloc.recycling().limit, 0u);
+  const uint64_t reused_at_start = alloc.recycling().reused;
+  std::map<version_ref, manifest> manifests;
+  for (uint64_t v = 0; v < versions.size(); ++v) {
+    std::optional<applied_state> applied;
+    if (v > 0)
+      applied = applied_state{{"r", v - 1}};
+    auto p =
+      plan_chain(applied, {"r", v}, 0, [&](const version_ref& ref) -> manifest_lookup_result {
+        auto it = manifests.find(ref);
+        if (it == manifests.end()) {
+          auto m = db.read_manifest("default", ref);
+          if (!m)
+            return manifest_missing{};
+          it = manifests.emplace(ref, *m).first;
+        }
+        return manifest_found{&it->second};
+      });
+    ASSERT_TRUE(p && std::holds_alternative<chain_plan>(*p)) << v;
+    ASSERT_EQ(std::get<chain_plan>(*p).deltas.size(), v == 0 ? 0u : 1u);
+    for (builtin_engine* engine : {&e, &cpu}) {
+      ASSERT_TRUE(engine->stage(std::get<chain_plan>(*p), false, src)) << v;
+      ASSERT_TRUE(engine->commit()) << v;
+    }
+    if (o.device_copy_on_host)
+      expect_device_copy(e, versions[v]);
+    expect_same_answers(e, cpu, tolerance);
+  }
+  // From the third version on, the patched tensors (host copies, and on the
+  // stand-in the device copies) were built in buffers the last but one
+  // released, old bytes and all.
+  EXPECT_GE(alloc.recycling().reused - reused_at_start, 2u);
+  EXPECT_LE(alloc.recycling().kept_bytes, alloc.recycling().limit);
+}
+
+TEST(builtin_engine_recycling, versions_built_in_recycled_host_buffers_are_exact) {
+  expect_exact_versions_in_recycled_buffers(device_copy_on_host(), 0.0F);
+}
+
+TEST(builtin_engine_recycling, a_cuda_engine_builds_versions_in_recycled_page_locked_buffers) {
+  if (auto why = gpu::why_no_device(); !why.empty())
+    GTEST_SKIP() << "needs a CUDA device: " << why;
+  expect_exact_versions_in_recycled_buffers(on_cuda(), 1e-3F);
 }
 
 TEST_F(builtin_engine_test, a_version_another_local_device_holds_is_taken_from_it_not_fetched) {
