@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/plans.hpp"
 #include "gpu/device.hpp"
 #include "gpu/host_buffer.hpp"
 #include "runtime/core/base64.hpp"
@@ -34,6 +35,9 @@ void nudge(store::host_tensor& t, uint32_t salt, size_t every = 7) {
   for (size_t i = salt % every; i + 4 <= t.bytes.size(); i += 4 * every)
     t.bytes[i] ^= static_cast<std::byte>(1 + salt % 200);
 }
+
+using stitch::testing::manifest_cache;
+using stitch::testing::plan_over;
 
 class builtin_engine_test : public ::testing::Test {
 protected:
@@ -60,17 +64,7 @@ protected:
 
   chain_plan plan(std::optional<applied_state> applied, uint64_t to, std::string run = "r",
                   std::string pool = "default") {
-    auto out =
-      plan_chain(applied, {run, to}, 0, [&](const version_ref& ref) -> manifest_lookup_result {
-        auto it = cache.find(ref);
-        if (it == cache.end()) {
-          auto m = db.read_manifest(pool, ref);
-          if (!m)
-            return manifest_missing{};
-          it = cache.emplace(ref, *m).first;
-        }
-        return manifest_found{&it->second};
-      });
+    auto out = plan_over(db, cache, applied, {std::move(run), to}, pool);
     EXPECT_TRUE(out && std::holds_alternative<chain_plan>(*out));
     return std::get<chain_plan>(*out);
   }
@@ -100,7 +94,7 @@ protected:
   model_config config;
   memory_store db;
   std::vector<store::tensor_set> versions;
-  std::map<version_ref, manifest> cache;
+  manifest_cache cache;
 };
 
 TEST_F(builtin_engine_test, cold_start_from_anchor_matches_a_fresh_engine_exactly) {
@@ -172,17 +166,7 @@ TEST_F(builtin_engine_test, run_switch_resets_to_the_new_runs_weights) {
   store::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.stage(plan(std::nullopt, 3), false, src));
   ASSERT_TRUE(e.commit());
-  auto switched = plan_chain(applied_state{{"r", 3}}, {"b", 0}, 0,
-                             [&](const version_ref& ref) -> manifest_lookup_result {
-                               auto it = cache.find(ref);
-                               if (it == cache.end()) {
-                                 auto m = db.read_manifest("default", ref);
-                                 if (!m)
-                                   return manifest_missing{};
-                                 it = cache.emplace(ref, *m).first;
-                               }
-                               return manifest_found{&it->second};
-                             });
+  auto switched = plan_over(db, cache, applied_state{{"r", 3}}, {"b", 0});
   ASSERT_TRUE(switched);
   auto p = std::get<chain_plan>(*switched);
   EXPECT_TRUE(p.reset_to_boot);
@@ -871,22 +855,12 @@ void expect_exact_versions_in_recycled_buffers(builtin_engine::options o, float 
   auto& alloc = gpu::staging_allocator();
   EXPECT_GT(alloc.recycling().limit, 0u);
   const uint64_t reused_at_start = alloc.recycling().reused;
-  std::map<version_ref, manifest> manifests;
+  manifest_cache manifests;
   for (uint64_t v = 0; v < versions.size(); ++v) {
     std::optional<applied_state> applied;
     if (v > 0)
       applied = applied_state{{"r", v - 1}};
-    auto p =
-      plan_chain(applied, {"r", v}, 0, [&](const version_ref& ref) -> manifest_lookup_result {
-        auto it = manifests.find(ref);
-        if (it == manifests.end()) {
-          auto m = db.read_manifest("default", ref);
-          if (!m)
-            return manifest_missing{};
-          it = manifests.emplace(ref, *m).first;
-        }
-        return manifest_found{&it->second};
-      });
+    auto p = plan_over(db, manifests, applied, {"r", v});
     ASSERT_TRUE(p && std::holds_alternative<chain_plan>(*p)) << v;
     ASSERT_EQ(std::get<chain_plan>(*p).deltas.size(), v == 0 ? 0u : 1u);
     for (builtin_engine* engine : {&e, &cpu}) {

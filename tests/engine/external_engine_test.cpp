@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/eventually.hpp"
+#include "common/plans.hpp"
 #include "runtime/core/chain_planner.hpp"
 #include "runtime/engine/api_shapes.hpp"
 #include "runtime/engine/external_engine.hpp"
@@ -161,17 +162,7 @@ protected:
 
   chain_plan plan(std::optional<applied_state> applied, version_ref to,
                   std::string pool = "default") {
-    auto out = plan_chain(applied, to, 0, [&](const version_ref& ref) -> manifest_lookup_result {
-      auto key = std::make_pair(pool, ref);
-      auto it = cache.find(key);
-      if (it == cache.end()) {
-        auto m = db.read_manifest(pool, ref);
-        if (!m)
-          return manifest_missing{};
-        it = cache.emplace(key, *m).first;
-      }
-      return manifest_found{&it->second};
-    });
+    auto out = stitch::testing::plan_over(db, cache, applied, to, pool);
     EXPECT_TRUE(out && std::holds_alternative<chain_plan>(*out));
     return std::get<chain_plan>(*out);
   }
@@ -252,7 +243,7 @@ protected:
   model_config config;
   memory_store db;
   std::vector<store::tensor_set> versions;
-  std::map<std::pair<std::string, version_ref>, manifest> cache;
+  stitch::testing::manifest_cache cache;
   std::unique_ptr<engine_process> peer;
   std::string peer_url;
   std::shared_ptr<external_engine> engine;
