@@ -262,13 +262,7 @@ struct cli_child {
     return false;
   }
 
-  void kill9() {
-    if (pid <= 0)
-      return;
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    pid = -1;
-  }
+  void kill9() { stitch::testing::kill_and_reap(pid, status); }
 
   ~cli_child() { kill9(); }
 };

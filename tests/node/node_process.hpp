@@ -78,6 +78,15 @@ inline pid_t spawn_logged(std::vector<std::string> args, const std::filesystem::
   return pid;
 }
 
+/// SIGKILLs the child `pid` (if any), reaps it into `status` and forgets it.
+inline void kill_and_reap(pid_t& pid, int& status) {
+  if (pid <= 0)
+    return;
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  pid = -1;
+}
+
 /// A `stitch-node` child process; its log is `DIR/node.log`.
 class node_process {
 public:
@@ -135,13 +144,7 @@ public:
   }
 
   /// SIGKILL: the node dies without leaving the cluster.
-  void kill9() {
-    if (pid_ <= 0)
-      return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, &exit_status_, 0);
-    pid_ = -1;
-  }
+  void kill9() { kill_and_reap(pid_, exit_status_); }
 
   /// The exit code when it exited on its own (-1 while running or killed).
   int exit_code() {
