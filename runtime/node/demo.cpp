@@ -96,6 +96,23 @@ status publish_version(caf::actor_system& sys, const demo_command& cmd,
   }
 }
 
+/// The run's version `version` as the store holds it, once the pool's pointer
+/// has reached it (the publisher moves the pointer just after storing), for
+/// up to `cmd.publish_retry_for`; none if the pointer goes elsewhere.
+result<std::optional<resume_point>> stored_version(caf::actor_system& sys, const demo_command& cmd,
+                                                   uint64_t version) {
+  const auto give_up = std::chrono::steady_clock::now() + cmd.publish_retry_for;
+  for (;;) {
+    auto point = find_resume_point(sys, cmd.coordinator, cmd.pool, cmd.run_id, version);
+    if (!point || (*point && (*point)->version == version))
+      return point;
+    if ((*point && (*point)->version > version) || std::chrono::steady_clock::now() >= give_up
+        || (cmd.stop && cmd.stop->load()))
+      return std::optional<resume_point>{};
+    std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  }
+}
+
 } // namespace
 
 status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* out) {
@@ -233,8 +250,24 @@ status run_demo(caf::actor_system& sys, const demo_command& given, std::FILE* ou
     routing_disagreements += stats->routing_disagreements;
     token_staleness_sum += stats->mean_token_staleness * static_cast<double>(stats->tokens);
     row.reward = stats->mean_reward;
-    if (auto ok = publish_version(sys, cmd, *weights, config, scratch / "v", latest + 1); !ok)
-      return ok;
+    if (auto ok = publish_version(sys, cmd, *weights, config, scratch / "v", latest + 1); !ok) {
+      // A trainer resumed after its node died can race its predecessor's last
+      // publish, which the publisher finished after the death: the stored
+      // version wins, and training goes on from it.
+      if (!cmd.resume || ok.error().code != errc::version_exists)
+        return ok;
+      auto stored = stored_version(sys, cmd, latest + 1);
+      if (!stored)
+        return std::move(stored).error();
+      if (!*stored)
+        return ok;
+      weights = std::move((*stored)->weights);
+      if (!cmd.json)
+        std::fprintf(out,
+                     "demo: %s version %llu was already stored by this run; continuing from it\n",
+                     cmd.run_id.c_str(), static_cast<unsigned long long>(latest + 1));
+      continue;
+    }
     row.pause_us = max_pause_us(cmd.gateway, cmd.pool);
     rows.push_back(row);
     samples_total += row.samples;
