@@ -6,17 +6,23 @@
 #   bench/gpu_check.sh build   here: builds the GPU tests and bench with nvcc
 #                              for sm_90 (cudart and the project's libraries
 #                              linked statically) and packs them, with the
-#                              shared libraries they need, into .gpu-check/
+#                              shared libraries they need, into
+#                              .gpu-check.tar.xz
 #   bench/gpu_check.sh run     there, from the repository root (carry
-#                              .gpu-check): finds cuBLAS and NCCL in its
+#                              .gpu-check.tar.xz): finds cuBLAS and NCCL in its
 #                              Python's nvidia packages, runs the GPU unit
 #                              tests, the bench and the transformers check,
-#                              and prints the figures (also $OUT/gpu_check.json
-#                              when $OUT is set). Under 5 minutes.
+#                              then the host benches (store_bench and
+#                              activation_bench at 1 GB: the byte-path and
+#                              pointer-latency figures on a machine of more
+#                              than two cores), and prints the figures (also
+#                              under $OUT when $OUT is set). Under 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=.gpu-check
 tests=(gpu_device_memory_test engine_device_model_test engine_builtin_engine_test)
+# The host benches and the programs store_bench starts from its own folder.
+host=(store_bench activation_bench stitch-node stitch)
 
 build() {
   if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
@@ -24,17 +30,17 @@ build() {
     exit 1
   fi
   cmake --preset default -DSTITCH_CUDA=ON >/dev/null
-  cmake --build --preset default -j "$(nproc)" --target "${tests[@]}" gpu_bench
+  cmake --build --preset default -j "$(nproc)" --target "${tests[@]}" gpu_bench "${host[@]}"
   rm -rf "$pack"
   mkdir -p "$pack/lib" "$pack/lib-stdc++"
-  for b in "${tests[@]}" gpu_bench; do
+  for b in "${tests[@]}" gpu_bench "${host[@]}"; do
     cp build/bin/$b "$pack/"
     strip "$pack/$b"
   done
   cp bench/gpu_hf_check.py "$pack/"
   # Every shared library they load but the C library's own, the kernel's and
   # the driver's (cuBLAS and NCCL are loaded at run time from the machine).
-  for b in "${tests[@]}" gpu_bench; do
+  for b in "${tests[@]}" gpu_bench "${host[@]}"; do
     ldd "$pack/$b" | awk '/=> \//{print $3}'
   done | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
@@ -44,10 +50,17 @@ build() {
       *) cp -L "$lib" "$pack/lib/" ;;
     esac
   done
-  echo "gpu_check: packed $(du -sh "$pack" | cut -f1) into $pack (carry it to the GPU machine)"
+  # Packed, the binaries would pass the 64 MiB a device call may carry.
+  tar -cf - "$pack" | xz -6 -T "$(nproc)" >"$pack.tar.xz"
+  rm -rf "$pack"
+  echo "gpu_check: packed $(du -sh "$pack.tar.xz" | cut -f1) into $pack.tar.xz (carry it to the GPU machine)"
 }
 
 run() {
+  if [ ! -d "$pack" ] && [ -f "$pack.tar.xz" ]; then
+    # Python's tarfile: the GPU machine may have no xz.
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(".")' "$pack.tar.xz"
+  fi
   [ -d "$pack" ] || { echo "gpu_check: no $pack; run 'bench/gpu_check.sh build' first" >&2; exit 1; }
   local out=${OUT:-/tmp/gpu-check}
   mkdir -p "$out"
@@ -94,6 +107,14 @@ PY
     failed=1
   fi
   echo "gpu_check: $([ $failed -eq 0 ] && echo passed || echo FAILED)"
+  # The host figures on this machine's 16 cores (they do not decide the GPU
+  # check's verdict; bench/README.md compares them with the 2-core figures).
+  echo "== store_bench --mb 1024"
+  STITCH_PYTHON_CLIENT="$PWD/clients/python" bin timeout 300 "$pack/store_bench" --mb 1024 --json \
+    | tee "$out/store_bench.json" || echo "gpu_check: store_bench failed"
+  echo "== activation_bench --mb 1024"
+  bin timeout 180 "$pack/activation_bench" --mb 1024 --json | tee "$out/activation_bench.json" \
+    || echo "gpu_check: activation_bench failed"
   return $failed
 }
 

@@ -358,11 +358,19 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
     die("stitch-node did not start:\n" + node.output());
   // The Python client publishing the same directory over HTTP, when there is
   // a python3: the seconds it reports.
-  const bool have_python = std::system("python3 -c 'import json' >/dev/null 2>&1") == 0;
+  // The client's sources: this checkout's, or where STITCH_PYTHON_CLIENT
+  // says (a copy of the bench run away from its build, bench/gpu_check.sh).
+  const char* client_env = std::getenv("STITCH_PYTHON_CLIENT");
+  const fs::path client_dir = client_env && *client_env
+                                ? fs::path{client_env}
+                                : fs::path{STITCH_SOURCE_DIR} / "clients/python";
+  const bool have_python = fs::exists(client_dir / "stitch_client")
+                           && std::system("python3 -c 'import json' >/dev/null 2>&1") == 0;
   auto http_publish = [&](uint64_t v) {
     const std::string script =
-      "import sys, time; sys.path.insert(0, '" STITCH_SOURCE_DIR "/clients/python'); "
-      "from stitch_client import Client; c = Client(publisher='http://127.0.0.1:"
+      "import sys, time; sys.path.insert(0, '" + client_dir.string()
+      + "'); "
+        "from stitch_client import Client; c = Client(publisher='http://127.0.0.1:"
       + http_port + "'); t = time.monotonic(); c.publish('" + model.string()
       + "', run='r', version=" + std::to_string(v) + ", anchor=True); print(time.monotonic() - t)";
     // A log of its own: the output read back is this run's seconds (one log
