@@ -71,7 +71,9 @@ std::string server_info_json(const replica_info& i) {
                  {"staging_bytes_per_second",
                   d.staging_seconds_total > 0
                     ? static_cast<double>(d.staged_bytes_total) / d.staging_seconds_total
-                    : 0.0}};
+                    : 0.0},
+                 {"host_recycled_kept_bytes", d.host_recycled_kept_bytes},
+                 {"host_recycled_bytes_total", d.host_recycled_bytes_total}};
   nlohmann::ordered_json fetch;
   const auto& f = i.last_fetch;
   fetch["version"] =

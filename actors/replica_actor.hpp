@@ -266,7 +266,8 @@ typename Inspector::result_type inspect(Inspector& f, peer_offer& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_device_usage& x) {
   return f(caf::meta::type_name("stitch.engine_device_usage"), x.device, x.name, x.memory_used,
-           x.memory_total, x.staged_bytes_total, x.staging_seconds_total);
+           x.memory_total, x.staged_bytes_total, x.staging_seconds_total,
+           x.host_recycled_kept_bytes, x.host_recycled_bytes_total);
 }
 
 template <class Inspector>

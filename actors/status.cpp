@@ -339,7 +339,15 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
           [](const engine_device_usage& d) { return std::to_string(d.staged_bytes_total); }},
          {"stitch_replica_device_staging_seconds_total", "counter",
           "Seconds the replica's device staging pipeline was busy.",
-          [](const engine_device_usage& d) { return std::to_string(d.staging_seconds_total); }}}) {
+          [](const engine_device_usage& d) { return std::to_string(d.staging_seconds_total); }},
+         {"stitch_replica_host_recycled_kept_bytes", "gauge",
+          "Host buffers of released versions the replica's process keeps for the next ones.",
+          [](const engine_device_usage& d) { return std::to_string(d.host_recycled_kept_bytes); }},
+         {"stitch_replica_host_recycled_bytes_total", "counter",
+          "Bytes of host allocations served by kept buffers instead of fresh memory.",
+          [](const engine_device_usage& d) {
+            return std::to_string(d.host_recycled_bytes_total);
+          }}}) {
     family(f.name, f.type, f.help);
     for (const auto& [a, e] : st.replicas)
       if (e.known)

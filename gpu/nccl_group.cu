@@ -154,9 +154,11 @@ status nccl_group::broadcast(size_t root, const device_buffer& src,
     cudaSetDevice(g.devices[r]);
     // Only the root's send buffer is read; the others pass their own.
     const void* send = r == root ? src.data() : recv[r];
-    queued = nccl_check(api.broadcast(send, recv[r], src.size(), ncclUint8, static_cast<int>(root),
-                                      g.comms[r], g.streams[r]),
-                        "ncclBroadcast");
+    auto sent = nccl_check(api.broadcast(send, recv[r], src.size(), ncclUint8,
+                                         static_cast<int>(root), g.comms[r], g.streams[r]),
+                           "ncclBroadcast");
+    if (!sent)
+      queued = sent;
   }
   if (auto ok = nccl_check(api.group_end(), "ncclGroupEnd"); !ok && queued)
     queued = ok;

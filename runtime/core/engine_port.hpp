@@ -123,6 +123,11 @@ struct engine_device_usage {
   /// seconds the staging pipeline was busy with them.
   uint64_t staged_bytes_total = 0;
   double staging_seconds_total = 0;
+  /// Host buffers of released versions that the process keeps for the next
+  /// ones (`gpu::host_allocator`'s recycling; 0 where nothing recycles): the
+  /// bytes kept now, and the bytes of allocations they served.
+  uint64_t host_recycled_kept_bytes = 0;
+  uint64_t host_recycled_bytes_total = 0;
 };
 
 /// The engine port (DESIGN §4). `stage` builds the target weights in a shadow

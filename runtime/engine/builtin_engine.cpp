@@ -347,6 +347,9 @@ engine_device_usage builtin_engine::device_usage() {
   auto c = device_->stager->stats();
   u.staged_bytes_total = c.bytes_copied + c.bytes_xored;
   u.staging_seconds_total = c.busy_seconds;
+  const auto recycled = gpu::staging_allocator().recycling();
+  u.host_recycled_kept_bytes = recycled.kept_bytes;
+  u.host_recycled_bytes_total = recycled.reused_bytes;
   return u;
 }
 

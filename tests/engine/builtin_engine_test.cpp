@@ -876,6 +876,11 @@ void expect_exact_versions_in_recycled_buffers(builtin_engine::options o, float 
   // released, old bytes and all.
   EXPECT_GE(alloc.recycling().reused - reused_at_start, 2u);
   EXPECT_LE(alloc.recycling().kept_bytes, alloc.recycling().limit);
+  // What /status and /metrics show: the process's recycling, as it stands.
+  const auto usage = e.device_usage();
+  EXPECT_EQ(usage.host_recycled_bytes_total, alloc.recycling().reused_bytes);
+  EXPECT_GT(usage.host_recycled_bytes_total, 0u);
+  EXPECT_EQ(usage.host_recycled_kept_bytes, alloc.recycling().kept_bytes);
 }
 
 TEST(builtin_engine_recycling, versions_built_in_recycled_host_buffers_are_exact) {

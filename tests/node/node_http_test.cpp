@@ -105,6 +105,9 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
     EXPECT_GE(r["history"].size(), 2u) << "v0 then v1";
     EXPECT_EQ(r["device"]["device"], "cpu");
     EXPECT_EQ(r["device"]["memory_used_bytes"], 0);
+    // A CPU engine keeps no released host buffers.
+    EXPECT_EQ(r["device"]["host_recycled_kept_bytes"], 0);
+    EXPECT_EQ(r["device"]["host_recycled_bytes_total"], 0);
   }
   // A body nesting JSON a hundred thousand levels deep once crashed the node
   // (a stack overflow writing it back out): refused by name, and the node
@@ -125,6 +128,10 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
   EXPECT_NE(metrics.body.find("stitch_request_duration_seconds_count"), std::string::npos);
   EXPECT_NE(metrics.body.find("stitch_replica_device_memory_bytes{replica=\"replica-0\","
                               "pool=\"default\",device=\"cpu\"} 0"),
+            std::string::npos)
+    << metrics.body;
+  EXPECT_NE(metrics.body.find("# TYPE stitch_replica_host_recycled_bytes_total counter\n"
+                              "stitch_replica_host_recycled_bytes_total{replica=\"replica-0\","),
             std::string::npos)
     << metrics.body;
   // This node's HTTP surfaces: connections held and refused by each limit.
