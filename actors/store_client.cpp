@@ -210,8 +210,8 @@ status remote_store::read_range(std::string_view pool, const version_ref& ref,
   };
   size_t next = 0;
   while ((next < out.size() || !flights.empty()) && outcome) {
-    while (next < out.size() && flights.size() < window) {
-      const size_t len = std::min<uint64_t>(out.size() - next, max_chunk_bytes);
+    while (next < out.size() && flights.size() < read_window) {
+      const size_t len = std::min<uint64_t>(out.size() - next, read_chunk_bytes);
       flights.push_back(
         {self->request(target_, caf::duration{timeout_}, atom::read_range_v, std::string{pool}, ref,
                        std::string{tensor}, offset + next, uint64_t{len}),

@@ -20,6 +20,12 @@ class remote_store final : public store_backend {
 public:
   /// Chunks of one call in flight at once.
   static constexpr size_t window = 4;
+  /// Reads go in smaller chunks, more of them in flight: the store reads and
+  /// sends the next while this side takes in the last (`stitch export
+  /// --stream` of 946 MB: 0.86-0.89 s against 0.97-1.15 s with 8 MiB chunks,
+  /// four in flight).
+  static constexpr size_t read_window = 8;
+  static constexpr uint64_t read_chunk_bytes = uint64_t{2} << 20;
 
   remote_store(caf::actor_system& sys, store_actor target,
                std::chrono::milliseconds timeout = std::chrono::seconds{120});
