@@ -1,5 +1,7 @@
 #include "runtime/core/error.hpp"
 
+#include <system_error>
+
 namespace stitch {
 
 std::string_view to_string(errc code) noexcept {
@@ -27,6 +29,10 @@ std::string_view to_string(errc code) noexcept {
     case errc::unauthorized: return "unauthorized";
   }
   return "unknown";
+}
+
+std::string errno_text(int err) {
+  return std::error_code{err, std::generic_category()}.message();
 }
 
 std::string quote_untrusted(std::string_view text, size_t limit) {

@@ -72,6 +72,15 @@ std::string to_string(const error& err);
 /// (then "..."), control bytes escaped as \xNN.
 std::string quote_untrusted(std::string_view text, size_t limit = 80);
 
+/// Text for an error message (a path, a tensor or file name): single-quoted
+/// in full, control bytes escaped as \xNN.
+inline std::string in_quotes(std::string_view text) {
+  return quote_untrusted(text, std::string_view::npos);
+}
+
+/// What an `errno` value means ("No such file or directory").
+std::string errno_text(int err);
+
 inline error make_error(errc code, std::string message) {
   return error{code, std::move(message)};
 }

@@ -23,10 +23,6 @@ namespace stitch::engine {
 
 namespace {
 
-stitch::error fail(errc code, std::string message) {
-  return make_error(code, std::move(message));
-}
-
 /// How long a stage waits for another GPU of this process that is fetching
 /// the same version before fetching it itself.
 constexpr std::chrono::milliseconds local_gpu_patience{std::chrono::minutes{2}};
@@ -184,7 +180,7 @@ void builtin_engine::decode_loop() {
   std::lock_guard guard{jobs_mutex_};
   for (auto* list : {&active, &incoming_})
     for (auto& j : *list)
-      j->answer.set_value(fail(errc::engine_unavailable, "the engine shut down"));
+      j->answer.set_value(make_error(errc::engine_unavailable, "the engine shut down"));
   active.clear();
   incoming_.clear();
   active_jobs_ = 0;
@@ -211,7 +207,7 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
   auto [w, served_version] = current_with_version();
   if (!w) {
     for (auto& j : active)
-      j->answer.set_value(fail(errc::engine_unavailable, "generate: no weights are served"));
+      j->answer.set_value(make_error(errc::engine_unavailable, "generate: no weights are served"));
     active.clear();
     return;
   }
@@ -219,7 +215,7 @@ void builtin_engine::step_batch(std::vector<std::shared_ptr<job>>& active) {
     if (w->config == j->dec.config())
       return false;
     j->answer.set_value(
-      fail(errc::invalid_argument, "generate: the served weights changed shape mid-request"));
+      make_error(errc::invalid_argument, "generate: the served weights changed shape mid-request"));
     return true;
   });
   std::vector<sequence*> batch;
@@ -284,7 +280,7 @@ result<step_logits>
 builtin_engine::step_on_device(const weights& w, const std::vector<std::shared_ptr<job>>& active) {
   auto& d = *device_;
   if (!w.device)
-    return fail(errc::engine_unavailable, "generate: the served weights have no device copy");
+    return make_error(errc::engine_unavailable, "generate: the served weights have no device copy");
   // Slots of requests that left are free again; newcomers take free ones.
   std::set<uint64_t> present;
   for (const auto& j : active)
@@ -298,14 +294,14 @@ builtin_engine::step_on_device(const weights& w, const std::vector<std::shared_p
     if (j->slot < 0 || d.slot_owner[static_cast<size_t>(j->slot)] != j->id) {
       auto free = std::find(d.slot_owner.begin(), d.slot_owner.end(), uint64_t{0});
       if (free == d.slot_owner.end())
-        return fail(errc::limit_exceeded, "generate: every KV slot of the device is taken");
+        return make_error(errc::limit_exceeded, "generate: every KV slot of the device is taken");
       *free = j->id;
       j->slot = static_cast<int>(free - d.slot_owner.begin());
     }
     const sequence& seq = j->dec.seq();
     if (seq.position >= w.config.max_position_embeddings)
-      return fail(errc::limit_exceeded, "step: a sequence is at max_position_embeddings "
-                                          + std::to_string(w.config.max_position_embeddings));
+      return make_error(errc::limit_exceeded, "step: a sequence is at max_position_embeddings "
+                                                + std::to_string(w.config.max_position_embeddings));
     tokens.push_back({static_cast<uint32_t>(j->slot), seq.position, j->dec.next_token()});
   }
   const size_t vocab = w.config.vocab_size;
@@ -371,8 +367,8 @@ std::pair<std::shared_ptr<const weights>, uint64_t> builtin_engine::current_with
 status builtin_engine::prefetch(const chain_plan& plan) {
   std::lock_guard guard{mutex_};
   if (!plan.anchor && !serving_ && !shadow_)
-    return fail(errc::invalid_argument, "cannot prepare " + to_string(plan.target)
-                                          + ": the plan builds on weights this engine lacks");
+    return make_error(errc::invalid_argument, "cannot prepare " + to_string(plan.target)
+                                                + ": the plan builds on weights this engine lacks");
   return {};
 }
 
@@ -546,16 +542,16 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     std::lock_guard guard{mutex_};
     if (onto_shadow) {
       if (!shadow_)
-        return fail(errc::invalid_argument,
-                    "no staged shadow to continue to " + to_string(plan.target));
+        return make_error(errc::invalid_argument,
+                          "no staged shadow to continue to " + to_string(plan.target));
       tensors = shadow_->prepared->tensors;
       if (shadow_->prepared->device)
         dev = shadow_->prepared->device->buffers;
       shadow_.reset();
     } else {
       if (!serving_)
-        return fail(errc::invalid_argument,
-                    "nothing is served to build " + to_string(plan.target) + " on");
+        return make_error(errc::invalid_argument,
+                          "nothing is served to build " + to_string(plan.target) + " on");
       shadow_.reset();
       tensors = serving_->tensors;
       if (serving_->device)
@@ -563,8 +559,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     }
   }
   if (device_ && !plan.anchor && dev.size() != tensors.size())
-    return fail(errc::invalid_argument, "the weights to build " + to_string(plan.target)
-                                          + " on have no complete device copy");
+    return make_error(errc::invalid_argument, "the weights to build " + to_string(plan.target)
+                                                + " on have no complete device copy");
   if (!plan.anchor && (source.peers() || on_local_gpu)) {
     // The tensors the chain changes, whole, from holders of the target.
     std::vector<std::shared_ptr<tensor_buffer>> buffers;
@@ -614,8 +610,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
         continue;
       auto it = tensors.find(name);
       if (it == tensors.end())
-        return fail(errc::corrupt_data,
-                    to_string(ref) + " changes tensor '" + name + "', which its base lacks");
+        return make_error(errc::corrupt_data,
+                          to_string(ref) + " changes tensor '" + name + "', which its base lacks");
       patch p{name, nullptr, nullptr};
       auto mine = own.find(name);
       if (mine == own.end()) {
@@ -643,7 +639,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       if (mine == dev_own.end()) {
         auto base = dev.find(name);
         if (base == dev.end() || !base->second)
-          return fail(errc::invalid_argument, "tensor '" + name + "' has no device copy to patch");
+          return make_error(errc::invalid_argument,
+                            "tensor '" + name + "' has no device copy to patch");
         auto made = gpu::device_buffer::allocate(device_->gpu, base->second->size());
         if (!made)
           return std::move(made).error();
@@ -688,8 +685,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
   for (const auto& [name, expected] : target->checksums) {
     auto it = tensors.find(name);
     if (it == tensors.end())
-      return fail(errc::corrupt_data, to_string(plan.target) + " has tensor '" + name
-                                        + "', which the staged weights lack");
+      return make_error(errc::corrupt_data, to_string(plan.target) + " has tensor '" + name
+                                              + "', which the staged weights lack");
     if (!plan.anchor && !plan.touched.contains(name))
       continue; // unchanged bytes, verified when they were staged
     if (fetched.contains(name))
@@ -704,10 +701,10 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       got = gpu::parallel_tree_checksum(it->second->bytes.bytes());
     }
     if (got != expected)
-      return fail(errc::checksum_mismatch, "tensor '" + name + "' of " + to_string(plan.target)
-                                             + " has checksum " + checksum::to_hex(got)
-                                             + " but the manifest says "
-                                             + checksum::to_hex(expected));
+      return make_error(errc::checksum_mismatch,
+                        "tensor '" + name + "' of " + to_string(plan.target) + " has checksum "
+                          + checksum::to_hex(got) + " but the manifest says "
+                          + checksum::to_hex(expected));
   }
   verifying.reset();
   // The architecture the version's own config.json says (rope_theta,
@@ -720,16 +717,16 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       return std::move(text).error();
     auto parsed = parse_model_config(*text);
     if (!parsed)
-      return fail(errc::invalid_argument, "the config.json of " + to_string(plan.target)
-                                            + " cannot be served: " + parsed.error().message);
+      return make_error(errc::invalid_argument, "the config.json of " + to_string(plan.target)
+                                                  + " cannot be served: " + parsed.error().message);
     config = *parsed;
   }
   if (device_) {
     if (device_->runner)
       if (auto ok = fits_runner(device_->runner->shape(), config); !ok)
-        return fail(errc::invalid_argument,
-                    to_string(plan.target) + " cannot be served on CUDA device "
-                      + std::to_string(device_->gpu) + ": " + ok.error().message);
+        return make_error(errc::invalid_argument,
+                          to_string(plan.target) + " cannot be served on CUDA device "
+                            + std::to_string(device_->gpu) + ": " + ok.error().message);
     // On the device the host tensors are kept for peers, not viewed; staged
     // on the host (tests), the CPU computes from them.
     result<std::shared_ptr<weights>> bound = make_error(errc::invalid_argument, "no weights");
@@ -741,9 +738,10 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       bound = std::move(built).error();
     }
     if (!bound)
-      return fail(errc::invalid_argument, to_string(plan.target)
-                                            + " does not match the architecture it is served with: "
-                                            + bound.error().message);
+      return make_error(errc::invalid_argument,
+                        to_string(plan.target)
+                          + " does not match the architecture it is served with: "
+                          + bound.error().message);
     auto on_device = bind_device_weights(config, std::move(dev));
     if (!on_device)
       return std::move(on_device).error();
@@ -757,11 +755,11 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
   // The expensive part of activation happens here, while serving.
   auto prepared = build_weights(config, std::move(tensors));
   if (!prepared)
-    return fail(errc::invalid_argument,
-                to_string(plan.target) + " does not match the architecture it is served with"
-                  + (target->files.contains("config.json") ? " (its config.json)"
-                                                           : " (the engine's model settings)")
-                  + ": " + prepared.error().message);
+    return make_error(errc::invalid_argument,
+                      to_string(plan.target) + " does not match the architecture it is served with"
+                        + (target->files.contains("config.json") ? " (its config.json)"
+                                                                 : " (the engine's model settings)")
+                        + ": " + prepared.error().message);
   std::lock_guard guard{mutex_};
   shadow_ = shadow{std::move(*prepared), plan.target};
   return {};
@@ -776,7 +774,7 @@ void builtin_engine::discard_shadow() {
 status builtin_engine::commit() {
   std::lock_guard guard{mutex_};
   if (!shadow_)
-    return fail(errc::invalid_argument, "nothing is staged to activate");
+    return make_error(errc::invalid_argument, "nothing is staged to activate");
   // One pointer swap; the replaced weights are freed later, outside the
   // pause (requests still stepping on them keep them alive meanwhile).
   retired_weights_ = std::exchange(serving_, std::move(shadow_->prepared));
@@ -856,7 +854,7 @@ result<generation_output> builtin_engine::run(decoder d, const std::function<boo
   {
     std::lock_guard guard{jobs_mutex_};
     if (stopping_)
-      return fail(errc::engine_unavailable, "the engine is shutting down");
+      return make_error(errc::engine_unavailable, "the engine is shutting down");
     j->id = next_job_id_++;
     incoming_.push_back(std::move(j));
   }
@@ -941,7 +939,7 @@ result<engine_reply> builtin_engine::forward(const engine_call& call, const even
     return reply;
   }
   if (call.method != "POST")
-    return fail(errc::invalid_argument, call.route + " takes POST");
+    return make_error(errc::invalid_argument, call.route + " takes POST");
   auto req = parse_api_request(*kind, call.body);
   if (!req)
     return std::move(req).error();
@@ -951,9 +949,9 @@ result<engine_reply> builtin_engine::forward(const engine_call& call, const even
     req->model = "stitch-builtin";
   const model_config served_arch = served_config();
   if (req->return_routed_experts && !served_arch.is_moe())
-    return fail(errc::invalid_argument,
-                "return_routed_experts: the served model has no experts (model_type "
-                  + std::string(to_string(served_arch.arch)) + ")");
+    return make_error(errc::invalid_argument,
+                      "return_routed_experts: the served model has no experts (model_type "
+                        + std::string(to_string(served_arch.arch)) + ")");
   auto started = decoder::start(served_arch, tokenizer_, req->prompt, req->sampling);
   if (!started)
     return std::move(started).error();

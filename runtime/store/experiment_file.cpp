@@ -35,10 +35,6 @@ struct file_msg {
   MSGPACK_DEFINE(format, experiments)
 };
 
-std::string errno_text(int e) {
-  return std::strerror(e);
-}
-
 status fail_at(const std::filesystem::path& path, const std::string& what) {
   return make_error(errc::backend_failure, what + " " + path.string() + ": " + errno_text(errno));
 }

@@ -24,18 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-stitch::error fail(errc code, std::string message) {
-  return make_error(code, std::move(message));
-}
-
-std::string quote(std::string_view text) {
-  return "'" + std::string{text} + "'";
-}
-
-std::string errno_text(int err) {
-  return std::error_code{err, std::generic_category()}.message();
-}
-
 /// Closes a file descriptor when it goes out of scope.
 class unique_fd {
 public:
@@ -85,15 +73,16 @@ result<fs::path> resolve_inside(const fs::path& directory, std::string_view name
   fs::path resolved = fs::canonical(directory / fs::path{std::string{name}}, ec);
   if (ec) {
     if (ec == std::errc::no_such_file_or_directory)
-      return fail(errc::not_found,
-                  "file " + quote(name) + " is missing from " + directory.string());
-    return fail(errc::backend_failure, "cannot resolve " + quote(name) + " in " + directory.string()
-                                         + ": " + ec.message());
+      return make_error(errc::not_found,
+                        "file " + in_quotes(name) + " is missing from " + directory.string());
+    return make_error(errc::backend_failure, "cannot resolve " + in_quotes(name) + " in "
+                                               + directory.string() + ": " + ec.message());
   }
   fs::path relative = resolved.lexically_relative(directory);
   if (relative.empty() || *relative.begin() == ".." || relative.is_absolute())
-    return fail(errc::invalid_argument, "file " + quote(name) + " resolves to " + resolved.string()
-                                          + ", outside " + directory.string());
+    return make_error(errc::invalid_argument, "file " + in_quotes(name) + " resolves to "
+                                                + resolved.string() + ", outside "
+                                                + directory.string());
   return resolved;
 }
 
@@ -102,14 +91,15 @@ result<open_file> open_regular(const fs::path& path, std::string_view shown) {
   unique_fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)};
   if (fd.get() < 0) {
     int err = errno;
-    return fail(err == ENOENT ? errc::not_found : errc::backend_failure,
-                "cannot open " + quote(shown) + ": " + errno_text(err));
+    return make_error(err == ENOENT ? errc::not_found : errc::backend_failure,
+                      "cannot open " + in_quotes(shown) + ": " + errno_text(err));
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0)
-    return fail(errc::backend_failure, "cannot stat " + quote(shown) + ": " + errno_text(errno));
+    return make_error(errc::backend_failure,
+                      "cannot stat " + in_quotes(shown) + ": " + errno_text(errno));
   if (!S_ISREG(st.st_mode))
-    return fail(errc::invalid_argument, quote(shown) + " is not a regular file");
+    return make_error(errc::invalid_argument, in_quotes(shown) + " is not a regular file");
   return open_file{std::move(fd), static_cast<uint64_t>(st.st_size)};
 }
 
@@ -123,13 +113,14 @@ status pread_all(int fd, std::span<std::byte> out, uint64_t offset, std::string_
     if (n < 0) {
       if (errno == EINTR)
         continue;
-      return fail(errc::backend_failure, "cannot read " + quote(shown) + ": " + errno_text(errno));
+      return make_error(errc::backend_failure,
+                        "cannot read " + in_quotes(shown) + ": " + errno_text(errno));
     }
     if (n == 0)
-      return fail(errc::invalid_format, quote(shown) + " is truncated: it ended at byte "
-                                          + std::to_string(offset + done) + " while reading "
-                                          + std::to_string(out.size()) + " bytes at "
-                                          + std::to_string(offset));
+      return make_error(errc::invalid_format, in_quotes(shown) + " is truncated: it ended at byte "
+                                                + std::to_string(offset + done) + " while reading "
+                                                + std::to_string(out.size()) + " bytes at "
+                                                + std::to_string(offset));
     done += static_cast<size_t>(n);
   }
   return {};
@@ -138,7 +129,7 @@ status pread_all(int fd, std::span<std::byte> out, uint64_t offset, std::string_
 /// Reads and validates a safetensors file's header without its data.
 result<safetensors::file_view> read_header(const open_file& file, std::string_view shown) {
   auto where = [&](const std::string& what) {
-    return fail(errc::invalid_format, quote(shown) + ": " + what);
+    return make_error(errc::invalid_format, in_quotes(shown) + ": " + what);
   };
   if (file.size < 8)
     return where("the file is " + std::to_string(file.size)
@@ -166,9 +157,9 @@ result<safetensors::file_view> read_header(const open_file& file, std::string_vi
 
 result<std::string> read_small_file(const open_file& file, std::string_view shown, uint64_t limit) {
   if (file.size > limit)
-    return fail(errc::limit_exceeded, quote(shown) + " is " + std::to_string(file.size)
-                                        + " bytes, more than the " + std::to_string(limit)
-                                        + " accepted");
+    return make_error(errc::limit_exceeded, in_quotes(shown) + " is " + std::to_string(file.size)
+                                              + " bytes, more than the " + std::to_string(limit)
+                                              + " accepted");
   std::string text(file.size, '\0');
   if (auto ok = pread_all(file.fd.get(), std::as_writable_bytes(std::span{text}), 0, shown); !ok)
     return std::move(ok).error();
@@ -186,10 +177,10 @@ result<hf_checkpoint> open_hf_directory(const fs::path& directory) {
   std::error_code ec;
   fs::path dir = fs::canonical(directory, ec);
   if (ec)
-    return fail(errc::not_found, "checkpoint directory " + directory.string()
-                                   + " cannot be opened: " + ec.message());
+    return make_error(errc::not_found, "checkpoint directory " + directory.string()
+                                         + " cannot be opened: " + ec.message());
   if (!fs::is_directory(dir, ec))
-    return fail(errc::invalid_argument, directory.string() + " is not a directory");
+    return make_error(errc::invalid_argument, directory.string() + " is not a directory");
 
   hf_checkpoint ckpt;
   ckpt.directory = dir;
@@ -209,16 +200,17 @@ result<hf_checkpoint> open_hf_directory(const fs::path& directory) {
     if (!index) {
       auto code =
         index.error().code == errc::limit_exceeded ? errc::limit_exceeded : errc::invalid_manifest;
-      return fail(code, std::string{hf_index_file} + " in " + dir.string() + ": "
-                          + index.error().message);
+      return make_error(code, std::string{hf_index_file} + " in " + dir.string() + ": "
+                                + index.error().message);
     }
     ckpt.files = std::move(index->shards);
     index_map = std::move(index->weight_map);
   } else if (exists_no_follow(dir / hf_single_file)) {
     ckpt.files.emplace_back(hf_single_file);
   } else {
-    return fail(errc::not_found, dir.string() + " holds neither " + std::string{hf_single_file}
-                                   + " nor " + std::string{hf_index_file});
+    return make_error(errc::not_found, dir.string() + " holds neither "
+                                         + std::string{hf_single_file} + " nor "
+                                         + std::string{hf_index_file});
   }
 
   // Every header first, so a tensor in two shards is reported as such.
@@ -227,9 +219,9 @@ result<hf_checkpoint> open_hf_directory(const fs::path& directory) {
     auto path = resolve_inside(dir, name);
     if (!path) {
       if (path.error().code == errc::not_found && sharded)
-        return fail(errc::not_found, "shard " + quote(name) + " named by "
-                                       + std::string{hf_index_file} + " is missing from "
-                                       + dir.string());
+        return make_error(errc::not_found, "shard " + in_quotes(name) + " named by "
+                                             + std::string{hf_index_file} + " is missing from "
+                                             + dir.string());
       return std::move(path).error();
     }
     auto file = open_regular(*path, name);
@@ -242,18 +234,20 @@ result<hf_checkpoint> open_hf_directory(const fs::path& directory) {
     for (auto& t : view->tensors) {
       auto [it, fresh] = holder.emplace(t.name, name);
       if (!fresh)
-        return fail(errc::invalid_format, "tensor " + quote(t.name) + " appears in both "
-                                            + quote(it->second) + " and " + quote(name));
+        return make_error(errc::invalid_format, "tensor " + in_quotes(t.name) + " appears in both "
+                                                  + in_quotes(it->second) + " and "
+                                                  + in_quotes(name));
       if (sharded) {
         auto mapped = index_map.find(t.name);
         if (mapped == index_map.end())
-          return fail(errc::invalid_manifest, "shard " + quote(name) + " holds tensor "
-                                                + quote(t.name) + ", which "
-                                                + std::string{hf_index_file} + " does not list");
+          return make_error(errc::invalid_manifest,
+                            "shard " + in_quotes(name) + " holds tensor " + in_quotes(t.name)
+                              + ", which " + std::string{hf_index_file} + " does not list");
         if (mapped->second != name)
-          return fail(errc::invalid_manifest,
-                      "shard " + quote(name) + " holds tensor " + quote(t.name) + ", which "
-                        + std::string{hf_index_file} + " assigns to " + quote(mapped->second));
+          return make_error(errc::invalid_manifest, "shard " + in_quotes(name) + " holds tensor "
+                                                      + in_quotes(t.name) + ", which "
+                                                      + std::string{hf_index_file} + " assigns to "
+                                                      + in_quotes(mapped->second));
       }
       uint64_t size = t.byte_size();
       ckpt.total_size += size;
@@ -263,9 +257,9 @@ result<hf_checkpoint> open_hf_directory(const fs::path& directory) {
   }
   for (const auto& [tensor, shard] : index_map)
     if (!ckpt.tensors.contains(tensor))
-      return fail(errc::invalid_manifest, std::string{hf_index_file} + " assigns tensor "
-                                            + quote(tensor) + " to " + quote(shard)
-                                            + ", which does not hold it");
+      return make_error(errc::invalid_manifest, std::string{hf_index_file} + " assigns tensor "
+                                                  + in_quotes(tensor) + " to " + in_quotes(shard)
+                                                  + ", which does not hold it");
   return ckpt;
 }
 
@@ -280,8 +274,8 @@ result<open_file> reopen(const hf_checkpoint& ckpt, const std::string& name) {
     return std::move(file).error();
   auto known = ckpt.file_sizes.find(name);
   if (known == ckpt.file_sizes.end() || known->second != file->size)
-    return fail(errc::invalid_format, quote(name) + " in " + ckpt.directory.string()
-                                        + " changed size since the checkpoint was opened");
+    return make_error(errc::invalid_format, in_quotes(name) + " in " + ckpt.directory.string()
+                                              + " changed size since the checkpoint was opened");
   return file;
 }
 
@@ -307,7 +301,8 @@ status write_file_range(int fd, uint64_t offset, std::span<const std::byte> byte
     if (n < 0) {
       if (errno == EINTR)
         continue;
-      return fail(errc::backend_failure, "cannot write " + quote(shown) + ": " + errno_text(errno));
+      return make_error(errc::backend_failure,
+                        "cannot write " + in_quotes(shown) + ": " + errno_text(errno));
     }
     bytes = bytes.subspan(static_cast<size_t>(n));
     offset += static_cast<uint64_t>(n);
@@ -318,12 +313,13 @@ status write_file_range(int fd, uint64_t offset, std::span<const std::byte> byte
 status read_tensor(const hf_checkpoint& ckpt, std::string_view name, std::span<std::byte> out) {
   auto it = ckpt.tensors.find(std::string{name});
   if (it == ckpt.tensors.end())
-    return fail(errc::not_found,
-                "tensor " + quote(name) + " is not in the checkpoint " + ckpt.directory.string());
+    return make_error(errc::not_found, "tensor " + in_quotes(name) + " is not in the checkpoint "
+                                         + ckpt.directory.string());
   const hf_tensor& t = it->second;
   if (out.size() != t.size)
-    return fail(errc::invalid_argument, "tensor " + quote(name) + " is " + std::to_string(t.size)
-                                          + " bytes, not " + std::to_string(out.size()));
+    return make_error(errc::invalid_argument, "tensor " + in_quotes(name) + " is "
+                                                + std::to_string(t.size) + " bytes, not "
+                                                + std::to_string(out.size()));
   auto file = reopen(ckpt, t.file);
   if (!file)
     return std::move(file).error();
@@ -380,32 +376,35 @@ status check_replaceable(const fs::path& target, const std::map<std::string, std
   if (ec || st.type() == fs::file_type::not_found)
     return {};
   if (st.type() == fs::file_type::symlink)
-    return fail(errc::invalid_argument,
-                "output " + target.string() + " is a symlink; refusing to replace it");
+    return make_error(errc::invalid_argument,
+                      "output " + target.string() + " is a symlink; refusing to replace it");
   if (st.type() != fs::file_type::directory)
-    return fail(errc::invalid_argument,
-                "output " + target.string() + " exists and is not a directory");
+    return make_error(errc::invalid_argument,
+                      "output " + target.string() + " exists and is not a directory");
   fs::directory_iterator it{target, ec};
   if (ec)
-    return fail(errc::backend_failure, "cannot list " + target.string() + ": " + ec.message());
+    return make_error(errc::backend_failure,
+                      "cannot list " + target.string() + ": " + ec.message());
   for (; it != fs::directory_iterator{}; it.increment(ec)) {
     std::string name = it->path().filename().string();
     bool ours = it->is_regular_file(ec) && !it->is_symlink(ec)
                 && (name == hf_index_file || is_export_shard_name(name) || files.contains(name));
     if (!ours)
-      return fail(errc::invalid_argument,
-                  "output " + target.string() + " holds " + quote(name)
-                    + ", which no earlier export wrote; refusing to replace the directory");
+      return make_error(errc::invalid_argument,
+                        "output " + target.string() + " holds " + in_quotes(name)
+                          + ", which no earlier export wrote; refusing to replace the directory");
   }
   if (ec)
-    return fail(errc::backend_failure, "cannot list " + target.string() + ": " + ec.message());
+    return make_error(errc::backend_failure,
+                      "cannot list " + target.string() + ": " + ec.message());
   return {};
 }
 
 status fsync_directory(const fs::path& dir) {
   unique_fd fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (fd.get() < 0 || ::fsync(fd.get()) != 0)
-    return fail(errc::backend_failure, "cannot fsync " + dir.string() + ": " + errno_text(errno));
+    return make_error(errc::backend_failure,
+                      "cannot fsync " + dir.string() + ": " + errno_text(errno));
   return {};
 }
 
@@ -415,8 +414,8 @@ status write_all(int fd, std::span<const std::byte> bytes, const fs::path& path)
     if (n < 0) {
       if (errno == EINTR)
         continue;
-      return fail(errc::backend_failure,
-                  "cannot write " + path.string() + ": " + errno_text(errno));
+      return make_error(errc::backend_failure,
+                        "cannot write " + path.string() + ": " + errno_text(errno));
     }
     bytes = bytes.subspan(static_cast<size_t>(n));
   }
@@ -449,7 +448,8 @@ status write_new_file(const fs::path& path, bool sync, uint64_t expected_size, F
     fd = unique_fd{::open(path.c_str(), flags, 0644)};
   }
   if (fd.get() < 0)
-    return fail(errc::backend_failure, "cannot create " + path.string() + ": " + errno_text(errno));
+    return make_error(errc::backend_failure,
+                      "cannot create " + path.string() + ": " + errno_text(errno));
   gpu::host_buffer buffer;
   size_t filled = 0;
   uint64_t written = 0;
@@ -484,13 +484,15 @@ status write_new_file(const fs::path& path, bool sync, uint64_t expected_size, F
     if (auto ok = write_all(fd.get(), buffer.bytes().first(padded), path); !ok)
       return ok;
     if (::ftruncate(fd.get(), static_cast<off_t>(written)) != 0)
-      return fail(errc::backend_failure,
-                  "cannot truncate " + path.string() + ": " + errno_text(errno));
+      return make_error(errc::backend_failure,
+                        "cannot truncate " + path.string() + ": " + errno_text(errno));
   }
   if (sync && ::fsync(fd.get()) != 0)
-    return fail(errc::backend_failure, "cannot fsync " + path.string() + ": " + errno_text(errno));
+    return make_error(errc::backend_failure,
+                      "cannot fsync " + path.string() + ": " + errno_text(errno));
   if (fd.close() != 0)
-    return fail(errc::backend_failure, "cannot close " + path.string() + ": " + errno_text(errno));
+    return make_error(errc::backend_failure,
+                      "cannot close " + path.string() + ": " + errno_text(errno));
   return {};
 }
 
@@ -568,8 +570,8 @@ status write_files(const fs::path& dir, std::span<const safetensors::tensor_spec
             return w;
           auto expected = safetensors::byte_length(by_name.at(name)->type, by_name.at(name)->shape);
           if (!expected || before - writer->remaining() != *expected)
-            return fail(errc::invalid_argument,
-                        "tensor " + quote(name) + " did not get exactly its bytes");
+            return make_error(errc::invalid_argument,
+                              "tensor " + in_quotes(name) + " did not get exactly its bytes");
         }
         return writer->finish();
       });
@@ -609,10 +611,10 @@ result<std::map<std::string, std::string>> read_checkpoint_files(const fs::path&
   std::error_code ec;
   const fs::path directory = fs::canonical(given, ec);
   if (ec)
-    return fail(errc::not_found, "cannot open " + given.string() + ": " + ec.message());
+    return make_error(errc::not_found, "cannot open " + given.string() + ": " + ec.message());
   fs::directory_iterator it{directory, ec};
   if (ec)
-    return fail(errc::not_found, "cannot list " + directory.string() + ": " + ec.message());
+    return make_error(errc::not_found, "cannot list " + directory.string() + ": " + ec.message());
   uint64_t total = 0;
   for (; it != fs::directory_iterator{}; it.increment(ec)) {
     const std::string name = it->path().filename().string();
@@ -621,32 +623,33 @@ result<std::map<std::string, std::string>> read_checkpoint_files(const fs::path&
         || !it->is_regular_file(ec))
       continue;
     if (auto ok = validate_file_name(name); !ok)
-      return fail(errc::invalid_argument,
-                  "checkpoint file " + quote(name) + " in " + directory.string()
-                    + " cannot be kept with the version: " + ok.error().message
-                    + " (rename or remove it)");
+      return make_error(errc::invalid_argument,
+                        "checkpoint file " + in_quotes(name) + " in " + directory.string()
+                          + " cannot be kept with the version: " + ok.error().message
+                          + " (rename or remove it)");
     if (files.size() == max_version_files)
-      return fail(errc::limit_exceeded, directory.string() + " holds more than "
-                                          + std::to_string(max_version_files)
-                                          + " non-tensor files (a version keeps at most that)");
+      return make_error(errc::limit_exceeded,
+                        directory.string() + " holds more than " + std::to_string(max_version_files)
+                          + " non-tensor files (a version keeps at most that)");
     // Read through a descriptor checked like the shards' (no escape by symlink).
     const auto size = it->file_size(ec);
     if (ec)
-      return fail(errc::backend_failure,
-                  "cannot stat " + it->path().string() + ": " + ec.message());
+      return make_error(errc::backend_failure,
+                        "cannot stat " + it->path().string() + ": " + ec.message());
     if (size > max_version_file_bytes || total + size > max_version_files_total)
-      return fail(errc::limit_exceeded,
-                  "checkpoint file " + quote(name) + " in " + directory.string() + " has "
-                    + std::to_string(size) + " bytes; a version keeps files of at most "
-                    + std::to_string(max_version_file_bytes) + " bytes each, "
-                    + std::to_string(max_version_files_total) + " in all (move it elsewhere)");
+      return make_error(errc::limit_exceeded,
+                        "checkpoint file " + in_quotes(name) + " in " + directory.string() + " has "
+                          + std::to_string(size) + " bytes; a version keeps files of at most "
+                          + std::to_string(max_version_file_bytes) + " bytes each, "
+                          + std::to_string(max_version_files_total)
+                          + " in all (move it elsewhere)");
     auto resolved = resolve_inside(directory, name);
     if (!resolved)
       return std::move(resolved).error();
     unique_fd fd{::open(resolved->c_str(), O_RDONLY | O_CLOEXEC)};
     if (fd.get() < 0)
-      return fail(errc::backend_failure,
-                  "cannot open " + resolved->string() + ": " + errno_text(errno));
+      return make_error(errc::backend_failure,
+                        "cannot open " + resolved->string() + ": " + errno_text(errno));
     std::string bytes(size, '\0');
     if (auto ok = read_file_range(fd.get(), 0, std::as_writable_bytes(std::span{bytes}), name); !ok)
       return std::move(ok).error();
@@ -654,7 +657,8 @@ result<std::map<std::string, std::string>> read_checkpoint_files(const fs::path&
     files.emplace(name, std::move(bytes));
   }
   if (ec)
-    return fail(errc::backend_failure, "cannot list " + directory.string() + ": " + ec.message());
+    return make_error(errc::backend_failure,
+                      "cannot list " + directory.string() + ": " + ec.message());
   return files;
 }
 
@@ -665,8 +669,8 @@ status write_hf_directory(const fs::path& directory, const tensor_set& tensors,
   std::vector<tensor_header> headers;
   for (const auto& [key, t] : tensors) {
     if (key != t.name)
-      return fail(errc::invalid_argument,
-                  "tensor " + quote(t.name) + " is stored under the key " + quote(key));
+      return make_error(errc::invalid_argument, "tensor " + in_quotes(t.name)
+                                                  + " is stored under the key " + in_quotes(key));
     headers.push_back({t.name, t.type, t.shape, t.bytes.size()});
     specs.push_back({t.name, t.type, t.shape});
   }
@@ -690,8 +694,8 @@ status write_hf_directory(const fs::path& directory,
     target = target.parent_path();
   const std::string base = target.filename().string();
   if (base.empty() || base == "." || base == "..")
-    return fail(errc::invalid_argument, "output directory " + directory.string()
-                                          + " must name a directory, not '.' or '..'");
+    return make_error(errc::invalid_argument, "output directory " + directory.string()
+                                                + " must name a directory, not '.' or '..'");
 
   std::vector<shard_input> inputs;
   for (const auto& t : tensors) {
@@ -699,7 +703,8 @@ status write_hf_directory(const fs::path& directory,
       return ok;
     auto size = safetensors::byte_length(t.type, t.shape);
     if (!size)
-      return fail(errc::invalid_argument, "tensor " + quote(t.name) + ": " + size.error().message);
+      return make_error(errc::invalid_argument,
+                        "tensor " + in_quotes(t.name) + ": " + size.error().message);
     inputs.push_back({t.name, *size});
   }
   std::sort(inputs.begin(), inputs.end(),
@@ -714,11 +719,12 @@ status write_hf_directory(const fs::path& directory,
   fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path{"."};
   fs::create_directories(parent, ec);
   if (ec)
-    return fail(errc::backend_failure, "cannot create " + parent.string() + ": " + ec.message());
+    return make_error(errc::backend_failure,
+                      "cannot create " + parent.string() + ": " + ec.message());
   fs::path temp = parent / ("." + base + ".tmp-" + temp_suffix());
   if (!fs::create_directory(temp, ec) || ec)
-    return fail(errc::backend_failure, "cannot create " + temp.string() + ": "
-                                         + (ec ? ec.message() : std::string{"it exists"}));
+    return make_error(errc::backend_failure, "cannot create " + temp.string() + ": "
+                                               + (ec ? ec.message() : std::string{"it exists"}));
   auto cleanup = [&](status outcome) {
     std::error_code ignored;
     fs::remove_all(temp, ignored);
@@ -732,21 +738,23 @@ status write_hf_directory(const fs::path& directory,
 
   if (!exists_no_follow(target)) {
     if (::rename(temp.c_str(), target.c_str()) != 0)
-      return cleanup(fail(errc::backend_failure, "cannot rename " + temp.string() + " to "
-                                                   + target.string() + ": " + errno_text(errno)));
+      return cleanup(make_error(errc::backend_failure, "cannot rename " + temp.string() + " to "
+                                                         + target.string() + ": "
+                                                         + errno_text(errno)));
   } else if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
     // `temp` now holds the replaced export.
   } else {
     // Filesystems without RENAME_EXCHANGE: move the old one aside first.
     fs::path old = parent / ("." + base + ".old-" + temp_suffix());
     if (::rename(target.c_str(), old.c_str()) != 0)
-      return cleanup(fail(errc::backend_failure,
-                          "cannot move " + target.string() + " aside: " + errno_text(errno)));
+      return cleanup(make_error(errc::backend_failure,
+                                "cannot move " + target.string() + " aside: " + errno_text(errno)));
     if (::rename(temp.c_str(), target.c_str()) != 0) {
       int err = errno;
       (void) ::rename(old.c_str(), target.c_str());
-      return cleanup(fail(errc::backend_failure, "cannot rename " + temp.string() + " to "
-                                                   + target.string() + ": " + errno_text(err)));
+      return cleanup(make_error(errc::backend_failure, "cannot rename " + temp.string() + " to "
+                                                         + target.string() + ": "
+                                                         + errno_text(err)));
     }
     fs::remove_all(old, ec);
   }

@@ -27,14 +27,6 @@ namespace stitch::store {
 
 namespace {
 
-stitch::error fail(errc code, std::string message) {
-  return make_error(code, std::move(message));
-}
-
-std::string quote(std::string_view text) {
-  return "'" + std::string{text} + "'";
-}
-
 uint64_t load_le64(std::span<const std::byte, 8> bytes) {
   uint64_t value = 0;
   for (size_t i = 0; i < 8; ++i)
@@ -51,11 +43,11 @@ constexpr size_t sparse_buffer = size_t{256} << 10;
 
 result<std::vector<safetensors::tensor_info>> read_tensor_specs(const manifest& anchor) {
   if (!anchor.is_full())
-    return fail(errc::invalid_argument, to_string(anchor.ref) + " is not a full anchor");
+    return make_error(errc::invalid_argument, to_string(anchor.ref) + " is not a full anchor");
   if (anchor.tensor_specs.empty() && !anchor.weight_map.empty())
-    return fail(errc::corrupt_data, to_string(anchor.ref)
-                                      + " carries no metadata.tensor_specs; it was not "
-                                        "published by a Stitch publisher");
+    return make_error(errc::corrupt_data, to_string(anchor.ref)
+                                            + " carries no metadata.tensor_specs; it was not "
+                                              "published by a Stitch publisher");
   // `validate` (run on every parsed manifest) checked that the specs cover
   // exactly the stored tensors and add up to total_size.
   std::vector<safetensors::tensor_info> specs;
@@ -63,8 +55,8 @@ result<std::vector<safetensors::tensor_info>> read_tensor_specs(const manifest& 
     auto type = safetensors::parse_dtype(spec.dtype);
     auto size = type ? safetensors::byte_length(*type, spec.shape) : result<uint64_t>{type.error()};
     if (!type || !size)
-      return fail(errc::corrupt_data, "the tensor specs of " + to_string(anchor.ref) + " describe "
-                                        + quote(name) + " badly");
+      return make_error(errc::corrupt_data, "the tensor specs of " + to_string(anchor.ref)
+                                              + " describe " + in_quotes(name) + " badly");
     specs.push_back({name, *type, spec.shape, 0, *size});
   }
   return specs;
@@ -92,8 +84,8 @@ struct delta_cursor::source {
 status delta_cursor::failed(const stitch::error& e) const {
   if (e.code != errc::decode_failure)
     return e;
-  return fail(errc::decode_failure, "cannot apply the delta of tensor " + quote(tensor_) + " in "
-                                      + to_string(ref_) + ": " + e.message);
+  return make_error(errc::decode_failure, "cannot apply the delta of tensor " + in_quotes(tensor_)
+                                            + " in " + to_string(ref_) + ": " + e.message);
 }
 
 result<delta_cursor> delta_cursor::open(range_reader read, const manifest& delta,
@@ -103,16 +95,18 @@ result<delta_cursor> delta_cursor::open(range_reader read, const manifest& delta
   c.ref_ = delta.ref;
   c.encoding_ = delta.encoding;
   if (c.encoding_ == delta_encoding::none)
-    return fail(errc::decode_failure, "cannot apply the delta of tensor " + quote(tensor) + " in "
-                                        + to_string(delta.ref) + ": a delta without an encoding");
+    return make_error(errc::decode_failure, "cannot apply the delta of tensor " + in_quotes(tensor)
+                                              + " in " + to_string(delta.ref)
+                                              + ": a delta without an encoding");
   std::array<std::byte, delta_frame_prefix> prefix{};
   if (auto ok = read(delta.ref, tensor, 0, prefix); !ok)
     return std::move(ok).error();
   const uint64_t length = load_le64(prefix);
   if (delta.total_size < delta_frame_prefix || length > delta.total_size - delta_frame_prefix)
-    return fail(errc::corrupt_data, "the delta frame of tensor " + quote(tensor) + " in "
-                                      + to_string(delta.ref) + " claims " + std::to_string(length)
-                                      + " bytes, more than the version stores");
+    return make_error(errc::corrupt_data, "the delta frame of tensor " + in_quotes(tensor) + " in "
+                                            + to_string(delta.ref) + " claims "
+                                            + std::to_string(length)
+                                            + " bytes, more than the version stores");
   c.src_ = std::make_shared<source>(source{std::move(read), delta.ref, std::string{tensor},
                                            delta_frame_prefix, delta_frame_prefix + length});
   if (c.encoding_ == delta_encoding::xor_sparse) {
@@ -131,8 +125,9 @@ result<delta_cursor> delta_cursor::open(range_reader read, const manifest& delta
     } else if (delta.comp == compression::none) {
       runs = [src = c.src_](std::span<std::byte> into) { return src->pull(into); };
     } else {
-      return fail(errc::decode_failure, "the delta of tensor " + quote(tensor) + " in "
-                                          + to_string(delta.ref) + " has an unknown compression");
+      return make_error(errc::decode_failure, "the delta of tensor " + in_quotes(tensor) + " in "
+                                                + to_string(delta.ref)
+                                                + " has an unknown compression");
     }
     c.sparse_.emplace(tensor_size, std::move(runs), sparse_buffer);
   } else if (delta.comp == compression::zstd) {
@@ -143,13 +138,14 @@ result<delta_cursor> delta_cursor::open(range_reader read, const manifest& delta
       return std::move(z).error();
     c.zstd_ = std::move(*z);
   } else if (delta.comp != compression::none) {
-    return fail(errc::decode_failure, "the delta of tensor " + quote(tensor) + " in "
-                                        + to_string(delta.ref) + " has an unknown compression");
+    return make_error(errc::decode_failure, "the delta of tensor " + in_quotes(tensor) + " in "
+                                              + to_string(delta.ref)
+                                              + " has an unknown compression");
   } else if (length != tensor_size) {
-    return fail(errc::decode_failure, "cannot apply the delta of tensor " + quote(tensor) + " in "
-                                        + to_string(delta.ref) + ": it holds "
-                                        + std::to_string(length) + " bytes for a tensor of "
-                                        + std::to_string(tensor_size));
+    return make_error(errc::decode_failure, "cannot apply the delta of tensor " + in_quotes(tensor)
+                                              + " in " + to_string(delta.ref) + ": it holds "
+                                              + std::to_string(length) + " bytes for a tensor of "
+                                              + std::to_string(tensor_size));
   }
   return c;
 }
@@ -185,7 +181,7 @@ status delta_cursor::apply(std::span<std::byte> base, std::span<std::byte> scrat
       if (!pulled)
         got = std::move(pulled).error();
       else if (*pulled != n)
-        got = fail(errc::decode_failure, "the payload is short");
+        got = make_error(errc::decode_failure, "the payload is short");
     }
     if (!got)
       return failed(got.error());
@@ -264,7 +260,7 @@ result<version_reader> version_reader::open(const manifest_reader& manifests, ra
       return std::move(m).error();
   }
   if (!plan.anchor)
-    return fail(errc::missing_link, "no full anchor found for " + to_string(target));
+    return make_error(errc::missing_link, "no full anchor found for " + to_string(target));
   version_reader r;
   r.read_ = std::move(read);
   r.target_ = cache.at(target.version);
@@ -280,20 +276,21 @@ result<version_reader> version_reader::open(const manifest_reader& manifests, ra
   for (const auto& t : r.tensors_) {
     names.insert(t.name);
     if (!r.target_.checksums.contains(t.name))
-      return fail(errc::invalid_manifest, "the manifest of " + to_string(target)
-                                            + " has no checksum for tensor " + quote(t.name));
+      return make_error(errc::invalid_manifest, "the manifest of " + to_string(target)
+                                                  + " has no checksum for tensor "
+                                                  + in_quotes(t.name));
   }
   for (const auto& [name, sum] : r.target_.checksums)
     if (!names.contains(name))
-      return fail(errc::corrupt_data, "the manifest of " + to_string(target)
-                                        + " has a checksum for " + quote(name)
-                                        + ", which its chain does not build");
+      return make_error(errc::corrupt_data, "the manifest of " + to_string(target)
+                                              + " has a checksum for " + in_quotes(name)
+                                              + ", which its chain does not build");
   for (const auto& d : r.deltas_)
     for (const auto& name : d.touched)
       if (!names.contains(name))
-        return fail(errc::corrupt_data, to_string(d.ref) + " changes tensor " + quote(name)
-                                          + ", which its anchor " + to_string(r.anchor_.ref)
-                                          + " does not have");
+        return make_error(errc::corrupt_data, to_string(d.ref) + " changes tensor "
+                                                + in_quotes(name) + ", which its anchor "
+                                                + to_string(r.anchor_.ref) + " does not have");
   return r;
 }
 
@@ -317,25 +314,27 @@ result<version_reader> version_reader::open(store_backend& store, std::string_vi
                 std::span<std::byte> out) { return store.read_range(p, r, tensor, offset, out); },
     target, boot);
   if (!opened && opened.error().code == errc::not_found)
-    return fail(errc::not_found, "pool " + quote(pool) + " holds no version " + to_string(target));
+    return make_error(errc::not_found,
+                      "pool " + in_quotes(pool) + " holds no version " + to_string(target));
   return opened;
 }
 
 status version_reader::verify(const safetensors::tensor_info& t, uint64_t got) const {
   const uint64_t expected = target_.checksums.at(t.name);
   if (got != expected)
-    return fail(errc::checksum_mismatch,
-                "tensor " + quote(t.name) + " of " + to_string(target_.ref) + " has checksum "
-                  + checksum::to_hex(got) + " but the manifest says " + checksum::to_hex(expected));
+    return make_error(errc::checksum_mismatch, "tensor " + in_quotes(t.name) + " of "
+                                                 + to_string(target_.ref) + " has checksum "
+                                                 + checksum::to_hex(got) + " but the manifest says "
+                                                 + checksum::to_hex(expected));
   return {};
 }
 
 status version_reader::read_into(const safetensors::tensor_info& t, std::span<std::byte> out,
                                  std::span<std::byte> scratch, parallel_for* runner) const {
   if (out.size() != t.byte_size())
-    return fail(errc::invalid_argument, "tensor " + quote(t.name) + " is "
-                                          + std::to_string(t.byte_size()) + " bytes, not "
-                                          + std::to_string(out.size()));
+    return make_error(errc::invalid_argument, "tensor " + in_quotes(t.name) + " is "
+                                                + std::to_string(t.byte_size()) + " bytes, not "
+                                                + std::to_string(out.size()));
   if (auto ok = read_(anchor_.ref, t.name, 0, out); !ok)
     return ok;
   for (const auto& d : deltas_)

@@ -31,25 +31,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-stitch::error fail(errc code, std::string message) {
-  return make_error(code, std::move(message));
-}
-
-std::string quote(std::string_view text) {
-  return "'" + std::string{text} + "'";
-}
-
-std::string errno_text(int err) {
-  return std::error_code{err, std::generic_category()}.message();
-}
-
 /// A file that exists only while it is open: created unlinked, so a crash
 /// leaves nothing behind.
 result<int> open_scratch_file(const fs::path& dir, uint64_t size) {
   std::error_code ec;
   fs::path where = dir.empty() ? fs::temp_directory_path(ec) : dir;
   if (ec)
-    return fail(errc::backend_failure, "no temporary directory: " + ec.message());
+    return make_error(errc::backend_failure, "no temporary directory: " + ec.message());
   fs::create_directories(where, ec);
   int fd = ::open(where.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -60,13 +48,14 @@ result<int> open_scratch_file(const fs::path& dir, uint64_t size) {
       ::unlink(name.c_str());
   }
   if (fd < 0)
-    return fail(errc::backend_failure,
-                "cannot create a scratch file in " + where.string() + ": " + errno_text(errno));
+    return make_error(errc::backend_failure, "cannot create a scratch file in " + where.string()
+                                               + ": " + errno_text(errno));
   if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
     int err = errno;
     ::close(fd);
-    return fail(errc::backend_failure, "cannot size a scratch file in " + where.string() + " to "
-                                         + std::to_string(size) + " bytes: " + errno_text(err));
+    return make_error(errc::backend_failure, "cannot size a scratch file in " + where.string()
+                                               + " to " + std::to_string(size)
+                                               + " bytes: " + errno_text(err));
   }
   return fd;
 }
@@ -83,8 +72,8 @@ status pread_all(int fd, uint64_t offset, std::span<std::byte> out) {
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
-      return fail(errc::backend_failure,
-                  "reading a scratch file: " + (n < 0 ? errno_text(errno) : "it is short"));
+      return make_error(errc::backend_failure,
+                        "reading a scratch file: " + (n < 0 ? errno_text(errno) : "it is short"));
     done += static_cast<size_t>(n);
   }
   return {};
@@ -223,19 +212,20 @@ std::optional<std::string> layout_difference(const std::vector<tensor_header>& b
   for (; b != before.end() && a != after.end(); ++a, ++b) {
     if (a->name != b->name) {
       const bool added = a->name < b->name;
-      return "tensor " + quote(added ? a->name : b->name) + (added ? " was added" : " was removed");
+      return "tensor " + in_quotes(added ? a->name : b->name)
+             + (added ? " was added" : " was removed");
     }
     if (a->type != b->type)
-      return "tensor " + quote(a->name) + " changed dtype from "
+      return "tensor " + in_quotes(a->name) + " changed dtype from "
              + std::string{safetensors::to_string(b->type)} + " to "
              + std::string{safetensors::to_string(a->type)};
     if (a->shape != b->shape)
-      return "tensor " + quote(a->name) + " changed shape";
+      return "tensor " + in_quotes(a->name) + " changed shape";
   }
   if (a != after.end())
-    return "tensor " + quote(a->name) + " was added";
+    return "tensor " + in_quotes(a->name) + " was added";
   if (b != before.end())
-    return "tensor " + quote(b->name) + " was removed";
+    return "tensor " + in_quotes(b->name) + " was removed";
   return std::nullopt;
 }
 
@@ -326,7 +316,7 @@ public:
 private:
   status open_next(version_writer& w) {
     if (next_ >= plan_.shards.size())
-      return fail(errc::invalid_argument, "more bytes than the version's shards hold");
+      return make_error(errc::invalid_argument, "more bytes than the version's shards hold");
     const size_t k = next_++;
     if (auto ok = w.begin_shard(plan_.shards[k], headers_[k].size() + plan_.shard_bytes[k]); !ok)
       return ok;
@@ -807,8 +797,8 @@ result<publish_report> publisher::publish(const publish_request& request,
                                           const tensor_set& full_weights) {
   for (const auto& [key, t] : full_weights)
     if (key != t.name)
-      return fail(errc::invalid_argument,
-                  "tensor " + quote(t.name) + " is stored under the key " + quote(key));
+      return make_error(errc::invalid_argument, "tensor " + in_quotes(t.name)
+                                                  + " is stored under the key " + in_quotes(key));
   memory_stream source{full_weights};
   return publish(request, source);
 }
@@ -886,8 +876,8 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
   } else if (request.force_anchor) {
     reason = "requested (--anchor)";
   } else if (!prev) {
-    reason = "first version of run " + quote(request.run_id) + " in pool " + quote(request.pool)
-             + " this publisher has seen";
+    reason = "first version of run " + in_quotes(request.run_id) + " in pool "
+             + in_quotes(request.pool) + " this publisher has seen";
   } else if (copy_is_this_version) {
     reason = "the store no longer holds the remembered version";
   } else if (prev->version + 1 != request.version) {
@@ -1122,7 +1112,7 @@ result<publish_report> publisher::publish(const publish_request& request, tensor
   if (how == mode::verify) {
     if (sums != expected->checksums || !identical || expected->files != files)
       return failed(make_error(errc::version_exists, to_string(ref) + " is already stored in pool "
-                                                       + quote(request.pool)
+                                                       + in_quotes(request.pool)
                                                        + " with different content"));
     m = *expected;
     report.idempotent = true;

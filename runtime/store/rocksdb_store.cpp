@@ -210,28 +210,10 @@ public:
     return {};
   }
 
-  status read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
-                    uint64_t offset, std::span<std::byte> out) override {
-    if (auto ok = validate_pool(pool); !ok)
-      return ok;
-    if (auto ok = validate_run_id(ref.run_id); !ok)
-      return ok;
-    auto layout = load_layout(pool, ref);
-    if (!layout)
-      return std::move(layout).error();
-    auto it = layout->tensors.find(std::string{tensor});
-    if (it == layout->tensors.end())
-      return make_error(errc::not_found, "tensor " + quote_untrusted(tensor) + " is not stored in "
-                                           + to_string(ref));
-    const auto& loc = it->second;
-    if (offset > loc.size || out.size() > loc.size - offset)
-      return make_error(errc::invalid_argument, "range [" + std::to_string(offset) + ", +"
-                                                  + std::to_string(out.size())
-                                                  + ") is outside tensor " + quote_untrusted(tensor)
-                                                  + " of " + std::to_string(loc.size) + " bytes");
-    if (out.empty())
-      return {};
-    auto file = open_for_read(shard_path(pool, ref, layout->location, layout->shards[loc.shard]));
+  status read_shard(std::string_view pool, const version_ref& ref, const version_layout& layout,
+                    const tensor_location& loc, uint64_t offset,
+                    std::span<std::byte> out) override {
+    auto file = open_for_read(shard_path(pool, ref, layout.location, layout.shards[loc.shard]));
     if (!file)
       return std::move(file).error();
     rocksdb::Slice got;
@@ -361,6 +343,10 @@ protected:
     return m;
   }
 
+  result<version_layout> load_layout(std::string_view pool, const version_ref& ref) override {
+    return read_layout_record(pool, ref);
+  }
+
   result<bool> is_published(std::string_view pool, const version_ref& ref) override {
     std::string value;
     auto s = db_->Get({}, meta(), done_key(pool, ref), &value);
@@ -475,37 +461,6 @@ private:
     return layout;
   }
 
-  /// The layout of a published version (cached).
-  result<version_layout> load_layout(std::string_view pool, const version_ref& ref) {
-    const auto key = layout_key(pool, ref);
-    {
-      std::lock_guard guard{cache_mutex_};
-      if (auto it = layouts_.find(key); it != layouts_.end())
-        return it->second;
-    }
-    auto published = is_published(pool, ref);
-    if (!published)
-      return std::move(published).error();
-    if (!*published)
-      return make_error(errc::not_found,
-                        to_string(ref) + " is not published in pool '" + std::string{pool} + "'");
-    auto layout = read_layout_record(pool, ref);
-    if (!layout)
-      return layout.error().code == errc::not_found
-               ? make_error(errc::corrupt_data, "layout of " + to_string(ref) + " is missing")
-               : std::move(layout).error();
-    std::lock_guard guard{cache_mutex_};
-    if (layouts_.size() > 256)
-      layouts_.clear();
-    layouts_.emplace(key, *layout);
-    return layout;
-  }
-
-  void forget_layout(std::string_view pool, const version_ref& ref) {
-    std::lock_guard guard{cache_mutex_};
-    layouts_.erase(layout_key(pool, ref));
-  }
-
   /// An open shard file, from the cache of recently read ones.
   result<std::shared_ptr<rocksdb::FSRandomAccessFile>> open_for_read(const std::string& path) {
     {
@@ -554,8 +509,6 @@ private:
   std::shared_ptr<rocksdb::FileSystem> fs_;
   std::string root_;
   rocksdb::WriteOptions sync_;
-  std::mutex cache_mutex_;
-  std::map<std::string, version_layout> layouts_;
   std::mutex files_mutex_;
   std::list<std::string> lru_;
   std::unordered_map<std::string, std::pair<std::shared_ptr<rocksdb::FSRandomAccessFile>,

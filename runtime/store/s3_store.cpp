@@ -51,7 +51,6 @@ struct s3_store::impl {
   std::mutex cache_mutex;
   /// Versions are immutable once complete, so what was read of them stays true
   /// until this process deletes them.
-  std::map<std::string, version_layout> layouts;
   /// Publication marker key -> is_full.
   std::map<std::string, bool> published_cache;
 
@@ -220,18 +219,9 @@ struct s3_store::impl {
     return m;
   }
 
+  /// The layout object of a version, published or not.
   result<version_layout> load_layout(std::string_view pool, const version_ref& ref) {
     const auto key = layout_key(pool, ref);
-    {
-      std::lock_guard lock{cache_mutex};
-      if (auto it = layouts.find(key); it != layouts.end())
-        return it->second;
-    }
-    auto pub = published(pool, ref);
-    if (!pub)
-      return std::move(pub).error();
-    if (!*pub)
-      return make_error(errc::not_found, to_string(ref) + " is not published" + in_pool(pool));
     auto obj = client->get_object(where.bucket, key, max_manifest_bytes);
     if (!obj) {
       if (obj.error().code == errc::not_found)
@@ -241,16 +231,11 @@ struct s3_store::impl {
     auto layout = decode_layout(obj->body);
     if (!layout)
       return make_error(errc::corrupt_data, url(key) + ": " + layout.error().message);
-    std::lock_guard lock{cache_mutex};
-    if (layouts.size() >= 256)
-      layouts.clear();
-    layouts.emplace(key, *layout);
     return layout;
   }
 
   void forget(std::string_view pool, const version_ref& ref) {
     std::lock_guard lock{cache_mutex};
-    layouts.erase(layout_key(pool, ref));
     published_cache.erase(published_key(pool, ref));
   }
 
@@ -625,29 +610,18 @@ result<std::vector<stored_version>> s3_store::published_versions(std::string_vie
 }
 
 status s3_store::delete_version(std::string_view pool, const version_ref& ref) {
+  forget_layout(pool, ref);
   return impl_->delete_version(pool, ref);
 }
 
-status s3_store::read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
+result<version_layout> s3_store::load_layout(std::string_view pool, const version_ref& ref) {
+  return impl_->load_layout(pool, ref);
+}
+
+status s3_store::read_shard(std::string_view pool, const version_ref& ref,
+                            const version_layout& layout, const tensor_location& loc,
                             uint64_t offset, std::span<std::byte> out) {
-  if (auto ok = validate_pool(pool); !ok)
-    return ok;
-  if (auto ok = validate_run_id(ref.run_id); !ok)
-    return ok;
-  auto layout = impl_->load_layout(pool, ref);
-  if (!layout)
-    return std::move(layout).error();
-  auto it = layout->tensors.find(std::string{tensor});
-  if (it == layout->tensors.end())
-    return make_error(errc::not_found,
-                      "tensor " + quote_untrusted(tensor) + " is not stored in " + to_string(ref));
-  const auto& loc = it->second;
-  if (offset > loc.size || out.size() > loc.size - offset)
-    return make_error(errc::invalid_argument, "range [" + std::to_string(offset) + ", +"
-                                                + std::to_string(out.size())
-                                                + ") is outside tensor " + quote_untrusted(tensor)
-                                                + " of " + std::to_string(loc.size) + " bytes");
-  const auto key = impl_->version_prefix(pool, ref) + layout->shards[loc.shard];
+  const auto key = impl_->version_prefix(pool, ref) + layout.shards[loc.shard];
   // Ranged GETs of at most one piece keep memory bounded whatever `out` is.
   size_t done = 0;
   while (done < out.size()) {

@@ -44,14 +44,15 @@ public:
   s3_store(std::unique_ptr<transport::s3_client> client, transport::s3_location where);
   ~s3_store() override;
 
-  status read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
-                    uint64_t offset, std::span<std::byte> out) override;
-
 protected:
   result<pointer_snapshot> load_pointer(std::string_view pool) override;
   result<std::optional<uint64_t>> load_boot(std::string_view pool, std::string_view run) override;
   result<manifest> load_manifest(std::string_view pool, const version_ref& ref) override;
   result<bool> is_published(std::string_view pool, const version_ref& ref) override;
+  result<version_layout> load_layout(std::string_view pool, const version_ref& ref) override;
+  status read_shard(std::string_view pool, const version_ref& ref, const version_layout& layout,
+                    const tensor_location& where, uint64_t offset,
+                    std::span<std::byte> out) override;
   status commit_move(std::string_view pool, const pointer_snapshot& seen,
                      const pointer_commit& move) override;
   result<std::unique_ptr<shard_sink>> open_sink(std::string_view pool,

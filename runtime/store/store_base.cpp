@@ -18,7 +18,74 @@ status check_names(std::string_view pool, const version_ref& ref) {
   return validate_run_id(ref.run_id);
 }
 
+/// The key of a version in the layout cache.
+std::string layout_cache_key(std::string_view pool, const version_ref& ref) {
+  return std::string{pool} + '\n' + to_string(ref);
+}
+
+/// Published versions whose layouts stay cached (any beyond clear the cache).
+constexpr size_t max_cached_layouts = 256;
+
 } // namespace
+
+void store_base::forget_layout(std::string_view pool, const version_ref& ref) {
+  std::lock_guard guard{layouts_mutex_};
+  layouts_.erase(layout_cache_key(pool, ref));
+}
+
+result<std::shared_ptr<const version_layout>> store_base::published_layout(std::string_view pool,
+                                                                           const version_ref& ref) {
+  const auto key = layout_cache_key(pool, ref);
+  {
+    std::lock_guard guard{layouts_mutex_};
+    if (auto it = layouts_.find(key); it != layouts_.end())
+      return it->second;
+  }
+  auto published = is_published(pool, ref);
+  if (!published)
+    return std::move(published).error();
+  if (!*published)
+    return make_error(errc::not_found, to_string(ref) + " is not published" + in_pool(pool));
+  auto layout = load_layout(pool, ref);
+  if (!layout)
+    return layout.error().code == errc::not_found ? make_error(
+             errc::corrupt_data, "the layout of published " + to_string(ref) + in_pool(pool)
+                                   + " is missing: " + layout.error().message)
+                                                  : std::move(layout).error();
+  auto shared = std::make_shared<const version_layout>(std::move(*layout));
+  std::lock_guard guard{layouts_mutex_};
+  if (layouts_.size() >= max_cached_layouts)
+    layouts_.clear();
+  layouts_.emplace(key, shared);
+  return shared;
+}
+
+status store_base::read_range(std::string_view pool, const version_ref& ref,
+                              std::string_view tensor, uint64_t offset, std::span<std::byte> out) {
+  if (auto ok = check_names(pool, ref); !ok)
+    return ok;
+  auto layout = published_layout(pool, ref);
+  if (!layout)
+    return std::move(layout).error();
+  auto it = (*layout)->tensors.find(std::string{tensor});
+  if (it == (*layout)->tensors.end())
+    return make_error(errc::not_found,
+                      "tensor " + quote_untrusted(tensor) + " is not stored in " + to_string(ref));
+  const auto& loc = it->second;
+  if (offset > loc.size || out.size() > loc.size - offset)
+    return make_error(errc::invalid_argument, "range [" + std::to_string(offset) + ", +"
+                                                + std::to_string(out.size())
+                                                + ") is outside tensor " + quote_untrusted(tensor)
+                                                + " of " + std::to_string(loc.size) + " bytes");
+  if (loc.shard >= (*layout)->shards.size())
+    return make_error(errc::corrupt_data, "the layout of " + to_string(ref) + " puts tensor "
+                                            + quote_untrusted(tensor) + " in shard "
+                                            + std::to_string(loc.shard) + " of "
+                                            + std::to_string((*layout)->shards.size()));
+  if (out.empty())
+    return {};
+  return read_shard(pool, ref, **layout, loc, offset, out);
+}
 
 std::mutex& store_base::pool_lock(std::string_view pool) {
   std::lock_guard guard{locks_mutex_};

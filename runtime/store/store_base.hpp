@@ -65,6 +65,11 @@ public:
   result<std::unique_ptr<version_writer>> begin_version(std::string_view pool,
                                                         const version_ref& ref) final;
   result<manifest> read_manifest(std::string_view pool, const version_ref& ref) final;
+  /// Checks the names, finds the published version's layout (from a cache of
+  /// recent ones), the tensor in it and the range inside the tensor, then
+  /// reads through `read_shard`.
+  status read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
+                    uint64_t offset, std::span<std::byte> out) final;
   result<std::vector<version_ref>> list_versions(std::string_view pool,
                                                  std::string_view run_id) final;
   result<std::vector<std::string>> list_pools() final;
@@ -86,6 +91,14 @@ protected:
   virtual result<manifest> load_manifest(std::string_view pool, const version_ref& ref) = 0;
   /// Whether a pointer move named `ref`.
   virtual result<bool> is_published(std::string_view pool, const version_ref& ref) = 0;
+  /// The layout recorded for `ref`, published or not; `not_found` when none.
+  virtual result<version_layout> load_layout(std::string_view pool, const version_ref& ref) = 0;
+  /// Reads `out.size()` (at least 1) bytes at `offset` of the tensor stored
+  /// at `where` of the published version `ref` laid out as `layout` (the
+  /// range checked to lie inside the tensor).
+  virtual status read_shard(std::string_view pool, const version_ref& ref,
+                            const version_layout& layout, const tensor_location& where,
+                            uint64_t offset, std::span<std::byte> out) = 0;
   /// Records `move` atomically, or fails with `conflict` when the pointer is
   /// no longer what `seen` read (backends shared between processes).
   virtual status commit_move(std::string_view pool, const pointer_snapshot& seen,
@@ -106,12 +119,22 @@ protected:
 
   /// Serializes pointer moves, version commits and retention of one pool.
   std::mutex& pool_lock(std::string_view pool);
+  /// Drops `ref`'s layout from the cache `read_range` keeps (a backend
+  /// deleting the version, or recording another attempt at it).
+  void forget_layout(std::string_view pool, const version_ref& ref);
 
 private:
   class writer;
 
+  /// The layout of a published version: cached, else loaded once a pointer
+  /// move is known to have named it.
+  result<std::shared_ptr<const version_layout>> published_layout(std::string_view pool,
+                                                                 const version_ref& ref);
+
   std::mutex locks_mutex_;
   std::map<std::string, std::unique_ptr<std::mutex>, std::less<>> pool_locks_;
+  std::mutex layouts_mutex_;
+  std::map<std::string, std::shared_ptr<const version_layout>, std::less<>> layouts_;
 };
 
 } // namespace stitch::store

@@ -10,17 +10,11 @@
 
 namespace stitch::store {
 
-namespace {
-
-stitch::error fail(errc code, std::string message) {
-  return make_error(code, std::move(message));
-}
-
-} // namespace
+namespace {} // namespace
 
 status validate_pool(std::string_view pool) {
   if (auto ok = validate_run_id(pool); !ok)
-    return fail(errc::invalid_argument, "pool name: " + ok.error().message);
+    return make_error(errc::invalid_argument, "pool name: " + ok.error().message);
   return {};
 }
 
@@ -58,13 +52,13 @@ struct shard_stream_check::impl {
   status parse_head() {
     auto view = safetensors::parse_header(head, current().size);
     if (!view)
-      return fail(errc::invalid_format, where() + ": " + view.error().message);
+      return make_error(errc::invalid_format, where() + ": " + view.error().message);
     for (const auto& t : view->tensors) {
       if (auto ok = validate_tensor_name(t.name); !ok)
-        return fail(errc::invalid_format, where() + ": " + ok.error().message);
+        return make_error(errc::invalid_format, where() + ": " + ok.error().message);
       if (checksums.contains(t.name))
-        return fail(errc::invalid_format,
-                    where() + " holds tensor '" + t.name + "', which an earlier shard holds too");
+        return make_error(errc::invalid_format, where() + " holds tensor '" + t.name
+                                                  + "', which an earlier shard holds too");
     }
     current().tensors = std::move(view->tensors);
     current().data_start = view->data_start;
@@ -77,20 +71,20 @@ struct shard_stream_check::impl {
 
   status feed(std::span<const std::byte> bytes) {
     if (!open)
-      return fail(errc::invalid_argument, "shard bytes arrived before a shard was begun");
+      return make_error(errc::invalid_argument, "shard bytes arrived before a shard was begun");
     if (bytes.size() > current().size - position)
-      return fail(errc::invalid_format, where() + " is longer than its declared "
-                                          + std::to_string(current().size) + " bytes");
+      return make_error(errc::invalid_format, where() + " is longer than its declared "
+                                                + std::to_string(current().size) + " bytes");
     while (!header_done) {
       // The 8-byte size first, then the JSON it announces.
       uint64_t want = 8;
       if (head.size() >= 8) {
         auto header_size = safetensors::read_header_size(std::span{head}.first(8));
         if (!header_size)
-          return fail(errc::invalid_format, where() + ": " + header_size.error().message);
+          return make_error(errc::invalid_format, where() + ": " + header_size.error().message);
         if (8 + *header_size > current().size)
-          return fail(errc::invalid_format, where() + " is " + std::to_string(current().size)
-                                              + " bytes, shorter than its header");
+          return make_error(errc::invalid_format, where() + " is " + std::to_string(current().size)
+                                                    + " bytes, shorter than its header");
         want = 8 + *header_size;
         if (head.size() == want) {
           if (auto ok = parse_head(); !ok)
@@ -121,7 +115,7 @@ struct shard_stream_check::impl {
       }
     }
     if (!bytes.empty())
-      return fail(errc::invalid_format, where() + " has bytes beyond its tensors");
+      return make_error(errc::invalid_format, where() + " has bytes beyond its tensors");
     return {};
   }
 
@@ -129,9 +123,9 @@ struct shard_stream_check::impl {
     if (!open)
       return {};
     if (position != current().size)
-      return fail(errc::invalid_format, where() + " is truncated: " + std::to_string(position)
-                                          + " of " + std::to_string(current().size)
-                                          + " bytes arrived");
+      return make_error(errc::invalid_format, where() + " is truncated: " + std::to_string(position)
+                                                + " of " + std::to_string(current().size)
+                                                + " bytes arrived");
     open = false;
     return {};
   }
@@ -150,10 +144,11 @@ status shard_stream_check::begin_shard(std::string_view name, uint64_t size) {
     return ok;
   for (const auto& done : s.shards)
     if (done.name == name)
-      return fail(errc::invalid_argument, "shard '" + std::string{name} + "' was sent twice");
+      return make_error(errc::invalid_argument, "shard '" + std::string{name} + "' was sent twice");
   if (size < 8)
-    return fail(errc::invalid_format, "shard '" + std::string{name} + "' is " + std::to_string(size)
-                                        + " bytes, too short for a safetensors header");
+    return make_error(errc::invalid_format, "shard '" + std::string{name} + "' is "
+                                              + std::to_string(size)
+                                              + " bytes, too short for a safetensors header");
   s.shards.push_back({std::string{name}, size, {}, 0});
   s.open = true;
   s.position = 0;
@@ -183,8 +178,9 @@ result<version_layout> shard_stream_check::finish(const manifest& m) {
   std::set<std::string> listed{m.shards.begin(), m.shards.end()};
   for (const auto& sh : s.shards) {
     if (!listed.erase(sh.name))
-      return fail(errc::invalid_argument,
-                  "shard '" + sh.name + "' is not listed in the manifest of " + to_string(m.ref));
+      return make_error(errc::invalid_argument, "shard '" + sh.name
+                                                  + "' is not listed in the manifest of "
+                                                  + to_string(m.ref));
     const auto where = "shard '" + sh.name + "' of " + to_string(m.ref);
     std::set<std::string> expected;
     for (const auto& [tensor, shard] : m.weight_map)
@@ -193,35 +189,36 @@ result<version_layout> shard_stream_check::finish(const manifest& m) {
     const auto index = static_cast<uint32_t>(layout.shards.size());
     for (const auto& t : sh.tensors) {
       if (!expected.erase(t.name))
-        return fail(errc::invalid_manifest, where + " holds tensor '" + t.name
-                                              + "' that the weight_map does not assign to it");
+        return make_error(errc::invalid_manifest,
+                          where + " holds tensor '" + t.name
+                            + "' that the weight_map does not assign to it");
       layout.tensors[t.name] = tensor_location{index, sh.data_start + t.data_begin, t.byte_size()};
       tensor_bytes += t.byte_size();
       if (m.is_full()) {
         auto want = m.checksums.find(t.name);
         if (want == m.checksums.end())
-          return fail(errc::invalid_manifest, "no checksum for tensor '" + t.name + "'");
+          return make_error(errc::invalid_manifest, "no checksum for tensor '" + t.name + "'");
         const uint64_t got = s.checksums.at(t.name);
         if (want->second != got)
-          return fail(errc::checksum_mismatch, "tensor '" + t.name + "' of " + to_string(m.ref)
-                                                 + " has checksum " + checksum::to_hex(got)
-                                                 + " but the manifest says "
-                                                 + checksum::to_hex(want->second));
+          return make_error(errc::checksum_mismatch,
+                            "tensor '" + t.name + "' of " + to_string(m.ref) + " has checksum "
+                              + checksum::to_hex(got) + " but the manifest says "
+                              + checksum::to_hex(want->second));
       }
     }
     if (!expected.empty())
-      return fail(errc::invalid_manifest,
-                  where + " lacks tensor '" + *expected.begin() + "' named in the weight_map");
+      return make_error(errc::invalid_manifest, where + " lacks tensor '" + *expected.begin()
+                                                  + "' named in the weight_map");
     layout.shards.push_back(sh.name);
     layout.shard_sizes.push_back(sh.size);
   }
   if (!listed.empty())
-    return fail(errc::invalid_argument,
-                "shard '" + *listed.begin() + "' of " + to_string(m.ref) + " was not uploaded");
+    return make_error(errc::invalid_argument, "shard '" + *listed.begin() + "' of "
+                                                + to_string(m.ref) + " was not uploaded");
   if (tensor_bytes != m.total_size)
-    return fail(errc::invalid_manifest, "total_size of " + to_string(m.ref) + " is "
-                                          + std::to_string(m.total_size) + " but the shards hold "
-                                          + std::to_string(tensor_bytes) + " tensor bytes");
+    return make_error(errc::invalid_manifest,
+                      "total_size of " + to_string(m.ref) + " is " + std::to_string(m.total_size)
+                        + " but the shards hold " + std::to_string(tensor_bytes) + " tensor bytes");
   return layout;
 }
 

@@ -24,31 +24,6 @@ namespace stitch::testing {
 
 class memory_store final : public store::store_base {
 public:
-  status read_range(std::string_view pool, const version_ref& ref, std::string_view tensor,
-                    uint64_t offset, std::span<std::byte> out) override {
-    ++calls_;
-    ++range_reads_;
-    if (auto ok = store::validate_pool(pool); !ok)
-      return ok;
-    std::lock_guard guard{mutex_};
-    auto* v = find_done(pool, ref);
-    if (!v)
-      return missing(ref);
-    auto it = v->layout.tensors.find(std::string{tensor});
-    if (it == v->layout.tensors.end())
-      return make_error(errc::not_found,
-                        "tensor '" + std::string{tensor} + "' is not stored in " + to_string(ref));
-    const auto& loc = it->second;
-    if (offset > loc.size || out.size() > loc.size - offset)
-      return make_error(errc::invalid_argument, "range [" + std::to_string(offset) + ", +"
-                                                  + std::to_string(out.size())
-                                                  + ") is outside tensor '" + std::string{tensor}
-                                                  + "' of " + std::to_string(loc.size) + " bytes");
-    if (!out.empty())
-      std::memcpy(out.data(), v->shards[loc.shard].data() + loc.offset + offset, out.size());
-    return {};
-  }
-
   /// Flips the bits of one stored byte of `tensor` at `offset`; false when
   /// there is no such byte.
   bool corrupt(std::string_view pool, const version_ref& ref, std::string_view tensor,
@@ -116,6 +91,30 @@ protected:
     return find_done(pool, ref) != nullptr;
   }
 
+  result<store::version_layout> load_layout(std::string_view pool,
+                                            const version_ref& ref) override {
+    ++calls_;
+    std::lock_guard guard{mutex_};
+    auto* v = find(pool, ref);
+    if (!v)
+      return missing(ref);
+    return v->layout;
+  }
+
+  status read_shard(std::string_view pool, const version_ref& ref, const store::version_layout&,
+                    const store::tensor_location& loc, uint64_t offset,
+                    std::span<std::byte> out) override {
+    ++calls_;
+    ++range_reads_;
+    std::lock_guard guard{mutex_};
+    // Deleted since the layout was cached: as a backend whose bytes are gone.
+    auto* v = find_done(pool, ref);
+    if (!v)
+      return missing(ref);
+    std::memcpy(out.data(), v->shards[loc.shard].data() + loc.offset + offset, out.size());
+    return {};
+  }
+
   status commit_move(std::string_view pool, const pointer_snapshot&,
                      const store::pointer_commit& move) override {
     ++calls_;
@@ -169,6 +168,7 @@ protected:
 
   status delete_version(std::string_view pool, const version_ref& ref) override {
     ++calls_;
+    forget_layout(pool, ref);
     std::lock_guard guard{mutex_};
     versions_.erase(key(pool, ref));
     return {};
