@@ -187,16 +187,32 @@ struct worker::impl {
     std::string peer;
     ucp_ep_h ep = nullptr;
     ucp_rkey_h rkey = nullptr;
+    /// The packed key, unpacked again on a replacement endpoint.
+    std::vector<std::byte> packed_rkey;
     uint64_t remote = 0;
     std::span<std::byte> out;
     size_t chunk = 0;
     size_t window = 0;
     size_t next = 0;
     size_t in_flight = 0;
+    /// Ranges (offset, bytes) a replaced endpoint did not deliver: asked
+    /// again before anything new.
+    std::deque<std::pair<size_t, size_t>> redo;
+    /// While its endpoint is being replaced: failed chunks go to `redo`.
+    bool replacing = false;
+    std::chrono::steady_clock::time_point last_progress;
+    std::chrono::milliseconds stall{0};
+    size_t stall_retries = 0;
     /// The first failure; success while none.
     status outcome;
     bool finished = false;
     std::promise<status> done;
+  };
+  /// One request of a read: which bytes it carries.
+  struct chunk_request {
+    read_op* op = nullptr;
+    size_t at = 0;
+    size_t bytes = 0;
   };
   struct endpoint {
     ucp_ep_h ep = nullptr;
@@ -213,6 +229,7 @@ struct worker::impl {
   // Progress-thread state.
   std::map<std::string, endpoint> endpoints;
   std::map<read_op*, std::shared_ptr<read_op>> reads;
+  std::atomic<uint64_t> replaced{0};
 
   void post(std::function<void()> job) {
     {
@@ -274,36 +291,59 @@ struct worker::impl {
   }
 
   static void on_chunk(void* request, ucs_status_t st, void* user_data) {
-    auto* op = static_cast<read_op*>(user_data);
+    std::unique_ptr<chunk_request> chunk{static_cast<chunk_request*>(user_data)};
     if (request)
       ucp_request_free(request);
-    op->owner->chunk_done(op, st);
+    chunk->op->owner->chunk_done(*chunk, st);
   }
 
-  void chunk_done(read_op* op, ucs_status_t st) {
+  void chunk_done(const chunk_request& chunk, ucs_status_t st) {
+    auto* op = chunk.op;
     --op->in_flight;
-    if (st != UCS_OK && op->outcome)
+    if (st == UCS_OK)
+      op->last_progress = std::chrono::steady_clock::now();
+    else if (op->replacing && op->outcome)
+      op->redo.emplace_back(chunk.at, chunk.bytes);
+    else if (op->outcome)
       op->outcome = ucx_error("reading from peer", st);
-    issue(op);
+    if (!op->replacing)
+      issue(op);
+  }
+
+  /// Asks for `n` bytes at `at` of `op`'s range; false once it failed.
+  bool request(read_op* op, size_t at, size_t n) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = &impl::on_chunk;
+    auto chunk = std::make_unique<chunk_request>(chunk_request{op, at, n});
+    param.user_data = chunk.get();
+    auto req = ucp_get_nbx(op->ep, op->out.data() + at, n, op->remote + at, op->rkey, &param);
+    if (UCS_PTR_IS_ERR(req)) {
+      op->outcome = ucx_error("reading from peer", UCS_PTR_STATUS(req));
+      return false;
+    }
+    if (req != nullptr) {
+      chunk.release(); // the callback owns it now
+      ++op->in_flight;
+    }
+    return true;
   }
 
   /// Keeps `op`'s window full; ends it when everything (or a failure) is in.
   void issue(read_op* op) {
-    while (op->outcome && op->in_flight < op->window && op->next < op->out.size()) {
-      const size_t n = std::min(op->chunk, op->out.size() - op->next);
-      ucp_request_param_t param{};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      param.cb.send = &impl::on_chunk;
-      param.user_data = op;
-      auto* dst = op->out.data() + op->next;
-      auto req = ucp_get_nbx(op->ep, dst, n, op->remote + op->next, op->rkey, &param);
-      op->next += n;
-      if (UCS_PTR_IS_ERR(req)) {
-        op->outcome = ucx_error("reading from peer", UCS_PTR_STATUS(req));
+    while (op->outcome && op->in_flight < op->window && !op->redo.empty()) {
+      auto [at, n] = op->redo.front();
+      op->redo.pop_front();
+      if (!request(op, at, n))
         break;
-      }
-      if (req != nullptr)
-        ++op->in_flight;
+    }
+    while (op->outcome && op->in_flight < op->window && op->redo.empty()
+           && op->next < op->out.size()) {
+      const size_t n = std::min(op->chunk, op->out.size() - op->next);
+      const size_t at = op->next;
+      op->next += n;
+      if (!request(op, at, n))
+        break;
     }
     // Done when nothing is in flight: everything read, or a failure whose
     // outstanding chunks have all come back (nothing lands in `out` later).
@@ -321,16 +361,21 @@ struct worker::impl {
     reads.erase(op);
   }
 
-  /// The deadline passed: the endpoint goes, its requests complete failed.
-  void expire(read_op* op) {
+  /// The deadline passed: the endpoint goes, its requests complete failed
+  /// (so nothing lands in `out` later). Other reads on it move to a new
+  /// endpoint (`keep_others`) or fail with it.
+  void expire(read_op* op, bool keep_others = true) {
     if (op->finished)
       return;
     if (op->outcome)
       op->outcome =
         make_error(errc::backend_failure, "ucx: reading from peer: the deadline passed");
     op->next = op->out.size();
+    op->redo.clear();
     auto it = endpoints.find(op->peer);
-    if (it != endpoints.end()) {
+    if (it != endpoints.end() && it->second.ep == op->ep && keep_others) {
+      replace_endpoint(op->ep, op->peer, false);
+    } else if (it != endpoints.end()) {
       auto ep = it->second.ep;
       endpoints.erase(it);
       close(ep); // completes the outstanding chunks (each calls chunk_done)
@@ -339,10 +384,68 @@ struct worker::impl {
       finish(op);
   }
 
+  /// Replaces the endpoint of the reads on `old` with a new one to the same
+  /// peer: their requests still out complete failed and are asked again
+  /// there. Reads whose key the new endpoint refuses fail.
+  void replace_endpoint(ucp_ep_h old, const std::string& peer, bool stalled) {
+    endpoints.erase(peer);
+    std::vector<std::byte> address(reinterpret_cast<const std::byte*>(peer.data()),
+                                   reinterpret_cast<const std::byte*>(peer.data()) + peer.size());
+    auto fresh = endpoint_for(address);
+    std::vector<read_op*> moved;
+    std::vector<ucp_rkey_h> old_keys;
+    for (auto& [raw, op] : reads) {
+      // A read that failed already (one past its deadline) ends with the
+      // old endpoint.
+      if (op->ep != old || op->finished || !op->outcome)
+        continue;
+      old_keys.push_back(op->rkey);
+      op->rkey = nullptr;
+      op->replacing = true;
+      op->last_progress = std::chrono::steady_clock::now();
+      if (!fresh) {
+        op->outcome = fresh.error();
+      } else {
+        op->ep = *fresh;
+        if (auto st = ucp_ep_rkey_unpack(op->ep, op->packed_rkey.data(), &op->rkey); st != UCS_OK) {
+          op->rkey = nullptr;
+          op->outcome = ucx_error("unpacking the peer's remote key", st);
+        }
+      }
+      moved.push_back(raw);
+    }
+    close(old); // completes the outstanding requests (into each read's `redo`)
+    for (auto key : old_keys)
+      if (key)
+        ucp_rkey_destroy(key);
+    if (stalled)
+      ++replaced;
+    for (auto* op : moved) {
+      op->replacing = false;
+      if (!op->outcome)
+        op->next = op->out.size();
+      issue(op);
+    }
+  }
+
+  /// Reads none of whose requests came back for their `stall`: their
+  /// endpoint is replaced while they have retries left.
+  void check_stalls(std::chrono::steady_clock::time_point now) {
+    for (auto& [raw, op] : reads) {
+      if (op->finished || op->in_flight == 0 || op->stall_retries == 0
+          || now - op->last_progress < op->stall)
+        continue;
+      --op->stall_retries;
+      replace_endpoint(op->ep, op->peer, true);
+      return; // `reads` may have changed
+    }
+  }
+
   void run() {
     pthread_setname_np(pthread_self(), "ucx-worker");
     using clock = std::chrono::steady_clock;
     auto last_activity = clock::now();
+    auto last_stall_check = last_activity;
     for (;;) {
       std::deque<std::function<void()>> todo;
       bool stop = false;
@@ -363,6 +466,10 @@ struct worker::impl {
       // ever more slowly: within 2 ms of activity it spins, then every
       // millisecond, after 100 ms every 5; a posted job wakes it at once.
       const auto now = clock::now();
+      if (!reads.empty() && now - last_stall_check >= std::chrono::milliseconds{50}) {
+        last_stall_check = now;
+        check_stalls(now);
+      }
       if (progressed > 0 || !reads.empty() || !todo.empty()) {
         last_activity = now;
         continue;
@@ -378,7 +485,7 @@ struct worker::impl {
     }
     // Reads still in flight end failed; endpoints close.
     for (auto& [raw, op] : std::map<read_op*, std::shared_ptr<read_op>>{reads})
-      expire(raw);
+      expire(raw, false);
     for (auto& [peer, e] : endpoints)
       close(e.ep);
     endpoints.clear();
@@ -453,6 +560,10 @@ worker::~worker() {
     ::close(im.event_fd);
 }
 
+uint64_t worker::stalled_endpoints_replaced() const noexcept {
+  return impl_ ? impl_->replaced.load() : 0;
+}
+
 region_descriptor worker::describe(const region& r) const {
   region_descriptor d;
   d.worker_address = address_;
@@ -485,6 +596,9 @@ status worker::read(const region_descriptor& from, uint64_t offset, std::span<st
   op->out = out;
   op->chunk = std::max<size_t>(opts.chunk, 1);
   op->window = std::max<size_t>(opts.window, 1);
+  op->stall = std::max(opts.stall, std::chrono::milliseconds{1});
+  op->stall_retries = opts.stall_retries;
+  op->packed_rkey = from.rkey;
   auto result = op->done.get_future();
   auto rkey = from.rkey;
   auto address = from.worker_address;
@@ -500,6 +614,7 @@ status worker::read(const region_descriptor& from, uint64_t offset, std::span<st
       op->done.set_value(ucx_error("unpacking the peer's remote key", st));
       return;
     }
+    op->last_progress = std::chrono::steady_clock::now();
     im->reads[op.get()] = op;
     im->issue(op.get());
   });

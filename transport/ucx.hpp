@@ -90,6 +90,12 @@ struct read_options {
   /// The read fails with `backend_failure` ("deadline") past this; its
   /// endpoint is closed so that nothing it started completes later.
   std::chrono::milliseconds deadline{30'000};
+  /// Requests in flight of which none completes for this long are taken as
+  /// lost (seen in CI: a get over TCP that never came back): the endpoint is
+  /// replaced, up to `stall_retries` times, and what it had not delivered is
+  /// asked again on the new one. A holder that died fails the new endpoint.
+  std::chrono::milliseconds stall{5'000};
+  size_t stall_retries = 2;
 };
 
 /// A UCP worker and the thread that progresses it. Every UCP call on the
@@ -120,6 +126,9 @@ public:
   /// error naming it; nothing is written to `out` after this returns.
   status read(const region_descriptor& from, uint64_t offset, std::span<std::byte> out,
               const read_options& opts = {});
+
+  /// Endpoints replaced because their reads stalled (`read_options::stall`).
+  uint64_t stalled_endpoints_replaced() const noexcept;
 
   struct impl;
 

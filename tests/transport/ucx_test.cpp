@@ -203,5 +203,37 @@ TEST(ucx, reads_across_processes_and_survives_the_holder_dying_mid_read) {
   ::waitpid(second.pid, nullptr, 0);
 }
 
+TEST(ucx, a_read_whose_requests_stop_coming_back_moves_to_a_new_endpoint_bit_exact) {
+  STITCH_REQUIRE_UCX();
+  constexpr size_t size = size_t{64} << 20;
+  auto holder = spawn_holder(size, 11);
+  auto reader = worker::start(context_options{"tcp"});
+  ASSERT_TRUE(reader);
+  std::vector<std::byte> out(size);
+  read_options ro;
+  ro.chunk = 256 << 10;
+  ro.window = 4;
+  ro.stall = 300ms;
+  ro.stall_retries = 2;
+  ro.deadline = 60s;
+  // The holder answers nothing for a while (stopped, as a peer whose
+  // replies are lost), then comes back: the read replaces its endpoint
+  // while the requests are out, asks again what they had not delivered,
+  // and ends with every byte right.
+  ASSERT_EQ(::kill(holder.pid, SIGSTOP), 0);
+  std::thread pauser{[pid = holder.pid] {
+    std::this_thread::sleep_for(1500ms);
+    ::kill(pid, SIGCONT);
+  }};
+  auto ok = (*reader)->read(holder.desc, 0, out, ro);
+  pauser.join();
+  ASSERT_TRUE(ok) << to_string(ok.error());
+  auto want = pattern(size, 11);
+  EXPECT_EQ(std::memcmp(out.data(), want.data(), size), 0);
+  EXPECT_GE((*reader)->stalled_endpoints_replaced(), 1u);
+  ::kill(holder.pid, SIGKILL);
+  ::waitpid(holder.pid, nullptr, 0);
+}
+
 } // namespace
 } // namespace stitch::transport::ucx
