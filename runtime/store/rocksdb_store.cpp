@@ -201,38 +201,12 @@ public:
           auto v = attempt_version(attempt);
           bool keep = false;
           if (v && validate_pool(pool) && validate_run_id(run)) {
-            auto layout = read_layout_record(pool, {run, *v});
+            auto layout = load_layout(pool, {run, *v});
             keep = layout && layout->location == attempt;
           }
           if (!keep)
             remove_tree(versions + "/" + pool + "/" + run + "/" + attempt);
         }
-    return {};
-  }
-
-  status read_shard(std::string_view pool, const version_ref& ref, const version_layout& layout,
-                    const tensor_location& loc, uint64_t offset,
-                    std::span<std::byte> out) override {
-    auto file = open_for_read(shard_path(pool, ref, layout.location, layout.shards[loc.shard]));
-    if (!file)
-      return std::move(file).error();
-    rocksdb::Slice got;
-    auto s = (*file)->Read(loc.offset + offset, out.size(), {}, &got,
-                           reinterpret_cast<char*>(out.data()), nullptr);
-    if (!s.ok())
-      return make_error(errc::backend_failure,
-                        "reading " + to_string(ref) + " from its shard file: " + s.ToString());
-    if (got.size() != out.size())
-      return make_error(errc::corrupt_data, "a shard file of " + to_string(ref) + " is short");
-    if (got.data() != reinterpret_cast<const char*>(out.data()))
-      std::memcpy(out.data(), got.data(), got.size());
-    // Readers stream a tensor in order: have the disk fetch the next range
-    // while this one is decoded.
-    const uint64_t next = loc.offset + offset + out.size();
-    const uint64_t end = loc.offset + loc.size;
-    if (out.size() >= (uint64_t{1} << 20) && next < end)
-      (void) (*file)->Prefetch(
-        next, static_cast<size_t>(std::min<uint64_t>(out.size(), end - next)), {}, nullptr);
     return {};
   }
 
@@ -283,7 +257,7 @@ public:
   /// Records the attempt's manifest and layout, then frees an earlier
   /// unpublished attempt's bytes. The pool's lock is held.
   status record_attempt(std::string_view pool, const manifest& m, const version_layout& layout) {
-    auto earlier = read_layout_record(pool, m.ref);
+    auto earlier = load_layout(pool, m.ref);
     rocksdb::WriteBatch batch;
     batch.Put(manifests(), layout_key(pool, m.ref), encode_layout(layout));
     batch.Put(manifests(), manifest_key(pool, m.ref), to_json(m));
@@ -344,7 +318,42 @@ protected:
   }
 
   result<version_layout> load_layout(std::string_view pool, const version_ref& ref) override {
-    return read_layout_record(pool, ref);
+    std::string bytes;
+    auto s = db_->Get({}, manifests(), layout_key(pool, ref), &bytes);
+    if (s.IsNotFound())
+      return make_error(errc::not_found, "no layout of " + to_string(ref));
+    if (!s.ok())
+      return backend(s, "reading layout of " + to_string(ref));
+    auto layout = decode_layout(bytes);
+    if (!layout)
+      return make_error(errc::corrupt_data, to_string(ref) + ": " + layout.error().message);
+    return layout;
+  }
+
+  status read_shard(std::string_view pool, const version_ref& ref, const version_layout& layout,
+                    const tensor_location& loc, uint64_t offset,
+                    std::span<std::byte> out) override {
+    auto file = open_for_read(shard_path(pool, ref, layout.location, layout.shards[loc.shard]));
+    if (!file)
+      return std::move(file).error();
+    rocksdb::Slice got;
+    auto s = (*file)->Read(loc.offset + offset, out.size(), {}, &got,
+                           reinterpret_cast<char*>(out.data()), nullptr);
+    if (!s.ok())
+      return make_error(errc::backend_failure,
+                        "reading " + to_string(ref) + " from its shard file: " + s.ToString());
+    if (got.size() != out.size())
+      return make_error(errc::corrupt_data, "a shard file of " + to_string(ref) + " is short");
+    if (got.data() != reinterpret_cast<const char*>(out.data()))
+      std::memcpy(out.data(), got.data(), got.size());
+    // Readers stream a tensor in order: have the disk fetch the next range
+    // while this one is decoded.
+    const uint64_t next = loc.offset + offset + out.size();
+    const uint64_t end = loc.offset + loc.size;
+    if (out.size() >= (uint64_t{1} << 20) && next < end)
+      (void) (*file)->Prefetch(
+        next, static_cast<size_t>(std::min<uint64_t>(out.size(), end - next)), {}, nullptr);
+    return {};
   }
 
   result<bool> is_published(std::string_view pool, const version_ref& ref) override {
@@ -423,7 +432,7 @@ protected:
   }
 
   status delete_version(std::string_view pool, const version_ref& ref) override {
-    auto layout = read_layout_record(pool, ref);
+    auto layout = load_layout(pool, ref);
     // The records go first, in one synced batch: the version is unreadable
     // before any byte of it is.
     rocksdb::WriteBatch batch;
@@ -446,19 +455,6 @@ private:
   std::string shard_path(std::string_view pool, const version_ref& ref, std::string_view location,
                          std::string_view shard) const {
     return attempt_dir(pool, ref, location) + "/" + std::string{shard};
-  }
-
-  result<version_layout> read_layout_record(std::string_view pool, const version_ref& ref) {
-    std::string bytes;
-    auto s = db_->Get({}, manifests(), layout_key(pool, ref), &bytes);
-    if (s.IsNotFound())
-      return make_error(errc::not_found, "no layout of " + to_string(ref));
-    if (!s.ok())
-      return backend(s, "reading layout of " + to_string(ref));
-    auto layout = decode_layout(bytes);
-    if (!layout)
-      return make_error(errc::corrupt_data, to_string(ref) + ": " + layout.error().message);
-    return layout;
   }
 
   /// An open shard file, from the cache of recently read ones.

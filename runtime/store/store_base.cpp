@@ -77,11 +77,6 @@ status store_base::read_range(std::string_view pool, const version_ref& ref,
                                                 + std::to_string(out.size())
                                                 + ") is outside tensor " + quote_untrusted(tensor)
                                                 + " of " + std::to_string(loc.size) + " bytes");
-  if (loc.shard >= (*layout)->shards.size())
-    return make_error(errc::corrupt_data, "the layout of " + to_string(ref) + " puts tensor "
-                                            + quote_untrusted(tensor) + " in shard "
-                                            + std::to_string(loc.shard) + " of "
-                                            + std::to_string((*layout)->shards.size()));
   if (out.empty())
     return {};
   return read_shard(pool, ref, **layout, loc, offset, out);
