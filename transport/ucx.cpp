@@ -388,7 +388,10 @@ struct worker::impl {
   /// peer: their requests still out complete failed and are asked again
   /// there. Reads whose key the new endpoint refuses fail.
   void replace_endpoint(ucp_ep_h old, const std::string& peer, bool stalled) {
-    endpoints.erase(peer);
+    // Only `old` makes way: a newer endpoint to the peer already serves
+    // other reads.
+    if (auto it = endpoints.find(peer); it != endpoints.end() && it->second.ep == old)
+      endpoints.erase(it);
     std::vector<std::byte> address(reinterpret_cast<const std::byte*>(peer.data()),
                                    reinterpret_cast<const std::byte*>(peer.data()) + peer.size());
     auto fresh = endpoint_for(address);
@@ -418,7 +421,7 @@ struct worker::impl {
     for (auto key : old_keys)
       if (key)
         ucp_rkey_destroy(key);
-    if (stalled)
+    if (stalled && fresh)
       ++replaced;
     for (auto* op : moved) {
       op->replacing = false;

@@ -532,8 +532,10 @@ result<std::unique_ptr<shard_sink>> s3_store::open_sink(std::string_view pool,
   // An earlier unpublished attempt used the same keys: it goes first.
   auto existing = impl_->client->head_object(impl_->where.bucket, impl_->index_key(pool, ref));
   if (existing) {
-    if (auto ok = impl_->delete_version(pool, ref); !ok)
-      return std::move(ok).error();
+    auto deleted = impl_->delete_version(pool, ref);
+    forget_layout(pool, ref);
+    if (!deleted)
+      return std::move(deleted).error();
   } else if (existing.error().code != errc::not_found) {
     return std::move(existing).error();
   }
@@ -610,8 +612,11 @@ result<std::vector<stored_version>> s3_store::published_versions(std::string_vie
 }
 
 status s3_store::delete_version(std::string_view pool, const version_ref& ref) {
+  // Forgotten once the marker is gone: a read that loads the layout before
+  // then keeps it for itself only.
+  auto deleted = impl_->delete_version(pool, ref);
   forget_layout(pool, ref);
-  return impl_->delete_version(pool, ref);
+  return deleted;
 }
 
 result<version_layout> s3_store::load_layout(std::string_view pool, const version_ref& ref) {

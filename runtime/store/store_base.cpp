@@ -31,15 +31,18 @@ constexpr size_t max_cached_layouts = 256;
 void store_base::forget_layout(std::string_view pool, const version_ref& ref) {
   std::lock_guard guard{layouts_mutex_};
   layouts_.erase(layout_cache_key(pool, ref));
+  ++layouts_forgotten_;
 }
 
 result<std::shared_ptr<const version_layout>> store_base::published_layout(std::string_view pool,
                                                                            const version_ref& ref) {
   const auto key = layout_cache_key(pool, ref);
+  uint64_t forgotten = 0;
   {
     std::lock_guard guard{layouts_mutex_};
     if (auto it = layouts_.find(key); it != layouts_.end())
       return it->second;
+    forgotten = layouts_forgotten_;
   }
   auto published = is_published(pool, ref);
   if (!published)
@@ -54,6 +57,11 @@ result<std::shared_ptr<const version_layout>> store_base::published_layout(std::
                                                   : std::move(layout).error();
   auto shared = std::make_shared<const version_layout>(std::move(*layout));
   std::lock_guard guard{layouts_mutex_};
+  // A layout forgotten since this load began (a version deleted, another
+  // attempt recorded) may be the one just loaded: it is used for this read
+  // but not kept, or a later read would skip the published check.
+  if (layouts_forgotten_ != forgotten)
+    return shared;
   if (layouts_.size() >= max_cached_layouts)
     layouts_.clear();
   layouts_.emplace(key, shared);
@@ -79,7 +87,18 @@ status store_base::read_range(std::string_view pool, const version_ref& ref,
                                                 + " of " + std::to_string(loc.size) + " bytes");
   if (out.empty())
     return {};
-  return read_shard(pool, ref, **layout, loc, offset, out);
+  auto read = read_shard(pool, ref, **layout, loc, offset, out);
+  if (read || read.error().code == errc::not_found)
+    return read;
+  // A version deleted (retention) while it was being read loses its bytes
+  // after its records: that is "not found", not damage to the store.
+  auto published = is_published(pool, ref);
+  if (published && !*published) {
+    forget_layout(pool, ref);
+    return make_error(errc::not_found,
+                      to_string(ref) + " was deleted" + in_pool(pool) + " while it was being read");
+  }
+  return read;
 }
 
 std::mutex& store_base::pool_lock(std::string_view pool) {

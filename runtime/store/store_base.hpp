@@ -135,6 +135,9 @@ private:
   std::map<std::string, std::unique_ptr<std::mutex>, std::less<>> pool_locks_;
   std::mutex layouts_mutex_;
   std::map<std::string, std::shared_ptr<const version_layout>, std::less<>> layouts_;
+  /// `forget_layout` calls so far: a load that saw another count keeps
+  /// nothing.
+  uint64_t layouts_forgotten_ = 0;
 };
 
 } // namespace stitch::store

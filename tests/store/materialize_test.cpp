@@ -446,3 +446,25 @@ TEST_F(materialize_test, a_sink_that_fails_stops_the_delta) {
   ASSERT_FALSE(ok);
   EXPECT_EQ(ok.error().message, "the device went away");
 }
+
+TEST_F(materialize_test, a_version_deleted_while_its_layout_loads_is_not_read_again) {
+  publish_chain(5); // anchors r1/0 and r1/4
+  const std::string name = "embed.weight";
+  std::vector<std::byte> out(16);
+  // Retention deletes r1/0 between the read's published check and its
+  // layout: that read fails as "not found"...
+  store.delete_after_next_layout_load("default", {"r1", 0});
+  auto first = store.read_range("default", {"r1", 0}, name, 0, out);
+  ASSERT_FALSE(first);
+  EXPECT_EQ(first.error().code, errc::not_found) << to_string(first.error());
+  // ...and kept no layout: the next read is refused before any byte read,
+  // as for every unpublished version.
+  const auto reads = store.range_reads();
+  auto second = store.read_range("default", {"r1", 0}, name, 0, out);
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error().code, errc::not_found) << to_string(second.error());
+  EXPECT_EQ(store.range_reads(), reads);
+  // Other versions read on.
+  auto other = store.read_range("default", {"r1", 4}, name, 0, out);
+  EXPECT_TRUE(other) << to_string(other.error());
+}

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "runtime/store/store_base.hpp"
@@ -51,6 +52,13 @@ public:
     std::lock_guard guard{mutex_};
     auto* v = find(pool, ref);
     return v && index < v->shards.size() ? v->shards[index] : std::vector<std::byte>{};
+  }
+
+  /// Deletes `ref` (as retention does) the next time a layout is loaded,
+  /// after the load: a collection racing a read.
+  void delete_after_next_layout_load(std::string pool, version_ref ref) {
+    std::lock_guard guard{mutex_};
+    delete_after_load_ = std::pair{std::move(pool), std::move(ref)};
   }
 
   /// Port calls so far (test hooks excluded).
@@ -94,11 +102,19 @@ protected:
   result<store::version_layout> load_layout(std::string_view pool,
                                             const version_ref& ref) override {
     ++calls_;
-    std::lock_guard guard{mutex_};
-    auto* v = find(pool, ref);
-    if (!v)
-      return missing(ref);
-    return v->layout;
+    std::optional<std::pair<std::string, version_ref>> doomed;
+    store::version_layout layout;
+    {
+      std::lock_guard guard{mutex_};
+      auto* v = find(pool, ref);
+      if (!v)
+        return missing(ref);
+      layout = v->layout;
+      doomed = std::exchange(delete_after_load_, std::nullopt);
+    }
+    if (doomed)
+      (void) delete_version(doomed->first, doomed->second);
+    return layout;
   }
 
   status read_shard(std::string_view pool, const version_ref& ref, const store::version_layout&,
@@ -111,6 +127,9 @@ protected:
     auto* v = find_done(pool, ref);
     if (!v)
       return missing(ref);
+    if (loc.shard >= v->shards.size() || loc.offset + offset > v->shards[loc.shard].size()
+        || out.size() > v->shards[loc.shard].size() - loc.offset - offset)
+      return make_error(errc::corrupt_data, "a stale layout of " + to_string(ref));
     std::memcpy(out.data(), v->shards[loc.shard].data() + loc.offset + offset, out.size());
     return {};
   }
@@ -168,9 +187,12 @@ protected:
 
   status delete_version(std::string_view pool, const version_ref& ref) override {
     ++calls_;
+    {
+      std::lock_guard guard{mutex_};
+      versions_.erase(key(pool, ref));
+    }
+    // As the real backends: forgotten once unreadable.
     forget_layout(pool, ref);
-    std::lock_guard guard{mutex_};
-    versions_.erase(key(pool, ref));
     return {};
   }
 
@@ -236,6 +258,7 @@ private:
   std::map<std::pair<std::string, std::string>, uint64_t> boots_;
   std::atomic<size_t> calls_{0};
   std::atomic<size_t> range_reads_{0};
+  std::optional<std::pair<std::string, version_ref>> delete_after_load_;
 };
 
 } // namespace stitch::testing
