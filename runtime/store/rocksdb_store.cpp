@@ -245,13 +245,15 @@ public:
   }
 
   void remove_tree(const std::string& dir) {
-    forget_files(dir);
     for (const auto& name : children(dir)) {
       const auto path = dir + "/" + name;
       if (!fs_->DeleteFile(path, {}, nullptr).ok())
         remove_tree(path);
     }
     (void) fs_->DeleteDir(dir, {}, nullptr);
+    // After the unlinks: a read that opened a file before then keeps it for
+    // itself only (`open_for_read`).
+    forget_files(dir);
   }
 
   /// Records the attempt's manifest and layout, then frees an earlier
@@ -459,12 +461,14 @@ private:
 
   /// An open shard file, from the cache of recently read ones.
   result<std::shared_ptr<rocksdb::FSRandomAccessFile>> open_for_read(const std::string& path) {
+    uint64_t forgotten = 0;
     {
       std::lock_guard guard{files_mutex_};
       if (auto it = open_files_.find(path); it != open_files_.end()) {
         lru_.splice(lru_.begin(), lru_, it->second.second);
         return it->second.first;
       }
+      forgotten = files_forgotten_;
     }
     std::unique_ptr<rocksdb::FSRandomAccessFile> raw;
     auto s = fs_->NewRandomAccessFile(path, rocksdb::FileOptions{}, &raw, nullptr);
@@ -477,6 +481,11 @@ private:
     std::lock_guard guard{files_mutex_};
     if (auto it = open_files_.find(path); it != open_files_.end())
       return it->second.first;
+    // A file opened while files were being forgotten may be one that was
+    // just deleted: it serves this read only, or its disk space would stay
+    // held until the cache evicts it.
+    if (files_forgotten_ != forgotten)
+      return file;
     lru_.push_front(path);
     open_files_.emplace(path, std::make_pair(file, lru_.begin()));
     while (open_files_.size() > max_open_files) {
@@ -489,6 +498,7 @@ private:
   /// Closes cached files under `dir` (deleted or replaced).
   void forget_files(const std::string& dir) {
     std::lock_guard guard{files_mutex_};
+    ++files_forgotten_;
     const auto prefix = dir + "/";
     for (auto it = open_files_.begin(); it != open_files_.end();) {
       if (it->first.starts_with(prefix)) {
@@ -506,6 +516,8 @@ private:
   std::string root_;
   rocksdb::WriteOptions sync_;
   std::mutex files_mutex_;
+  /// `forget_files` calls so far.
+  uint64_t files_forgotten_ = 0;
   std::list<std::string> lru_;
   std::unordered_map<std::string, std::pair<std::shared_ptr<rocksdb::FSRandomAccessFile>,
                                             std::list<std::string>::iterator>>

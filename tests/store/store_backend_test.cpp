@@ -5,6 +5,7 @@
 #include <rocksdb/db.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 
 #include <caf/actor_system.hpp>
@@ -115,6 +116,19 @@ std::vector<backend_factory> backends() {
                                    store::s3_options{config});
      }});
   return out;
+}
+
+/// Files under `dir` that are deleted but still open in this process.
+std::vector<std::string> deleted_files_held_open(const std::filesystem::path& dir) {
+  std::vector<std::string> held;
+  const auto prefix = std::filesystem::weakly_canonical(dir).string() + "/";
+  std::error_code ec;
+  for (const auto& fd : std::filesystem::directory_iterator{"/proc/self/fd", ec}) {
+    auto target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (!ec && target.starts_with(prefix) && target.ends_with(" (deleted)"))
+      held.push_back(target);
+  }
+  return held;
 }
 
 class store_backend_test : public ::testing::TestWithParam<backend_factory> {
@@ -530,6 +544,8 @@ TEST_P(store_backend_test, retention_keeps_newest_their_anchors_and_the_boot) {
   ASSERT_TRUE(listed);
   std::vector<version_ref> left{{"r", 0}, {"r", 5}, {"r", 6}, {"r", 7}, {"r", 8}, {"r", 9}};
   EXPECT_EQ(*listed, left);
+  // The collected bytes are freed: no file of theirs stays open here.
+  EXPECT_EQ(deleted_files_held_open(dir.path()), std::vector<std::string>{});
   EXPECT_FALSE(store->read_manifest(pool, {"r", 3}));
   auto gone = store->read_range(pool, {"r", 3}, "a", 0, buf);
   ASSERT_FALSE(gone);
