@@ -19,6 +19,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <pthread.h>
 #include <thread>
 
@@ -392,9 +393,9 @@ struct worker::impl {
     // other reads.
     if (auto it = endpoints.find(peer); it != endpoints.end() && it->second.ep == old)
       endpoints.erase(it);
-    std::vector<std::byte> address(reinterpret_cast<const std::byte*>(peer.data()),
-                                   reinterpret_cast<const std::byte*>(peer.data()) + peer.size());
-    auto fresh = endpoint_for(address);
+    // Made for the first read that moves (none may: a read past its
+    // deadline alone on `old` needs no new endpoint to a peer likely gone).
+    std::optional<result<ucp_ep_h>> fresh;
     std::vector<read_op*> moved;
     std::vector<ucp_rkey_h> old_keys;
     for (auto& [raw, op] : reads) {
@@ -406,10 +407,14 @@ struct worker::impl {
       op->rkey = nullptr;
       op->replacing = true;
       op->last_progress = std::chrono::steady_clock::now();
-      if (!fresh) {
-        op->outcome = fresh.error();
+      if (!fresh)
+        fresh = endpoint_for(
+          std::vector<std::byte>(reinterpret_cast<const std::byte*>(peer.data()),
+                                 reinterpret_cast<const std::byte*>(peer.data()) + peer.size()));
+      if (!*fresh) {
+        op->outcome = fresh->error();
       } else {
-        op->ep = *fresh;
+        op->ep = **fresh;
         if (auto st = ucp_ep_rkey_unpack(op->ep, op->packed_rkey.data(), &op->rkey); st != UCS_OK) {
           op->rkey = nullptr;
           op->outcome = ucx_error("unpacking the peer's remote key", st);
@@ -421,7 +426,7 @@ struct worker::impl {
     for (auto key : old_keys)
       if (key)
         ucp_rkey_destroy(key);
-    if (stalled && fresh)
+    if (stalled && fresh && *fresh)
       ++replaced;
     for (auto* op : moved) {
       op->replacing = false;
