@@ -567,6 +567,8 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
         return to_caf_error(o.error());
       return to_peer_offer(*o);
     },
+    [self](atom::server_info) { return self->state.http_url; },
+    [self](atom::server_info, std::string& url) { self->state.http_url = std::move(url); },
     [self](atom::release, uint64_t lease) {
       if (self->state.lending.holders)
         self->state.lending.holders->release(lease);

@@ -89,6 +89,8 @@ struct publisher_state {
   std::string admin_token;
   publisher_retention retention;
   publisher_lending lending;
+  /// Its HTTP surface's URL, "" when none.
+  std::string http_url;
   /// Pools with a collection running, and those that want another after it
   /// (publishes faster than collections coalesce into one more).
   std::set<std::string> collecting;

@@ -129,7 +129,12 @@ using publisher_actor = caf::typed_actor<
   // A peer's lease on a run's remembered version, which the publisher lends
   // (peer transfer; `not_found` for any other); released when read.
   caf::replies_to<atom::offer, version_ref>::with<peer_offer>,
-  caf::reacts_to<atom::release, uint64_t>,
+  // The URL of this publisher's HTTP surface (`publisher.listen`, its host
+  // as configured, a wildcard included), "" when it has none: `stitch
+  // publish --stream` sends its bytes there when it can reach it.
+  caf::replies_to<atom::server_info>::with<std::string>,
+  // Sets that URL (the node, once the surface listens).
+  caf::reacts_to<atom::server_info, std::string>, caf::reacts_to<atom::release, uint64_t>,
   // INTERNAL: a worker finished job `id`; the idle-session sweep.
   caf::reacts_to<atom::done, uint64_t>, caf::reacts_to<atom::tick>>;
 

@@ -57,6 +57,7 @@ json summary_json(const publisher_http::session_names& args, const publish_summa
   j["idempotent"] = s.idempotent;
   j["claimed"] = s.claimed;
   j["pointer"] = s.pointer ? json(to_string(s.pointer->latest)) : json(nullptr);
+  j["boot_version"] = s.pointer ? json(s.pointer->boot_version) : json(nullptr);
   return j;
 }
 

@@ -8,12 +8,18 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <mutex>
 
 namespace stitch::transport {
@@ -339,14 +345,121 @@ struct http_client::impl {
     return out;
   }
 
+  /// Blocks SIGPIPE on this thread while it lives (`sendfile` has no
+  /// `MSG_NOSIGNAL`: a server that closed the connection would otherwise kill
+  /// the process) and takes back one it raised.
+  struct sigpipe_blocked {
+    sigset_t pipe;
+    sigset_t old;
+    bool pending_before = false;
+    sigpipe_blocked() {
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      pthread_sigmask(SIG_BLOCK, &pipe, &old);
+      sigset_t pending;
+      sigpending(&pending);
+      pending_before = sigismember(&pending, SIGPIPE) == 1;
+    }
+    ~sigpipe_blocked() {
+      sigset_t pending;
+      sigpending(&pending);
+      if (!pending_before && sigismember(&pending, SIGPIPE) == 1) {
+        timespec now{0, 0};
+        sigtimedwait(&pipe, nullptr, &now);
+      }
+      pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    }
+    sigpipe_blocked(const sigpipe_blocked&) = delete;
+    sigpipe_blocked& operator=(const sigpipe_blocked&) = delete;
+  };
+
+  /// Sends `request.file_body` on the plain connection with `sendfile`,
+  /// waiting up to `io_limit` each time the socket's buffer is full.
+  status send_files(const http_request& request, std::chrono::milliseconds io_limit) {
+    auto& socket = lowest().socket();
+    beast::error_code ec;
+    socket.native_non_blocking(true, ec);
+    if (ec)
+      return fail("sending " + request.method + " " + request.target, ec);
+    const int fd = socket.native_handle();
+    sigpipe_blocked quiet;
+    for (const auto& r : request.file_body) {
+      auto at = static_cast<off_t>(r.offset);
+      uint64_t left = r.size;
+      while (left > 0) {
+        ssize_t n =
+          ::sendfile(fd, r.fd, &at, static_cast<size_t>(std::min<uint64_t>(left, 1 << 30)));
+        if (n > 0) {
+          left -= static_cast<uint64_t>(n);
+          continue;
+        }
+        if (n == 0)
+          return make_error(errc::invalid_format,
+                            ep.to_string() + ": the body of " + request.method + " "
+                              + request.target + " is cut off: its file ends at byte "
+                              + std::to_string(at) + ", before the " + std::to_string(r.size)
+                              + " bytes from " + std::to_string(r.offset) + " it should send");
+        if (errno == EINTR)
+          continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+          return fail("sending " + request.method + " " + request.target,
+                      beast::error_code{errno, beast::system_category()});
+        pollfd writable{fd, POLLOUT, 0};
+        int ready = ::poll(&writable, 1, static_cast<int>(io_limit.count()));
+        if (ready == 0)
+          return fail("sending " + request.method + " " + request.target, beast::error::timeout);
+        if (ready < 0 && errno != EINTR)
+          return fail("sending " + request.method + " " + request.target,
+                      beast::error_code{errno, beast::system_category()});
+      }
+    }
+    return {};
+  }
+
+  /// Reads `ranges` in order, as a body producer (a file body over TLS).
+  static body_producer file_reader(const std::vector<file_range>& ranges) {
+    return [&ranges, index = size_t{0},
+            done = uint64_t{0}](std::span<std::byte> out) mutable -> result<size_t> {
+      while (index < ranges.size() && done == ranges[index].size) {
+        ++index;
+        done = 0;
+      }
+      if (index == ranges.size())
+        return size_t{0};
+      const auto& r = ranges[index];
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(out.size(), r.size - done));
+      ssize_t n = 0;
+      do
+        n = ::pread(r.fd, out.data(), want, static_cast<off_t>(r.offset + done));
+      while (n < 0 && errno == EINTR);
+      if (n < 0)
+        return make_error(errc::backend_failure, std::string{"cannot read a request body's file: "}
+                                                   + std::strerror(errno));
+      if (n == 0)
+        return size_t{0}; // the file ended early: the caller names it
+      done += static_cast<uint64_t>(n);
+      return static_cast<size_t>(n);
+    };
+  }
+
   /// One attempt on the current connection. `*got_response` tells whether any
   /// response byte arrived (then the request must not be replayed).
   template <class Stream>
   result<http_response> exchange(Stream& stream, const http_request& request, bool* got_response) {
     *got_response = false;
     const auto io_limit = request.io_timeout.count() > 0 ? request.io_timeout : opts.io_timeout;
-    const bool streamed = static_cast<bool>(request.producer);
-    const uint64_t total = streamed ? request.producer_size : request.body.size();
+    const bool from_files = !request.producer && !request.file_body.empty();
+    const bool streamed = static_cast<bool>(request.producer) || from_files;
+    uint64_t total = request.producer ? request.producer_size : request.body.size();
+    if (from_files) {
+      total = 0;
+      for (const auto& r : request.file_body)
+        total += r.size;
+    }
+    // Over TLS a file body is read into the stream's buffers.
+    body_producer produce = request.producer;
+    if (from_files && secure)
+      produce = file_reader(request.file_body);
 
     http::request<http::buffer_body> req;
     req.method_string(request.method);
@@ -387,16 +500,22 @@ struct http_client::impl {
         return fail("sending " + request.method + " " + request.target, ec);
     }
 
+    if (from_files && !secure) {
+      if (auto ok = send_files(request, io_limit); !ok) {
+        disconnect();
+        return std::move(ok).error();
+      }
+    }
     std::vector<std::byte> chunk;
     uint64_t sent = 0;
-    while (!serializer.is_done()) {
+    while (produce && !serializer.is_done()) {
       if (sent == total) {
         req.body().data = nullptr;
         req.body().more = false;
       } else {
         chunk.resize(std::min<uint64_t>(total, 256 << 10));
         auto want = std::min<uint64_t>(chunk.size(), total - sent);
-        auto n = request.producer(std::span{chunk}.first(want));
+        auto n = produce(std::span{chunk}.first(want));
         if (!n) {
           disconnect();
           return std::move(n).error();
@@ -493,7 +612,7 @@ struct http_client::impl {
     // A kept-alive connection can die between the stale check and the write;
     // that is not the server refusing the request, so it is tried once more.
     if (!out && out.error().code == errc::backend_failure && reused && !got_response
-        && !request.producer && !timed_out_last && !was_cancelled)
+        && !request.producer && request.file_body.empty() && !timed_out_last && !was_cancelled)
       out = attempt(request, &reused, &got_response);
     return out;
   }

@@ -51,6 +51,14 @@ const std::string* find_header(const http_headers& headers, std::string_view nam
 /// many; 0 before the declared size is reached is an error.
 using body_producer = std::function<result<size_t>(std::span<std::byte> out)>;
 
+/// `size` bytes of the open file `fd` from `offset`: a piece of a request
+/// body sent straight from the file.
+struct file_range {
+  int fd = -1;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
 struct http_response {
   unsigned status = 0;
   http_headers headers;
@@ -69,6 +77,13 @@ struct http_request {
   /// cannot be replayed, so a request using it is never retried.
   body_producer producer;
   uint64_t producer_size = 0;
+  /// A body made of these file ranges, in order (when `producer` is empty):
+  /// over plain HTTP the kernel sends them from the page cache
+  /// (`sendfile`: no copy through this process), over TLS they are read
+  /// and written. A file shorter than its range fails the request (the
+  /// connection is closed, so the server sees a cut-off body). Never
+  /// retried: the files may have changed.
+  std::vector<file_range> file_body;
   /// Largest response body accepted for this request; 0 = the client's default.
   size_t body_limit = 0;
   /// With `on_body`, the response body is handed over in pieces as they

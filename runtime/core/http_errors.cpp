@@ -1,5 +1,7 @@
 #include "runtime/core/http_errors.hpp"
 
+#include <utility>
+
 namespace stitch {
 
 namespace {
@@ -77,6 +79,30 @@ http_error http_error_of(const error& e) {
     case errc::conflict: return make_http_error(http_failure::conflict, e.message);
     default: return make_http_error(http_failure::engine_error, to_string(e));
   }
+}
+
+errc errc_of_http_answer(uint16_t status, std::string_view type) {
+  static constexpr std::pair<std::string_view, errc> by_type[] = {
+    {"BadRequest", errc::invalid_argument},
+    {"PayloadTooLarge", errc::limit_exceeded},
+    {"Unauthorized", errc::unauthorized},
+    {"RouteBlocked", errc::route_blocked},
+    {"NotFound", errc::not_found},
+    {"WeightVersionNotReady", errc::version_not_ready},
+    {"EngineUnavailable", errc::engine_unavailable},
+    {"DrainTimeout", errc::drain_timeout},
+    {"VersionExists", errc::version_exists},
+    {"Rewind", errc::rewind},
+    {"Conflict", errc::conflict},
+  };
+  for (const auto& [name, code] : by_type)
+    if (type == name)
+      return code;
+  if (status == 503)
+    return errc::engine_unavailable;
+  if (status >= 400 && status < 500)
+    return errc::invalid_argument;
+  return errc::backend_failure;
 }
 
 } // namespace stitch

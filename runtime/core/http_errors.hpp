@@ -82,4 +82,11 @@ http_error not_ready_error(rejection r);
 /// `drain_timeout` → 503 `DrainTimeout`, anything else → 500 `EngineError`.
 http_error http_error_of(const error& e);
 
+/// The other way round, for a client of these surfaces: the domain error
+/// code of an error answer, by its `type` (as `http_error_of` chose it), or
+/// by its status when the type is not one of ours (503 →
+/// `engine_unavailable`, another 4xx → `invalid_argument`, anything else →
+/// `backend_failure`).
+errc errc_of_http_answer(uint16_t status, std::string_view type);
+
 } // namespace stitch

@@ -19,6 +19,7 @@
 #include "config/experiment.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
+#include "runtime/node/http_publish.hpp"
 #include "runtime/node/remote.hpp"
 #include "runtime/store/hf_directory.hpp"
 #include "runtime/store/materialize.hpp"
@@ -155,11 +156,48 @@ result<publish_summary> stream_directory(caf::actor_system& sys,
   return ask<publish_summary>(sys, publisher, atom::finish_v, *session);
 }
 
+/// A streamed publish: over the publisher's HTTP surface when it has one
+/// this process can reach (the bytes go from the files to the socket with
+/// `sendfile`, and the node reads them into the buffers the publish
+/// consumes: two copies instead of the five of a CAF message), else as CAF
+/// messages. A dry run, and a cluster on TLS (the surface is plain HTTP),
+/// stay on the cluster connection.
+result<publish_summary> stream_publish(caf::actor_system& sys, const caf::actor& coordinator,
+                                       const publisher_actor& publisher,
+                                       const publish_command& cmd) {
+  if (cmd.args.dry_run || tls_enabled(sys))
+    return stream_directory(sys, publisher, cmd);
+  auto advertised =
+    ask_actor<std::string>(sys, publisher, std::chrono::seconds{30}, atom::server_info_v);
+  if (!advertised)
+    return std::move(advertised).error();
+  auto at =
+    http_surface_for(*advertised, cmd.coordinator.host, publisher.node() == coordinator.node());
+  if (!at)
+    return stream_directory(sys, publisher, cmd);
+  auto source = store::directory_stream::open(cmd.directory);
+  if (!source)
+    return std::move(source).error();
+  publish_args args = cmd.args;
+  args.files = (*source)->files();
+  auto sent = publish_over_http(*at, args, **source);
+  if (!sent.unreachable)
+    return std::move(sent.summary);
+  std::fprintf(stderr,
+               "stitch publish: the publisher's HTTP surface is unreachable from here (%s); "
+               "streaming through the cluster connection instead\n",
+               sent.summary.error().message.c_str());
+  return stream_directory(sys, publisher, cmd);
+}
+
 } // namespace
 
 result<publish_summary> run_publish(caf::actor_system& sys, const publish_command& cmd,
                                     std::FILE* out) {
-  auto handle = lookup(sys, cmd.coordinator, "publisher");
+  auto coordinator = connect_coordinator(sys, cmd.coordinator);
+  if (!coordinator)
+    return std::move(coordinator).error();
+  auto handle = ask<caf::actor>(sys, *coordinator, atom::lookup_v, std::string{"publisher"});
   if (!handle)
     return std::move(handle).error();
   auto publisher = caf::actor_cast<publisher_actor>(*handle);
@@ -169,7 +207,7 @@ result<publish_summary> run_publish(caf::actor_system& sys, const publish_comman
     auto path = std::filesystem::absolute(cmd.directory, ec);
     summary = ask<publish_summary>(sys, publisher, atom::publish_v, cmd.args, path.string());
   } else {
-    summary = stream_directory(sys, publisher, cmd);
+    summary = stream_publish(sys, caf::actor_cast<caf::actor>(*coordinator), publisher, cmd);
   }
   if (!summary)
     return summary;

@@ -26,6 +26,7 @@
 #include "runtime/store/experiment_file.hpp"
 #include "runtime/store/store_tensor_source.hpp"
 #include "runtime/store/store_uri.hpp"
+#include "transport/http_client.hpp"
 
 #include <map>
 #include <mutex>
@@ -667,6 +668,8 @@ status node::start_serving(const node_settings& settings) {
     if (!pb)
       return std::move(pb).error();
     http_.publisher = *pb;
+    caf::anon_send(publisher_, atom::server_info_v,
+                   transport::http_endpoint{"http", at->host, *pb}.to_string());
   }
   return {};
 }

@@ -100,6 +100,18 @@ public:
   status read(size_t index, uint64_t offset, std::span<std::byte> out) override;
   const std::map<std::string, std::string>& files() const override { return files_; }
 
+  /// Where tensor `index`'s bytes lie: a descriptor of its file (open while
+  /// this stream lives) and the offset of its first byte; for sending them
+  /// without reading them here (`sendfile`).
+  struct location {
+    int fd = -1;
+    uint64_t offset = 0;
+  };
+  location locate(size_t index) const {
+    const hf_tensor& t = *tensors_.at(index);
+    return {fds_.at(t.file), t.offset};
+  }
+
 private:
   directory_stream() = default;
   hf_checkpoint checkpoint_;

@@ -254,5 +254,21 @@ TEST(http_errors, domain_errors_map_to_statuses) {
   EXPECT_EQ(http_error_of(error{errc::backend_failure, "x"}).status, 500);
 }
 
+TEST(http_errors, a_client_reads_the_domain_error_back_from_an_answer) {
+  // Round trip for every kind an answer keeps apart.
+  for (auto code : {errc::invalid_argument, errc::unauthorized, errc::route_blocked,
+                    errc::not_found, errc::version_not_ready, errc::engine_unavailable,
+                    errc::drain_timeout, errc::version_exists, errc::rewind, errc::conflict}) {
+    auto answer = http_error_of(error{code, "x"});
+    EXPECT_EQ(errc_of_http_answer(answer.status, answer.type), code) << answer.type;
+  }
+  EXPECT_EQ(errc_of_http_answer(413, "PayloadTooLarge"), errc::limit_exceeded);
+  // Types that are not ours: by status.
+  EXPECT_EQ(errc_of_http_answer(503, "Overloaded"), errc::engine_unavailable);
+  EXPECT_EQ(errc_of_http_answer(422, ""), errc::invalid_argument);
+  EXPECT_EQ(errc_of_http_answer(500, "EngineError"), errc::backend_failure);
+  EXPECT_EQ(errc_of_http_answer(502, ""), errc::backend_failure);
+}
+
 } // namespace
 } // namespace stitch

@@ -79,6 +79,8 @@ protected:
   void expect_fails_at_once_when_the_node_dies(const std::string& role, const std::string& field,
                                                Args args_of);
 
+  void expect_a_dead_client_frees_its_session(const std::string& aborted);
+
   temp_dir dir;
   std::unique_ptr<node_process> node;
   std::string port;
@@ -293,8 +295,9 @@ void cli_test::expect_fails_at_once_when_the_node_dies(const std::string& role,
 // such deaths than the node takes sessions (4) leave the next publish to the
 // same pool unhindered. (Before, each held both for
 // `publisher.session_idle_timeout`, 10 minutes by default: the fifth was
-// refused with "too many publishes in progress".)
-TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once) {
+// refused with "too many publishes in progress".) `aborted` is what the
+// node logs as it aborts one.
+void cli_test::expect_a_dead_client_frees_its_session(const std::string& aborted) {
   const auto w = big_model();
   const auto path = write("big", w);
   const auto out = (dir.path() / "cli.out").string();
@@ -320,15 +323,18 @@ TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once)
     run("timeout 120 " + stitch("publish --stream --pool crashy --run r --version 1 ") + path);
   EXPECT_EQ(after.code, 0) << after.output;
   const auto log = node->log();
-  EXPECT_NE(log.find("went away (exit_reason(remote_link_unreachable)); aborting it"),
-            std::string::npos)
-    << log;
+  EXPECT_NE(log.find(aborted), std::string::npos) << log;
   auto back =
     run(stitch("export --pool crashy --version r/1 --out " + (dir.path() / "back").string()));
   ASSERT_EQ(back.code, 0) << back.output;
   auto loaded = store::load_hf_directory(dir.path() / "back");
   ASSERT_TRUE(loaded) << to_string(loaded.error());
   EXPECT_EQ(*loaded, w);
+}
+
+TEST_F(cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once) {
+  expect_a_dead_client_frees_its_session(
+    "went away (exit_reason(remote_link_unreachable)); aborting it");
 }
 
 // The node dies in the middle of a streamed publish: the CLI fails at once,
@@ -352,6 +358,87 @@ TEST_F(cli_test, a_streamed_export_fails_at_once_when_its_node_dies) {
       "export", "--stream", "--version",
       "r/1",    "--out",    (dir.path() / ("export-" + std::to_string(attempt))).string()};
   });
+}
+
+/// A node whose publisher has an HTTP surface: `stitch publish --stream`
+/// sends the bytes there (`sendfile`) instead of as CAF messages.
+class http_cli_test : public cli_test {
+protected:
+  std::vector<std::string> sets() const override {
+    return {"replicas=0", "publisher.listen=127.0.0.1:0"};
+  }
+};
+
+TEST_F(http_cli_test, a_streamed_publish_goes_over_http_and_exports_byte_identical) {
+  // Tensors spread over two files, so requests cross files and tensors.
+  auto w0 = model(11);
+  auto v0 = run(stitch("publish --stream --run r1 --version 0 " + write("v0", w0, 20000)));
+  ASSERT_EQ(v0.code, 0) << v0.output;
+  EXPECT_NE(v0.output.find("published r1/weight_v000000 as a full"), std::string::npos)
+    << v0.output;
+  EXPECT_NE(v0.output.find("now points at r1/weight_v000000 (boot 0)"), std::string::npos)
+    << v0.output;
+  EXPECT_EQ(v0.output.find("cluster connection instead"), std::string::npos) << v0.output;
+  auto w1 = w0;
+  w1["model.layers.0.mlp.up_proj.weight"].bytes[77] ^= std::byte{0x08};
+  auto v1 = run(stitch("publish --stream --run r1 --version 1 " + write("v1", w1)));
+  ASSERT_EQ(v1.code, 0) << v1.output;
+  EXPECT_NE(v1.output.find("as a delta: 1 tensor(s) touched"), std::string::npos) << v1.output;
+  auto again = run(stitch("publish --stream --run r1 --version 1 " + write("v1", w1)));
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(again.output.find("already published r1/weight_v000001"), std::string::npos)
+    << again.output;
+  // Refusals keep their kind: another content at a published version, and
+  // nothing of it becomes visible.
+  auto other = w1;
+  other["lm_head.weight"].bytes[3] ^= std::byte{0x01};
+  auto refused = run(stitch("publish --stream --run r1 --version 1 " + write("other", other)));
+  EXPECT_NE(refused.code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("version_exists"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("the publisher at http://127.0.0.1:"), std::string::npos)
+    << refused.output;
+  auto out = dir.path() / "export";
+  auto e = run(stitch("export --version r1/1 --out " + out.string()));
+  ASSERT_EQ(e.code, 0) << e.output;
+  auto back = store::load_hf_directory(out);
+  ASSERT_TRUE(back) << to_string(back.error());
+  EXPECT_EQ(*back, w1);
+}
+
+TEST_F(http_cli_test, a_streamed_publish_whose_client_dies_frees_its_session_at_once) {
+  expect_a_dead_client_frees_its_session("went away in the middle of a PUT's body");
+}
+
+TEST_F(http_cli_test, a_streamed_publish_fails_at_once_when_its_node_dies) {
+  const auto path = write("big", big_model());
+  expect_fails_at_once_when_the_node_dies("publisher", "rchar:", [&](int) {
+    return std::vector<std::string>{"publish", "--stream",  "--pool", "crashy", "--run",
+                                    "r",       "--version", "1",      path};
+  });
+}
+
+/// The same surface behind the admin token.
+class http_token_cli_test : public cli_test {
+protected:
+  std::vector<std::string> sets() const override {
+    return {"replicas=0", "publisher.listen=127.0.0.1:0", "admin.token=let-me-in"};
+  }
+};
+
+TEST_F(http_token_cli_test, a_streamed_publish_carries_the_token_as_a_bearer_header) {
+  const auto path = write("m", model(3));
+  auto missing = run(stitch("publish --stream --run r --version 0 " + path));
+  EXPECT_NE(missing.code, 0) << missing.output;
+  EXPECT_NE(missing.output.find("unauthorized"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.output.find("(401 Unauthorized)"), std::string::npos) << missing.output;
+  auto wrong = run(stitch("--token nope publish --stream --run r --version 0 " + path));
+  EXPECT_NE(wrong.code, 0) << wrong.output;
+  EXPECT_NE(wrong.output.find("unauthorized"), std::string::npos) << wrong.output;
+  auto allowed =
+    run("STITCH_TOKEN=let-me-in " + stitch("publish --stream --run r --version 0 ") + path);
+  EXPECT_EQ(allowed.code, 0) << allowed.output;
+  EXPECT_NE(allowed.output.find("now points at r/weight_v000000"), std::string::npos)
+    << allowed.output;
 }
 
 /// A node keeping the newest 3 versions of each run.

@@ -70,3 +70,33 @@ TEST(cli_settings, every_bad_value_is_reported_with_its_key) {
 
 } // namespace
 } // namespace stitch::node
+
+#include "runtime/node/http_publish.hpp"
+
+namespace stitch::node {
+namespace {
+
+TEST(http_publish_surface, the_cli_reaches_the_surface_it_can_and_no_other) {
+  auto url = [](std::optional<transport::http_endpoint> at) {
+    return at ? at->to_string() : std::string{"cluster connection"};
+  };
+  // A named host is used as it is.
+  EXPECT_EQ(url(http_surface_for("http://10.0.0.7:8082", "10.0.0.1", false)),
+            "http://10.0.0.7:8082");
+  // Every address: the coordinator's host, when the publisher is on its node.
+  EXPECT_EQ(url(http_surface_for("http://0.0.0.0:8082", "10.0.0.1", true)), "http://10.0.0.1:8082");
+  EXPECT_EQ(url(http_surface_for("http://[::]:8082", "::1", true)), "http://[::1]:8082");
+  EXPECT_EQ(url(http_surface_for("http://0.0.0.0:8082", "10.0.0.1", false)), "cluster connection");
+  // Loopback: only from this machine, to the coordinator's node.
+  EXPECT_EQ(url(http_surface_for("http://127.0.0.1:8082", "127.0.0.1", true)),
+            "http://127.0.0.1:8082");
+  EXPECT_EQ(url(http_surface_for("http://127.0.0.1:8082", "10.0.0.1", true)), "cluster connection");
+  EXPECT_EQ(url(http_surface_for("http://127.0.0.1:8082", "127.0.0.1", false)),
+            "cluster connection");
+  // No surface, or one that does not parse.
+  EXPECT_EQ(url(http_surface_for("", "127.0.0.1", true)), "cluster connection");
+  EXPECT_EQ(url(http_surface_for("ftp://x:1", "127.0.0.1", true)), "cluster connection");
+}
+
+} // namespace
+} // namespace stitch::node

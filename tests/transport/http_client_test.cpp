@@ -6,7 +6,10 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <functional>
 #include <thread>
 
@@ -204,6 +207,73 @@ TEST(http_client, a_producer_that_ends_early_is_an_error_and_the_client_recovers
   ASSERT_FALSE(res);
   EXPECT_EQ(res.error().code, errc::invalid_argument);
   EXPECT_NE(res.error().message.find("ended after 10 of 1000 bytes"), std::string::npos)
+    << res.error().message;
+  auto next = client.send(http_request{});
+  ASSERT_TRUE(next) << to_string(next.error());
+  EXPECT_EQ(next->body, "0");
+}
+
+/// A temporary file holding `bytes`, open for reading.
+struct temp_file {
+  std::string path;
+  int fd = -1;
+  explicit temp_file(const std::string& bytes) {
+    char name[] = "/tmp/stitch-http-client-XXXXXX";
+    fd = ::mkstemp(name);
+    path = name;
+    EXPECT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  }
+  ~temp_file() {
+    ::close(fd);
+    ::unlink(path.c_str());
+  }
+};
+
+std::string pattern_of(size_t n, char first) {
+  std::string out(n, '\0');
+  for (size_t i = 0; i < n; ++i)
+    out[i] = static_cast<char>(first + (i * 7 + i / 4096) % 26);
+  return out;
+}
+
+TEST(http_client, sends_a_body_of_file_ranges_and_keeps_the_connection) {
+  test_server server{[](const auto& req) { return answer(200, req.body()); }};
+  auto client = client_for(server);
+  const auto a = pattern_of((2u << 20) + 333, 'a');
+  const auto b = pattern_of(80'000, 'A');
+  temp_file fa{a}, fb{b};
+  for (int round = 0; round < 2; ++round) {
+    http_request put;
+    put.method = "PUT";
+    // Out of file order, across files, one range empty.
+    put.file_body = {{fa.fd, 1000, (1u << 20)},
+                     {fb.fd, 5, 70'000},
+                     {fa.fd, 0, 1000},
+                     {fb.fd, 0, 0},
+                     {fa.fd, (1u << 20) + 1000, a.size() - (1u << 20) - 1000}};
+    auto res = client.send(put);
+    ASSERT_TRUE(res) << to_string(res.error());
+    EXPECT_EQ(res->status, 200u);
+    const std::string expected = a.substr(1000, 1u << 20) + b.substr(5, 70'000) + a.substr(0, 1000)
+                                 + a.substr((1u << 20) + 1000);
+    EXPECT_TRUE(res->body == expected)
+      << "round " << round << ": " << res->body.size() << " of " << expected.size() << " bytes";
+  }
+  EXPECT_EQ(server.connections(), 1);
+}
+
+TEST(http_client, a_file_range_past_the_end_of_its_file_is_an_error_and_the_client_recovers) {
+  test_server server{
+    [](const auto& req) { return answer(200, std::to_string(req.body().size())); }};
+  auto client = client_for(server);
+  temp_file f{pattern_of(5000, 'a')};
+  http_request put;
+  put.method = "PUT";
+  put.file_body = {{f.fd, 1000, 8000}};
+  auto res = client.send(put);
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error().code, errc::invalid_format);
+  EXPECT_NE(res.error().message.find("is cut off: its file ends at byte 5000"), std::string::npos)
     << res.error().message;
   auto next = client.send(http_request{});
   ASSERT_TRUE(next) << to_string(next.error());
