@@ -64,6 +64,8 @@ fake_publisher(publisher_actor::stateful_pointer<fake_publisher_state> self,
     [](atom::offer, const version_ref&) -> caf::result<peer_offer> {
       return to_caf_error({errc::not_found, "lends nothing"});
     },
+    [](atom::server_info) { return std::string{}; },
+    [](atom::server_info, const std::string&) {},
     [](atom::release, uint64_t) {},
     [](atom::done, uint64_t) {},
     [](atom::tick) {},
