@@ -4,22 +4,6 @@
 
 namespace stitch::transport {
 
-namespace {
-
-/// Page-aligned: bytes that go on to a direct-I/O file (a publish's shard)
-/// are written from where they lie when they start on a block.
-constexpr std::align_val_t page{4096};
-
-char* allocate(size_t size) noexcept {
-  return static_cast<char*>(::operator new[](size, page, std::nothrow));
-}
-
-void release(char* raw) noexcept {
-  ::operator delete[](raw, page);
-}
-
-} // namespace
-
 buffer_pool::buffer_pool(size_t max_buffer, size_t kept_limit)
     : max_buffer_(max_buffer), kept_limit_(kept_limit),
       free_((max_buffer + granule - 1) / granule) {}
@@ -27,16 +11,16 @@ buffer_pool::buffer_pool(size_t max_buffer, size_t kept_limit)
 buffer_pool::~buffer_pool() {
   for (auto& cls : free_)
     for (char* raw : cls)
-      release(raw);
+      delete[] raw;
 }
 
 std::shared_ptr<char[]> buffer_pool::take(size_t size) noexcept {
   if (size == 0 || size > max_buffer_) {
-    char* raw = allocate(size == 0 ? 1 : size);
+    char* raw = new (std::nothrow) char[size == 0 ? 1 : size];
     if (!raw)
       return nullptr;
     try {
-      return std::shared_ptr<char[]>{raw, [](char* p) { release(p); }};
+      return std::shared_ptr<char[]>{raw};
     } catch (const std::bad_alloc&) {
       // The shared_ptr deleted `raw` already.
       return nullptr;
@@ -54,7 +38,7 @@ std::shared_ptr<char[]> buffer_pool::take(size_t size) noexcept {
     }
   }
   if (!raw)
-    raw = allocate(cls * granule);
+    raw = new (std::nothrow) char[cls * granule];
   if (!raw)
     return nullptr;
   try {
@@ -83,7 +67,7 @@ void buffer_pool::give_back(size_t cls, char* raw) noexcept {
       }
     }
   }
-  release(raw);
+  delete[] raw;
 }
 
 } // namespace stitch::transport

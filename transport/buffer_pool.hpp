@@ -28,8 +28,8 @@ public:
   buffer_pool& operator=(const buffer_pool&) = delete;
   ~buffer_pool();
 
-  /// A buffer of at least `size` bytes (more than zero), page-aligned, its
-  /// contents undefined; nullptr when there is no memory for it. A size over
+  /// A buffer of at least `size` bytes (more than zero), its contents
+  /// undefined; nullptr when there is no memory for it. A size over
   /// `max_buffer` is allocated and freed plainly. The pool must outlive
   /// every buffer it hands out. Never throws.
   std::shared_ptr<char[]> take(size_t size) noexcept;

@@ -535,10 +535,7 @@ result<file_view> parse(std::span<const std::byte> whole_file) {
 }
 
 result<header_bytes> serialize_header(std::span<const tensor_spec> tensors,
-                                      const metadata_map& metadata, uint64_t data_alignment) {
-  if (data_alignment < 8 || (data_alignment & (data_alignment - 1)) != 0)
-    return format_error("a data alignment of " + std::to_string(data_alignment)
-                        + " is not a power of two of at least 8");
+                                      const metadata_map& metadata) {
   header_bytes out;
   out.layout.reserve(tensors.size());
   std::unordered_set<std::string_view> names;
@@ -569,8 +566,7 @@ result<header_bytes> serialize_header(std::span<const tensor_spec> tensors,
   } catch (const std::exception& ex) {
     return format_error(std::string{"header cannot be encoded: "} + ex.what());
   }
-  // The 8-byte size prefix and the JSON together end on the alignment.
-  uint64_t padded = (8 + json.size() + data_alignment - 1) / data_alignment * data_alignment - 8;
+  uint64_t padded = (json.size() + 7) / 8 * 8;
   if (padded > max_header_size)
     return format_error("header of " + std::to_string(padded) + " bytes exceeds the limit of "
                         + std::to_string(max_header_size) + " bytes");

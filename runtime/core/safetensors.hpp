@@ -148,14 +148,9 @@ struct header_bytes {
 };
 
 /// Builds a header; refuses invalid or duplicate names, overflowing shapes,
-/// strings that are not UTF-8 and headers over `max_header_size`. The JSON
-/// is padded with spaces (as the format allows) until the data section
-/// starts at a multiple of `data_alignment` (a power of two, at least 8): a
-/// store's shards use a disk block, so that tensor bytes written with direct
-/// I/O go out from where they lie instead of through a buffer.
+/// strings that are not UTF-8 and headers over `max_header_size`.
 result<header_bytes> serialize_header(std::span<const tensor_spec> tensors,
-                                      const metadata_map& metadata = {},
-                                      uint64_t data_alignment = 8);
+                                      const metadata_map& metadata = {});
 
 /// Serializes a whole file in memory.
 result<std::vector<std::byte>> serialize(std::span<const tensor_to_write> tensors,

@@ -271,9 +271,7 @@ public:
         const auto& it = items[index.at(name)];
         specs.push_back({it.name, it.type, it.shape});
       }
-      // Tensor data starts on a disk block: a direct-I/O shard file writes
-      // it from where it lies.
-      auto header = safetensors::serialize_header(specs, metadata, 4096);
+      auto header = safetensors::serialize_header(specs, metadata);
       if (!header)
         return std::move(header).error();
       s.headers_.push_back(std::move(header->bytes));

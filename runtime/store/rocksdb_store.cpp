@@ -581,15 +581,11 @@ status file_sink::append(std::span<const std::byte> bytes) {
     return make_error(errc::invalid_argument, "no shard of " + to_string(ref_) + " is open");
   if (direct_) {
     while (!bytes.empty()) {
-      if (filled_ % alignment_ == 0 && bytes.size() >= alignment_
+      if (filled_ == 0 && bytes.size() >= alignment_
           && reinterpret_cast<uintptr_t>(bytes.data()) % alignment_ == 0) {
         // Whole blocks that already lie aligned (a pipeline buffer, a
         // client's piece) go out from where they are, not through the
-        // buffer: one copy less per byte. What the buffer holds (whole
-        // blocks: a shard's header) goes first.
-        if (filled_ > 0)
-          if (auto ok = flush_buffer(filled_); !ok)
-            return ok;
+        // buffer: one copy less per byte.
         const size_t whole = bytes.size() / alignment_ * alignment_;
         auto s = file_->Append(rocksdb::Slice{reinterpret_cast<const char*>(bytes.data()), whole},
                                {}, nullptr);

@@ -59,21 +59,6 @@ TEST(buffer_pool, sizes_over_its_largest_class_are_not_kept) {
   EXPECT_EQ(pool.kept(), 0u);
 }
 
-// Page-aligned, pooled or not: a direct-I/O shard file writes blocks
-// straight from them.
-TEST(buffer_pool, buffers_start_on_a_page) {
-  buffer_pool pool{2 * MiB, 64 * MiB};
-  std::vector<std::shared_ptr<char[]>> held;
-  for (size_t size : {size_t{1}, size_t{4097}, MiB, 2 * MiB, 3 * MiB, size_t{0}}) {
-    held.push_back(pool.take(size));
-    ASSERT_TRUE(held.back());
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(held.back().get()) % 4096, 0u) << size;
-  }
-  held.clear();
-  auto again = pool.take(MiB); // a recycled one
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(again.get()) % 4096, 0u);
-}
-
 TEST(buffer_pool, threads_take_and_release_concurrently) {
   buffer_pool pool{4 * MiB, 8 * MiB};
   std::vector<std::thread> threads;
