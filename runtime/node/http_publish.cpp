@@ -39,8 +39,9 @@ std::string open_body(const publish_args& args, const std::vector<store::tensor_
   j["files"] = std::move(files);
   json list = json::array();
   for (const auto& t : tensors)
-    list.push_back(
-      json{{"name", t.name}, {"dtype", std::string{safetensors::to_string(t.type)}}, {"shape", t.shape}});
+    list.push_back(json{{"name", t.name},
+                        {"dtype", std::string{safetensors::to_string(t.type)}},
+                        {"shape", t.shape}});
   j["tensors"] = std::move(list);
   return body_text(j);
 }
@@ -116,8 +117,8 @@ std::optional<transport::http_endpoint> http_surface_for(std::string_view advert
   auto at = transport::parse_endpoint(advertised);
   if (!at || at->tls())
     return std::nullopt;
-  const bool wildcard = at->host.empty() || at->host == "0.0.0.0" || at->host == "::"
-                        || at->host == "[::]";
+  const bool wildcard =
+    at->host.empty() || at->host == "0.0.0.0" || at->host == "::" || at->host == "[::]";
   if (wildcard) {
     if (!on_coordinator_node || coordinator_host.empty())
       return std::nullopt;
@@ -163,9 +164,9 @@ http_publish_outcome publish_over_http(const transport::http_endpoint& at, const
     session = j.at("session").get<uint64_t>();
     max_request = std::min(max_request, j.value("max_request_bytes", max_request));
   } catch (const json::exception& e) {
-    out.summary = make_error(errc::backend_failure, "the publisher at " + at.to_string()
-                                                      + " answered the publish without a session: "
-                                                      + e.what());
+    out.summary =
+      make_error(errc::backend_failure, "the publisher at " + at.to_string()
+                                          + " answered the publish without a session: " + e.what());
     return out;
   }
   max_request = std::max<uint64_t>(max_request, 1);
@@ -223,7 +224,8 @@ http_publish_outcome publish_over_http(const transport::http_endpoint& at, const
     if (!answer)
       return abandon(went_away(at, session, answer.error()));
     if (answer->status != 200)
-      return abandon(refused(at, "the bytes of publish session " + std::to_string(session), *answer));
+      return abandon(
+        refused(at, "the bytes of publish session " + std::to_string(session), *answer));
   }
 
   transport::http_request commit;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -41,5 +42,10 @@ inline constexpr std::string_view rocksdb_schema = "stitch-rocksdb-2";
 /// names are removed when the store opens.
 result<std::unique_ptr<store_backend>> open_rocksdb_store(const std::string& path,
                                                           rocksdb_options opts = {});
+
+/// Flushes to the device that large direct-I/O shards have made in this
+/// process while they were written (every 64 MiB of a shard of 128 MiB or
+/// more, on a thread of the shard's own), for tests and diagnostics.
+uint64_t background_shard_flushes() noexcept;
 
 } // namespace stitch::store
