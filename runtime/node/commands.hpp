@@ -41,8 +41,10 @@ struct publish_command {
 };
 
 /// `stitch publish`: hands the directory's path to the publisher when the
-/// node is on this machine, or streams its tensors in chunks of at most
-/// `max_chunk_bytes`. Prints what was (or, with --dry-run, would be) published.
+/// node is on this machine, or streams its tensors: over the publisher's
+/// HTTP surface when it has one this process can reach (`http_publish.hpp`),
+/// else as CAF messages in chunks of at most `max_chunk_bytes`. Prints what
+/// was (or, with --dry-run, would be) published.
 result<publish_summary> run_publish(caf::actor_system& sys, const publish_command& cmd,
                                     std::FILE* out);
 
