@@ -576,7 +576,13 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
     [self](atom::tick) {
       auto& st = self->state;
       const auto now = self->clock().now();
-      for (auto& [id, s] : st.sessions)
+      for (auto& [id, s] : st.sessions) {
+        // Bytes waiting for the publish (queued behind another publish to
+        // the pool, say): the client waits on us, it is not idle.
+        if (!s.aborted && s.stream && s.stream->has_unread()) {
+          s.last_seen = now;
+          continue;
+        }
         if (!s.aborted && !s.waiting && now - s.last_seen > st.limits.session_idle_timeout) {
           log::warn("publisher", "publish session " + std::to_string(id) + " was idle for "
                                    + std::to_string(st.limits.session_idle_timeout.count())
@@ -585,6 +591,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
           s.stream->close(
             error{errc::invalid_argument, "no bytes arrived for publisher.session_idle_timeout"});
         }
+      }
       std::vector<uint64_t> ids;
       for (const auto& [id, s] : st.sessions)
         ids.push_back(id);

@@ -323,34 +323,36 @@ publisher_http::~publisher_http() {
   stop();
 }
 
-void publisher_http::remember(uint64_t session, session_names names, uint64_t expects) {
-  std::lock_guard lock{mutex_};
-  auto& st = sessions_[session];
+void publisher_http::session_table::remember(uint64_t session, session_names names,
+                                             uint64_t expects) {
+  std::lock_guard lock{mutex};
+  auto& st = sessions[session];
   st.names = std::move(names);
   st.expects = expects;
   // Sessions a client opened and never ended expire at the publisher; their
   // names here are dropped oldest first.
-  while (sessions_.size() > 4096)
-    sessions_.erase(sessions_.begin());
+  while (sessions.size() > 4096)
+    sessions.erase(sessions.begin());
 }
 
-publisher_http::session_names publisher_http::forget(uint64_t session) {
-  std::lock_guard lock{mutex_};
-  auto it = sessions_.find(session);
-  if (it == sessions_.end())
+publisher_http::session_names publisher_http::session_table::forget(uint64_t session) {
+  std::lock_guard lock{mutex};
+  auto it = sessions.find(session);
+  if (it == sessions.end())
     return {};
   auto names = std::move(it->second.names);
-  sessions_.erase(it);
+  sessions.erase(it);
   return names;
 }
 
-void publisher_http::when_reached(uint64_t session, mark which, uint64_t count,
-                                  std::function<void(std::optional<server_response>)> f) {
-  std::unique_lock lock{mutex_};
-  auto it = sessions_.find(session);
-  if (it == sessions_.end() || it->second.count(which) >= count) {
+void publisher_http::session_table::when_reached(
+  uint64_t session, mark which, uint64_t count,
+  std::function<void(std::optional<server_response>)> f) {
+  std::unique_lock lock{mutex};
+  auto it = sessions.find(session);
+  if (it == sessions.end() || it->second.count(which) >= count) {
     std::optional<server_response> err;
-    if (it != sessions_.end())
+    if (it != sessions.end())
       err = it->second.error;
     lock.unlock();
     f(std::move(err));
@@ -359,13 +361,14 @@ void publisher_http::when_reached(uint64_t session, mark which, uint64_t count,
   it->second.waiting.push_back({which, count, std::move(f)});
 }
 
-void publisher_http::reached(uint64_t session, mark which, std::optional<server_response> err) {
+void publisher_http::session_table::reached(uint64_t session, mark which,
+                                            std::optional<server_response> err) {
   std::vector<std::function<void(std::optional<server_response>)>> ready;
   std::optional<server_response> first_error;
   {
-    std::lock_guard lock{mutex_};
-    auto it = sessions_.find(session);
-    if (it == sessions_.end())
+    std::lock_guard lock{mutex};
+    auto it = sessions.find(session);
+    if (it == sessions.end())
       return;
     auto& st = it->second;
     ++st.count(which);
@@ -387,9 +390,9 @@ void publisher_http::put(uint64_t id, shared_piece body, std::shared_ptr<http_re
   uint64_t index = 0, remaining = 0;
   const uint64_t size = body.size;
   {
-    std::lock_guard lock{mutex_};
-    auto it = sessions_.find(id);
-    if (it != sessions_.end()) {
+    std::lock_guard lock{table_->mutex};
+    auto it = table_->sessions.find(id);
+    if (it != table_->sessions.end()) {
       auto& st = it->second;
       // Requests of a session sent without waiting for answers (several
       // connections) would each hold their body here: two at most.
@@ -429,36 +432,36 @@ void publisher_http::put(uint64_t id, shared_piece body, std::shared_ptr<http_re
   // one. It is answered once the earlier PUTs were consumed, so the client
   // uploads the next while the publisher consumes this one (two requests of
   // a session in memory at most).
-  auto handed = [this, id](std::optional<server_response> err) {
-    reached(id, mark::fed, std::move(err));
+  auto handed = [table = table_, id](std::optional<server_response> err) {
+    table->reached(id, mark::fed, std::move(err));
   };
-  auto consumed = [this, id](std::optional<server_response> err) {
-    reached(id, mark::consumed, std::move(err));
+  auto consumed = [table = table_, id](std::optional<server_response> err) {
+    table->reached(id, mark::consumed, std::move(err));
   };
-  when_reached(id, mark::fed, index - 1,
-               [this, id, bytes = std::move(body), handed,
-                consumed](std::optional<server_response> err) mutable {
-                 if (err) {
-                   // Nothing fed; the session's error stands.
-                   handed(std::nullopt);
-                   consumed(std::nullopt);
-                   return;
-                 }
-                 feed(sys_, target_, id, std::move(bytes), handed, consumed);
-               });
-  when_reached(id, mark::consumed, index - 1,
-               [out, size, remaining](std::optional<server_response> err) {
-                 if (err) {
-                   out->send(std::move(*err));
-                   return;
-                 }
-                 json j;
-                 j["received"] = size;
-                 j["remaining"] = remaining;
-                 server_response r;
-                 r.body = dump(j);
-                 out->send(std::move(r));
-               });
+  table_->when_reached(id, mark::fed, index - 1,
+                       [sys = &sys_, target = target_, id, bytes = std::move(body), handed,
+                        consumed](std::optional<server_response> err) mutable {
+                         if (err) {
+                           // Nothing fed; the session's error stands.
+                           handed(std::nullopt);
+                           consumed(std::nullopt);
+                           return;
+                         }
+                         feed(*sys, target, id, std::move(bytes), handed, consumed);
+                       });
+  table_->when_reached(id, mark::consumed, index - 1,
+                       [out, size, remaining](std::optional<server_response> err) {
+                         if (err) {
+                           out->send(std::move(*err));
+                           return;
+                         }
+                         json j;
+                         j["received"] = size;
+                         j["remaining"] = remaining;
+                         server_response r;
+                         r.body = dump(j);
+                         out->send(std::move(r));
+                       });
 }
 
 void publisher_http::handle(transport::server_request req, std::shared_ptr<http_responder> out) {
@@ -500,9 +503,9 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
       expects += h.size;
     const uint64_t max_request = body_limit();
     // The answer needs the names only, not the files the arguments carry.
-    auto render = [this, expects, max_request,
+    auto render = [table = table_, expects, max_request,
                    names = session_names{args.pool, args.run_id, args.version}](uint64_t session) {
-      remember(session, names, expects);
+      table->remember(session, names, expects);
       json j;
       j["session"] = session;
       j["expects_bytes"] = expects;
@@ -533,27 +536,28 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
     // Every request's bytes are consumed before the publish may end.
     uint64_t sent = 0;
     {
-      std::lock_guard lock{mutex_};
-      if (auto it = sessions_.find(*id); it != sessions_.end())
+      std::lock_guard lock{table_->mutex};
+      if (auto it = table_->sessions.find(*id); it != table_->sessions.end())
         sent = it->second.sent;
     }
-    when_reached(*id, mark::consumed, sent,
-                 [this, publisher, id = *id, out](std::optional<server_response> bad) {
-                   auto args = forget(id);
-                   if (bad) {
-                     caf::anon_send(publisher, atom::abort_v, id);
-                     out->send(std::move(*bad));
-                     return;
-                   }
-                   answer_with<publish_summary>(
-                     sys_, publisher, std::chrono::minutes{30}, out,
-                     [args](const publish_summary& s) {
-                       server_response r;
-                       r.body = dump(summary_json(args, s));
-                       return r;
-                     },
-                     atom::finish_v, id);
-                 });
+    table_->when_reached(
+      *id, mark::consumed, sent,
+      [table = table_, sys = &sys_, publisher, id = *id, out](std::optional<server_response> bad) {
+        auto args = table->forget(id);
+        if (bad) {
+          caf::anon_send(publisher, atom::abort_v, id);
+          out->send(std::move(*bad));
+          return;
+        }
+        answer_with<publish_summary>(
+          *sys, publisher, std::chrono::minutes{30}, out,
+          [args](const publish_summary& s) {
+            server_response r;
+            r.body = dump(summary_json(args, s));
+            return r;
+          },
+          atom::finish_v, id);
+      });
     return;
   }
   if (req.method == "PUT") {
@@ -574,7 +578,7 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
     return;
   }
   if (req.method == "DELETE") {
-    forget(*id);
+    table_->forget(*id);
     caf::anon_send(publisher, atom::abort_v, *id);
     json j;
     j["session"] = *id;

@@ -63,19 +63,11 @@ public:
 private:
   void handle(transport::server_request req,
               std::shared_ptr<transport::http_responder> out) override;
-  void remember(uint64_t session, session_names names, uint64_t expects);
-  session_names forget(uint64_t session);
   /// Feeds one PUT's bytes to the publisher and answers it.
   void put(uint64_t id, shared_piece body, std::shared_ptr<transport::http_responder> out);
   /// How far a session's PUTs went: all their pieces handed to the
   /// publisher, or consumed by it.
   enum class mark { fed, consumed };
-  /// Runs `f` (with the session's first error, if any) once `count` of its
-  /// PUTs reached `which` (at once if they did, or the session is gone).
-  void when_reached(uint64_t session, mark which, uint64_t count,
-                    std::function<void(std::optional<transport::server_response>)> f);
-  /// One more PUT of `session` reached `which` (`err`: how it failed).
-  void reached(uint64_t session, mark which, std::optional<transport::server_response> err);
 
   struct waiter {
     mark which = mark::consumed;
@@ -96,9 +88,25 @@ private:
     std::vector<waiter> waiting;
   };
 
+  /// The sessions this surface opened. Shared with the callbacks that
+  /// answer PUTs and commits, which may run after the surface is gone (a
+  /// node stopping in the middle of a publish).
+  struct session_table {
+    std::mutex mutex;
+    std::map<uint64_t, session_state> sessions;
+
+    void remember(uint64_t session, session_names names, uint64_t expects);
+    session_names forget(uint64_t session);
+    /// Runs `f` (with the session's first error, if any) once `count` of its
+    /// PUTs reached `which` (at once if they did, or the session is gone).
+    void when_reached(uint64_t session, mark which, uint64_t count,
+                      std::function<void(std::optional<transport::server_response>)> f);
+    /// One more PUT of `session` reached `which` (`err`: how it failed).
+    void reached(uint64_t session, mark which, std::optional<transport::server_response> err);
+  };
+
   std::string admin_token_;
-  std::mutex mutex_;
-  std::map<uint64_t, session_state> sessions_;
+  std::shared_ptr<session_table> table_ = std::make_shared<session_table>();
 };
 
 } // namespace stitch

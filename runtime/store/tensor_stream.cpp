@@ -111,6 +111,11 @@ uint64_t fed_stream::pushed() const {
   return pushed_;
 }
 
+bool fed_stream::has_unread() const {
+  std::lock_guard guard{mutex_};
+  return !pieces_.empty();
+}
+
 status fed_stream::push(std::vector<char> bytes, std::function<void()> consumed) {
   auto owned = std::make_shared<const std::vector<char>>(std::move(bytes));
   std::span<const char> view{*owned};

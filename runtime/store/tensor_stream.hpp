@@ -153,6 +153,9 @@ public:
   /// Bytes the tensors declare, and bytes pushed so far.
   uint64_t total() const noexcept { return total_; }
   uint64_t pushed() const;
+  /// Pushed bytes are waiting for the reader: the feeder waits on it, not
+  /// the other way round.
+  bool has_unread() const;
 
 private:
   struct piece {
