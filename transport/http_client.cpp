@@ -13,13 +13,11 @@
 #include <signal.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <mutex>
 
 namespace stitch::transport {
@@ -416,32 +414,6 @@ struct http_client::impl {
     return {};
   }
 
-  /// Reads `ranges` in order, as a body producer (a file body over TLS).
-  static body_producer file_reader(const std::vector<file_range>& ranges) {
-    return [&ranges, index = size_t{0},
-            done = uint64_t{0}](std::span<std::byte> out) mutable -> result<size_t> {
-      while (index < ranges.size() && done == ranges[index].size) {
-        ++index;
-        done = 0;
-      }
-      if (index == ranges.size())
-        return size_t{0};
-      const auto& r = ranges[index];
-      const size_t want = static_cast<size_t>(std::min<uint64_t>(out.size(), r.size - done));
-      ssize_t n = 0;
-      do
-        n = ::pread(r.fd, out.data(), want, static_cast<off_t>(r.offset + done));
-      while (n < 0 && errno == EINTR);
-      if (n < 0)
-        return make_error(errc::backend_failure, std::string{"cannot read a request body's file: "}
-                                                   + std::strerror(errno));
-      if (n == 0)
-        return size_t{0}; // the file ended early: the caller names it
-      done += static_cast<uint64_t>(n);
-      return static_cast<size_t>(n);
-    };
-  }
-
   /// One attempt on the current connection. `*got_response` tells whether any
   /// response byte arrived (then the request must not be replayed).
   template <class Stream>
@@ -456,10 +428,10 @@ struct http_client::impl {
       for (const auto& r : request.file_body)
         total += r.size;
     }
-    // Over TLS a file body is read into the stream's buffers.
-    body_producer produce = request.producer;
     if (from_files && secure)
-      produce = file_reader(request.file_body);
+      return make_error(errc::invalid_argument,
+                        ep.to_string() + ": a body of file ranges goes over plain HTTP only");
+    const body_producer& produce = request.producer;
 
     http::request<http::buffer_body> req;
     req.method_string(request.method);

@@ -77,10 +77,10 @@ struct http_request {
   /// cannot be replayed, so a request using it is never retried.
   body_producer producer;
   uint64_t producer_size = 0;
-  /// A body made of these file ranges, in order (when `producer` is empty):
-  /// over plain HTTP the kernel sends them from the page cache
-  /// (`sendfile`: no copy through this process), over TLS they are read
-  /// and written. A file shorter than its range fails the request (the
+  /// A body made of these file ranges, in order (when `producer` is empty),
+  /// sent by the kernel from the page cache (`sendfile`: no copy through
+  /// this process); plain HTTP only (over TLS it is an `invalid_argument`
+  /// error). A file shorter than its range fails the request (the
   /// connection is closed, so the server sees a cut-off body). Never
   /// retried: the files may have changed.
   std::vector<file_range> file_body;
