@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <limits>
 #include <map>
@@ -99,10 +100,17 @@ std::variant<std::map<std::string, std::string>, std::string> parse_files(const 
   return out;
 }
 
+/// What an open request asks for.
+struct open_request {
+  publish_args args;
+  std::vector<store::tensor_header> headers;
+  /// `abort_on_disconnect`.
+  bool bound = false;
+};
+
 /// The open request's body as publish arguments and tensor headers, or the
 /// 400 naming what is wrong.
-std::variant<std::pair<publish_args, std::vector<store::tensor_header>>, server_response>
-parse_open(const std::string& body) {
+std::variant<open_request, server_response> parse_open(const std::string& body) {
   auto bad = [](std::string m) { return refuse(http_failure::bad_request, std::move(m)); };
   if (!json_nesting_within(body))
     return bad("the body nests JSON deeper than " + std::to_string(max_json_depth) + " levels");
@@ -133,6 +141,12 @@ parse_open(const std::string& body) {
     if (!j["anchor"].is_boolean())
       return bad("'anchor' must be true or false");
     args.force_anchor = j["anchor"].get<bool>();
+  }
+  bool bound = false;
+  if (j.contains("abort_on_disconnect")) {
+    if (!j["abort_on_disconnect"].is_boolean())
+      return bad("'abort_on_disconnect' must be true or false");
+    bound = j["abort_on_disconnect"].get<bool>();
   }
   if (j.contains("files")) {
     auto files = parse_files(j["files"]);
@@ -174,7 +188,7 @@ parse_open(const std::string& body) {
                  + "each once");
     headers.push_back(std::move(h));
   }
-  return std::pair{std::move(args), std::move(headers)};
+  return open_request{std::move(args), std::move(headers), bound};
 }
 
 /// Pieces of one request in flight to the publisher at once: the publish
@@ -281,54 +295,63 @@ std::string bearer_of(const transport::server_request& req) {
   return {};
 }
 
-/// Aborts publish session `id` whose client went away with one of its PUTs
-/// unanswered or cut off: it can never learn how far its bytes got, so the
-/// session's slot and its pool's publish queue are freed now instead of
-/// after `publisher.session_idle_timeout`.
+/// Aborts publish session `id` whose client went away: with one of its PUTs
+/// unanswered or cut off, it can never learn how far its bytes got; with
+/// its bound connection closed, it is gone. The session's slot and its
+/// pool's publish queue are freed now instead of after
+/// `publisher.session_idle_timeout`.
 void abort_abandoned(const caf::actor& publisher, uint64_t id, const char* how) {
   log::warn("publisher", "the client of publish session " + std::to_string(id) + " went away " + how
                            + "; aborting the session");
   caf::anon_send(publisher, atom::abort_v, id);
 }
 
-/// The publisher's server takes tensor bytes as they arrive (no zero-fill,
-/// no copy): they go to the publish as they are. A `PUT /publish/<id>` whose
-/// body was cut off aborts its session (under the same token rule as
-/// `DELETE`).
-transport::http_server_options publisher_server(transport::http_server_options o,
-                                                caf::actor publisher, std::string admin_token) {
+} // namespace
+
+transport::http_server_options
+publisher_http::server_options(transport::http_server_options o, caf::actor publisher,
+                               std::string admin_token, std::shared_ptr<session_table> table) {
+  // Tensor bytes as they arrive (no zero-fill, no copy): they go to the
+  // publish as they are.
   o.raw_large_bodies = true;
-  o.abandoned = [publisher = std::move(publisher),
-                 admin_token = std::move(admin_token)](const transport::server_request& head) {
+  // A `PUT /publish/<id>` whose body was cut off aborts its session (under
+  // the same token rule as `DELETE`).
+  o.abandoned = [publisher = std::move(publisher), admin_token = std::move(admin_token),
+                 table = std::move(table)](const transport::server_request& head) {
     if (head.method != "PUT" || !head.path.starts_with("/publish/"))
       return;
     if (!admin_token.empty() && !token_matches(admin_token, bearer_of(head)))
       return;
     if (auto id =
-          session_of(std::string_view{head.path}.substr(std::string_view{"/publish/"}.size())))
+          session_of(std::string_view{head.path}.substr(std::string_view{"/publish/"}.size()));
+        id && table->abandon(*id))
       abort_abandoned(publisher, *id, "in the middle of a PUT's body");
   };
   return o;
 }
 
-} // namespace
-
 publisher_http::publisher_http(caf::actor_system& sys, caf::actor publisher,
                                publisher_http_options options)
+    : publisher_http(sys, std::move(publisher), std::move(options),
+                     std::make_shared<session_table>()) {}
+
+publisher_http::publisher_http(caf::actor_system& sys, caf::actor publisher,
+                               publisher_http_options options, std::shared_ptr<session_table> table)
     : http_surface(sys, publisher,
-                   publisher_server(options.server, publisher, options.admin_token)),
-      admin_token_(std::move(options.admin_token)) {}
+                   server_options(options.server, publisher, options.admin_token, table)),
+      admin_token_(std::move(options.admin_token)), table_(std::move(table)) {}
 
 publisher_http::~publisher_http() {
   stop();
 }
 
 void publisher_http::session_table::remember(uint64_t session, session_names names,
-                                             uint64_t expects) {
+                                             uint64_t expects, std::optional<uint64_t> bound_to) {
   std::lock_guard lock{mutex};
   auto& st = sessions[session];
   st.names = std::move(names);
   st.expects = expects;
+  st.bound_to = bound_to;
   // Sessions a client opened and never ended expire at the publisher; their
   // names here are dropped oldest first.
   while (sessions.size() > 4096)
@@ -343,6 +366,38 @@ publisher_http::session_names publisher_http::session_table::forget(uint64_t ses
   auto names = std::move(it->second.names);
   sessions.erase(it);
   return names;
+}
+
+bool publisher_http::session_table::abandon(uint64_t session) {
+  std::lock_guard lock{mutex};
+  sessions.erase(session);
+  if (std::find(abandoned.begin(), abandoned.end(), session) != abandoned.end())
+    return false;
+  abandoned.push_back(session);
+  if (abandoned.size() > 256)
+    abandoned.pop_front();
+  return true;
+}
+
+std::vector<uint64_t> publisher_http::session_table::abandon_bound_to(uint64_t connection) {
+  std::vector<uint64_t> bound;
+  {
+    std::lock_guard lock{mutex};
+    for (const auto& [id, st] : sessions)
+      if (st.bound_to == connection)
+        bound.push_back(id);
+  }
+  std::erase_if(bound, [this](uint64_t id) { return !abandon(id); });
+  return bound;
+}
+
+void publisher_http::watch_connection(std::shared_ptr<session_table> table, caf::actor publisher,
+                                      const std::shared_ptr<http_responder>& out) {
+  out->on_client_close([table = std::move(table), publisher = std::move(publisher),
+                        connection = out->connection()] {
+    for (uint64_t id : table->abandon_bound_to(connection))
+      abort_abandoned(publisher, id, "between requests (its connection closed before the commit)");
+  });
 }
 
 void publisher_http::session_table::when_reached(
@@ -388,6 +443,7 @@ void publisher_http::session_table::reached(uint64_t session, mark which,
 
 void publisher_http::put(uint64_t id, shared_piece body, std::shared_ptr<http_responder> out) {
   uint64_t index = 0, remaining = 0;
+  bool bound = false;
   const uint64_t size = body.size;
   {
     std::lock_guard lock{table_->mutex};
@@ -406,11 +462,19 @@ void publisher_http::put(uint64_t id, shared_piece body, std::shared_ptr<http_re
       index = ++st.sent;
       st.received += size;
       remaining = st.expects > st.received ? st.expects - st.received : 0;
+      if (st.bound_to) {
+        st.bound_to = out->connection();
+        bound = true;
+      }
     }
   }
+  if (bound)
+    watch_connection(table_, target_, out);
   // A client gone before this PUT is answered aborts the session.
-  out->on_disconnect(
-    [publisher = target_, id] { abort_abandoned(publisher, id, "before its PUT was answered"); });
+  out->on_disconnect([table = table_, publisher = target_, id] {
+    if (table->abandon(id))
+      abort_abandoned(publisher, id, "before its PUT was answered");
+  });
   if (index == 0) {
     // A session this surface did not open: one request at a time.
     feed(
@@ -496,16 +560,19 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
       out->send(std::move(*r));
       return;
     }
-    auto [args, headers] = std::get<0>(std::move(parsed));
+    auto [args, headers, bound] = std::get<0>(std::move(parsed));
     args.token = token;
     uint64_t expects = 0;
     for (const auto& h : headers)
       expects += h.size;
     const uint64_t max_request = body_limit();
     // The answer needs the names only, not the files the arguments carry.
-    auto render = [table = table_, expects, max_request,
+    auto render = [out, bound, target = target_, table = table_, expects, max_request,
                    names = session_names{args.pool, args.run_id, args.version}](uint64_t session) {
-      table->remember(session, names, expects);
+      table->remember(session, names, expects,
+                      bound ? std::optional<uint64_t>{out->connection()} : std::nullopt);
+      if (bound)
+        watch_connection(table, target, out);
       json j;
       j["session"] = session;
       j["expects_bytes"] = expects;
@@ -537,8 +604,11 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
     uint64_t sent = 0;
     {
       std::lock_guard lock{table_->mutex};
-      if (auto it = table_->sessions.find(*id); it != table_->sessions.end())
+      if (auto it = table_->sessions.find(*id); it != table_->sessions.end()) {
         sent = it->second.sent;
+        // Committed: it ends as the publish does, client or not.
+        it->second.bound_to.reset();
+      }
     }
     table_->when_reached(
       *id, mark::consumed, sent,

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,7 +30,9 @@ struct publisher_http_options {
 ///                                              "tokenizer.model":
 ///                                                {"base64": "..."}}}
 ///                                   (`files`, optional: the checkpoint's
-///                                   non-tensor files, kept with the version)
+///                                   non-tensor files, kept with the version;
+///                                   `"abort_on_disconnect": true`, optional:
+///                                   see below)
 ///                                   → 201 {"session", "expects_bytes",
 ///                                          "max_request_bytes"}
 ///   PUT    /publish/<id>            the next bytes of the tensors, in the
@@ -48,6 +51,18 @@ struct publisher_http_options {
 /// memory per session); a session silent for the publisher's idle timeout is
 /// dropped and leaves nothing visible. Every refusal is a JSON error naming
 /// the problem.
+///
+/// A client that goes away with a PUT unanswered or cut off aborts its
+/// session at once. One that goes away between requests cannot be told from
+/// one that will reconnect, unless it opened the session with
+/// `"abort_on_disconnect": true`: then the session is bound to the
+/// connection of its latest request, and the client closing that connection
+/// before the commit (a process killed, a reset) aborts it at once. A close
+/// by the server (its idle timeout) does not, and the next request on
+/// another connection binds the session to that one. For clients that keep
+/// one connection open for the session (`stitch publish --stream`), not for
+/// those behind a proxy that opens a connection per request.
+
 class publisher_http final : public http_surface {
 public:
   publisher_http(caf::actor_system& sys, caf::actor publisher, publisher_http_options options);
@@ -77,6 +92,9 @@ private:
   /// A session this surface opened.
   struct session_state {
     session_names names;
+    /// Opened with `abort_on_disconnect` and not yet committed: the
+    /// connection of its latest request.
+    std::optional<uint64_t> bound_to;
     uint64_t expects = 0;
     uint64_t received = 0;
     /// PUTs received; handed on to the publisher; consumed by it.
@@ -94,9 +112,20 @@ private:
   struct session_table {
     std::mutex mutex;
     std::map<uint64_t, session_state> sessions;
+    /// Sessions given up because their client went away, newest last (a
+    /// few hundred): each is aborted and logged once, whichever way the
+    /// server heard of it first.
+    std::deque<uint64_t> abandoned;
 
-    void remember(uint64_t session, session_names names, uint64_t expects);
+    void remember(uint64_t session, session_names names, uint64_t expects,
+                  std::optional<uint64_t> bound_to);
     session_names forget(uint64_t session);
+    /// Forgets `session`, whose client went away; false when that was
+    /// heard of already.
+    bool abandon(uint64_t session);
+    /// Forgets and answers the uncommitted sessions bound to `connection`,
+    /// whose client closed it.
+    std::vector<uint64_t> abandon_bound_to(uint64_t connection);
     /// Runs `f` (with the session's first error, if any) once `count` of its
     /// PUTs reached `which` (at once if they did, or the session is gone).
     void when_reached(uint64_t session, mark which, uint64_t count,
@@ -105,8 +134,21 @@ private:
     void reached(uint64_t session, mark which, std::optional<transport::server_response> err);
   };
 
+  publisher_http(caf::actor_system& sys, caf::actor publisher, publisher_http_options options,
+                 std::shared_ptr<session_table> table);
+  /// The server's options with the hook that aborts a session whose PUT's
+  /// body was cut off.
+  static transport::http_server_options server_options(transport::http_server_options o,
+                                                       caf::actor publisher,
+                                                       std::string admin_token,
+                                                       std::shared_ptr<session_table> table);
+  /// Aborts the sessions bound to the connection `out`'s request came on
+  /// when its client closes it.
+  static void watch_connection(std::shared_ptr<session_table> table, caf::actor publisher,
+                               const std::shared_ptr<transport::http_responder>& out);
+
   std::string admin_token_;
-  std::shared_ptr<session_table> table_ = std::make_shared<session_table>();
+  std::shared_ptr<session_table> table_;
 };
 
 } // namespace stitch

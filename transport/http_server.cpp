@@ -60,16 +60,27 @@ auto whole_reads(size_t total) {
 
 class session;
 
+/// What a connection's requests know of it, beyond the connection's own
+/// life (a responder may outlive its connection). Strand-only, but `id`.
+struct connection_state {
+  explicit connection_state(uint64_t id) : id(id) {}
+  const uint64_t id;
+  bool closed = false;
+  bool closed_by_client = false;
+  std::function<void()> on_client_close;
+};
+
 /// One request's place in its connection's pipeline; the responder of it.
 class slot final : public http_responder, public std::enable_shared_from_this<slot> {
 public:
-  slot(std::weak_ptr<session> owner, net::strand<net::io_context::executor_type> strand,
-       bool keep_alive, unsigned version)
-      : owner_(std::move(owner)), strand_(std::move(strand)), keep_alive(keep_alive),
-        version(version) {}
+  slot(std::weak_ptr<session> owner, std::shared_ptr<connection_state> conn,
+       net::strand<net::io_context::executor_type> strand, bool keep_alive, unsigned version)
+      : owner_(std::move(owner)), conn_(std::move(conn)), strand_(std::move(strand)),
+        keep_alive(keep_alive), version(version) {}
 
 private:
   std::weak_ptr<session> owner_;
+  std::shared_ptr<connection_state> conn_;
   net::strand<net::io_context::executor_type> strand_;
 
 public:
@@ -78,6 +89,8 @@ public:
   void event(std::string data) override;
   void end_events(bool done_marker) override;
   void on_disconnect(std::function<void()> f) override;
+  void on_client_close(std::function<void()> f) override;
+  uint64_t connection() const override { return conn_->id; }
 
   // Strand-only state.
   bool keep_alive;
@@ -113,6 +126,9 @@ private:
 struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
   impl(http_server_options o, http_handler h)
       : opts(o), handler(std::move(h)), work(net::make_work_guard(ioc)), acceptor(ioc) {}
+
+  /// Numbers the connections (`http_responder::connection`).
+  std::atomic<uint64_t> connections_accepted{0};
 
   void accept();
   void session_closed(const std::string& client) {
@@ -168,6 +184,7 @@ class session final : public std::enable_shared_from_this<session> {
 public:
   session(tcp::socket socket, std::shared_ptr<http_server::impl> server)
       : strand_(net::make_strand(server->ioc)), socket_(std::move(socket)), server_(server),
+        conn_(std::make_shared<connection_state>(++server->connections_accepted)),
         read_timer_(strand_), write_timer_(strand_) {
     boost::system::error_code ec;
     auto ep = socket_.remote_endpoint(ec);
@@ -346,8 +363,9 @@ private:
     if (closed_)
       return;
     if (!why) {
-      // The client went away (or timed out): nobody waits for the answers.
-      close();
+      // The client went away: nobody waits for the answers. (A timer that
+      // closed the connection came through `closed_` above.)
+      close(/*by_client=*/true);
       return;
     }
     refuse(*why, std::move(message));
@@ -356,7 +374,7 @@ private:
   /// Answers `why` after the answers pending and reads no more requests.
   void refuse(http_failure why, std::string message) {
     stop_reading_ = true;
-    auto s = std::make_shared<slot>(weak_from_this(), strand_, false, 11);
+    auto s = std::make_shared<slot>(weak_from_this(), conn_, strand_, false, 11);
     s->answered = true;
     s->whole = error_response(why, std::move(message));
     slots_.push_back(std::move(s));
@@ -389,7 +407,7 @@ private:
     req.raw_body_size = std::exchange(raw_body_size_, 0);
     raw_body_.reset();
     bool keep = msg.keep_alive();
-    auto s = std::make_shared<slot>(weak_from_this(), strand_, keep, msg.version());
+    auto s = std::make_shared<slot>(weak_from_this(), conn_, strand_, keep, msg.version());
     slots_.push_back(s);
     // Unanswered requests keep the connection alive even with no I/O pending.
     hold_ = shared_from_this();
@@ -446,7 +464,7 @@ private:
                        net::bind_executor(strand_, [self = shared_from_this(), res,
                                                     keep](boost::system::error_code ec, size_t) {
                          if (ec) {
-                           self->close();
+                           self->close(/*by_client=*/true);
                            return;
                          }
                          self->finish_head(keep);
@@ -458,7 +476,7 @@ private:
       self->write_timer_.cancel();
       self->writing_ = false;
       if (ec) {
-        self->close();
+        self->close(/*by_client=*/true);
         return;
       }
       self->pump();
@@ -499,7 +517,7 @@ private:
                        net::bind_executor(strand_, [self = shared_from_this(),
                                                     keep](boost::system::error_code ec, size_t) {
                          if (ec) {
-                           self->close();
+                           self->close(/*by_client=*/true);
                            return;
                          }
                          self->finish_head(keep);
@@ -507,10 +525,15 @@ private:
     }
   }
 
-  void close() {
+  /// Closes the connection; `by_client`: because the client closed it or
+  /// it failed (not a timer, a drain or `Connection: close`).
+  void close(bool by_client = false) {
     if (closed_)
       return;
     closed_ = true;
+    conn_->closed = true;
+    conn_->closed_by_client = by_client;
+    auto client_close = std::exchange(conn_->on_client_close, {});
     read_timer_.cancel();
     write_timer_.cancel();
     boost::system::error_code ec;
@@ -521,11 +544,14 @@ private:
     auto last = std::move(hold_);
     for (auto& s : pending)
       s->gone();
+    if (by_client && client_close)
+      client_close();
   }
 
   net::strand<net::io_context::executor_type> strand_;
   tcp::socket socket_;
   std::shared_ptr<http_server::impl> server_;
+  std::shared_ptr<connection_state> conn_;
   net::steady_timer read_timer_;
   net::steady_timer write_timer_;
   beast::flat_buffer buffer_;
@@ -597,6 +623,15 @@ void slot::end_events(bool done_marker) {
       s.chunks.push_back("data: [DONE]\n\n");
     s.ended = true;
     owner.pump();
+  });
+}
+
+void slot::on_client_close(std::function<void()> f) {
+  net::dispatch(strand_, [conn = conn_, f = std::move(f)]() mutable {
+    if (!conn->closed)
+      conn->on_client_close = std::move(f);
+    else if (conn->closed_by_client)
+      f();
   });
 }
 

@@ -59,6 +59,16 @@ public:
   /// `f` runs once if the client goes away before the answer is complete
   /// (on the server's thread; keep it short).
   virtual void on_disconnect(std::function<void()> f) = 0;
+  /// `f` runs once if the client closes the connection this request came on
+  /// (or the connection fails under a read or write), at whatever moment,
+  /// answered or not; not when the server closes it itself (its idle, read
+  /// or write timeout, `Connection: close`, `stop`). One per connection: a
+  /// later call from any request on it replaces the earlier `f`. Runs at
+  /// once if the client closed it already. For state a client keeps across
+  /// its requests (a publish session bound to its connection).
+  virtual void on_client_close(std::function<void()> f) = 0;
+  /// The connection this request came on, unique among the server's.
+  virtual uint64_t connection() const = 0;
 };
 
 /// Called on a server thread for every request; must not block: hand the

@@ -33,6 +33,10 @@ std::string open_body(const publish_args& args, const std::vector<store::tensor_
   j["run_id"] = args.run_id;
   j["version"] = args.version;
   j["anchor"] = args.force_anchor;
+  // The CLI keeps its one connection for the session: if it dies (killed,
+  // or its connection cut) the session is aborted the moment the node sees
+  // the connection close, also between requests.
+  j["abort_on_disconnect"] = true;
   json files = json::object();
   for (const auto& [name, bytes] : args.files)
     files[name] = json{{"base64", base64_encode(bytes)}};

@@ -14,6 +14,7 @@
 
 #include <condition_variable>
 #include <future>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -461,6 +462,73 @@ TEST_F(http_server_test, a_client_that_goes_away_is_reported_once) {
   held->send(text("too late")); // harmless
   std::this_thread::sleep_for(20ms);
   EXPECT_EQ(calls.load(), 1);
+}
+
+TEST_F(http_server_test, a_client_closing_its_connection_is_told_from_the_server_closing_it) {
+  // Requests register what runs when their client closes the connection,
+  // at any moment after the answer; the server's own idle close does not
+  // count. One registration per connection: the later replaces the earlier.
+  http_server_options o;
+  o.idle_timeout = 300ms;
+  std::mutex m;
+  std::map<std::string, uint64_t> connection_of;               // path -> connection
+  std::map<std::string, std::shared_ptr<http_responder>> held; // path -> responder
+  std::map<uint64_t, std::vector<std::string>> closed;         // connection -> who ran
+  auto ran = [&](uint64_t c) {
+    std::lock_guard lock{m};
+    return closed.count(c) ? closed[c] : std::vector<std::string>{};
+  };
+  start(o, [&](server_request req, std::shared_ptr<http_responder> r) {
+    {
+      std::lock_guard lock{m};
+      connection_of[req.path] = r->connection();
+      held[req.path] = r;
+    }
+    r->on_client_close([&, path = req.path, c = r->connection()] {
+      std::lock_guard lock{m};
+      closed[c].push_back(path);
+    });
+    r->send(text("ok"));
+  });
+  auto connection = [&](const std::string& path) {
+    std::lock_guard lock{m};
+    return connection_of.at(path);
+  };
+  // Two answered requests on one connection, then the client closes it.
+  raw_client a{port};
+  a.write("GET /a1 HTTP/1.1\r\nHost: x\r\n\r\nGET /a2 HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto got = a.read_until("ok");
+  if (got.find("ok", got.find("ok") + 2) == std::string::npos)
+    got += a.read_until("ok");
+  ASSERT_EQ(connection("/a1"), connection("/a2"));
+  // Another connection, answered, then closed by the server when idle.
+  raw_client b{port};
+  b.write("GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
+  b.read_until("ok");
+  EXPECT_NE(connection("/b"), connection("/a1"));
+  a.close();
+  ASSERT_TRUE(testing::eventually([&] { return !ran(connection("/a1")).empty(); }, 10s));
+  b.read_to_close();
+  EXPECT_TRUE(b.closed_by_peer()) << "the server did not close the idle connection";
+  expect_no_open_connections();
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(ran(connection("/a1")), std::vector<std::string>{"/a2"});
+  EXPECT_TRUE(ran(connection("/b")).empty()) << "the server's own close counted as the client's";
+  // Asked after the connection closed: at once when the client closed it,
+  // never when the server did.
+  std::shared_ptr<http_responder> late_a, late_b;
+  {
+    std::lock_guard lock{m};
+    late_a = held["/a1"];
+    late_b = held["/b"];
+  }
+  std::promise<void> now;
+  late_a->on_client_close([&] { now.set_value(); });
+  EXPECT_EQ(now.get_future().wait_for(10s), std::future_status::ready);
+  std::atomic<bool> wrongly{false};
+  late_b->on_client_close([&] { wrongly = true; });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(wrongly.load());
 }
 
 TEST_F(http_server_test, clients_that_leave_while_their_answer_is_written_do_not_break_it) {

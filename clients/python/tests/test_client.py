@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.parse
 
 from harness import BIN, Node, init_model
 from stitch_client import Client, StitchError, TensorBytes
@@ -404,6 +405,80 @@ class DyingClients(unittest.TestCase):
             self.assertTrue(done["claimed"])
             self.assertFalse(done["idempotent"])
             client.close()
+        finally:
+            node.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class ConnectionBoundSessions(unittest.TestCase):
+    def test_a_bound_session_ends_with_its_connection_and_an_unbound_one_survives_a_reconnect(self):
+        tmp = tempfile.mkdtemp(prefix="stitch-client-bound-")
+        node = Node(os.path.join(tmp, "node"), "replicas=0")
+        try:
+            weights, names, listing = booted(tmp)
+            u = urllib.parse.urlsplit(node.publisher)
+            connect = lambda: http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+
+            def call(conn, method, path, body=None):
+                conn.request(method, path, body)
+                r = conn.getresponse()
+                data = r.read()
+                return r.status, (json.loads(data) if data else None)
+
+            def open_on(conn, pool, **extra):
+                body = {"pool": pool, "run_id": "r", "version": 0,
+                        "tensors": [{"name": n, "dtype": d, "shape": list(sh)} for n, d, sh in listing]}
+                body.update(extra)
+                return call(conn, "POST", "/publish", json.dumps(body).encode())
+
+            # Not bound (the default): the connection closes after an answered
+            # PUT and the session goes on over a new one.
+            first = connect()
+            status, opened = open_on(first, "free")
+            self.assertEqual(status, 201, opened)
+            sid = opened["session"]
+            self.assertEqual(call(first, "PUT", f"/publish/{sid}", bytes(weights[names[0]].data))[0], 200)
+            first.close()
+            second = connect()
+            for n in names[1:]:
+                self.assertEqual(call(second, "PUT", f"/publish/{sid}", bytes(weights[n].data))[0], 200)
+            status, done = call(second, "POST", f"/publish/{sid}/commit")
+            self.assertEqual(status, 200, done)
+            self.assertTrue(done["claimed"])
+            second.close()
+
+            # Bound: the client closing the connection between requests aborts
+            # the session at once, and the pool's publish queue is free.
+            bound = connect()
+            status, opened = open_on(bound, "bound", abort_on_disconnect=True)
+            self.assertEqual(status, 201, opened)
+            sid = opened["session"]
+            self.assertEqual(call(bound, "PUT", f"/publish/{sid}", bytes(weights[names[0]].data))[0], 200)
+            bound.close()
+            deadline = time.monotonic() + 20
+            said = f"publish session {sid} went away between requests"
+            while True:
+                with open(node.log_path) as f:
+                    if said in f.read():
+                        break
+                if time.monotonic() > deadline:
+                    self.fail(f"session {sid} was not aborted when its connection closed")
+                time.sleep(0.1)
+            late = connect()
+            status, answer = call(late, "PUT", f"/publish/{sid}", bytes(weights[names[1]].data))
+            self.assertGreaterEqual(status, 400, answer)
+            late.close()
+            client = Client(publisher=node.publisher, timeout=60)
+            done = client.publish(weights, run="r", version=0, pool="bound")
+            self.assertTrue(done["claimed"])
+            client.close()
+
+            # The flag is a boolean.
+            conn = connect()
+            status, answer = open_on(conn, "odd", abort_on_disconnect="yes")
+            self.assertEqual(status, 400, answer)
+            self.assertIn("abort_on_disconnect", answer["message"])
+            conn.close()
         finally:
             node.stop()
             shutil.rmtree(tmp, ignore_errors=True)
