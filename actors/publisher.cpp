@@ -196,12 +196,19 @@ void watch_feeder(Self* self, publisher_state::session& s) {
 }
 
 /// A session's outcome went to its client (or nobody wants it): it goes.
+/// An aborted one nobody waits for goes at once, its publish still queued
+/// or ending: it fails on its own (its stream is closed), and until then it
+/// would hold one of the node's `max_sessions` slots (behind a long publish
+/// to its pool, for as long as that one takes).
 void settle(self_ptr self, uint64_t id) {
   auto& st = self->state;
   auto it = st.sessions.find(id);
-  if (it == st.sessions.end() || !it->second.outcome)
+  if (it == st.sessions.end())
     return;
-  if (it->second.waiting) {
+  if (!it->second.outcome) {
+    if (!it->second.aborted || it->second.waiting)
+      return; // its publish runs (or waits for its turn), or a client waits for why it failed
+  } else if (it->second.waiting) {
     deliver(*it->second.waiting, std::move(*it->second.outcome));
   } else if (!it->second.aborted) {
     return; // the client has yet to ask with `finish`

@@ -241,6 +241,50 @@ TEST_F(publisher_actor_test, streamed_sessions_are_bounded_checked_and_dropped_w
   EXPECT_TRUE(!listed || listed->empty());
 }
 
+TEST_F(publisher_actor_test, an_aborted_session_frees_its_slot_before_its_publish_has_run) {
+  // A session aborted while its publish waits for its turn (behind a long
+  // publish to its pool) gives its slot back at once, not when that turn
+  // comes.
+  publisher_limits limits;
+  limits.max_sessions = 1;
+  start({}, limits);
+  publish_args args;
+  args.run_id = "r";
+  std::vector<store::tensor_header> good{{"a", safetensors::dtype::f32, {2}, 8}};
+  self->send(publisher, atom::publish_v, args, good);
+  sched.run();
+  ASSERT_TRUE(workers->run_one()); // the piece buffers' warm-up
+  sched.run();
+  std::string err;
+  auto first = answer<uint64_t>(&err);
+  ASSERT_TRUE(first) << err;
+  // Its publish is queued on the workers, not run.
+  self->send(publisher, atom::abort_v, *first);
+  sched.run();
+  publish_args other = args;
+  other.pool = "other";
+  self->send(publisher, atom::publish_v, other, good);
+  sched.run();
+  EXPECT_FALSE(answer<uint64_t>(&err));
+  EXPECT_EQ(err, "(none)") << "refused while the aborted session's publish was queued";
+  // The workers run the aborted publish (it fails at once: its stream is
+  // closed), then the new session's warm-up. (Not `settle`: the new
+  // session's publish would wait for bytes.)
+  ASSERT_TRUE(workers->run_one());
+  ASSERT_TRUE(workers->run_one());
+  sched.run();
+  auto second = answer<uint64_t>(&err);
+  ASSERT_TRUE(second) << err;
+  EXPECT_NE(*second, *first);
+  // The aborted publish ran and failed; nothing of it is visible.
+  self->send(publisher, atom::finish_v, *first);
+  sched.run();
+  EXPECT_FALSE(answer<publish_summary>(&err));
+  EXPECT_NE(err.find("not_found"), std::string::npos) << err;
+  auto listed = backend->list_versions("default", "r");
+  EXPECT_TRUE(!listed || listed->empty());
+}
+
 TEST_F(publisher_actor_test, a_publisher_that_stops_ends_the_publishes_waiting_for_bytes) {
   start();
   publish_args args;

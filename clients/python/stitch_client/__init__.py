@@ -432,7 +432,16 @@ class PublishSession:
 class Client:
     """One Stitch deployment: its publisher (for trainers) and its gateway
     (for rollout workers). ``token`` is the admin token, when the nodes
-    require one."""
+    require one.
+
+    ``abort_on_disconnect``: open publish sessions bound to this client's
+    connection, so that a trainer that dies in the middle of a publish, also
+    between two requests, frees its session and its pool's publish queue the
+    moment the node sees the connection close (otherwise a session left
+    between requests goes at the publisher's idle timeout, 600 s by
+    default). Only where the client reaches the publisher directly: a proxy
+    that closes its own connections to the node (nginx's keepalive limits)
+    would abort sessions that are alive."""
 
     def __init__(
         self,
@@ -440,7 +449,9 @@ class Client:
         gateway: Optional[str] = None,
         token: Optional[str] = None,
         timeout: float = 300.0,
+        abort_on_disconnect: bool = False,
     ):
+        self.abort_on_disconnect = bool(abort_on_disconnect)
         self._publisher = _Endpoint(publisher, token, timeout) if publisher else None
         self._gateway = _Endpoint(gateway, token, timeout) if gateway else None
 
@@ -485,6 +496,8 @@ class Client:
         }
         if files:
             body["files"] = _files_json(files)
+        if self.abort_on_disconnect:
+            body["abort_on_disconnect"] = True
         return PublishSession(self._pub(), self._pub().json("POST", "/publish", body), chunk_bytes)
 
     def publish(

@@ -343,16 +343,22 @@ class SessionLifetime(unittest.TestCase):
 
 
 # A publishing process that dies with a PUT in flight: ``whole`` sends the
-# whole body and waits for the answer, ``half`` stops half-way through it.
-# Prints the session's id, then sleeps until it is killed.
+# whole body and waits for the answer, ``half`` stops half-way through it;
+# ``between`` (its session bound to its connection) sends nothing after its
+# first, answered, PUT. Prints the session's id, then sleeps until it is
+# killed.
 DYING_CLIENT = r"""
 import http.client, json, sys, time
 from urllib.parse import urlsplit
 from stitch_client import Client
 url, pool, mode, listing, sizes = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5])
-session = Client(publisher=url).open_session([tuple(t) for t in listing], run="r", version=0, pool=pool)
+client = Client(publisher=url, abort_on_disconnect=mode == "between")
+session = client.open_session([tuple(t) for t in listing], run="r", version=0, pool=pool)
 session.write(bytes(sizes[0]))
 session._flush()
+if mode == "between":
+    print(session.id, flush=True)
+    time.sleep(600)
 u = urlsplit(url)
 conn = http.client.HTTPConnection(u.hostname, u.port)
 conn.putrequest("PUT", f"/publish/{session.id}")
@@ -378,7 +384,8 @@ class DyingClients(unittest.TestCase):
             # bytes), so the dying clients' second PUTs stay unanswered.
             holder = client.open_session(listing, run="r", version=0, pool="busy")
             expect = {"whole": "before its PUT was answered",
-                      "half": "in the middle of a PUT's body"}
+                      "half": "in the middle of a PUT's body",
+                      "between": "between requests"}
             ids = {}
             for mode in expect:
                 p = subprocess.Popen(
@@ -399,6 +406,11 @@ class DyingClients(unittest.TestCase):
                 if time.monotonic() > deadline:
                     self.fail(f"sessions {ids} were not aborted:\n{log[-3000:]}")
                 time.sleep(0.1)
+            # Their slots are free at once, though their publishes are still
+            # queued behind the holder's: with the holder, three dead
+            # sessions would fill the node's four.
+            done = client.publish(weights, run="r", version=0, pool="other")
+            self.assertTrue(done["claimed"])
             holder.abort()
             # Nothing of the dead clients' sessions stands in the way.
             done = client.publish(weights, run="r", version=0, pool="busy")
