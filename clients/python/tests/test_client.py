@@ -490,6 +490,23 @@ class ConnectionBoundSessions(unittest.TestCase):
             status, answer = open_on(conn, "odd", abort_on_disconnect="yes")
             self.assertEqual(status, 400, answer)
             self.assertIn("abort_on_disconnect", answer["message"])
+            # The node's four sessions taken: a fifth is told to retry (503,
+            # Retry-After), not that it asked wrongly.
+            opened = []
+            for i in range(4):
+                status, answer = open_on(conn, f"slot{i}")
+                self.assertEqual(status, 201, answer)
+                opened.append(answer["session"])
+            conn.request("POST", "/publish", json.dumps(
+                {"pool": "slot4", "run_id": "r", "version": 0,
+                 "tensors": [{"name": n, "dtype": d, "shape": list(sh)} for n, d, sh in listing]}).encode())
+            r = conn.getresponse()
+            answer = json.loads(r.read())
+            self.assertEqual(r.status, 503, answer)
+            self.assertIn("too many publishes", answer["message"])
+            self.assertTrue(r.getheader("Retry-After"))
+            for sid in opened:
+                self.assertEqual(call(conn, "DELETE", f"/publish/{sid}")[0], 200)
             conn.close()
         finally:
             node.stop()
