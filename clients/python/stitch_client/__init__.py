@@ -481,12 +481,15 @@ class Client:
         anchor: bool = False,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         files: Optional[Mapping[str, Union[str, bytes]]] = None,
+        retry_budget: float = 60.0,
     ) -> PublishSession:
         """Opens a publish session for ``tensors`` — (name, dtype, shape)
         in ascending name order — whose bytes follow with
         :meth:`PublishSession.write`. ``files`` are the checkpoint's small
         non-tensor files (``config.json``, ...; text or bytes), kept with the
-        version byte for byte."""
+        version byte for byte. A publisher that is busy (its sessions all
+        taken: 503) is asked again, honoring ``Retry-After``, within
+        ``retry_budget`` seconds."""
         body = {
             "pool": pool,
             "run_id": run,
@@ -498,7 +501,16 @@ class Client:
             body["files"] = _files_json(files)
         if self.abort_on_disconnect:
             body["abort_on_disconnect"] = True
-        return PublishSession(self._pub(), self._pub().json("POST", "/publish", body), chunk_bytes)
+        deadline = time.monotonic() + retry_budget
+        while True:
+            status, h, answer = self._pub().call("POST", "/publish", body)
+            if status < 400:
+                return PublishSession(self._pub(), answer, chunk_bytes)
+            err = StitchError(status, answer)
+            wait = float(h.get("retry-after", "1") or 1)
+            if status != 503 or not err.retryable or time.monotonic() + wait > deadline:
+                raise err
+            time.sleep(wait)
 
     def publish(
         self,
@@ -509,20 +521,23 @@ class Client:
         anchor: bool = False,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         files: Optional[Mapping[str, Union[str, bytes]]] = None,
+        retry_budget: float = 60.0,
     ) -> Dict[str, Any]:
         """Publishes ``weights`` — a state dict (torch tensors, numpy arrays
         or :class:`TensorBytes`) or a directory of ``.safetensors`` files —
         as ``version`` of ``run``. Streams each tensor's bytes in pieces of
         ``chunk_bytes``; never builds one large buffer. ``files`` (default:
         a directory's :func:`checkpoint_files`) are kept with the version:
-        give a state dict's ``config.json`` here. Answers what was published
-        (``ref``, ``kind``, ``stored_bytes``, ``touched``, ...)."""
+        give a state dict's ``config.json`` here. A busy publisher is asked
+        again within ``retry_budget`` seconds (:meth:`open_session`). Answers
+        what was published (``ref``, ``kind``, ``stored_bytes``, ``touched``,
+        ...)."""
         sources = _sources(weights)
         if files is None and isinstance(weights, (str, os.PathLike)):
             files = checkpoint_files(os.fspath(weights))
         session = self.open_session(
             [(s.name, s.dtype, s.shape) for s in sources], run, version, pool, anchor, chunk_bytes,
-            files,
+            files, retry_budget,
         )
         with session:
             for s in sources:

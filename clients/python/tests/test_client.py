@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.parse
@@ -483,7 +484,6 @@ class ConnectionBoundSessions(unittest.TestCase):
             client = Client(publisher=node.publisher, timeout=60)
             done = client.publish(weights, run="r", version=0, pool="bound")
             self.assertTrue(done["claimed"])
-            client.close()
 
             # The flag is a boolean.
             conn = connect()
@@ -505,6 +505,22 @@ class ConnectionBoundSessions(unittest.TestCase):
             self.assertEqual(r.status, 503, answer)
             self.assertIn("too many publishes", answer["message"])
             self.assertTrue(r.getheader("Retry-After"))
+            # The client asks again within its budget: without one it gives
+            # up at once; with one it publishes once a session ends.
+            with self.assertRaises(StitchError) as caught:
+                client.publish(weights, run="r", version=0, pool="slot4", retry_budget=0)
+            self.assertEqual(caught.exception.status, 503)
+            result = {}
+            waiting = threading.Thread(target=lambda: result.update(
+                client.publish(weights, run="r", version=0, pool="slot4", retry_budget=60)))
+            waiting.start()
+            time.sleep(1.5)
+            self.assertTrue(waiting.is_alive(), "the publish did not wait for a session")
+            self.assertEqual(call(conn, "DELETE", f"/publish/{opened.pop()}")[0], 200)
+            waiting.join(60)
+            self.assertFalse(waiting.is_alive())
+            self.assertTrue(result.get("claimed"), result)
+            client.close()
             for sid in opened:
                 self.assertEqual(call(conn, "DELETE", f"/publish/{sid}")[0], 200)
             conn.close()
