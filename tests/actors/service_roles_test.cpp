@@ -145,6 +145,23 @@ protected:
     return path.string();
   }
 
+  /// Opens a streamed session of one small tensor in `pool` (its piece
+  /// buffers' warm-up run, its publish queued on the workers); its id.
+  std::optional<uint64_t> open_session(const std::string& pool = "default") {
+    publish_args args;
+    args.pool = pool;
+    args.run_id = "r";
+    std::vector<store::tensor_header> one{{"a", safetensors::dtype::f32, {2}, 8}};
+    self->send(publisher, atom::publish_v, args, one);
+    sched.run();
+    EXPECT_TRUE(workers->run_one()); // the piece buffers' warm-up
+    sched.run();
+    std::string err;
+    auto id = answer<uint64_t>(&err);
+    EXPECT_TRUE(id) << err;
+    return id;
+  }
+
   /// Publishes `w` as `run`/`v` from a directory; the summary or the error text.
   std::string publish(uint64_t v, const store::tensor_set& w, std::string token = {},
                       std::string run = "r") {
@@ -249,23 +266,18 @@ TEST_F(publisher_actor_test, an_aborted_session_frees_its_slot_before_its_publis
   publisher_limits limits;
   limits.max_sessions = 1;
   start({}, limits);
-  publish_args args;
-  args.run_id = "r";
-  std::vector<store::tensor_header> good{{"a", safetensors::dtype::f32, {2}, 8}};
-  self->send(publisher, atom::publish_v, args, good);
-  sched.run();
-  ASSERT_TRUE(workers->run_one()); // the piece buffers' warm-up
-  sched.run();
-  std::string err;
-  auto first = answer<uint64_t>(&err);
-  ASSERT_TRUE(first) << err;
+  auto first = open_session();
+  ASSERT_TRUE(first);
   // Its publish is queued on the workers, not run.
   self->send(publisher, atom::abort_v, *first);
   sched.run();
-  publish_args other = args;
+  publish_args other;
   other.pool = "other";
-  self->send(publisher, atom::publish_v, other, good);
+  other.run_id = "r";
+  self->send(publisher, atom::publish_v, other,
+             std::vector<store::tensor_header>{{"a", safetensors::dtype::f32, {2}, 8}});
   sched.run();
+  std::string err;
   EXPECT_FALSE(answer<uint64_t>(&err));
   EXPECT_EQ(err, "(none)") << "refused while the aborted session's publish was queued";
   // The workers run the aborted publish (it fails at once: its stream is
@@ -288,15 +300,7 @@ TEST_F(publisher_actor_test, an_aborted_session_frees_its_slot_before_its_publis
 
 TEST_F(publisher_actor_test, a_publisher_that_stops_ends_the_publishes_waiting_for_bytes) {
   start();
-  publish_args args;
-  args.run_id = "r";
-  std::vector<store::tensor_header> good{{"a", safetensors::dtype::f32, {2}, 8}};
-  self->send(publisher, atom::publish_v, args, good);
-  sched.run();
-  ASSERT_TRUE(workers->run_one()); // the piece buffers' warm-up
-  sched.run();
-  std::string err;
-  ASSERT_TRUE(answer<uint64_t>(&err)) << err;
+  ASSERT_TRUE(open_session());
   // The node stops: the publish on a worker, waiting for bytes no client
   // will send now, ends at once (it would wait forever otherwise) and
   // leaves nothing visible.
