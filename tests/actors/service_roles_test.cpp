@@ -145,11 +145,10 @@ protected:
     return path.string();
   }
 
-  /// Opens a streamed session of one small tensor in `pool` (its piece
-  /// buffers' warm-up run, its publish queued on the workers); its id.
-  std::optional<uint64_t> open_session(const std::string& pool = "default") {
+  /// Opens a streamed session of one small tensor (its piece buffers'
+  /// warm-up run, its publish queued on the workers); its id.
+  std::optional<uint64_t> open_session() {
     publish_args args;
-    args.pool = pool;
     args.run_id = "r";
     std::vector<store::tensor_header> one{{"a", safetensors::dtype::f32, {2}, 8}};
     self->send(publisher, atom::publish_v, args, one);
