@@ -217,7 +217,7 @@ public:
 
   /// Writes whatever the head of the pipeline has ready.
   void pump() {
-    if (writing_ || closed_ || slots_.empty())
+    if (writing_ || conn_->closed || slots_.empty())
       return;
     auto head = slots_.front();
     if (!head->answered)
@@ -239,7 +239,7 @@ private:
   }
 
   void read_next() {
-    if (reading_ || closed_ || stop_reading_ || draining_
+    if (reading_ || conn_->closed || stop_reading_ || draining_
         || slots_.size() >= server_->opts.max_pipeline)
       return;
     reading_ = true;
@@ -360,11 +360,11 @@ private:
         // A hook that throws changes nothing for the connection.
       }
     }
-    if (closed_)
+    if (conn_->closed)
       return;
     if (!why) {
       // The client went away: nobody waits for the answers. (A timer that
-      // closed the connection came through `closed_` above.)
+      // closed the connection returned above.)
       close(/*by_client=*/true);
       return;
     }
@@ -426,7 +426,7 @@ private:
     writing_ = false;
     // The connection closed (the client went, a timer fired) while the
     // answer's last bytes were on their way: `close` took the pipeline.
-    if (closed_ || slots_.empty())
+    if (conn_->closed || slots_.empty())
       return;
     slots_.pop_front();
     // Released when this returns (it may be the last reference).
@@ -528,9 +528,8 @@ private:
   /// Closes the connection; `by_client`: because the client closed it or
   /// it failed (not a timer, a drain or `Connection: close`).
   void close(bool by_client = false) {
-    if (closed_)
+    if (conn_->closed)
       return;
-    closed_ = true;
     conn_->closed = true;
     conn_->closed_by_client = by_client;
     auto client_close = std::exchange(conn_->on_client_close, {});
@@ -570,7 +569,6 @@ private:
   bool writing_ = false;
   bool stop_reading_ = false;
   bool draining_ = false;
-  bool closed_ = false;
 
   friend class slot;
 };
