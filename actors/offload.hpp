@@ -60,7 +60,7 @@ void deliver(caf::typed_response_promise<T>& promise, result<T>&& outcome) {
 /// Runs `work()` (a `result<T>`) on `lane` and answers the current request
 /// with it once `(done, id)` comes back; `then` sees the outcome first, on the
 /// actor's thread (to tell subscribers, say). A lane that refuses more work
-/// answers `limit_exceeded` at once, naming `lane_name`.
+/// answers `busy` at once (retryable: nothing ran), naming `lane_name`.
 template <class T, class Self, class Work>
 caf::typed_response_promise<T> offload(Self* self, job_table& jobs, executor& lane,
                                        const std::string& lane_name, Work work,
@@ -79,8 +79,8 @@ caf::typed_response_promise<T> offload(Self* self, job_table& jobs, executor& la
   });
   if (!queued) {
     jobs.drop(id);
-    promise.deliver(to_caf_error(
-      make_error(errc::limit_exceeded, "the " + lane_name + " is full; retry in a moment")));
+    promise.deliver(
+      to_caf_error(make_error(errc::busy, "the " + lane_name + " is full; retry in a moment")));
   }
   return promise;
 }

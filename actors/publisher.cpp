@@ -418,9 +418,9 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
         return to_caf_error(ok.error());
       // Busy, not a bad request: retryable (HTTP 503 with Retry-After).
       if (st.sessions.size() >= st.limits.max_sessions)
-        return to_caf_error({errc::engine_unavailable, "too many publishes in progress ("
-                                                         + std::to_string(st.limits.max_sessions)
-                                                         + "); retry later"});
+        return to_caf_error({errc::busy, "too many publishes in progress ("
+                                           + std::to_string(st.limits.max_sessions)
+                                           + "); retry later"});
       if (auto ok = validate_run_id(args.run_id); !ok)
         return to_caf_error(ok.error());
       if (auto ok = store::validate_headers(tensors); !ok)

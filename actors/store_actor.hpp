@@ -47,7 +47,7 @@ using pointer_listener_actor =
 /// shard bytes, exports, retention) can never delay, bulk work on a lane of
 /// its own, and tensor range reads (replicas staging) on a third, so that no
 /// publish's writes hold up another pool's sync;
-/// both lanes are bounded and a full one answers `limit_exceeded`. Tensor
+/// every lane is bounded and a full one answers `busy` (retryable). Tensor
 /// bytes leave in chunks of at most `max_chunk_bytes` and arrive the same way.
 using store_actor = caf::typed_actor<
   // Reads a pool's pointer (none before a run is claimed).

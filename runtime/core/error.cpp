@@ -27,6 +27,7 @@ std::string_view to_string(errc code) noexcept {
     case errc::decode_failure: return "decode_failure";
     case errc::limit_exceeded: return "limit_exceeded";
     case errc::unauthorized: return "unauthorized";
+    case errc::busy: return "busy";
   }
   return "unknown";
 }

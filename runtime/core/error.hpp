@@ -52,6 +52,11 @@ enum class errc : uint8_t {
   limit_exceeded,
   /// A mutating command without the admin token.
   unauthorized,
+  /// A bounded queue or a limited resource is taken for now (a store lane,
+  /// the publisher's sessions); nothing was started, so asking again after a
+  /// moment is safe (HTTP 503 with `Retry-After`). Unlike `limit_exceeded`,
+  /// which the same request meets again.
+  busy,
 };
 
 /// The short name of an error code, e.g. "version_exists".

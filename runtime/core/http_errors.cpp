@@ -71,6 +71,7 @@ http_error http_error_of(const error& e) {
     case errc::version_not_ready:
       return not_ready_error(rejection{0, std::nullopt, true, e.message});
     case errc::engine_unavailable:
+    case errc::busy:
     case errc::no_run_claimed:
     case errc::activation_failed: return make_http_error(http_failure::unavailable, e.message);
     case errc::drain_timeout: return make_http_error(http_failure::drain_timeout, e.message);

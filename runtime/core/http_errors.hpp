@@ -78,7 +78,8 @@ http_error not_ready_error(rejection r);
 /// `limit_exceeded` and malformed input → 400, `unauthorized` → 401,
 /// `route_blocked` → 403, `not_found` → 404, `version_not_ready` → 409,
 /// `version_exists` / `rewind` / `conflict` → 409 of that name,
-/// `engine_unavailable` / `no_run_claimed` / `activation_failed` → 503,
+/// `engine_unavailable` / `busy` / `no_run_claimed` / `activation_failed` →
+/// 503 `EngineUnavailable` with `Retry-After: 1`,
 /// `drain_timeout` → 503 `DrainTimeout`, anything else → 500 `EngineError`.
 http_error http_error_of(const error& e);
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -201,13 +202,24 @@ result<publish_summary> run_publish(caf::actor_system& sys, const publish_comman
   if (!handle)
     return std::move(handle).error();
   auto publisher = caf::actor_cast<publisher_actor>(*handle);
-  result<publish_summary> summary = make_error(errc::invalid_argument, "not published");
-  if (!cmd.stream && is_loopback(cmd.coordinator.host)) {
-    std::error_code ec;
-    auto path = std::filesystem::absolute(cmd.directory, ec);
-    summary = ask<publish_summary>(sys, publisher, atom::publish_v, cmd.args, path.string());
-  } else {
-    summary = stream_publish(sys, caf::actor_cast<caf::actor>(*coordinator), publisher, cmd);
+  auto attempt = [&]() -> result<publish_summary> {
+    if (!cmd.stream && is_loopback(cmd.coordinator.host)) {
+      std::error_code ec;
+      auto path = std::filesystem::absolute(cmd.directory, ec);
+      return ask<publish_summary>(sys, publisher, atom::publish_v, cmd.args, path.string());
+    }
+    return stream_publish(sys, caf::actor_cast<caf::actor>(*coordinator), publisher, cmd);
+  };
+  // A busy publisher started nothing of this publish: ask again (its
+  // `Retry-After` is a second) until the budget is spent.
+  const auto give_up = std::chrono::steady_clock::now() + cmd.retry_budget;
+  auto summary = attempt();
+  while (!summary && summary.error().code == errc::busy
+         && std::chrono::steady_clock::now() + std::chrono::seconds{1} <= give_up) {
+    std::fprintf(stderr, "stitch publish: the publisher is busy (%s); asking again in 1 s\n",
+                 summary.error().message.c_str());
+    std::this_thread::sleep_for(std::chrono::seconds{1});
+    summary = attempt();
   }
   if (!summary)
     return summary;

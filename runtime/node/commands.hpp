@@ -2,6 +2,7 @@
 
 #include <caf/fwd.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 
@@ -38,13 +39,18 @@ struct publish_command {
   std::string directory;
   /// Stream the tensors even when the node could read the directory itself.
   bool stream = false;
+  /// How long a publisher that is `busy` (its sessions or its pool's queue
+  /// all taken; nothing of the publish started) is asked again, once a
+  /// second, before the CLI gives up; 0 = not at all.
+  std::chrono::seconds retry_budget{60};
 };
 
 /// `stitch publish`: hands the directory's path to the publisher when the
 /// node is on this machine, or streams its tensors: over the publisher's
 /// HTTP surface when it has one this process can reach (`http_publish.hpp`),
-/// else as CAF messages in chunks of at most `max_chunk_bytes`. Prints what
-/// was (or, with --dry-run, would be) published.
+/// else as CAF messages in chunks of at most `max_chunk_bytes`. A `busy`
+/// publisher is asked again within `retry_budget` (a line on stderr each
+/// time). Prints what was (or, with --dry-run, would be) published.
 result<publish_summary> run_publish(caf::actor_system& sys, const publish_command& cmd,
                                     std::FILE* out);
 

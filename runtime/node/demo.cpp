@@ -76,6 +76,7 @@ status publish_version(caf::actor_system& sys, const demo_command& cmd,
   pub.args.version = version;
   pub.args.token = cmd.token;
   pub.directory = dir.string();
+  pub.retry_budget = std::chrono::seconds{0}; // the loop below retries, and heeds `stop`
   // The publisher's node may be down or restarting (the hub restarts from
   // its store): a publish that failed for want of it is tried again, the
   // same version with the same bytes, which the store takes once.

@@ -158,7 +158,11 @@ http_publish_outcome publish_over_http(const transport::http_endpoint& at, const
     return out;
   }
   if (opened->status != 201) {
-    out.summary = refused(at, "the publish", *opened);
+    auto why = refused(at, "the publish", *opened);
+    // Nothing was opened: a 503 here (every session taken) may pass later.
+    if (opened->status == 503)
+      why.code = errc::busy;
+    out.summary = std::move(why);
     return out;
   }
   uint64_t session = 0;

@@ -88,6 +88,13 @@ int main(int argc, char** argv) {
   publish->add_flag("--anchor", pub.args.force_anchor, "publish a full anchor");
   publish->add_flag("--dry-run", pub.args.dry_run, "print what would be published");
   publish->add_flag("--stream", pub.stream, "stream the tensors even to a local node");
+  int64_t retry_budget_s = pub.retry_budget.count();
+  publish
+    ->add_option("--retry-budget", retry_budget_s,
+                 "seconds to keep asking a busy publisher (every session taken); 0: give up at "
+                 "once")
+    ->check(CLI::Range(int64_t{0}, int64_t{86400}))
+    ->capture_default_str();
 
   export_command exp;
   auto* exporter = app.add_subcommand("export", "write a version as a Hugging Face directory");
@@ -261,6 +268,7 @@ int main(int argc, char** argv) {
   if (chosen == publish) {
     pub.coordinator = *where;
     pub.args.token = token;
+    pub.retry_budget = std::chrono::seconds{retry_budget_s};
     auto done = run_publish(sys, pub, stdout);
     return finish("publish", done ? stitch::status{} : stitch::status{done.error()});
   }

@@ -296,13 +296,13 @@ TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_read_or_oth
   EXPECT_TRUE(backend->compare_and_advance_pointer(pool, version_ref{"r", 0}, {"r", 1}));
 }
 
-TEST_F(store_actor_test, a_full_lane_answers_limit_exceeded) {
+TEST_F(store_actor_test, a_full_lane_answers_busy) {
   auto small = std::make_shared<manual_executor>(1);
   auto a = sys.spawn(store_service, backend, store_lanes{small, bulk, reads}, store_options{});
   self->send(a, atom::read_pointer_v, pool);
   self->send(a, atom::read_pointer_v, pool);
   sched.run();
-  EXPECT_EQ(answer_code<caf::optional<pointer_record>>(), errc::limit_exceeded);
+  EXPECT_EQ(answer_code<caf::optional<pointer_record>>(), errc::busy);
   while (sched.run() + small->run_all() > 0)
     ;
   EXPECT_EQ(answer_code<caf::optional<pointer_record>>(), errc::none);

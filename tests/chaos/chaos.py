@@ -638,8 +638,8 @@ class Chaos:
         while not self.stop_flag.is_set():
             src = self.side_dirs[version % 2]
             cmd = [os.path.join(self.bindir, "stitch"), "--coordinator",
-                   f"{self.net.addr('hub')}:4300", "publish", "--pool", SIDE_POOL, "--run",
-                   "side", "--version", str(version), src]
+                   f"{self.net.addr('hub')}:4300", "publish", "--retry-budget", "0", "--pool",
+                   SIDE_POOL, "--run", "side", "--version", str(version), src]
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             with self.lock:
                 self.side_current = p
@@ -672,7 +672,8 @@ class Chaos:
                 with self.lock:
                     self.fault_notes["side publish refused: " + why] += 1
                 # One publisher, one publish at a time: only sessions that
-                # killed publishers left behind can fill the node's slots.
+                # killed publishers left behind can fill the node's slots
+                # (asked once: `--retry-budget 0`, so a leak is not waited out).
                 if "too many publishes in progress" in out:
                     self.violate("a side publish was refused for sessions that killed "
                                  "publishers left open: " + why)

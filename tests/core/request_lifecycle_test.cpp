@@ -247,6 +247,12 @@ TEST(http_errors, domain_errors_map_to_statuses) {
   EXPECT_EQ(http_error_of(error{errc::not_found, "x"}).status, 404);
   EXPECT_EQ(http_error_of(error{errc::engine_unavailable, "x"}).status, 503);
   EXPECT_EQ(http_error_of(error{errc::no_run_claimed, "x"}).status, 503);
+  // A full queue is no bad request: asked again after a moment, it may pass.
+  auto busy = http_error_of(error{errc::busy, "the store's fast lane is full"});
+  EXPECT_EQ(busy.status, 503);
+  EXPECT_TRUE(busy.retryable);
+  EXPECT_EQ(busy.retry_after, 1u);
+  EXPECT_EQ(busy.message, "the store's fast lane is full");
   EXPECT_EQ(http_error_of(error{errc::drain_timeout, "x"}).type, "DrainTimeout");
   auto conflict = http_error_of(error{errc::version_not_ready, "x"});
   EXPECT_EQ(conflict.status, 409);

@@ -319,8 +319,10 @@ void cli_test::expect_a_dead_client_frees_its_session(const std::string& aborted
   }
   ASSERT_GE(killed, 6) << "the publishes finished before they could be killed";
   // Bounded: without the fix the pool's queue is held for 10 minutes.
+  // Asked once (`--retry-budget 0`): a slot still held is not waited out.
   auto after =
-    run("timeout 120 " + stitch("publish --stream --pool crashy --run r --version 1 ") + path);
+    run("timeout 120 "
+        + stitch("publish --stream --retry-budget 0 --pool crashy --run r --version 1 ") + path);
   EXPECT_EQ(after.code, 0) << after.output;
   const auto log = node->log();
   EXPECT_NE(log.find(aborted), std::string::npos) << log;
@@ -427,6 +429,75 @@ TEST_F(http_cli_test, a_streamed_publish_fails_at_once_when_its_node_dies) {
     return std::vector<std::string>{"publish", "--stream",  "--pool", "crashy", "--run",
                                     "r",       "--version", "1",      path};
   });
+}
+
+/// A publisher surface whose sessions stay open until deleted (the default
+/// idle timeout, 10 minutes).
+class busy_cli_test : public cli_test {
+protected:
+  std::vector<std::string> sets() const override {
+    return {"replicas=0", "publisher.listen=127.0.0.1:0"};
+  }
+};
+
+// A publisher with every session taken is busy, not broken: with a budget of
+// 0 `stitch publish` gives up at once saying so; with one it asks again
+// every second and publishes once a session frees.
+TEST_F(busy_cli_test, a_busy_publisher_is_asked_again_within_the_retry_budget) {
+  const std::string surface = "publisher http://127\\.0\\.0\\.1:([0-9]+)";
+  ASSERT_TRUE(node->await_log(surface)) << node->log();
+  std::smatch m;
+  const auto log = node->log();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex{surface})) << log;
+  const transport::http_endpoint at{"http", "127.0.0.1", static_cast<uint16_t>(std::stoi(m[1]))};
+  auto call = [&](const std::string& method, const std::string& target, std::string body) {
+    transport::http_client c{at};
+    transport::http_request req;
+    req.method = method;
+    req.target = target;
+    req.headers.push_back({"Content-Type", "application/json"});
+    req.body = std::move(body);
+    return c.send(req);
+  };
+  // The node's four sessions, opened and left waiting for their bytes.
+  std::vector<std::string> held;
+  for (int i = 0; i < 4; ++i) {
+    auto r =
+      call("POST", "/publish",
+           R"({"pool":"held)" + std::to_string(i)
+             + R"(","run_id":"h","version":0,"tensors":[{"name":"w","dtype":"F32","shape":[4]}]})");
+    ASSERT_TRUE(r) << to_string(r.error());
+    ASSERT_EQ(r->status, 201) << r->body;
+    held.push_back("/publish/"
+                   + std::to_string(nlohmann::json::parse(r->body).at("session").get<uint64_t>()));
+  }
+  const auto path = write("m", model(5));
+  auto refused = run(stitch("publish --stream --retry-budget 0 --run r --version 0 " + path));
+  EXPECT_EQ(refused.code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("busy"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("too many publishes in progress"), std::string::npos)
+    << refused.output;
+  EXPECT_EQ(refused.output.find("asking again"), std::string::npos) << refused.output;
+
+  const auto out = (dir.path() / "cli.out").string();
+  cli_child p{port, {"publish", "--stream", "--run", "r", "--version", "0", path}, out};
+  ASSERT_GT(p.pid, 0);
+  bool waiting = false;
+  for (int i = 0; i < 600 && !waiting; ++i) {
+    waiting = p.output(out).find("asking again in 1 s") != std::string::npos;
+    if (!waiting)
+      std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  }
+  ASSERT_TRUE(waiting) << p.output(out);
+  auto freed = call("DELETE", held.front(), "");
+  ASSERT_TRUE(freed) << to_string(freed.error());
+  EXPECT_EQ(freed->status, 200) << freed->body;
+  ASSERT_TRUE(p.exits_within(std::chrono::seconds{60})) << p.output(out);
+  const auto said = p.output(out);
+  EXPECT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0) << said;
+  EXPECT_NE(said.find("published r/weight_v000000 as a full"), std::string::npos) << said;
+  for (size_t i = 1; i < held.size(); ++i)
+    (void) call("DELETE", held[i], "");
 }
 
 /// The same surface behind the admin token.
