@@ -2,8 +2,11 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
+#include <thread>
 
 #include "runtime/core/manifest.hpp"
 
@@ -13,14 +16,44 @@ remote_store::remote_store(caf::actor_system& sys, store_actor target,
                            std::chrono::milliseconds timeout)
     : sys_(sys), target_(std::move(target)), timeout_(timeout) {}
 
+namespace {
+
+/// Paces asking a `busy` store again (a full lane refused the request
+/// before running any of it, so asking again is always safe): 5 ms,
+/// doubling up to 200 ms, while the call's time lasts.
+class busy_backoff {
+public:
+  explicit busy_backoff(std::chrono::milliseconds budget)
+      : until_(std::chrono::steady_clock::now() + budget) {}
+
+  /// Sleeps and says yes when `e` is `busy` and time is left for another try.
+  bool wait(const error& e) {
+    if (e.code != errc::busy || std::chrono::steady_clock::now() + pause_ > until_)
+      return false;
+    std::this_thread::sleep_for(pause_);
+    pause_ = std::min(pause_ * 2, max_pause);
+    return true;
+  }
+
+private:
+  static constexpr std::chrono::milliseconds max_pause{200};
+  std::chrono::steady_clock::time_point until_;
+  std::chrono::milliseconds pause_{5};
+};
+
+} // namespace
+
 template <class T, class... Ts>
-result<T> remote_store::call(Ts&&... xs) {
+result<T> remote_store::call(const Ts&... xs) {
   caf::scoped_actor self{sys_};
-  std::optional<result<T>> out;
-  self->request(target_, caf::duration{timeout_}, std::forward<Ts>(xs)...)
-    .receive([&](T& value) { out.emplace(std::move(value)); },
-             [&](caf::error& err) { out.emplace(from_caf_error(sys_, err)); });
-  return std::move(*out);
+  for (busy_backoff backoff{timeout_};;) {
+    std::optional<result<T>> out;
+    self->request(target_, caf::duration{timeout_}, xs...)
+      .receive([&](T& value) { out.emplace(std::move(value)); },
+               [&](caf::error& err) { out.emplace(from_caf_error(sys_, err)); });
+    if (*out || !backoff.wait(out->error()))
+      return std::move(*out);
+  }
 }
 
 result<std::optional<pointer_record>> remote_store::read_pointer(std::string_view pool) {
@@ -189,33 +222,46 @@ status remote_store::read_range(std::string_view pool, const version_ref& ref,
   };
   std::deque<flight> flights;
   status outcome;
+  auto ask = [&](size_t at, size_t len) {
+    return self->request(target_, caf::duration{timeout_}, atom::read_range_v, std::string{pool},
+                         ref, std::string{tensor}, offset + at, uint64_t{len});
+  };
+  // A chunk the store was too busy to read is asked for again on its own
+  // (the others stay in flight).
   auto land = [&](flight& f) {
-    f.h.receive(
-      [&](const shared_piece& bytes) {
-        if (!outcome)
-          return;
-        if (bytes.size != f.len) {
-          outcome =
-            make_error(errc::corrupt_data, "the store answered " + std::to_string(bytes.size)
-                                             + " bytes for a read of " + std::to_string(f.len));
-          return;
-        }
-        if (f.len > 0)
-          std::memcpy(out.data() + f.at, bytes.data, f.len);
-      },
-      [&](caf::error& err) {
-        if (outcome)
-          outcome = from_caf_error(sys_, err);
-      });
+    for (busy_backoff backoff{timeout_};;) {
+      std::optional<error> refused;
+      f.h.receive(
+        [&](const shared_piece& bytes) {
+          if (!outcome)
+            return;
+          if (bytes.size != f.len) {
+            outcome =
+              make_error(errc::corrupt_data, "the store answered " + std::to_string(bytes.size)
+                                               + " bytes for a read of " + std::to_string(f.len));
+            return;
+          }
+          if (f.len > 0)
+            std::memcpy(out.data() + f.at, bytes.data, f.len);
+        },
+        [&](caf::error& err) {
+          if (outcome)
+            refused = from_caf_error(sys_, err);
+        });
+      if (!refused)
+        return;
+      if (!backoff.wait(*refused)) {
+        outcome = std::move(*refused);
+        return;
+      }
+      f.h = ask(f.at, f.len);
+    }
   };
   size_t next = 0;
   while ((next < out.size() || !flights.empty()) && outcome) {
     while (next < out.size() && flights.size() < read_window) {
       const size_t len = std::min<uint64_t>(out.size() - next, read_chunk_bytes);
-      flights.push_back(
-        {self->request(target_, caf::duration{timeout_}, atom::read_range_v, std::string{pool}, ref,
-                       std::string{tensor}, offset + next, uint64_t{len}),
-         next, len});
+      flights.push_back({ask(next, len), next, len});
       next += len;
     }
     land(flights.front());

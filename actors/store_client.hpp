@@ -12,7 +12,9 @@ namespace stitch {
 /// The store port over a (possibly remote) store actor: every call is a
 /// blocking request. Bytes travel in chunks of at most `max_chunk_bytes`, a
 /// window of them in flight (a large read or upload never waits one round
-/// trip per chunk). Lets the runtime code that takes a `store_backend&`
+/// trip per chunk). A store too busy for a request (a full lane: nothing of
+/// it ran) is asked again, paced, within the call's timeout; uploads' chunks
+/// are not (they must arrive in order). Lets the runtime code that takes a `store_backend&`
 /// (publisher, export, replicas fetching bytes) work against a store on
 /// another node. Thread-safe: each call uses its own scoped actor. Never call
 /// it from inside an actor's handler on a cooperative scheduler thread.
@@ -55,8 +57,9 @@ public:
 private:
   class writer;
 
+  /// One request, asked again (paced) while the store answers `busy`.
   template <class T, class... Ts>
-  result<T> call(Ts&&... xs);
+  result<T> call(const Ts&... xs);
 
   caf::actor_system& sys_;
   store_actor target_;

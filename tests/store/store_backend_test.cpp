@@ -9,12 +9,14 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include <caf/actor_system.hpp>
 #include <caf/spawn_options.hpp>
 
 #include "actors/store.hpp"
 #include "actors/store_client.hpp"
+#include "actors/workers.hpp"
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 #include "runtime/store/s3_store.hpp"
@@ -243,6 +245,51 @@ TEST_P(store_backend_test, shard_pieces_of_any_size_round_trip) {
 // A shard of 128 MiB or more is flushed to the device while it is written
 // (its final sync then waits for the last 64 MiB at most), and reads back as
 // written.
+// A store whose lanes hold one job each answers most of a burst `busy`
+// (nothing of those requests ran); `remote_store` asks again, paced, so
+// every read completes with the right bytes. (Without that, a chunked read
+// with eight chunks in flight failed on the third.)
+TEST(remote_store, a_busy_store_is_asked_again_until_it_answers) {
+  temp_dir dir;
+  auto db = store::open_rocksdb_store((dir.path() / "db").string());
+  ASSERT_TRUE(db) << to_string(db.error());
+  std::shared_ptr<store_backend> backend{std::move(*db)};
+  const weights w{{"w", random_bytes(size_t{20} << 20, 3)}};
+  auto version = full_version("r", 0, w);
+  ASSERT_TRUE(put(*backend, "p", version));
+  ASSERT_TRUE(backend->claim("p", version.m.ref));
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  auto narrow = [](const char* name) { return std::make_shared<worker_pool>(1, name, 1); };
+  auto actor =
+    sys.spawn(store_service, backend, store_lanes{narrow("fast"), narrow("bulk"), narrow("reads")},
+              store_options{});
+  remote_store client{sys, actor};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t)
+    readers.emplace_back([&] {
+      for (int i = 0; i < 3; ++i) {
+        auto got = read_tensor(client, "p", {"r", 0}, "w", w.at("w").size());
+        if (!got || *got != w.at("w")) {
+          ADD_FAILURE() << (got ? "wrong bytes" : to_string(got.error()));
+          ++failures;
+        }
+        for (int k = 0; k < 20; ++k) {
+          auto p = client.read_pointer("p");
+          if (!p || !*p || (*p)->latest != version_ref{"r", 0}) {
+            ADD_FAILURE() << (p ? "wrong pointer" : to_string(p.error()));
+            ++failures;
+          }
+        }
+      }
+    });
+  for (auto& r : readers)
+    r.join();
+  EXPECT_EQ(failures.load(), 0);
+  caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+}
+
 TEST(rocksdb_store, a_large_shard_is_flushed_while_it_is_written) {
   temp_dir dir;
   auto opened = store::open_rocksdb_store((dir.path() / "db").string());
