@@ -14,8 +14,8 @@ namespace stitch {
 /// window of them in flight (a large read or upload never waits one round
 /// trip per chunk). A store too busy for a request (a full lane: nothing of
 /// it ran) is asked again, paced, within the call's timeout; uploads' chunks
-/// are not (they must arrive in order). Lets the runtime code that takes a `store_backend&`
-/// (publisher, export, replicas fetching bytes) work against a store on
+/// are not (they must arrive in order). Lets the runtime code that takes a
+/// `store_backend&` (publisher, export, replicas fetching bytes) work against a store on
 /// another node. Thread-safe: each call uses its own scoped actor. Never call
 /// it from inside an actor's handler on a cooperative scheduler thread.
 class remote_store final : public store_backend {
