@@ -368,8 +368,7 @@ publisher_http::session_names publisher_http::session_table::forget(uint64_t ses
   return names;
 }
 
-bool publisher_http::session_table::abandon(uint64_t session) {
-  std::lock_guard lock{mutex};
+bool publisher_http::session_table::abandon_locked(uint64_t session) {
   sessions.erase(session);
   if (std::find(abandoned.begin(), abandoned.end(), session) != abandoned.end())
     return false;
@@ -379,15 +378,20 @@ bool publisher_http::session_table::abandon(uint64_t session) {
   return true;
 }
 
+bool publisher_http::session_table::abandon(uint64_t session) {
+  std::lock_guard lock{mutex};
+  return abandon_locked(session);
+}
+
 std::vector<uint64_t> publisher_http::session_table::abandon_bound_to(uint64_t connection) {
+  // Under one lock: a commit that unbinds a session cannot slip in between
+  // finding it bound and abandoning it.
+  std::lock_guard lock{mutex};
   std::vector<uint64_t> bound;
-  {
-    std::lock_guard lock{mutex};
-    for (const auto& [id, st] : sessions)
-      if (st.bound_to == connection)
-        bound.push_back(id);
-  }
-  std::erase_if(bound, [this](uint64_t id) { return !abandon(id); });
+  for (const auto& [id, st] : sessions)
+    if (st.bound_to == connection)
+      bound.push_back(id);
+  std::erase_if(bound, [this](uint64_t id) { return !abandon_locked(id); });
   return bound;
 }
 

@@ -62,7 +62,6 @@ struct publisher_http_options {
 /// another connection binds the session to that one. For clients that keep
 /// one connection open for the session (`stitch publish --stream`), not for
 /// those behind a proxy that opens a connection per request.
-
 class publisher_http final : public http_surface {
 public:
   publisher_http(caf::actor_system& sys, caf::actor publisher, publisher_http_options options);
@@ -123,6 +122,8 @@ private:
     /// Forgets `session`, whose client went away; false when that was
     /// heard of already.
     bool abandon(uint64_t session);
+    /// `abandon` with `mutex` held.
+    bool abandon_locked(uint64_t session);
     /// Forgets and answers the uncommitted sessions bound to `connection`,
     /// whose client closed it.
     std::vector<uint64_t> abandon_bound_to(uint64_t connection);

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import math
 import os
 import struct
 import time
@@ -429,6 +430,17 @@ class PublishSession:
 # -- the client ---------------------------------------------------------------
 
 
+def _retry_after(headers: Mapping[str, str]) -> float:
+    """Seconds an answer's ``Retry-After`` asks to wait: its delay in
+    seconds, or 1 when it is missing, negative, not a finite number, or an
+    HTTP date (a proxy's)."""
+    try:
+        wait = float(headers.get("retry-after", "1"))
+    except (TypeError, ValueError):
+        return 1.0
+    return wait if math.isfinite(wait) and wait >= 0 else 1.0
+
+
 class Client:
     """One Stitch deployment: its publisher (for trainers) and its gateway
     (for rollout workers). ``token`` is the admin token, when the nodes
@@ -507,7 +519,7 @@ class Client:
             if status < 400:
                 return PublishSession(self._pub(), answer, chunk_bytes)
             err = StitchError(status, answer)
-            wait = float(h.get("retry-after", "1") or 1)
+            wait = _retry_after(h)
             if status != 503 or not err.retryable or time.monotonic() + wait > deadline:
                 raise err
             time.sleep(wait)
@@ -578,7 +590,7 @@ class Client:
             err = StitchError(status, answer)
             if status not in (409, 503) or not err.retryable:
                 raise err
-            wait = float(h.get("retry-after", "1") or 1)
+            wait = _retry_after(h)
             if time.monotonic() + wait > deadline:
                 raise err
             time.sleep(wait)

@@ -529,6 +529,18 @@ class ConnectionBoundSessions(unittest.TestCase):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+class RetryAfter(unittest.TestCase):
+    def test_a_retry_after_that_is_no_delay_in_seconds_waits_one_second(self):
+        # A proxy in front may send an HTTP date; a broken peer anything.
+        from stitch_client import _retry_after
+
+        self.assertEqual(_retry_after({"retry-after": "3"}), 3.0)
+        self.assertEqual(_retry_after({"retry-after": "0.5"}), 0.5)
+        self.assertEqual(_retry_after({}), 1.0)
+        for bad in ("Wed, 21 Oct 2015 07:28:00 GMT", "", "-5", "nan", "inf", "soon"):
+            self.assertEqual(_retry_after({"retry-after": bad}), 1.0, bad)
+
+
 class AdminToken(unittest.TestCase):
     def test_publishing_needs_the_admin_token(self):
         tmp = tempfile.mkdtemp(prefix="stitch-client-token-")
