@@ -10,7 +10,7 @@
 //     resident memory as ratios to the model size; and the store actor's
 //     pointer-read latency while a streamed publish runs, against idle.
 //
-//   store_bench [--mb N] [--dir PATH] [--no-node] [--json]
+//   store_bench [--mb N] [--dir PATH] [--no-node | --pointer-only] [--json] [--samples PATH]
 
 #include <caf/all.hpp>
 #include <caf/io/middleman.hpp>
@@ -23,10 +23,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -287,9 +289,15 @@ latency percentiles(std::vector<double> v) {
   return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
 }
 
+/// Where each pointer read is written, when asked (`--samples PATH`): one
+/// line per read, its phase ("idle" or "loaded"), when it started
+/// (CLOCK_MONOTONIC seconds, as `perf record -k CLOCK_MONOTONIC` stamps its
+/// events) and how long it took in milliseconds.
+std::FILE* samples_file = nullptr;
+
 /// Pointer reads through the store actor, one after the other, for `span`.
 std::vector<double> pointer_reads(caf::actor_system& sys, const stitch::store_actor& store,
-                                  std::chrono::milliseconds span,
+                                  std::chrono::milliseconds span, const char* phase,
                                   const std::function<bool()>& keep_going = {}) {
   std::vector<double> out;
   caf::scoped_actor self{sys};
@@ -302,6 +310,14 @@ std::vector<double> pointer_reads(caf::actor_system& sys, const stitch::store_ac
       .receive([](const caf::optional<stitch::pointer_record>&) {},
                [](const caf::error& err) { die("pointer read failed: " + caf::to_string(err)); });
     out.push_back(seconds_since(t0));
+    if (samples_file) {
+      timespec at{};
+      ::clock_gettime(CLOCK_MONOTONIC, &at);
+      std::fprintf(samples_file, "%s %.6f %.3f\n", phase,
+                   static_cast<double>(at.tv_sec) + static_cast<double>(at.tv_nsec) * 1e-9
+                     - out.back(),
+                   out.back() * 1e3);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds{2});
   }
   return out;
@@ -450,23 +466,35 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
     if (!found)
       die(to_string(found.error()));
     auto store = caf::actor_cast<stitch::store_actor>(*found);
-    f.idle = percentiles(pointer_reads(sys, store, std::chrono::milliseconds{1500}));
-    auto load = child::start({cli_bin.string(), "--coordinator", coordinator, "publish", "--stream",
-                              "--pool", "load", "--run", "r", "--version", "0", model.string()},
-                             dir / "load.log");
-    bool running = true;
-    auto samples = pointer_reads(sys, store, std::chrono::minutes{5}, [&] {
-      int status = 0;
-      if (running && ::waitpid(load.pid, &status, WNOHANG) == load.pid) {
-        running = false;
-        load.pid = -1;
-      }
-      return running;
-    });
-    if (running)
-      load.stop();
-    f.loaded_samples = samples.size();
-    f.loaded = percentiles(std::move(samples));
+    // Idle and loaded in turns, three of each (one load is a second or two
+    // of reads: a p99 of its few hundred is a handful of samples), so that
+    // both see the machine in the same state.
+    std::vector<double> idle, loaded;
+    for (int round = 0; round < 3; ++round) {
+      auto quiet = pointer_reads(sys, store, std::chrono::milliseconds{1000}, "idle");
+      idle.insert(idle.end(), quiet.begin(), quiet.end());
+      auto load = child::start({cli_bin.string(), "--coordinator", coordinator, "publish",
+                                "--stream", "--anchor", "--pool", "load", "--run", "r", "--version",
+                                std::to_string(round), model.string()},
+                               dir / ("load-" + std::to_string(round) + ".log"));
+      bool running = true;
+      auto samples = pointer_reads(sys, store, std::chrono::minutes{5}, "loaded", [&] {
+        int status = 0;
+        if (running && ::waitpid(load.pid, &status, WNOHANG) == load.pid) {
+          running = false;
+          load.pid = -1;
+          if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            die("the loading publish failed:\n" + load.output());
+        }
+        return running;
+      });
+      if (running)
+        load.stop();
+      loaded.insert(loaded.end(), samples.begin(), samples.end());
+    }
+    f.loaded_samples = loaded.size();
+    f.idle = percentiles(std::move(idle));
+    f.loaded = percentiles(std::move(loaded));
   }
   node.stop();
   return f;
@@ -510,9 +538,14 @@ int main(int argc, char** argv) {
       dir = argv[++i];
     else if (a == "--json")
       json = true;
-    else {
-      std::fprintf(
-        stderr, "usage: store_bench [--mb N] [--dir PATH] [--no-node | --pointer-only] [--json]\n");
+    else if (a == "--samples" && i + 1 < argc) {
+      samples_file = std::fopen(argv[++i], "w");
+      if (!samples_file)
+        die(std::string{"cannot write "} + argv[i] + ": " + std::strerror(errno));
+    } else {
+      std::fprintf(stderr,
+                   "usage: store_bench [--mb N] [--dir PATH] [--no-node | --pointer-only] [--json] "
+                   "[--samples PATH]\n");
       return 2;
     }
   }

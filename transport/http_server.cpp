@@ -48,13 +48,19 @@ namespace {
 /// Bodies of at least this many bytes (and a Content-Length) skip the parser.
 constexpr uint64_t large_body = uint64_t{1} << 20;
 
-/// Reads all of `total` bytes, each read taking whatever the socket holds:
-/// asio's own conditions (`transfer_all`, `transfer_exactly`) ask for at
-/// most 64 KiB per read, 16 system calls and strand hops per MiB of a
-/// publish's body.
+/// Reads all of `total` bytes, in reads of up to 64 KiB. Larger reads cost
+/// fewer system calls, but on loopback a read of a few MiB also runs the
+/// sender's transmit path for every window update it sends (softirq work in
+/// this thread's system call), 0.5-1 ms of kernel time in which a kernel
+/// built without in-kernel preemption (Debian's cloud kernels, this VM's)
+/// runs nothing else on that core: a node's request threads waited that
+/// long (bench/README, sixteenth pass). 64 KiB reads ended those waits and
+/// moved a streamed publish as fast.
+constexpr size_t bulk_read_bytes = size_t{64} << 10;
+
 auto whole_reads(size_t total) {
   return [total](const boost::system::error_code& ec, size_t done) -> size_t {
-    return ec || done >= total ? 0 : total - done;
+    return ec || done >= total ? 0 : std::min(total - done, bulk_read_bytes);
   };
 }
 
@@ -723,7 +729,11 @@ result<uint16_t> http_server::listen(const std::string& host, uint16_t port) {
   impl_->port = a.local_endpoint().port();
   impl_->accept();
   for (size_t i = 0; i < std::max<size_t>(1, impl_->opts.threads); ++i)
-    impl_->threads.emplace_back([s = impl_] { s->ioc.run(); });
+    impl_->threads.emplace_back([s = impl_] {
+      if (s->opts.thread_setup)
+        s->opts.thread_setup();
+      s->ioc.run();
+    });
   return impl_->port.load();
 }
 

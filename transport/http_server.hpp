@@ -93,6 +93,10 @@ struct http_server_options {
   bool raw_large_bodies = false;
   /// Threads running the connections.
   size_t threads = 1;
+  /// Runs first on each of those threads (empty: nothing). A surface that
+  /// moves bulk bytes (the publisher's) lowers their scheduling priority
+  /// here, so that its transfers never delay a node's request threads.
+  std::function<void()> thread_setup;
   /// `stop` waits this long for answers in flight.
   std::chrono::milliseconds drain_timeout{30'000};
   /// Open connections at most (`http.max_connections`); one more is

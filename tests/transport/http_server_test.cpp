@@ -16,6 +16,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -172,6 +173,40 @@ TEST_F(http_server_test, large_bodies_arrive_raw_when_asked_for) {
   EXPECT_TRUE(testing::eventually([] { return large_body_pool().kept() == (size_t{7} << 20); },
                                   std::chrono::seconds{10}))
     << large_body_pool().kept();
+}
+
+TEST_F(http_server_test, every_server_thread_runs_the_thread_setup_before_serving) {
+  // The publisher's surface lowers its threads' priority this way: a
+  // request must never be served on a thread that skipped it.
+  std::mutex m;
+  std::set<std::thread::id> set_up;
+  http_server_options o;
+  o.threads = 3;
+  o.thread_setup = [&] {
+    std::lock_guard lock{m};
+    set_up.insert(std::this_thread::get_id());
+  };
+  std::vector<std::thread::id> served_on;
+  start(o, [&](server_request, std::shared_ptr<http_responder> r) {
+    {
+      std::lock_guard lock{m};
+      served_on.push_back(std::this_thread::get_id());
+    }
+    r->send(text("ok"));
+  });
+  for (int i = 0; i < 12; ++i)
+    expect_answer("/", "ok");
+  // (A thread the kernel has not run yet sets itself up before it serves.)
+  EXPECT_TRUE(testing::eventually(
+    [&] {
+      std::lock_guard lock{m};
+      return set_up.size() == 3;
+    },
+    std::chrono::seconds{10}));
+  std::lock_guard lock{m};
+  ASSERT_EQ(served_on.size(), 12u);
+  for (const auto& id : served_on)
+    EXPECT_TRUE(set_up.contains(id));
 }
 
 TEST_F(http_server_test, answers_from_another_thread_and_pipelined_answers_keep_their_order) {
