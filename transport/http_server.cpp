@@ -49,13 +49,13 @@ namespace {
 constexpr uint64_t large_body = uint64_t{1} << 20;
 
 /// Reads all of `total` bytes, in reads of up to 64 KiB. Larger reads cost
-/// fewer system calls, but on loopback a read of a few MiB also runs the
-/// sender's transmit path for every window update it sends (softirq work in
-/// this thread's system call), 0.5-1 ms of kernel time in which a kernel
-/// built without in-kernel preemption (Debian's cloud kernels, this VM's)
-/// runs nothing else on that core: a node's request threads waited that
-/// long (bench/README, sixteenth pass). 64 KiB reads ended those waits and
-/// moved a streamed publish as fast.
+/// fewer system calls, but on loopback a read also runs the sender's
+/// transmit of the data behind it (softirq work in this thread's system
+/// call): reads of 256 KiB took 0.75 ms, kernel time in which a kernel
+/// built without in-kernel preemption (PREEMPT_NONE) runs nothing else on
+/// that core, and a node's request threads waited that long (bench/README,
+/// sixteenth pass). 64 KiB reads ended those waits and moved a streamed
+/// publish as fast.
 constexpr size_t bulk_read_bytes = size_t{64} << 10;
 
 auto whole_reads(size_t total) {
