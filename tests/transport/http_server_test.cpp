@@ -203,7 +203,8 @@ TEST_F(http_server_test, every_server_thread_runs_the_thread_setup_before_servin
       return set_up.size() == 3;
     },
     std::chrono::seconds{10}));
-  std::lock_guard lock{m};
+  // Stopped before the state its threads write goes out of scope.
+  server.reset();
   ASSERT_EQ(served_on.size(), 12u);
   for (const auto& id : served_on)
     EXPECT_TRUE(set_up.contains(id));
