@@ -91,7 +91,13 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
   const std::string bulk_name = "store's bulk lane";
   const std::string reads_name = "store's read lane";
   return {
-    [=, &fast](atom::read_pointer, const std::string& pool) {
+    [=, &fast](atom::read_pointer,
+               const std::string& pool) -> caf::result<caf::optional<pointer_record>> {
+      // An embedded store remembers its pointers: answered here, without
+      // the two thread hops of the fast lane (a reconcile pass's pointer
+      // read then waits on nothing but this actor).
+      if (auto known = db->pointer_without_io(pool))
+        return caf::optional<pointer_record>{std::move(*known)};
       return offload<caf::optional<pointer_record>>(
         self, self->state.jobs, fast, fast_name,
         [db, pool]() -> result<caf::optional<pointer_record>> {

@@ -98,6 +98,14 @@ public:
 
   /// The pool's pointer; nullopt when no run was ever claimed.
   virtual result<std::optional<pointer_record>> read_pointer(std::string_view pool) = 0;
+  /// The pool's pointer when the backend knows it without I/O (it is the
+  /// only writer of its pointers and read or moved this one before); nullopt
+  /// when it does not, then `read_pointer` answers. Never waits on I/O or on
+  /// a pointer move, so a host may call it on its own thread.
+  virtual std::optional<pointer_record> pointer_without_io(std::string_view pool) {
+    (void) pool;
+    return std::nullopt;
+  }
   /// Claims `boot.run_id` at `boot` (a stored full anchor), per `decide_claim`.
   virtual result<pointer_record> claim(std::string_view pool, const version_ref& boot) = 0;
   /// Moves the pointer to `proposed` if it still names `expected`, per

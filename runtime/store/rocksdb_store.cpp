@@ -363,6 +363,11 @@ public:
   }
 
 protected:
+  /// RocksDB's lock file keeps every other process (and a second open in
+  /// this one) out of the database while it is open: every pointer move
+  /// goes through this object.
+  bool sole_pointer_writer() const override { return true; }
+
   result<pointer_snapshot> load_pointer(std::string_view pool) override {
     std::string value;
     auto s = db_->Get({}, meta(), pointer_key(pool), &value);

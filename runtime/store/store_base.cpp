@@ -112,10 +112,59 @@ std::mutex& store_base::pool_lock(std::string_view pool) {
 result<std::optional<pointer_record>> store_base::read_pointer(std::string_view pool) {
   if (auto ok = validate_pool(pool); !ok)
     return std::move(ok).error();
+  if (auto known = pointer_without_io(pool))
+    return std::optional<pointer_record>{std::move(*known)};
+  // A load is remembered only when no move was under way from before it
+  // began until after it ended: one that overlapped a move may have read the
+  // pointer from before it, after another reader already saw the move.
+  bool remember = false;
+  uint64_t moves_seen = 0;
+  if (sole_pointer_writer()) {
+    std::lock_guard guard{pointers_mutex_};
+    remember = moves_under_way_ == 0;
+    moves_seen = pointer_moves_;
+  }
   auto p = load_pointer(pool);
   if (!p)
     return std::move(p).error();
+  if (remember && p->record) {
+    std::lock_guard guard{pointers_mutex_};
+    if (pointer_moves_ == moves_seen)
+      pointers_.insert_or_assign(std::string{pool}, *p->record);
+  }
   return std::move(p->record);
+}
+
+std::optional<pointer_record> store_base::pointer_without_io(std::string_view pool) {
+  if (!sole_pointer_writer())
+    return std::nullopt;
+  std::lock_guard guard{pointers_mutex_};
+  auto it = pointers_.find(pool);
+  if (it == pointers_.end())
+    return std::nullopt;
+  return it->second;
+}
+
+status store_base::record_move(std::string_view pool, const pointer_snapshot& seen,
+                               const pointer_commit& move) {
+  if (!sole_pointer_writer())
+    return commit_move(pool, seen, move);
+  // Until the move is recorded, readers get the pointer from before it
+  // (remembered) or whatever the backend holds (loaded, not remembered).
+  {
+    std::lock_guard guard{pointers_mutex_};
+    ++pointer_moves_;
+    ++moves_under_way_;
+  }
+  auto ok = commit_move(pool, seen, move);
+  std::lock_guard guard{pointers_mutex_};
+  ++pointer_moves_;
+  --moves_under_way_;
+  if (ok)
+    pointers_.insert_or_assign(std::string{pool}, move.next);
+  else
+    pointers_.erase(std::string{pool}); // the backend's state is unknown: load it again
+  return ok;
 }
 
 result<pointer_record> store_base::claim(std::string_view pool, const version_ref& boot) {
@@ -135,7 +184,7 @@ result<pointer_record> store_base::claim(std::string_view pool, const version_re
   if (!decision)
     return std::move(decision).error();
   if (decision->move != pointer_move::unchanged)
-    if (auto ok = commit_move(pool, *current,
+    if (auto ok = record_move(pool, *current,
                               {decision->next, boot, stored->is_full(), !known->has_value()});
         !ok)
       return std::move(ok).error();
@@ -181,7 +230,7 @@ result<pointer_record> store_base::compare_and_advance_pointer(
   if (!decision)
     return std::move(decision).error();
   if (decision->move != pointer_move::unchanged)
-    if (auto ok = commit_move(pool, *current,
+    if (auto ok = record_move(pool, *current,
                               {decision->next, proposed, stored->is_full(), !known->has_value()});
         !ok)
       return std::move(ok).error();

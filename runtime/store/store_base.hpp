@@ -58,6 +58,7 @@ struct pointer_commit {
 class store_base : public store_backend {
 public:
   result<std::optional<pointer_record>> read_pointer(std::string_view pool) final;
+  std::optional<pointer_record> pointer_without_io(std::string_view pool) final;
   result<pointer_record> claim(std::string_view pool, const version_ref& boot) final;
   result<pointer_record> compare_and_advance_pointer(std::string_view pool,
                                                      const std::optional<version_ref>& expected,
@@ -76,6 +77,11 @@ public:
   result<retention_report> retain(std::string_view pool, const retention_request& request) final;
 
 protected:
+  /// Whether this process is the only writer of the backend's pointers (an
+  /// embedded database it holds locked): then each pool's pointer, once read
+  /// or moved here, is remembered and later reads are answered from memory.
+  virtual bool sole_pointer_writer() const { return false; }
+
   /// A pool's pointer as read, with what the backend needs to notice a
   /// concurrent change when it commits a move (an S3 ETag; empty otherwise).
   struct pointer_snapshot {
@@ -130,6 +136,9 @@ private:
   /// move is known to have named it.
   result<std::shared_ptr<const version_layout>> published_layout(std::string_view pool,
                                                                  const version_ref& ref);
+  /// `commit_move`, keeping the remembered pointers in step with it.
+  status record_move(std::string_view pool, const pointer_snapshot& seen,
+                     const pointer_commit& move);
 
   std::mutex locks_mutex_;
   std::map<std::string, std::unique_ptr<std::mutex>, std::less<>> pool_locks_;
@@ -138,6 +147,14 @@ private:
   /// `forget_layout` calls so far: a load that saw another count keeps
   /// nothing.
   uint64_t layouts_forgotten_ = 0;
+  /// The pointers remembered (`sole_pointer_writer` backends only), each
+  /// replaced once a move of its pool is recorded.
+  std::mutex pointers_mutex_;
+  std::map<std::string, pointer_record, std::less<>> pointers_;
+  /// Bumped as every move starts and ends, and the moves between the two:
+  /// a load that overlapped one is not remembered.
+  uint64_t pointer_moves_ = 0;
+  uint64_t moves_under_way_ = 0;
 };
 
 } // namespace stitch::store

@@ -296,6 +296,52 @@ TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_read_or_oth
   EXPECT_TRUE(backend->compare_and_advance_pointer(pool, version_ref{"r", 0}, {"r", 1}));
 }
 
+TEST_F(store_actor_test, a_pointer_the_store_remembers_is_answered_without_the_fast_lane) {
+  // A pool without a pointer: the read waits on the fast lane.
+  self->send(actor, atom::read_pointer_v, pool);
+  sched.run();
+  EXPECT_EQ(fast->size(), 1u);
+  EXPECT_FALSE(next([](const caf::optional<pointer_record>&) {}, [](const caf::error&) {}));
+  settle();
+  caf::optional<pointer_record> none{pointer_record{}};
+  ASSERT_TRUE(next([&](const caf::optional<pointer_record>& p) { none = p; }));
+  EXPECT_FALSE(none);
+
+  // Claimed through the actor, the pointer is answered by the handler
+  // itself, also while the fast lane is held by other work.
+  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
+  ASSERT_TRUE(put(*backend, pool, v0));
+  self->send(actor, atom::claim_v, pool, v0.m.ref);
+  settle();
+  EXPECT_EQ(answer_code<pointer_record>(), errc::none);
+  self->send(actor, atom::read_manifest_v, pool, v0.m.ref);
+  self->send(actor, atom::read_pointer_v, pool);
+  sched.run();
+  EXPECT_EQ(fast->size(), 1u) << "only the manifest read waits on the fast lane";
+  caf::optional<pointer_record> pointer;
+  ASSERT_TRUE(next([&](const caf::optional<pointer_record>& p) { pointer = p; }));
+  ASSERT_TRUE(pointer);
+  EXPECT_EQ(*pointer, (pointer_record{{"r", 0}, 0}));
+  settle();
+  manifest m;
+  ASSERT_TRUE(next([&](manifest& got) { m = std::move(got); }));
+  EXPECT_EQ(m, v0.m);
+
+  // A move through the actor is what the next read answers.
+  auto v1 = full_version("r", 1, {{"w", random_bytes(100, 2)}});
+  ASSERT_TRUE(put(*backend, pool, v1));
+  self->send(actor, atom::advance_v, pool, caf::optional<version_ref>{version_ref{"r", 0}},
+             version_ref{"r", 1});
+  settle();
+  EXPECT_EQ(answer_code<pointer_record>(), errc::none);
+  self->send(actor, atom::read_pointer_v, pool);
+  sched.run();
+  EXPECT_EQ(fast->size(), 0u);
+  ASSERT_TRUE(next([&](const caf::optional<pointer_record>& p) { pointer = p; }));
+  ASSERT_TRUE(pointer);
+  EXPECT_EQ(pointer->latest, (version_ref{"r", 1}));
+}
+
 TEST_F(store_actor_test, a_full_lane_answers_busy) {
   auto small = std::make_shared<manual_executor>(1);
   auto a = sys.spawn(store_service, backend, store_lanes{small, bulk, reads}, store_options{});

@@ -9,11 +9,15 @@
 // Plus hooks to corrupt bytes and count calls.
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -61,18 +65,53 @@ public:
     delete_after_load_ = std::pair{std::move(pool), std::move(ref)};
   }
 
+  /// The next pointer move fails (a backend error) without moving.
+  void fail_next_move() { fail_next_move_ = true; }
+
+  /// A slow backend: each pointer load takes up to `load` (at random) after
+  /// it read the pointer, so what it returns may be stale by then; each
+  /// pointer move, visible at once, takes `move` before it returns.
+  void delay_pointers(std::chrono::microseconds load, std::chrono::microseconds move) {
+    pointer_load_delay_ = load;
+    pointer_move_delay_ = move;
+  }
+
+  /// Where `on_pointer` calls its hook.
+  enum class pointer_step { loaded, move_landing, move_landed };
+  /// Calls `hook` in a pointer load after it read the pointer, and in a
+  /// pointer move just before and just after it lands (no lock held).
+  void on_pointer(std::function<void(pointer_step)> hook) {
+    std::lock_guard guard{mutex_};
+    pointer_hook_ = std::move(hook);
+  }
+
+  /// Pointer loads so far.
+  size_t pointer_loads() const { return pointer_loads_; }
+
   /// Port calls so far (test hooks excluded).
   size_t calls() const { return calls_; }
   size_t range_reads() const { return range_reads_; }
 
 protected:
+  /// Its pointers live in this object: nothing else moves them.
+  bool sole_pointer_writer() const override { return true; }
+
   result<pointer_snapshot> load_pointer(std::string_view pool) override {
     ++calls_;
-    std::lock_guard guard{mutex_};
-    auto it = pointers_.find(std::string{pool});
-    if (it == pointers_.end())
-      return pointer_snapshot{};
-    return pointer_snapshot{it->second, {}};
+    ++pointer_loads_;
+    pointer_snapshot out;
+    {
+      std::lock_guard guard{mutex_};
+      auto it = pointers_.find(std::string{pool});
+      if (it != pointers_.end())
+        out.record = it->second;
+    }
+    call_hook(pointer_step::loaded);
+    if (auto d = pointer_load_delay_.load(); d.count() > 0) {
+      thread_local std::minstd_rand random{std::random_device{}()};
+      std::this_thread::sleep_for(std::chrono::microseconds{random() % d.count()});
+    }
+    return out;
   }
 
   result<std::optional<uint64_t>> load_boot(std::string_view pool, std::string_view run) override {
@@ -137,14 +176,22 @@ protected:
   status commit_move(std::string_view pool, const pointer_snapshot&,
                      const store::pointer_commit& move) override {
     ++calls_;
-    std::lock_guard guard{mutex_};
-    auto* target = find(pool, move.target);
-    if (!target)
-      return missing(move.target);
-    target->done = true;
-    pointers_[std::string{pool}] = move.next;
-    if (move.new_run)
-      boots_[{std::string{pool}, move.target.run_id}] = move.next.boot_version;
+    if (fail_next_move_.exchange(false))
+      return make_error(errc::backend_failure, "the test failed this pointer move");
+    call_hook(pointer_step::move_landing);
+    {
+      std::lock_guard guard{mutex_};
+      auto* target = find(pool, move.target);
+      if (!target)
+        return missing(move.target);
+      target->done = true;
+      pointers_[std::string{pool}] = move.next;
+      if (move.new_run)
+        boots_[{std::string{pool}, move.target.run_id}] = move.next.boot_version;
+    }
+    call_hook(pointer_step::move_landed);
+    if (auto d = pointer_move_delay_.load(); d.count() > 0)
+      std::this_thread::sleep_for(d);
     return {};
   }
 
@@ -247,6 +294,16 @@ private:
     return it == versions_.end() ? nullptr : &it->second;
   }
 
+  void call_hook(pointer_step step) {
+    std::function<void(pointer_step)> hook;
+    {
+      std::lock_guard guard{mutex_};
+      hook = pointer_hook_;
+    }
+    if (hook)
+      hook(step);
+  }
+
   stored* find_done(std::string_view pool, const version_ref& ref) {
     auto* v = find(pool, ref);
     return v && v->done ? v : nullptr;
@@ -258,7 +315,12 @@ private:
   std::map<std::pair<std::string, std::string>, uint64_t> boots_;
   std::atomic<size_t> calls_{0};
   std::atomic<size_t> range_reads_{0};
+  std::atomic<size_t> pointer_loads_{0};
+  std::atomic<bool> fail_next_move_{false};
+  std::atomic<std::chrono::microseconds> pointer_load_delay_{std::chrono::microseconds{0}};
+  std::atomic<std::chrono::microseconds> pointer_move_delay_{std::chrono::microseconds{0}};
   std::optional<std::pair<std::string, version_ref>> delete_after_load_;
+  std::function<void(pointer_step)> pointer_hook_;
 };
 
 } // namespace stitch::testing

@@ -4,10 +4,12 @@
 
 #include <rocksdb/db.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <memory>
 #include <thread>
 
@@ -17,6 +19,7 @@
 #include "actors/store.hpp"
 #include "actors/store_client.hpp"
 #include "actors/workers.hpp"
+#include "memory_store.hpp"
 #include "runtime/node/system_config.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 #include "runtime/store/s3_store.hpp"
@@ -429,6 +432,184 @@ TEST_P(store_backend_test, deltas_advance_the_pointer_and_are_listed) {
   auto m = store->read_manifest(pool, {"r", 2});
   ASSERT_TRUE(m);
   EXPECT_EQ(m->touched, std::vector<std::string>{"a"});
+}
+
+TEST_P(store_backend_test, a_pointer_is_answered_from_memory_only_where_nothing_else_moves_it) {
+  // Embedded RocksDB is its pointers' only writer (its lock file keeps
+  // others out); S3 is shared between processes, and the actor's client
+  // asks the actor.
+  const bool remembers = GetParam().name == "rocksdb";
+  EXPECT_FALSE(store->pointer_without_io(pool)) << "nothing read or moved yet";
+  auto w0 = base_weights();
+  publish_anchor("r", 0, w0);
+  auto known = store->pointer_without_io(pool);
+  ASSERT_EQ(known.has_value(), remembers);
+  if (remembers) {
+    EXPECT_EQ(*known, (pointer_record{{"r", 0}, 0})) << "the claim is remembered";
+  }
+  auto w1 = w0;
+  w1["b"][7] = static_cast<std::byte>(0x5A);
+  ASSERT_TRUE(publish_delta("r", 1, w0, w1));
+  known = store->pointer_without_io(pool);
+  ASSERT_EQ(known.has_value(), remembers);
+  if (remembers) {
+    EXPECT_EQ(*known, (pointer_record{{"r", 1}, 0})) << "the move is remembered";
+  }
+  // A refused move leaves what is known as it was.
+  EXPECT_FALSE(store->compare_and_advance_pointer(pool, version_ref{"r", 0}, {"r", 1}));
+  EXPECT_EQ(**store->read_pointer(pool), (pointer_record{{"r", 1}, 0}));
+  EXPECT_FALSE(store->pointer_without_io("other")) << "a pool without a pointer";
+}
+
+TEST(rocksdb_store, a_reopened_store_remembers_a_pointer_once_it_read_it) {
+  temp_dir dir;
+  const auto path = (dir.path() / "db").string();
+  {
+    auto opened = store::open_rocksdb_store(path);
+    ASSERT_TRUE(opened);
+    auto v0 = full_version("r", 0, {{"w", random_bytes(64, 1)}});
+    ASSERT_TRUE(put(**opened, "default", v0));
+    ASSERT_TRUE((*opened)->claim("default", v0.m.ref));
+  }
+  auto opened = store::open_rocksdb_store(path);
+  ASSERT_TRUE(opened);
+  EXPECT_FALSE((*opened)->pointer_without_io("default"));
+  auto read = (*opened)->read_pointer("default");
+  ASSERT_TRUE(read && *read);
+  auto known = (*opened)->pointer_without_io("default");
+  ASSERT_TRUE(known);
+  EXPECT_EQ(*known, **read);
+}
+
+TEST(store_base, a_remembered_pointer_spares_the_backend_and_a_failed_move_forgets_it) {
+  memory_store m;
+  const std::string pool = "default";
+  auto v0 = full_version("r", 0, {{"w", random_bytes(64, 1)}});
+  ASSERT_TRUE(put(m, pool, v0));
+  ASSERT_TRUE(m.claim(pool, v0.m.ref));
+  const size_t loads = m.pointer_loads();
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ((*m.read_pointer(pool))->latest, (version_ref{"r", 0}));
+  EXPECT_EQ(m.pointer_loads(), loads) << "reads answered from memory";
+
+  auto v1 = full_version("r", 1, {{"w", random_bytes(64, 2)}});
+  ASSERT_TRUE(put(m, pool, v1));
+  m.fail_next_move();
+  auto moved = m.compare_and_advance_pointer(pool, version_ref{"r", 0}, {"r", 1});
+  ASSERT_FALSE(moved);
+  EXPECT_EQ(moved.error().code, errc::backend_failure);
+  EXPECT_FALSE(m.pointer_without_io(pool)) << "a failed move leaves nothing remembered";
+  EXPECT_EQ((*m.read_pointer(pool))->latest, (version_ref{"r", 0}));
+  EXPECT_EQ(m.pointer_loads(), loads + 2) << "the move and the read after it loaded the pointer";
+  ASSERT_TRUE(m.pointer_without_io(pool)) << "remembered again from that read";
+  ASSERT_TRUE(m.compare_and_advance_pointer(pool, version_ref{"r", 0}, {"r", 1}));
+  EXPECT_EQ(m.pointer_without_io(pool)->latest, (version_ref{"r", 1}));
+}
+
+TEST(store_base, a_load_that_overlaps_a_move_is_not_remembered) {
+  // A load that starts while a move is under way and reads the pointer
+  // before it lands must not be remembered, even if it ends after a later
+  // reader already saw (and returned) the moved pointer.
+  memory_store m;
+  const std::string pool = "default";
+  auto v0 = full_version("r", 0, {{"w", random_bytes(64, 1)}});
+  auto v1 = full_version("r", 1, {{"w", random_bytes(64, 2)}});
+  ASSERT_TRUE(put(m, pool, v0));
+  ASSERT_TRUE(put(m, pool, v1));
+  ASSERT_TRUE(m.claim(pool, v0.m.ref));
+  m.fail_next_move();
+  ASSERT_FALSE(m.compare_and_advance_pointer(pool, version_ref{"r", 0}, {"r", 1}));
+  ASSERT_FALSE(m.pointer_without_io(pool)) << "nothing remembered: reads load the pointer";
+
+  using step = memory_store::pointer_step;
+  std::thread early;
+  std::promise<void> early_read, release;
+  std::shared_future<void> released = release.get_future().share();
+  const auto main_thread = std::this_thread::get_id();
+  std::optional<pointer_record> early_got, later_got, known_meanwhile;
+  m.on_pointer([&](step s) {
+    if (s == step::move_landing && std::this_thread::get_id() == main_thread) {
+      // A reader starts now and reads the pointer from before the move ...
+      early = std::thread{[&] {
+        auto p = m.read_pointer(pool);
+        if (p && *p)
+          early_got = **p;
+      }};
+      early_read.get_future().wait();
+    } else if (s == step::loaded && std::this_thread::get_id() != main_thread) {
+      early_read.set_value();
+      released.wait(); // ... and finishes only after the move landed.
+    } else if (s == step::move_landed) {
+      m.on_pointer({});
+      auto p = m.read_pointer(pool); // A later reader sees the move ...
+      if (p && *p)
+        later_got = **p;
+      release.set_value();
+      early.join();
+      known_meanwhile = m.pointer_without_io(pool); // ... and nobody may go back.
+    }
+  });
+  auto moved = m.compare_and_advance_pointer(pool, version_ref{"r", 0}, {"r", 1});
+  ASSERT_TRUE(moved) << to_string(moved.error());
+  ASSERT_TRUE(early_got && later_got);
+  EXPECT_EQ(early_got->latest, (version_ref{"r", 0}));
+  EXPECT_EQ(later_got->latest, (version_ref{"r", 1}));
+  EXPECT_FALSE(known_meanwhile && (known_meanwhile->latest == version_ref{"r", 0}))
+    << "the early load was remembered after a reader saw the move";
+  EXPECT_EQ(m.pointer_without_io(pool)->latest, (version_ref{"r", 1}));
+}
+
+TEST(store_base, readers_racing_pointer_moves_never_see_the_pointer_go_back) {
+  memory_store m;
+  const std::string pool = "default";
+  constexpr uint64_t versions = 150;
+  std::vector<built_version> built;
+  for (uint64_t v = 0; v < versions; ++v) {
+    built.push_back(full_version("r", v, {{"w", random_bytes(16, static_cast<uint32_t>(v))}}));
+    ASSERT_TRUE(put(m, pool, built.back()));
+  }
+  ASSERT_TRUE(m.claim(pool, built[0].m.ref));
+  // Slow loads and moves widen the windows that moves and loads overlap in.
+  m.delay_pointers(std::chrono::microseconds{400}, std::chrono::microseconds{200});
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> went_back{0}, reads{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 3; ++t)
+    readers.emplace_back([&] {
+      uint64_t last = 0;
+      while (!done) {
+        auto p = m.read_pointer(pool);
+        if (!p || !*p)
+          continue;
+        if ((*p)->latest.version < last)
+          ++went_back;
+        last = (*p)->latest.version;
+        ++reads;
+      }
+    });
+  // Every move overlaps readers: each waits until they have read again.
+  auto readers_went_on = [&] {
+    const uint64_t from = reads;
+    while (reads < from + 3)
+      std::this_thread::yield();
+  };
+  readers_went_on();
+  for (uint64_t v = 1; v < versions; ++v) {
+    if (v % 3 == 0)
+      m.fail_next_move(); // a failed move (nothing remembered), then the same move again
+    auto moved = m.compare_and_advance_pointer(pool, version_ref{"r", v - 1}, {"r", v});
+    if (!moved)
+      moved = m.compare_and_advance_pointer(pool, version_ref{"r", v - 1}, {"r", v});
+    ASSERT_TRUE(moved) << to_string(moved.error());
+    // A move acknowledged is what every later read sees.
+    EXPECT_EQ((*m.read_pointer(pool))->latest.version, v);
+    readers_went_on();
+  }
+  done = true;
+  for (auto& r : readers)
+    r.join();
+  EXPECT_EQ(went_back, 0u);
+  EXPECT_EQ(m.pointer_without_io(pool)->latest.version, versions - 1);
 }
 
 TEST_P(store_backend_test, empty_delta_has_no_shards) {
