@@ -461,16 +461,19 @@ TEST_P(store_backend_test, a_pointer_is_answered_from_memory_only_where_nothing_
   EXPECT_FALSE(store->pointer_without_io("other")) << "a pool without a pointer";
 }
 
+/// A RocksDB store at `path` with one claimed anchor, `r/0`, closed again.
+void store_claimed_anchor(const std::string& path) {
+  auto opened = store::open_rocksdb_store(path);
+  ASSERT_TRUE(opened);
+  auto v0 = full_version("r", 0, {{"w", random_bytes(64, 1)}});
+  ASSERT_TRUE(put(**opened, "default", v0));
+  ASSERT_TRUE((*opened)->claim("default", v0.m.ref));
+}
+
 TEST(rocksdb_store, a_reopened_store_remembers_a_pointer_once_it_read_it) {
   temp_dir dir;
   const auto path = (dir.path() / "db").string();
-  {
-    auto opened = store::open_rocksdb_store(path);
-    ASSERT_TRUE(opened);
-    auto v0 = full_version("r", 0, {{"w", random_bytes(64, 1)}});
-    ASSERT_TRUE(put(**opened, "default", v0));
-    ASSERT_TRUE((*opened)->claim("default", v0.m.ref));
-  }
+  ASSERT_NO_FATAL_FAILURE(store_claimed_anchor(path));
   auto opened = store::open_rocksdb_store(path);
   ASSERT_TRUE(opened);
   EXPECT_FALSE((*opened)->pointer_without_io("default"));
@@ -869,13 +872,7 @@ TEST_P(store_backend_test, dropped_runs_go_entirely_unless_the_pointer_uses_them
 TEST(rocksdb_store, garbage_pointer_record_is_corrupt_data) {
   temp_dir dir;
   const auto path = (dir.path() / "db").string();
-  {
-    auto opened = store::open_rocksdb_store(path);
-    ASSERT_TRUE(opened);
-    auto v0 = full_version("r", 0, {{"w", random_bytes(64, 1)}});
-    ASSERT_TRUE(put(**opened, "default", v0));
-    ASSERT_TRUE((*opened)->claim("default", v0.m.ref));
-  }
+  ASSERT_NO_FATAL_FAILURE(store_claimed_anchor(path));
   {
     std::vector<rocksdb::ColumnFamilyDescriptor> cfs{{rocksdb::kDefaultColumnFamilyName, {}},
                                                      {"manifests", {}}};
