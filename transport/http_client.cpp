@@ -388,7 +388,7 @@ struct http_client::impl {
         // 64 KiB at a time: on loopback one call also runs the receiver's
         // side of the transfer in this thread's system call, kernel time in
         // which a kernel without in-kernel preemption runs nothing else on
-        // this core (the server reads in pieces as small, http_server.cpp).
+        // this core (the server reads 64 KiB at a time too, http_server.cpp).
         ssize_t n =
           ::sendfile(fd, r.fd, &at, static_cast<size_t>(std::min<uint64_t>(left, 64 << 10)));
         if (n > 0) {

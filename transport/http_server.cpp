@@ -48,21 +48,14 @@ namespace {
 /// Bodies of at least this many bytes (and a Content-Length) skip the parser.
 constexpr uint64_t large_body = uint64_t{1} << 20;
 
-/// Reads all of `total` bytes, in reads of up to 64 KiB. Larger reads cost
-/// fewer system calls, but on loopback a read also runs the sender's
-/// transmit of the data behind it (softirq work in this thread's system
-/// call): reads of 256 KiB took 0.75 ms, kernel time in which a kernel
-/// built without in-kernel preemption (PREEMPT_NONE) runs nothing else on
-/// that core, and a node's request threads waited that long (bench/README,
-/// sixteenth pass). 64 KiB reads ended those waits and moved a streamed
-/// publish as fast.
-constexpr size_t bulk_read_bytes = size_t{64} << 10;
-
-auto whole_reads(size_t total) {
-  return [total](const boost::system::error_code& ec, size_t done) -> size_t {
-    return ec || done >= total ? 0 : std::min(total - done, bulk_read_bytes);
-  };
-}
+// A large body is read with asio's `transfer_all`: into its whole buffer,
+// 64 KiB per system call (asio's `default_max_transfer_size`). Larger reads
+// cost fewer calls, but on loopback a read also runs the sender's transmit
+// of the data behind it (softirq work in this thread's system call): reads
+// of 256 KiB took 0.75 ms, kernel time in which a kernel built without
+// in-kernel preemption (PREEMPT_NONE) runs nothing else on that core, and a
+// node's request threads waited that long (bench/README, sixteenth pass).
+// 64 KiB reads ended those waits and moved a streamed publish as fast.
 
 class session;
 
@@ -305,7 +298,7 @@ private:
       size_t have = std::min(buffer_.size(), size);
       net::buffer_copy(net::buffer(raw.get(), have), buffer_.data());
       buffer_.consume(have);
-      net::async_read(socket_, net::buffer(raw.get() + have, size - have), whole_reads(size - have),
+      net::async_read(socket_, net::buffer(raw.get() + have, size - have), net::transfer_all(),
                       net::bind_executor(strand_, [self = shared_from_this(), raw,
                                                    size](boost::system::error_code ec, size_t) {
                         if (!ec) {
@@ -324,7 +317,7 @@ private:
       net::buffer_copy(net::buffer(body->data(), have), buffer_.data());
       buffer_.consume(have);
       net::async_read(socket_, net::buffer(body->data() + have, body->size() - have),
-                      whole_reads(body->size() - have),
+                      net::transfer_all(),
                       net::bind_executor(strand_, [self = shared_from_this(),
                                                    body](boost::system::error_code ec, size_t) {
                         if (!ec)
