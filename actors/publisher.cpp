@@ -7,9 +7,9 @@
 #include "actors/log.hpp"
 #include "actors/peer_offer.hpp"
 #include "runtime/core/token.hpp"
+#include "runtime/core/version_ref.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/store/version_layout.hpp"
 
 namespace stitch {
 
@@ -27,8 +27,8 @@ std::chrono::milliseconds sweep_every(const publisher_limits& limits) {
   return std::clamp(half, std::chrono::milliseconds{500}, std::chrono::milliseconds{30'000});
 }
 
-store::publish_request to_request(const publish_args& args) {
-  store::publish_request r;
+pipeline::publish_request to_request(const publish_args& args) {
+  pipeline::publish_request r;
   r.pool = args.pool;
   r.run_id = args.run_id;
   r.version = args.version;
@@ -289,7 +289,7 @@ caf::result<uint64_t> take_chunk(Self* self, uint64_t id, std::shared_ptr<const 
 
 } // namespace
 
-publish_summary summarize(const store::publish_report& report) {
+publish_summary summarize(const pipeline::publish_report& report) {
   publish_summary s;
   s.kind = report.kind;
   s.touched = report.touched;
@@ -308,7 +308,7 @@ namespace {
 
 /// Lends each run's remembered version to peers and keeps the coordinator's
 /// directory told (`publisher_lending`). Called on publishing threads.
-class lending_watcher final : public store::remembered_watcher {
+class lending_watcher final : public pipeline::remembered_watcher {
 public:
   lending_watcher(publisher_lending lending, caf::weak_actor_ptr self)
       : lending_(std::move(lending)), self_(std::move(self)) {}
@@ -354,14 +354,14 @@ publisher_state::~publisher_state() {
 publisher_actor::behavior_type
 publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   std::shared_ptr<store_backend> backend, store_actor store,
-                  store::publisher_options options, std::shared_ptr<executor> workers,
+                  pipeline::publisher_options options, std::shared_ptr<executor> workers,
                   std::string admin_token, publisher_limits limits, publisher_retention retention,
                   publisher_lending lending) {
   auto& init = self->state;
   init.retention = std::move(retention);
   init.admin_token = std::move(admin_token);
   init.backend = std::move(backend);
-  init.impl = std::make_shared<store::publisher>(*init.backend, std::move(options));
+  init.impl = std::make_shared<pipeline::publisher>(*init.backend, std::move(options));
   init.store = std::move(store);
   init.workers = std::move(workers);
   init.limits = limits;
@@ -376,11 +376,11 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
            const std::string& path) -> caf::result<publish_summary> {
       if (auto ok = authorized(self->state, args); !ok)
         return to_caf_error(ok.error());
-      return run_publish(self, args, [path]() -> result<std::unique_ptr<store::tensor_stream>> {
-        auto dir = store::directory_stream::open(path);
+      return run_publish(self, args, [path]() -> result<std::unique_ptr<pipeline::tensor_stream>> {
+        auto dir = pipeline::directory_stream::open(path);
         if (!dir)
           return std::move(dir).error();
-        return std::unique_ptr<store::tensor_stream>{std::move(*dir)};
+        return std::unique_ptr<pipeline::tensor_stream>{std::move(*dir)};
       });
     },
     [self](atom::init_model, const publish_args& args, const std::string& preset,
@@ -391,28 +391,28 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       if (!config)
         return to_caf_error(config.error());
       /// Owns the weights it streams.
-      struct owned_model final : store::tensor_stream {
-        explicit owned_model(store::tensor_set w) : weights(std::move(w)), inner(weights) {}
-        const std::vector<store::tensor_header>& tensors() const override {
+      struct owned_model final : pipeline::tensor_stream {
+        explicit owned_model(pipeline::tensor_set w) : weights(std::move(w)), inner(weights) {}
+        const std::vector<pipeline::tensor_header>& tensors() const override {
           return inner.tensors();
         }
         status read(size_t i, uint64_t off, std::span<std::byte> out) override {
           return inner.read(i, off, out);
         }
-        store::tensor_set weights;
-        store::memory_stream inner;
+        pipeline::tensor_set weights;
+        pipeline::memory_stream inner;
       };
       return run_publish(
-        self, args, [config = *config, seed]() -> result<std::unique_ptr<store::tensor_stream>> {
+        self, args, [config = *config, seed]() -> result<std::unique_ptr<pipeline::tensor_stream>> {
           auto weights = engine::random_init(config, seed);
           if (!weights)
             return std::move(weights).error();
-          return std::unique_ptr<store::tensor_stream>{
+          return std::unique_ptr<pipeline::tensor_stream>{
             std::make_unique<owned_model>(std::move(*weights))};
         });
     },
     [self](atom::publish, const publish_args& args,
-           std::vector<store::tensor_header>& tensors) -> caf::result<uint64_t> {
+           std::vector<pipeline::tensor_header>& tensors) -> caf::result<uint64_t> {
       auto& st = self->state;
       if (auto ok = authorized(st, args); !ok)
         return to_caf_error(ok.error());
@@ -423,9 +423,9 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                                            + "); retry later"});
       if (auto ok = validate_run_id(args.run_id); !ok)
         return to_caf_error(ok.error());
-      if (auto ok = store::validate_headers(tensors); !ok)
+      if (auto ok = pipeline::validate_headers(tensors); !ok)
         return to_caf_error(ok.error());
-      auto stream = std::make_shared<store::fed_stream>(std::move(tensors), queued_pieces);
+      auto stream = std::make_shared<pipeline::fed_stream>(std::move(tensors), queued_pieces);
       if (stream->total() > st.limits.max_session_bytes)
         return to_caf_error(
           {errc::limit_exceeded, "the publish declares " + std::to_string(stream->total())
@@ -508,7 +508,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       if (!token_matches(st.admin_token, token))
         return to_caf_error({errc::unauthorized, "dropping runs needs the admin token (--token "
                                                  "or STITCH_TOKEN)"});
-      if (auto ok = store::validate_pool(pool); !ok)
+      if (auto ok = validate_pool(pool); !ok)
         return to_caf_error(ok.error());
       retention_request req;
       req.keep_last = std::max<size_t>(1, st.retention.keep_last);
@@ -530,7 +530,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                              "collecting versions needs the admin token (--token or "
                              "STITCH_TOKEN); --dry-run does not"});
       if (!pool.empty())
-        if (auto ok = store::validate_pool(pool); !ok)
+        if (auto ok = validate_pool(pool); !ok)
           return to_caf_error(ok.error());
       retention_request req;
       req.keep_last = keep > 0 ? keep : st.retention.keep_last;

@@ -17,8 +17,8 @@
 #include "actors/publisher_actor.hpp"
 #include "actors/store_actor.hpp"
 #include "actors/workers.hpp"
-#include "runtime/store/publisher.hpp"
-#include "runtime/store/tensor_stream.hpp"
+#include "runtime/pipeline/publisher.hpp"
+#include "runtime/pipeline/tensor_stream.hpp"
 #include "transport/ucx_peer.hpp"
 
 namespace stitch {
@@ -60,7 +60,7 @@ struct publisher_state {
   /// A streamed publish: its bytes go to the publish running on a worker.
   struct session {
     publish_args args;
-    std::shared_ptr<store::fed_stream> stream;
+    std::shared_ptr<pipeline::fed_stream> stream;
     std::optional<result<publish_summary>> outcome;
     std::optional<caf::typed_response_promise<publish_summary>> waiting;
     caf::actor_clock::time_point last_seen;
@@ -74,7 +74,7 @@ struct publisher_state {
   };
 
   std::shared_ptr<store_backend> backend;
-  std::shared_ptr<store::publisher> impl;
+  std::shared_ptr<pipeline::publisher> impl;
   store_actor store;
   /// The threads publishes run on (a streamed one holds a thread while it
   /// waits for bytes).
@@ -110,11 +110,11 @@ struct publisher_state {
 publisher_actor::behavior_type
 publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   std::shared_ptr<store_backend> backend, store_actor store,
-                  store::publisher_options options, std::shared_ptr<executor> workers,
+                  pipeline::publisher_options options, std::shared_ptr<executor> workers,
                   std::string admin_token = {}, publisher_limits limits = {},
                   publisher_retention retention = {}, publisher_lending lending = {});
 
 /// The wire form of a publish report.
-publish_summary summarize(const store::publish_report& report);
+publish_summary summarize(const pipeline::publish_report& report);
 
 } // namespace stitch

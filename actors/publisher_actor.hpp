@@ -14,7 +14,7 @@
 #include "actors/replica_actor.hpp"
 #include "actors/value_types.hpp"
 #include "runtime/core/manifest.hpp"
-#include "runtime/store/tensor_stream.hpp"
+#include "runtime/pipeline/tensor_stream.hpp"
 
 namespace stitch {
 
@@ -59,22 +59,22 @@ typename Inspector::result_type inspect(Inspector& f, publish_summary& x) {
            x.reason_for_anchor);
 }
 
-namespace store {
+namespace pipeline {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tensor_header& x) {
   return f(caf::meta::type_name("stitch.tensor_header"), x.name, x.type, x.shape, x.size);
 }
 
-} // namespace store
+} // namespace pipeline
 
 } // namespace stitch
 
 CAF_BEGIN_TYPE_ID_BLOCK(stitch_publisher, ::stitch::type_ids::publisher)
 CAF_ADD_TYPE_ID(stitch_publisher, (stitch::publish_args))
 CAF_ADD_TYPE_ID(stitch_publisher, (stitch::publish_summary))
-CAF_ADD_TYPE_ID(stitch_publisher, (stitch::store::tensor_header))
-CAF_ADD_TYPE_ID(stitch_publisher, (std::vector<stitch::store::tensor_header>) )
+CAF_ADD_TYPE_ID(stitch_publisher, (stitch::pipeline::tensor_header))
+CAF_ADD_TYPE_ID(stitch_publisher, (std::vector<stitch::pipeline::tensor_header>) )
 CAF_ADD_ATOM(stitch_publisher, stitch::atom, publish, "pubstart")
 CAF_ADD_ATOM(stitch_publisher, stitch::atom, init_model, "initmodel")
 CAF_ADD_ATOM(stitch_publisher, stitch::atom, chunk, "chunk")
@@ -104,7 +104,8 @@ using publisher_actor = caf::typed_actor<
   caf::replies_to<atom::init_model, publish_args, std::string, uint64_t>::with<publish_summary>,
   // Opens a streamed publish of these tensors (ascending names); answers a
   // session id. Their bytes follow with `chunk`, tensor after tensor.
-  caf::replies_to<atom::publish, publish_args, std::vector<store::tensor_header>>::with<uint64_t>,
+  caf::replies_to<atom::publish, publish_args,
+                  std::vector<pipeline::tensor_header>>::with<uint64_t>,
   // The next bytes (at most `max_chunk_bytes`; `stitch publish --stream`
   // sends `streamed_piece_bytes`) of session `id`, answered
   // once the publish consumed them (the window a client keeps in flight is

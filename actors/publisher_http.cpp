@@ -19,7 +19,7 @@
 #include "actors/publisher_actor.hpp"
 #include "runtime/core/safetensors.hpp"
 #include "runtime/core/token.hpp"
-#include "runtime/store/pipeline.hpp"
+#include "runtime/pipeline/pipeline.hpp"
 #include "transport/http_router.hpp"
 
 namespace stitch {
@@ -106,7 +106,7 @@ std::variant<std::map<std::string, std::string>, std::string> parse_files(const 
 /// What an open request asks for.
 struct open_request {
   publish_args args;
-  std::vector<store::tensor_header> headers;
+  std::vector<pipeline::tensor_header> headers;
   /// `abort_on_disconnect`.
   bool bound = false;
 };
@@ -161,14 +161,14 @@ std::variant<open_request, server_response> parse_open(const std::string& body) 
     return bad("'tensors' must be a non-empty array of {name, dtype, shape}");
   if (j["tensors"].size() > max_tensors)
     return bad("'tensors' lists more than " + std::to_string(max_tensors) + " tensors");
-  std::vector<store::tensor_header> headers;
+  std::vector<pipeline::tensor_header> headers;
   headers.reserve(j["tensors"].size());
   for (const auto& t : j["tensors"]) {
     const std::string at = "tensors[" + std::to_string(headers.size()) + "]";
     if (!t.is_object() || !t.contains("name") || !t["name"].is_string() || !t.contains("dtype")
         || !t["dtype"].is_string() || !t.contains("shape") || !t["shape"].is_array())
       return bad(at + " must be {\"name\": string, \"dtype\": string, \"shape\": [int]}");
-    store::tensor_header h;
+    pipeline::tensor_header h;
     h.name = t["name"].get<std::string>();
     auto type = safetensors::parse_dtype(t["dtype"].get<std::string>());
     if (!type)
@@ -324,7 +324,7 @@ publisher_http::server_options(transport::http_server_options o, caf::actor publ
   // read waited for it). Named, for `top -H` and `perf`.
   o.thread_setup = [] {
     ::pthread_setname_np(::pthread_self(), "publisher-http");
-    store::run_as_background_thread();
+    pipeline::run_as_background_thread();
   };
   // A `PUT /publish/<id>` whose body was cut off aborts its session (under
   // the same token rule as `DELETE`).

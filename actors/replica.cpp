@@ -279,10 +279,10 @@ void carry_out(self_ptr self, rfx::stage e) {
   st.deps.reconcile_worker->post([handle, engine = st.engine, bytes = st.bytes, e] {
     auto t0 = std::chrono::steady_clock::now();
     auto before = bytes->snapshot();
-    store::stage_meter meter;
+    pipeline::stage_meter meter;
     status outcome;
     {
-      store::stage_meter::installed timed{&meter};
+      pipeline::stage_meter::installed timed{&meter};
       outcome = engine->prefetch(e.plan);
       if (outcome)
         outcome = engine->stage(e.plan, e.onto_shadow, *bytes);

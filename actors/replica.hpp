@@ -21,7 +21,7 @@
 #include "runtime/core/engine_port.hpp"
 #include "runtime/core/reconciler.hpp"
 #include "runtime/core/request_lifecycle.hpp"
-#include "runtime/store/stage_meter.hpp"
+#include "runtime/pipeline/stage_meter.hpp"
 #include "transport/ucx_peer.hpp"
 
 namespace stitch {
@@ -98,7 +98,7 @@ public:
   }
   status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
               std::span<std::byte> out) override {
-    store::phase_scope fetching{store::stage_phase::fetch};
+    pipeline::phase_scope fetching{pipeline::stage_phase::fetch};
     auto ok = inner()->read(ref, tensor, offset, out);
     if (ok) {
       store_bytes_.fetch_add(out.size(), std::memory_order_relaxed);
@@ -109,7 +109,7 @@ public:
   transfer* peers() override { return inner()->peers() ? this : nullptr; }
   fetch_report fetch(const version_ref& ref, std::span<const fetch_target> targets,
                      const std::function<void(const transfer_progress&)>& on) override {
-    store::phase_scope fetching{store::stage_phase::fetch};
+    pipeline::phase_scope fetching{pipeline::stage_phase::fetch};
     auto keep = inner();
     auto* peers = keep->peers();
     if (!peers)

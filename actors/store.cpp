@@ -186,12 +186,12 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
         return to_caf_error(
           {errc::invalid_argument,
            "an export path on the store's node must be absolute, not " + quote_untrusted(path)});
-      store::export_options options;
+      pipeline::export_options options;
       options.sync = sync;
       options.buffer_bytes = self->state.opts.io_buffer_bytes;
       return offload<bool>(self, self->state.jobs, bulk, bulk_name,
                            [db, pool, ref, path, options]() -> result<bool> {
-                             auto ok = store::export_version(*db, pool, ref, path, options);
+                             auto ok = pipeline::export_version(*db, pool, ref, path, options);
                              if (!ok)
                                return std::move(ok).error();
                              return true;

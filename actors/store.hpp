@@ -13,7 +13,7 @@
 #include "actors/store_actor.hpp"
 #include "actors/workers.hpp"
 #include "runtime/core/store_port.hpp"
-#include "runtime/store/materialize.hpp"
+#include "runtime/pipeline/materialize.hpp"
 
 namespace stitch {
 

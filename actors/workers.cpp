@@ -2,7 +2,7 @@
 
 #include <pthread.h>
 
-#include "runtime/store/pipeline.hpp"
+#include "runtime/pipeline/pipeline.hpp"
 
 namespace stitch {
 
@@ -58,7 +58,7 @@ void worker_pool::work(const std::shared_ptr<shared>& s) {
   // Thread names are at most 15 characters.
   pthread_setname_np(pthread_self(), s->name.substr(0, 15).c_str());
   if (s->prio == priority::background)
-    store::run_as_background_thread();
+    pipeline::run_as_background_thread();
   for (;;) {
     std::function<void()> job;
     {

@@ -21,9 +21,9 @@
 
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/sampler.hpp"
-#include "runtime/store/publisher.hpp"
+#include "runtime/pipeline/publisher.hpp"
+#include "runtime/pipeline/store_tensor_source.hpp"
 #include "runtime/store/rocksdb_store.hpp"
-#include "runtime/store/store_tensor_source.hpp"
 
 namespace {
 
@@ -105,7 +105,7 @@ row measure(const engine::model_config& config, const std::filesystem::path& dir
   if (!opened)
     die(to_string(opened.error()));
   auto& db = **opened;
-  store::publisher pub{db};
+  pipeline::publisher pub{db};
   auto w0 = engine::random_init(config, 1);
   if (!w0)
     die(to_string(w0.error()));
@@ -123,7 +123,7 @@ row measure(const engine::model_config& config, const std::filesystem::path& dir
     bytes += t.bytes.size();
 
   // A cold replica, best of three (the disk is shared and noisy).
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   double anchor_stage_s = 1e9;
   double read_s = 1e9;
   for (int rep = 0; rep < 3; ++rep) {

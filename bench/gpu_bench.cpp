@@ -33,10 +33,10 @@
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/tokenizer.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/store/hf_directory.hpp"
-#include "runtime/store/materialize.hpp"
-#include "runtime/store/publisher.hpp"
-#include "runtime/store/store_tensor_source.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
+#include "runtime/pipeline/materialize.hpp"
+#include "runtime/pipeline/publisher.hpp"
+#include "runtime/pipeline/store_tensor_source.hpp"
 #include "store/memory_store.hpp"
 
 namespace {
@@ -141,9 +141,9 @@ engine_figures measure_engine(const engine::model_config& config, uint32_t batch
       f.gb += static_cast<double>(t.bytes.size()) / 1e9;
     // The run's remembered copy stays in memory (the ~16 GB model's would
     // otherwise go to a scratch file): host memory peaks at three copies.
-    store::publisher_options po;
+    pipeline::publisher_options po;
     po.memory_limit = uint64_t{64} << 30;
-    store::publisher pub{db, po};
+    pipeline::publisher pub{db, po};
     must(pub.publish({"default", "bench", 0, true, false}, w), "publish");
   }
   engine::builtin_engine::options o;
@@ -151,7 +151,7 @@ engine_figures measure_engine(const engine::model_config& config, uint32_t batch
   o.device_copy_on_host = on_host;
   o.max_batch = batch;
   auto e = must(engine::builtin_engine::create(config, o), "CUDA engine");
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   chain_plan plan;
   plan.target = {"bench", 0};
   plan.anchor = version_ref{"bench", 0};
@@ -159,7 +159,7 @@ engine_figures measure_engine(const engine::model_config& config, uint32_t batch
   plan.activation_needed = true;
   {
     auto anchor = must(src.manifest_of(*plan.anchor), "manifest");
-    auto specs = must(store::read_tensor_specs(anchor), "tensor specs");
+    auto specs = must(pipeline::read_tensor_specs(anchor), "tensor specs");
     auto make_all = [&] {
       std::vector<std::shared_ptr<engine::tensor_buffer>> made;
       for (auto& info : specs)
@@ -218,16 +218,17 @@ int hf_check(const std::filesystem::path& dir, bool on_host) {
   auto weights = must(engine::random_init(config, 3), "random weights");
   std::filesystem::remove_all(dir);
   std::map<std::string, std::string> files{{"config.json", engine::render_model_config(config)}};
-  must(store::write_hf_directory(dir, weights, default_max_shard_bytes, files), "write checkpoint");
+  must(pipeline::write_hf_directory(dir, weights, default_max_shard_bytes, files),
+       "write checkpoint");
   stitch::testing::memory_store db;
-  store::publisher pub{db};
+  pipeline::publisher pub{db};
   must(pub.publish({"default", "hf", 0, true, false, files}, weights), "publish");
   engine::builtin_engine::options o;
   o.device = on_host ? engine::engine_device::cpu : engine::engine_device::cuda;
   o.device_copy_on_host = on_host;
   o.max_batch = 4;
   auto e = must(engine::builtin_engine::create(config, o), "CUDA engine");
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   must(e->reset_to_boot({"hf", 0}, src), "stage");
   nlohmann::json out = nlohmann::json::array();
   for (const char* prompt : {"Stitch moves weights", "a", "policy version 7 says"}) {

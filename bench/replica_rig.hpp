@@ -16,12 +16,12 @@
 #include "actors/http_front.hpp"
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
+#include "node/system_config.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/node/system_config.hpp"
-#include "runtime/store/publisher.hpp"
+#include "runtime/pipeline/publisher.hpp"
+#include "runtime/pipeline/store_tensor_source.hpp"
 #include "runtime/store/rocksdb_store.hpp"
-#include "runtime/store/store_tensor_source.hpp"
 #include "transport/http_client.hpp"
 
 namespace stitch::bench {
@@ -56,16 +56,16 @@ public:
       return std::move(opened).error();
     backend_ = std::shared_ptr<store_backend>{std::move(*opened)};
     const auto config = model();
-    store::publish_request pr{"default", "bench", 0, false, false};
+    pipeline::publish_request pr{"default", "bench", 0, false, false};
     pr.files = {{"config.json", engine::render_model_config(config)}};
-    store::publisher pub{*backend_};
+    pipeline::publisher pub{*backend_};
     if (auto r = pub.publish(pr, *engine::random_init(config, 1)); !r)
       return std::move(r).error();
     store_ = sys_.spawn(store_service, backend_, stitch::store_lanes::make(), store_options{});
     replica_deps d;
     d.store = store_;
     d.make_engine = std::move(make_engine);
-    d.bytes = std::make_shared<store::store_tensor_source>(*backend_, "default");
+    d.bytes = std::make_shared<pipeline::store_tensor_source>(*backend_, "default");
     d.reconcile_worker = std::make_shared<worker_pool>(1, "stage");
     d.request_workers = std::make_shared<worker_pool>(o.request_workers, "gen");
     d.lane = std::make_shared<request_lane>(gate_options_of(replica_options{}));

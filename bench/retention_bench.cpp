@@ -22,9 +22,9 @@
 #include "runtime/core/checksum.hpp"
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/store/hf_directory.hpp"
-#include "runtime/store/materialize.hpp"
-#include "runtime/store/publisher.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
+#include "runtime/pipeline/materialize.hpp"
+#include "runtime/pipeline/publisher.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 
 namespace {
@@ -48,7 +48,7 @@ uint64_t size_on_disk(const fs::path& dir) {
 }
 
 /// One training step: a few percent of every tensor's bytes change.
-void step(store::tensor_set& w, std::mt19937_64& rng) {
+void step(pipeline::tensor_set& w, std::mt19937_64& rng) {
   for (auto& [name, t] : w) {
     const size_t n = t.bytes.size();
     const size_t changes = std::max<size_t>(1, n / 40);
@@ -57,7 +57,7 @@ void step(store::tensor_set& w, std::mt19937_64& rng) {
   }
 }
 
-std::map<std::string, uint64_t> hashes(const store::tensor_set& w) {
+std::map<std::string, uint64_t> hashes(const pipeline::tensor_set& w) {
   std::map<std::string, uint64_t> out;
   for (const auto& [name, t] : w)
     out[name] = checksum::tree_checksum(t.bytes);
@@ -109,9 +109,9 @@ int main(int argc, char** argv) {
   if (!opened)
     die(to_string(opened.error()));
   auto& db = **opened;
-  store::publisher_options po;
+  pipeline::publisher_options po;
   po.scratch_dir = dir / "scratch";
-  store::publisher pub{db, po};
+  pipeline::publisher pub{db, po};
   const std::string pool = "default";
   std::mt19937_64 rng{20261130};
   std::map<uint64_t, std::map<std::string, uint64_t>> published;
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
   for (uint64_t v = 0; v < versions; ++v) {
     if (v > 0)
       step(*weights, rng);
-    store::memory_stream source{*weights};
+    pipeline::memory_stream source{*weights};
     auto report = pub.publish({pool, "run", v, false, false}, source);
     if (!report)
       die("publish " + std::to_string(v) + ": " + to_string(report.error()));
@@ -159,9 +159,9 @@ int main(int argc, char** argv) {
   for (const auto& ref : *listed) {
     auto out = dir / "export";
     fs::remove_all(out);
-    if (auto ok = store::export_version(db, pool, ref, out); !ok)
+    if (auto ok = pipeline::export_version(db, pool, ref, out); !ok)
       die("export " + to_string(ref) + ": " + to_string(ok.error()));
-    auto back = store::load_hf_directory(out);
+    auto back = pipeline::load_hf_directory(out);
     if (!back)
       die("reading the export of " + to_string(ref) + ": " + to_string(back.error()));
     if (hashes(*back) != published.at(ref.version))

@@ -40,13 +40,13 @@
 
 #include "actors/coordinator_actor.hpp"
 #include "actors/store_actor.hpp"
+#include "node/remote.hpp"
+#include "node/system_config.hpp"
 #include "runtime/core/delta_codec.hpp"
-#include "runtime/node/remote.hpp"
-#include "runtime/node/system_config.hpp"
-#include "runtime/store/hf_directory.hpp"
-#include "runtime/store/materialize.hpp"
-#include "runtime/store/pipeline.hpp"
-#include "runtime/store/publisher.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
+#include "runtime/pipeline/materialize.hpp"
+#include "runtime/pipeline/pipeline.hpp"
+#include "runtime/pipeline/publisher.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 
 namespace {
@@ -154,8 +154,8 @@ void warm_up_memory(uint64_t bytes) {
   std::free(const_cast<char*>(p));
 }
 
-stitch::store::tensor_set make_weights(uint64_t bytes, size_t count) {
-  stitch::store::tensor_set w;
+stitch::pipeline::tensor_set make_weights(uint64_t bytes, size_t count) {
+  stitch::pipeline::tensor_set w;
   std::mt19937_64 rng{7};
   const uint64_t each = bytes / count / 4 * 4;
   for (size_t i = 0; i < count; ++i) {
@@ -343,7 +343,7 @@ struct node_figures {
   double p99_ratio() const { return idle.p99 > 0 ? loaded.p99 / idle.p99 : 0; }
 };
 
-node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& weights,
+node_figures node_rows(const fs::path& dir, const stitch::pipeline::tensor_set& weights,
                        uint64_t bytes, const fs::path& bin_dir, bool pointer_only) {
   node_figures f;
   const fs::path node_bin = bin_dir / "stitch-node";
@@ -352,7 +352,7 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
     return f;
   f.ran = true;
   const fs::path model = dir / "model";
-  if (auto ok = stitch::store::write_hf_directory(model, weights); !ok)
+  if (auto ok = stitch::pipeline::write_hf_directory(model, weights); !ok)
     die(to_string(ok.error()));
 
   auto node =
@@ -453,7 +453,7 @@ node_figures node_rows(const fs::path& dir, const stitch::store::tensor_set& wei
   // The reader is set up as a node is (a replica reading the pointer runs in
   // one): its threads preempt bulk work when they wake.
   {
-    stitch::store::run_as_latency_thread();
+    stitch::pipeline::run_as_latency_thread();
     stitch::system_config cfg;
     cfg.set("logger.file-verbosity", caf::atom("quiet"));
     caf::actor_system sys{cfg};
@@ -605,7 +605,7 @@ int main(int argc, char** argv) {
     if (!opened)
       die(to_string(opened.error()));
     auto& db = **opened;
-    stitch::store::publisher pub{db};
+    stitch::pipeline::publisher pub{db};
     uint64_t version = 0;
     for (int round = 0; round < 3; ++round) {
       auto t0 = clock_type::now();
@@ -636,7 +636,7 @@ int main(int argc, char** argv) {
       drop_cache(dir / "db");
       auto t0 = clock_type::now();
       auto exported =
-        stitch::store::export_version(db, "default", {"bench", exported_version}, dir / "out");
+        stitch::pipeline::export_version(db, "default", {"bench", exported_version}, dir / "out");
       export_s.push_back(seconds_since(t0));
       if (!exported)
         die("export: " + to_string(exported.error()));

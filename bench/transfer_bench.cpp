@@ -40,7 +40,7 @@
 
 #include "runtime/core/checksum.hpp"
 #include "runtime/core/fanout.hpp"
-#include "runtime/store/publisher.hpp"
+#include "runtime/pipeline/publisher.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 #include "transport/ucx.hpp"
 #include "transport/ucx_peer.hpp"
@@ -264,7 +264,7 @@ struct fanout_row {
 std::vector<fanout_row> fanout(const std::string& tls, size_t bytes) {
   namespace fs = std::filesystem;
   const version_ref ref{"bench", 0};
-  store::tensor_set weights;
+  pipeline::tensor_set weights;
   std::mt19937_64 rng{11};
   const size_t tensor_bytes = size_t{64} << 20;
   for (size_t at = 0, k = 0; at < bytes; at += tensor_bytes, ++k) {
@@ -286,7 +286,7 @@ std::vector<fanout_row> fanout(const std::string& tls, size_t bytes) {
   auto db = store::open_rocksdb_store((dir / "db").string());
   if (!db)
     die(to_string(db.error()));
-  store::publisher pub{**db};
+  pipeline::publisher pub{**db};
   auto published = pub.publish({"default", ref.run_id, ref.version, true, false}, weights);
   if (!published)
     die("publish: " + to_string(published.error()));

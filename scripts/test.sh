@@ -20,6 +20,9 @@ scripts/install-deps.sh
 step "format check"
 scripts/format.sh --check
 
+step "layering check (docs/architecture.md: every include points down)"
+/usr/bin/python3 scripts/check-layers.py
+
 step "build (main preset)"
 cmake --preset default >/dev/null
 cmake --build --preset default -j "$jobs"

@@ -9,7 +9,7 @@
 namespace stitch {
 
 /// The project's one error enum. Registered with CAF as category "stitch" in
-/// `runtime/node`; the core only uses it as a value.
+/// `node`; the core only uses it as a value.
 enum class errc : uint8_t {
   none = 0,
   /// Input that does not parse or validate (a 400-class problem).

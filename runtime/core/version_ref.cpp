@@ -54,6 +54,12 @@ status validate_run_id(std::string_view run_id) {
   return {};
 }
 
+status validate_pool(std::string_view pool) {
+  if (auto ok = validate_run_id(pool); !ok)
+    return make_error(errc::invalid_argument, "pool name: " + ok.error().message);
+  return {};
+}
+
 std::string version_dir_name(uint64_t version) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "weight_v%06llu", static_cast<unsigned long long>(version));

@@ -27,6 +27,9 @@ inline constexpr size_t max_run_id_length = 64;
 /// because run ids become path and object-key components.
 status validate_run_id(std::string_view run_id);
 
+/// Checks a pool name (the same alphabet as run ids).
+status validate_pool(std::string_view pool);
+
 /// The directory name of a version: `weight_v000007` (at least six digits).
 std::string version_dir_name(uint64_t version);
 

@@ -11,8 +11,8 @@
 #include "runtime/engine/api_shapes.hpp"
 #include "runtime/engine/device_fanout.hpp"
 #include "runtime/engine/sampler.hpp"
-#include "runtime/store/materialize.hpp"
-#include "runtime/store/stage_meter.hpp"
+#include "runtime/pipeline/materialize.hpp"
+#include "runtime/pipeline/stage_meter.hpp"
 #include <algorithm>
 #include <chrono>
 #include <mutex>
@@ -379,8 +379,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     std::lock_guard guard{mutex_};
     old_weights.swap(retired_weights_);
   }
-  store::range_reader read = [&](const version_ref& ref, std::string_view tensor, uint64_t offset,
-                                 std::span<std::byte> out) {
+  pipeline::range_reader read = [&](const version_ref& ref, std::string_view tensor,
+                                    uint64_t offset, std::span<std::byte> out) {
     return source.read(ref, tensor, offset, out);
   };
   // The base: an anchor read afresh (straight into its buffers), the shadow
@@ -493,7 +493,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     auto anchor = source.manifest_of(*plan.anchor);
     if (!anchor)
       return std::move(anchor).error();
-    auto specs = store::read_tensor_specs(*anchor);
+    auto specs = pipeline::read_tensor_specs(*anchor);
     if (!specs)
       return std::move(specs).error();
     std::vector<std::shared_ptr<tensor_buffer>> buffers;
@@ -632,7 +632,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
     });
     // On a device: each patched tensor's device copy starts as its base's,
     // and every decoded piece is applied to it there as it is to the host's.
-    std::vector<store::decoded_sink> sinks(device_ ? patches.size() : 0);
+    std::vector<pipeline::decoded_sink> sinks(device_ ? patches.size() : 0);
     for (size_t i = 0; i < sinks.size(); ++i) {
       const auto& name = patches[i].name;
       auto mine = dev_own.find(name);
@@ -662,14 +662,14 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       // Decoding: the pool's workers keep no phase meter, so the frames
       // they read count as decode (those the stage's own thread reads as
       // fetch).
-      store::phase_scope decoding{store::stage_phase::decode};
+      pipeline::phase_scope decoding{pipeline::stage_phase::decode};
       pool.run(patches.size(), [&](size_t i) {
         thread_local std::vector<std::byte> scratch;
         if (scratch.empty())
           scratch.resize(size_t{8} << 20);
         outcomes[i] =
-          store::apply_delta(read, *delta, patches[i].name, patches[i].into->bytes.bytes(), scratch,
-                             sinks.empty() ? nullptr : &sinks[i]);
+          pipeline::apply_delta(read, *delta, patches[i].name, patches[i].into->bytes.bytes(),
+                                scratch, sinks.empty() ? nullptr : &sinks[i]);
       });
     }
     for (auto& outcome : outcomes)
@@ -681,7 +681,7 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
       return ok;
   // Nothing is activated unless it is exactly what was published: on a
   // device, the bytes there are what is checked.
-  std::optional<store::phase_scope> verifying{store::stage_phase::verify};
+  std::optional<pipeline::phase_scope> verifying{pipeline::stage_phase::verify};
   for (const auto& [name, expected] : target->checksums) {
     auto it = tensors.find(name);
     if (it == tensors.end())

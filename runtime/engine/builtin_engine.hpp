@@ -19,7 +19,7 @@
 #include "runtime/engine/sampler.hpp"
 #include "runtime/engine/tokenizer.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/store/host_tensors.hpp"
+#include "runtime/pipeline/host_tensors.hpp"
 
 namespace stitch::engine {
 

@@ -14,8 +14,8 @@
 #include "runtime/core/checksum.hpp"
 #include "runtime/core/json_depth.hpp"
 #include "runtime/engine/api_shapes.hpp"
-#include "runtime/store/hf_directory.hpp"
-#include "runtime/store/materialize.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
+#include "runtime/pipeline/materialize.hpp"
 
 namespace stitch::engine {
 
@@ -625,11 +625,11 @@ status external_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_s
   auto target = source.manifest_of(plan.target);
   if (!target)
     return std::move(target).error();
-  store::range_reader read = [&source](const version_ref& ref, std::string_view tensor,
-                                       uint64_t offset, std::span<std::byte> out) {
+  pipeline::range_reader read = [&source](const version_ref& ref, std::string_view tensor,
+                                          uint64_t offset, std::span<std::byte> out) {
     return source.read(ref, tensor, offset, out);
   };
-  store::manifest_reader manifests = [&source](const version_ref& ref) {
+  pipeline::manifest_reader manifests = [&source](const version_ref& ref) {
     return source.manifest_of(ref);
   };
   std::optional<staged> base;
@@ -667,12 +667,12 @@ status external_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_s
     // A rebuild names the version only: its chain starts at the nearest
     // full anchor below it.
     uint64_t boot = plan.reset_to_boot ? 0 : plan.anchor->version;
-    auto reader = store::version_reader::open(manifests, read, plan.target, boot);
+    auto reader = pipeline::version_reader::open(manifests, read, plan.target, boot);
     if (!reader)
       return std::move(reader).error();
-    store::export_options eo;
+    pipeline::export_options eo;
     eo.max_shard_bytes = opts_.max_shard_bytes;
-    written = store::export_version(*reader, read, next.dir, eo);
+    written = pipeline::export_version(*reader, read, next.dir, eo);
   } else {
     written = write_delta(*base, plan, *target, source, next);
   }
@@ -689,7 +689,7 @@ status external_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_s
 status external_engine::write_delta(const staged& base, const chain_plan& plan,
                                     const manifest& target, tensor_source& source,
                                     const staged& next) {
-  auto ckpt = store::open_hf_directory(base.dir);
+  auto ckpt = pipeline::open_hf_directory(base.dir);
   if (!ckpt)
     return std::move(ckpt).error();
   std::vector<manifest> deltas;
@@ -711,15 +711,15 @@ status external_engine::write_delta(const staged& base, const chain_plan& plan,
                                               + "' of the staged " + to_string(base.ref));
     specs.push_back({t.name, t.type, t.shape});
   }
-  store::range_reader read = [&source](const version_ref& ref, std::string_view tensor,
-                                       uint64_t offset, std::span<std::byte> out) {
+  pipeline::range_reader read = [&source](const version_ref& ref, std::string_view tensor,
+                                          uint64_t offset, std::span<std::byte> out) {
     return source.read(ref, tensor, offset, out);
   };
   std::map<std::string, size_t> per_shard;
   for (const auto& [name, t] : ckpt->tensors)
     ++per_shard[t.file];
   // A shard whose tensors the chain leaves alone is the same file again.
-  store::shard_reuse reuse =
+  pipeline::shard_reuse reuse =
     [&](const std::string& shard,
         const std::vector<std::string>& tensors) -> std::optional<fs::path> {
     auto it = per_shard.find(shard);
@@ -734,18 +734,18 @@ status external_engine::write_delta(const staged& base, const chain_plan& plan,
   };
   std::vector<std::byte> piece(size_t{8} << 20);
   std::vector<std::byte> scratch;
-  store::tensor_filler fill = [&](const std::string& name,
-                                  const safetensors::byte_sink& sink) -> status {
+  pipeline::tensor_filler fill = [&](const std::string& name,
+                                     const safetensors::byte_sink& sink) -> status {
     const auto& t = ckpt->tensors.at(name);
     if (!plan.touched.contains(name)) {
       // Unchanged: its bytes as staged (verified then), piece by piece.
-      auto fd = store::open_checkpoint_file(*ckpt, t.file);
+      auto fd = pipeline::open_checkpoint_file(*ckpt, t.file);
       if (!fd)
         return std::move(fd).error();
       status ok;
       for (uint64_t done = 0; ok && done < t.size;) {
         auto n = static_cast<size_t>(std::min<uint64_t>(piece.size(), t.size - done));
-        ok = store::read_file_range(*fd, t.offset + done, std::span{piece}.first(n), name);
+        ok = pipeline::read_file_range(*fd, t.offset + done, std::span{piece}.first(n), name);
         if (ok)
           ok = sink(std::span{piece}.first(n));
         done += n;
@@ -754,14 +754,14 @@ status external_engine::write_delta(const staged& base, const chain_plan& plan,
       return ok;
     }
     std::vector<std::byte> bytes(t.size);
-    if (auto ok = store::read_tensor(*ckpt, name, bytes); !ok)
+    if (auto ok = pipeline::read_tensor(*ckpt, name, bytes); !ok)
       return ok;
     for (const auto& d : deltas) {
       if (std::find(d.touched.begin(), d.touched.end(), name) == d.touched.end())
         continue;
       if (scratch.empty())
         scratch.resize(size_t{8} << 20);
-      if (auto ok = store::apply_delta(read, d, name, bytes, scratch); !ok)
+      if (auto ok = pipeline::apply_delta(read, d, name, bytes, scratch); !ok)
         return ok;
     }
     // Nothing reaches the engine unless it is exactly what was published.
@@ -781,8 +781,8 @@ status external_engine::write_delta(const staged& base, const chain_plan& plan,
       return std::move(text).error();
     files.emplace(name, std::move(*text));
   }
-  return store::write_hf_directory(next.dir, specs, fill, opts_.max_shard_bytes, false, files,
-                                   reuse);
+  return pipeline::write_hf_directory(next.dir, specs, fill, opts_.max_shard_bytes, false, files,
+                                      reuse);
 }
 
 bool external_engine::link_sibling_copy(const staged& next) {

@@ -111,7 +111,7 @@ void add_router_gradient(const weights& w, const moe_trace& t, int32_t a,
 
 } // namespace
 
-result<pg_stats> policy_gradient_step(store::tensor_set& tensors, const model_config& config,
+result<pg_stats> policy_gradient_step(pipeline::tensor_set& tensors, const model_config& config,
                                       std::span<const rollout_sample> batch, const pg_options& o) {
   if (config.torch_dtype != weight_dtype::float32)
     return make_error(

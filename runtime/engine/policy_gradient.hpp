@@ -7,7 +7,7 @@
 
 #include "runtime/core/error.hpp"
 #include "runtime/engine/model_config.hpp"
-#include "runtime/store/host_tensors.hpp"
+#include "runtime/pipeline/host_tensors.hpp"
 
 namespace stitch::engine {
 
@@ -76,7 +76,7 @@ struct pg_stats {
 /// A sample with routing is teacher-forced with that routing replayed (its
 /// length must match the sample). fp32 checkpoints only (bf16 is refused by
 /// name). `weights` is updated in place.
-result<pg_stats> policy_gradient_step(store::tensor_set& weights, const model_config& config,
+result<pg_stats> policy_gradient_step(pipeline::tensor_set& weights, const model_config& config,
                                       std::span<const rollout_sample> batch,
                                       const pg_options& options = {});
 

@@ -280,7 +280,7 @@ result<std::shared_ptr<tensor_buffer>> make_tensor_buffer(std::string name, safe
   return t;
 }
 
-result<tensor_map> to_tensor_map(const store::tensor_set& tensors) {
+result<tensor_map> to_tensor_map(const pipeline::tensor_set& tensors) {
   tensor_map out;
   for (const auto& [name, t] : tensors) {
     auto b = make_tensor_buffer(name, t.type, t.shape);
@@ -299,20 +299,20 @@ result<tensor_map> to_tensor_map(const store::tensor_set& tensors) {
 }
 
 result<std::shared_ptr<const weights>> build_weights(const model_config& config,
-                                                     const store::tensor_set& tensors) {
+                                                     const pipeline::tensor_set& tensors) {
   auto map = to_tensor_map(tensors);
   if (!map)
     return std::move(map).error();
   return build_weights(config, std::move(*map));
 }
 
-result<store::tensor_set> random_init(const model_config& config, uint64_t seed) {
+result<pipeline::tensor_set> random_init(const model_config& config, uint64_t seed) {
   if (auto ok = validate(config); !ok) {
     return std::move(ok).error();
   }
   auto specs = expected_tensors(config);
   auto type = tensor_dtype(config.torch_dtype);
-  std::vector<store::host_tensor> built(specs.size());
+  std::vector<pipeline::host_tensor> built(specs.size());
   gpu::shared_pool().run(specs.size(), [&](size_t i) {
     const auto& spec = specs[i];
     uint64_t elements = 1;
@@ -343,7 +343,7 @@ result<store::tensor_set> random_init(const model_config& config, uint64_t seed)
       }
     }
   });
-  store::tensor_set out;
+  pipeline::tensor_set out;
   for (auto& t : built) {
     std::string name = t.name;
     out.emplace(std::move(name), std::move(t));

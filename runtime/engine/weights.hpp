@@ -11,7 +11,7 @@
 #include "runtime/core/error.hpp"
 #include "runtime/core/safetensors.hpp"
 #include "runtime/engine/model_config.hpp"
-#include "runtime/store/host_tensors.hpp"
+#include "runtime/pipeline/host_tensors.hpp"
 
 namespace stitch::engine {
 
@@ -35,7 +35,7 @@ result<std::shared_ptr<tensor_buffer>> make_tensor_buffer(std::string name, safe
                                                           std::vector<uint64_t> shape);
 
 /// Copies tensors held in memory into tensor buffers.
-result<tensor_map> to_tensor_map(const store::tensor_set& tensors);
+result<tensor_map> to_tensor_map(const pipeline::tensor_set& tensors);
 
 /// A row-major fp32 matrix, `rows` x `cols` (Hugging Face `[out, in]`),
 /// viewing memory the `weights` own.
@@ -120,11 +120,11 @@ result<std::shared_ptr<const weights>> build_weights(const model_config& config,
                                                      tensor_map tensors);
 /// The same from tensors held in memory (copied into tensor buffers).
 result<std::shared_ptr<const weights>> build_weights(const model_config& config,
-                                                     const store::tensor_set& tensors);
+                                                     const pipeline::tensor_set& tensors);
 
 /// Deterministic random weights in the config's dtype: matrices are
 /// approximately normal with standard deviation 0.02, norms are 1.0. Each
 /// tensor's values depend only on `seed` and the tensor's name.
-result<store::tensor_set> random_init(const model_config& config, uint64_t seed);
+result<pipeline::tensor_set> random_init(const model_config& config, uint64_t seed);
 
 } // namespace stitch::engine

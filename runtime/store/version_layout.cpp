@@ -12,12 +12,6 @@ namespace stitch::store {
 
 namespace {} // namespace
 
-status validate_pool(std::string_view pool) {
-  if (auto ok = validate_run_id(pool); !ok)
-    return make_error(errc::invalid_argument, "pool name: " + ok.error().message);
-  return {};
-}
-
 struct shard_stream_check::impl {
   struct shard {
     std::string name;

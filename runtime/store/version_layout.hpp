@@ -69,9 +69,6 @@ private:
   std::unique_ptr<impl> impl_;
 };
 
-/// Checks a pool name (the same alphabet as run ids).
-status validate_pool(std::string_view pool);
-
 /// msgpack encoding of a layout, for backends that persist it.
 std::string encode_layout(const version_layout& layout);
 result<version_layout> decode_layout(std::string_view bytes);

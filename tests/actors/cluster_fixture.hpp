@@ -21,11 +21,11 @@
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
 #include "actors/store_client.hpp"
+#include "node/system_config.hpp"
 #include "runtime/engine/builtin_engine.hpp"
-#include "runtime/node/system_config.hpp"
-#include "runtime/store/publisher.hpp"
+#include "runtime/pipeline/publisher.hpp"
+#include "runtime/pipeline/store_tensor_source.hpp"
 #include "runtime/store/rocksdb_store.hpp"
-#include "runtime/store/store_tensor_source.hpp"
 #include "store/store_fixtures.hpp"
 #include "transport/http_client.hpp"
 
@@ -138,7 +138,7 @@ protected:
     backend = std::shared_ptr<store_backend>{std::move(*opened)};
     store = sys.spawn(store_service, backend, store_lanes::make(), store_options{});
     config = *engine::preset("tiny");
-    pub = std::make_unique<store::publisher>(*backend);
+    pub = std::make_unique<pipeline::publisher>(*backend);
     gateway = sys.spawn(gateway_service, gateway_options{});
   }
 
@@ -155,7 +155,7 @@ protected:
 
   /// The weights of `run` at version `v`: seeded per run, and every version
   /// changes the output head and one attention projection.
-  store::tensor_set weights_of(uint64_t v, const std::string& run = "r") {
+  pipeline::tensor_set weights_of(uint64_t v, const std::string& run = "r") {
     auto w = *engine::random_init(config, run == "r" ? 42 : 99);
     for (uint64_t i = 1; i <= v; ++i) {
       for (const auto& name :
@@ -195,9 +195,9 @@ protected:
     };
     if (bytes_via_actor) {
       remote = std::make_shared<remote_store>(sys, store);
-      d.bytes = std::make_shared<store::store_tensor_source>(*remote, "default");
+      d.bytes = std::make_shared<pipeline::store_tensor_source>(*remote, "default");
     } else {
-      d.bytes = std::make_shared<store::store_tensor_source>(*backend, "default");
+      d.bytes = std::make_shared<pipeline::store_tensor_source>(*backend, "default");
     }
     auto worker = std::make_shared<holdable_executor>("reconcile");
     workers.push_back(worker);
@@ -363,7 +363,7 @@ protected:
   store_actor store;
   std::shared_ptr<remote_store> remote;
   engine::model_config config;
-  std::unique_ptr<store::publisher> pub;
+  std::unique_ptr<pipeline::publisher> pub;
   gateway_actor gateway;
   std::unique_ptr<gateway_http> front;
   uint16_t gateway_port = 0;

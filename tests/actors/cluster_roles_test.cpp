@@ -19,7 +19,7 @@
 #include "actors/gateway_actor.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/publisher_actor.hpp"
-#include "runtime/node/system_config.hpp"
+#include "node/system_config.hpp"
 
 namespace stitch {
 namespace {
@@ -48,7 +48,7 @@ fake_publisher(publisher_actor::stateful_pointer<fake_publisher_state> self,
     [answer](atom::init_model, const publish_args&, const std::string&, uint64_t) {
       return answer();
     },
-    [](atom::publish, const publish_args&, std::vector<store::tensor_header>&) -> uint64_t {
+    [](atom::publish, const publish_args&, std::vector<pipeline::tensor_header>&) -> uint64_t {
       return 0;
     },
     [](atom::chunk, uint64_t, stitch::shared_piece&) -> uint64_t { return 0; },

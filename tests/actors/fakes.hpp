@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "actors/replica_actor.hpp"
-#include "runtime/node/system_config.hpp"
+#include "node/system_config.hpp"
 
 namespace stitch::testing {
 

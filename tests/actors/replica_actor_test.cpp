@@ -16,12 +16,12 @@
 #include "actors/fakes.hpp"
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
+#include "node/system_config.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/sampler.hpp"
-#include "runtime/node/system_config.hpp"
-#include "runtime/store/publisher.hpp"
+#include "runtime/pipeline/publisher.hpp"
+#include "runtime/pipeline/store_tensor_source.hpp"
 #include "runtime/store/rocksdb_store.hpp"
-#include "runtime/store/store_tensor_source.hpp"
 #include "store/store_fixtures.hpp"
 
 namespace stitch {
@@ -150,7 +150,7 @@ private:
 };
 
 /// Nudges some floats of a tensor: a training step's worth of change.
-void nudge(store::host_tensor& t, uint32_t salt) {
+void nudge(pipeline::host_tensor& t, uint32_t salt) {
   for (size_t i = salt % 7; i + 4 <= t.bytes.size(); i += 4 * 7)
     t.bytes[i + 3] ^= static_cast<std::byte>(1 + salt % 3);
 }
@@ -180,9 +180,9 @@ protected:
     store = sys.spawn(store_service, backend, testing::inline_lanes(), store_options{});
     sched.run();
     config = *engine::preset("tiny");
-    pub = std::make_unique<store::publisher>(*backend);
+    pub = std::make_unique<pipeline::publisher>(*backend);
     bytes = std::make_shared<corrupting_source>(
-      std::make_shared<store::store_tensor_source>(*backend, pool));
+      std::make_shared<pipeline::store_tensor_source>(*backend, pool));
   }
 
   ~replica_actor_test() override {
@@ -193,7 +193,7 @@ protected:
   }
 
   /// The weights of `run` at version `v`: seeded per run, nudged per version.
-  store::tensor_set weights_of(const std::string& run, uint64_t v) {
+  pipeline::tensor_set weights_of(const std::string& run, uint64_t v) {
     auto w = *engine::random_init(config, run == "r" ? 42 : 7);
     for (uint64_t i = 1; i <= v; ++i)
       nudge(w.at("lm_head.weight"), static_cast<uint32_t>(i));
@@ -203,7 +203,7 @@ protected:
   /// Publishes straight into the backend; `notify` tells the store actor (and
   /// so the subscribed replica), otherwise the wake is "lost".
   void publish(const std::string& run, uint64_t v, bool notify = true,
-               std::optional<store::tensor_set> w = std::nullopt, bool anchor = false) {
+               std::optional<pipeline::tensor_set> w = std::nullopt, bool anchor = false) {
     auto r = pub->publish({pool, run, v, anchor, false}, w ? *w : weights_of(run, v));
     ASSERT_TRUE(r) << to_string(r.error());
     if (notify) {
@@ -225,7 +225,7 @@ protected:
     };
     d.bytes = bytes;
     d.source_for = [this](const std::string& p) -> std::shared_ptr<tensor_source> {
-      return std::make_shared<store::store_tensor_source>(*backend, p);
+      return std::make_shared<pipeline::store_tensor_source>(*backend, p);
     };
     d.reconcile_worker = reconcile;
     d.request_workers = requests;
@@ -363,7 +363,7 @@ protected:
 
   /// Greedy tokens and logprobs of `call`'s prompt on a fresh engine built
   /// from `w`.
-  engine::generation_output reference(const store::tensor_set& w) {
+  engine::generation_output reference(const pipeline::tensor_set& w) {
     auto built = engine::build_weights(config, w);
     EXPECT_TRUE(built);
     engine::sampling_options o;
@@ -382,7 +382,7 @@ protected:
   std::shared_ptr<store_backend> backend;
   store_actor store;
   engine::model_config config;
-  std::unique_ptr<store::publisher> pub;
+  std::unique_ptr<pipeline::publisher> pub;
   /// Serves r/0, publishes anchor r/1 while `fault` is set, and checks the
   /// failed fetch: nothing activated, v0 still served. Then clears `fault`,
   /// wakes the replica and checks the whole version is fetched anew and

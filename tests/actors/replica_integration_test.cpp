@@ -8,8 +8,8 @@
 #include "cluster_fixture.hpp"
 
 #include "runtime/engine/sampler.hpp"
-#include "runtime/store/hf_directory.hpp"
-#include "runtime/store/materialize.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
+#include "runtime/pipeline/materialize.hpp"
 
 namespace stitch::testing {
 namespace {
@@ -52,8 +52,8 @@ protected:
 
   engine::generation_output exported_reference(const version_ref& ref, const std::string& prompt) {
     auto out_dir = dir.path() / ("export-" + ref.run_id + std::to_string(ref.version));
-    EXPECT_TRUE(store::export_version(*backend, "default", ref, out_dir));
-    auto tensors = store::load_hf_directory(out_dir);
+    EXPECT_TRUE(pipeline::export_version(*backend, "default", ref, out_dir));
+    auto tensors = pipeline::load_hf_directory(out_dir);
     EXPECT_TRUE(tensors);
     auto w = engine::build_weights(config, *tensors);
     EXPECT_TRUE(w);

@@ -16,8 +16,8 @@
 #include "actors/publisher.hpp"
 #include "actors/rollout_driver.hpp"
 #include "actors/status.hpp"
-#include "runtime/node/system_config.hpp"
-#include "runtime/store/hf_directory.hpp"
+#include "node/system_config.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 #include "store/store_fixtures.hpp"
 
@@ -61,8 +61,8 @@ protected:
 
 // -- publisher ----------------------------------------------------------------
 
-store::tensor_set small_model(uint32_t seed) {
-  store::tensor_set w;
+pipeline::tensor_set small_model(uint32_t seed) {
+  pipeline::tensor_set w;
   for (auto [name, n] : {std::pair{"a.weight", 4096}, std::pair{"b.weight", 2048}}) {
     auto& t = w[name];
     t.name = name;
@@ -121,7 +121,7 @@ protected:
       directory = sys.spawn(fake_directory, std::move(used), silent);
       retention.directory = directory;
     }
-    store::publisher_options po;
+    pipeline::publisher_options po;
     po.scratch_dir = dir.path() / "scratch";
     po.anchor_every = anchor_every;
     publisher = sys.spawn(publisher_service, backend, store_actor{}, po, workers, std::move(token),
@@ -139,9 +139,9 @@ protected:
     }
   }
 
-  std::string write(uint64_t v, const store::tensor_set& w) {
+  std::string write(uint64_t v, const pipeline::tensor_set& w) {
     auto path = dir.path() / ("v" + std::to_string(v));
-    EXPECT_TRUE(store::write_hf_directory(path, w));
+    EXPECT_TRUE(pipeline::write_hf_directory(path, w));
     return path.string();
   }
 
@@ -150,7 +150,7 @@ protected:
   std::optional<uint64_t> open_session() {
     publish_args args;
     args.run_id = "r";
-    std::vector<store::tensor_header> one{{"a", safetensors::dtype::f32, {2}, 8}};
+    std::vector<pipeline::tensor_header> one{{"a", safetensors::dtype::f32, {2}, 8}};
     self->send(publisher, atom::publish_v, args, one);
     sched.run();
     EXPECT_TRUE(workers->run_one()); // the piece buffers' warm-up
@@ -162,7 +162,7 @@ protected:
   }
 
   /// Publishes `w` as `run`/`v` from a directory; the summary or the error text.
-  std::string publish(uint64_t v, const store::tensor_set& w, std::string token = {},
+  std::string publish(uint64_t v, const pipeline::tensor_set& w, std::string token = {},
                       std::string run = "r") {
     publish_args args;
     args.run_id = run;
@@ -222,14 +222,14 @@ TEST_F(publisher_actor_test, streamed_sessions_are_bounded_checked_and_dropped_w
   start({}, limits);
   publish_args args;
   args.run_id = "r";
-  std::vector<store::tensor_header> bad{{"b", safetensors::dtype::f32, {2}, 8},
-                                        {"a", safetensors::dtype::f32, {2}, 8}};
+  std::vector<pipeline::tensor_header> bad{{"b", safetensors::dtype::f32, {2}, 8},
+                                           {"a", safetensors::dtype::f32, {2}, 8}};
   self->send(publisher, atom::publish_v, args, bad);
   settle();
   std::string err;
   EXPECT_FALSE(answer<uint64_t>(&err));
   EXPECT_NE(err.find("invalid_argument"), std::string::npos) << err;
-  std::vector<store::tensor_header> good{{"a", safetensors::dtype::f32, {2}, 8}};
+  std::vector<pipeline::tensor_header> good{{"a", safetensors::dtype::f32, {2}, 8}};
   self->send(publisher, atom::publish_v, args, good);
   sched.run();
   // The id comes once the session's piece buffers are warm (the first job on
@@ -274,7 +274,7 @@ TEST_F(publisher_actor_test, an_aborted_session_frees_its_slot_before_its_publis
   other.pool = "other";
   other.run_id = "r";
   self->send(publisher, atom::publish_v, other,
-             std::vector<store::tensor_header>{{"a", safetensors::dtype::f32, {2}, 8}});
+             std::vector<pipeline::tensor_header>{{"a", safetensors::dtype::f32, {2}, 8}});
   sched.run();
   std::string err;
   EXPECT_FALSE(answer<uint64_t>(&err));

@@ -16,7 +16,7 @@
 #include "actors/fakes.hpp"
 #include "actors/status.hpp"
 #include "actors/store.hpp"
-#include "runtime/node/system_config.hpp"
+#include "node/system_config.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 #include "store/store_fixtures.hpp"
 

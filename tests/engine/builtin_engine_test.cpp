@@ -18,10 +18,10 @@
 #include "runtime/core/checksum.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/sampler.hpp"
-#include "runtime/store/hf_directory.hpp"
-#include "runtime/store/materialize.hpp"
-#include "runtime/store/publisher.hpp"
-#include "runtime/store/store_tensor_source.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
+#include "runtime/pipeline/materialize.hpp"
+#include "runtime/pipeline/publisher.hpp"
+#include "runtime/pipeline/store_tensor_source.hpp"
 #include "store/memory_store.hpp"
 
 namespace stitch::engine {
@@ -31,7 +31,7 @@ using stitch::testing::memory_store;
 
 /// Nudges the low mantissa bits of every `every`-th float of a tensor: a
 /// training step's worth of change.
-void nudge(store::host_tensor& t, uint32_t salt, size_t every = 7) {
+void nudge(pipeline::host_tensor& t, uint32_t salt, size_t every = 7) {
   for (size_t i = salt % every; i + 4 <= t.bytes.size(); i += 4 * every)
     t.bytes[i] ^= static_cast<std::byte>(1 + salt % 200);
 }
@@ -54,7 +54,7 @@ protected:
       nudge(next.at("model.layers." + std::to_string(v % 2) + ".mlp.up_proj.weight"), v);
       versions.push_back(next);
     }
-    store::publisher pub{db};
+    pipeline::publisher pub{db};
     for (uint64_t v = 0; v < versions.size(); ++v) {
       auto r = pub.publish({"default", "r", v, false, false}, versions[v]);
       ASSERT_TRUE(r) << to_string(r.error());
@@ -70,7 +70,7 @@ protected:
   }
 
   /// Greedy generation on a fresh engine built straight from `tensors`.
-  generation_output reference(const store::tensor_set& tensors, std::string_view prompt) {
+  generation_output reference(const pipeline::tensor_set& tensors, std::string_view prompt) {
     auto w = build_weights(config, tensors);
     EXPECT_TRUE(w);
     sampling_options o;
@@ -93,14 +93,14 @@ protected:
 
   model_config config;
   memory_store db;
-  std::vector<store::tensor_set> versions;
+  std::vector<pipeline::tensor_set> versions;
   manifest_cache cache;
 };
 
 TEST_F(builtin_engine_test, cold_start_from_anchor_matches_a_fresh_engine_exactly) {
   builtin_engine e{config};
   EXPECT_FALSE(e.health().healthy);
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   auto p = plan(std::nullopt, 0);
   ASSERT_TRUE(e.stage(p, false, src));
   EXPECT_FALSE(e.served()) << "staging does not activate";
@@ -115,7 +115,7 @@ TEST_F(builtin_engine_test, cold_start_from_anchor_matches_a_fresh_engine_exactl
 
 TEST_F(builtin_engine_test, folded_delta_chain_activates_exactly_the_published_weights) {
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
   ASSERT_TRUE(e.commit());
   auto p = plan(applied_state{{"r", 0}}, 3);
@@ -136,7 +136,7 @@ TEST_F(builtin_engine_test, folded_delta_chain_activates_exactly_the_published_w
 
 TEST_F(builtin_engine_test, catch_up_equals_a_fresh_engine_loaded_from_stitch_export) {
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
   ASSERT_TRUE(e.commit());
   ASSERT_TRUE(e.stage(plan(applied_state{{"r", 0}}, 3), false, src));
@@ -144,8 +144,8 @@ TEST_F(builtin_engine_test, catch_up_equals_a_fresh_engine_loaded_from_stitch_ex
   auto dir =
     std::filesystem::temp_directory_path() / ("stitch-engine-export-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  ASSERT_TRUE(store::export_version(db, "default", {"r", 3}, dir));
-  auto exported = store::load_hf_directory(dir);
+  ASSERT_TRUE(pipeline::export_version(db, "default", {"r", 3}, dir));
+  auto exported = pipeline::load_hf_directory(dir);
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(exported) << to_string(exported.error());
   for (const char* prompt : {"a", "exactness", "the quick brown fox"}) {
@@ -160,10 +160,10 @@ TEST_F(builtin_engine_test, catch_up_equals_a_fresh_engine_loaded_from_stitch_ex
 TEST_F(builtin_engine_test, run_switch_resets_to_the_new_runs_weights) {
   auto other = random_init(config, 7);
   ASSERT_TRUE(other);
-  store::publisher pub{db};
+  pipeline::publisher pub{db};
   ASSERT_TRUE(pub.publish({"default", "b", 0, false, false}, *other));
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.stage(plan(std::nullopt, 3), false, src));
   ASSERT_TRUE(e.commit());
   auto switched = plan_over(db, cache, applied_state{{"r", 3}}, {"b", 0});
@@ -179,7 +179,7 @@ TEST_F(builtin_engine_test, run_switch_resets_to_the_new_runs_weights) {
 
 TEST_F(builtin_engine_test, restaging_onto_the_shadow_continues_from_it) {
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.stage(plan(std::nullopt, 1), false, src));
   ASSERT_TRUE(e.stage(plan(applied_state{{"r", 1}}, 3), true, src));
   ASSERT_TRUE(e.commit());
@@ -190,7 +190,7 @@ TEST_F(builtin_engine_test, restaging_onto_the_shadow_continues_from_it) {
 
 TEST_F(builtin_engine_test, corrupt_bytes_are_never_activated) {
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
   ASSERT_TRUE(e.commit());
   auto serving = e.served();
@@ -208,7 +208,7 @@ TEST_F(builtin_engine_test, corrupt_bytes_are_never_activated) {
 
 TEST_F(builtin_engine_test, a_request_waits_while_paused_and_continues_after) {
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
   ASSERT_TRUE(e.pause());
   std::atomic<bool> done{false};
@@ -226,7 +226,7 @@ TEST_F(builtin_engine_test, a_request_waits_while_paused_and_continues_after) {
 
 TEST_F(builtin_engine_test, concurrent_requests_share_steps_and_match_solo_runs_exactly) {
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
   // Paused, the decode loop holds at its first step; every request submitted
   // meanwhile joins the next one, so the batch provably holds all of them.
@@ -275,7 +275,7 @@ TEST_F(builtin_engine_test, concurrent_requests_share_steps_and_match_solo_runs_
 
 TEST_F(builtin_engine_test, cancelled_request_finishes_with_abort) {
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
   auto r = e.generate(request("stop me"), [] { return true; });
   ASSERT_TRUE(r);
@@ -293,7 +293,7 @@ TEST_F(builtin_engine_test, nothing_staged_or_served_is_refused) {
 
 TEST_F(builtin_engine_test, forward_serves_the_versioned_routes_and_streams_events) {
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
   engine_call call;
   call.id = 3;
@@ -415,14 +415,14 @@ public:
   std::set<std::string> refused;
 
 private:
-  store::store_tensor_source store_;
+  pipeline::store_tensor_source store_;
   host_weights held_;
 };
 
 TEST_F(builtin_engine_test, host_view_names_the_served_version_and_keeps_its_bytes) {
   builtin_engine e{config};
   EXPECT_FALSE(e.host_view()) << "nothing served yet";
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.stage(plan(std::nullopt, 2), false, src));
   EXPECT_FALSE(e.host_view()) << "staged is not served";
   ASSERT_TRUE(e.commit());
@@ -449,7 +449,7 @@ TEST_F(builtin_engine_test, host_view_names_the_served_version_and_keeps_its_byt
 
 TEST_F(builtin_engine_test, a_cold_start_takes_every_tensor_whole_from_a_peer_holding_the_target) {
   builtin_engine holder{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(holder.stage(plan(std::nullopt, 3), false, src));
   ASSERT_TRUE(holder.commit());
   builtin_engine e{config};
@@ -470,7 +470,7 @@ TEST_F(builtin_engine_test, a_cold_start_takes_every_tensor_whole_from_a_peer_ho
 TEST_F(builtin_engine_test,
        a_delta_takes_the_touched_tensors_from_peers_and_the_rest_from_the_store) {
   builtin_engine holder{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(holder.stage(plan(std::nullopt, 3), false, src));
   ASSERT_TRUE(holder.commit());
   builtin_engine e{config};
@@ -508,12 +508,12 @@ TEST_F(builtin_engine_test, a_version_is_served_with_its_own_config_json) {
   model_config other = config;
   other.rope_theta = 500000.0;
   other.rms_norm_eps = 1e-3;
-  store::publisher pub{db};
-  store::publish_request r{"cfg", "c", 0, false, false};
+  pipeline::publisher pub{db};
+  pipeline::publish_request r{"cfg", "c", 0, false, false};
   r.files = {{"config.json", render_model_config(other)}};
   ASSERT_TRUE(pub.publish(r, versions[0]));
   builtin_engine e{config};
-  store::store_tensor_source src{db, "cfg"};
+  pipeline::store_tensor_source src{db, "cfg"};
   chain_plan p;
   p.target = {"c", 0};
   p.anchor = version_ref{"c", 0};
@@ -538,16 +538,16 @@ TEST_F(builtin_engine_test, a_version_is_served_with_its_own_config_json) {
 }
 
 TEST_F(builtin_engine_test, a_version_whose_config_json_does_not_fit_its_tensors_is_refused) {
-  store::publisher pub{db};
+  pipeline::publisher pub{db};
   model_config wider = config;
   wider.intermediate_size *= 2;
   for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
          {"shapes", render_model_config(wider)}, {"garbage", "{not json"}}) {
-    store::publish_request r{"bad-" + name, "c", 0, false, false};
+    pipeline::publish_request r{"bad-" + name, "c", 0, false, false};
     r.files = {{"config.json", text}};
     ASSERT_TRUE(pub.publish(r, versions[0]));
     builtin_engine e{config};
-    store::store_tensor_source src{db, "bad-" + name};
+    pipeline::store_tensor_source src{db, "bad-" + name};
     chain_plan p;
     p.target = {"c", 0};
     p.anchor = version_ref{"c", 0};
@@ -567,7 +567,7 @@ TEST_F(builtin_engine_test, a_generation_crossing_activations_says_which_version
   // 12 (the engine asks `cancelled` before every step), so tokens 0-3 come
   // from version 0, 4-8 from 1 and 9-23 from 3.
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
   int step = 0;
   auto activate = [&](uint64_t from, uint64_t to) {
@@ -629,17 +629,17 @@ TEST_F(builtin_engine_test, a_mixture_of_experts_returns_its_routing_as_sglang_d
   // A moe-tiny run served by an engine built for the dense preset: the
   // version's config.json decides the architecture.
   auto moe = *preset("moe-tiny");
-  std::vector<store::tensor_set> moe_versions{*random_init(moe, 9)};
+  std::vector<pipeline::tensor_set> moe_versions{*random_init(moe, 9)};
   moe_versions.push_back(moe_versions[0]);
   nudge(moe_versions[1].at("model.layers.0.mlp.gate.weight"), 5, 1);
-  store::publisher pub{db};
+  pipeline::publisher pub{db};
   for (uint64_t v = 0; v < 2; ++v) {
-    store::publish_request r{"moe", "m", v, false, false};
+    pipeline::publish_request r{"moe", "m", v, false, false};
     r.files = {{"config.json", render_model_config(moe)}};
     ASSERT_TRUE(pub.publish(r, moe_versions[v]));
   }
   builtin_engine e{config};
-  store::store_tensor_source src{db, "moe"};
+  pipeline::store_tensor_source src{db, "moe"};
   ASSERT_TRUE(e.reset_to_boot({"m", 0}, src));
   ASSERT_EQ(e.served_config(), moe);
 
@@ -708,7 +708,7 @@ TEST_F(builtin_engine_test, a_mixture_of_experts_returns_its_routing_as_sglang_d
 
 TEST_F(builtin_engine_test, routed_experts_from_a_dense_model_are_refused_by_name) {
   builtin_engine e{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.reset_to_boot({"r", 0}, src));
   engine_call call;
   call.id = 4;
@@ -777,7 +777,7 @@ builtin_engine::options device_copy_on_host() {
 }
 
 /// Every tensor of the served device copy holds `want`'s bytes.
-void expect_device_copy(const builtin_engine& e, const store::tensor_set& want) {
+void expect_device_copy(const builtin_engine& e, const pipeline::tensor_set& want) {
   auto w = e.served();
   ASSERT_TRUE(w && w->device);
   ASSERT_EQ(w->device->buffers.size(), want.size());
@@ -796,7 +796,7 @@ TEST_F(builtin_engine_test, the_device_staging_path_builds_exact_copies_across_d
   auto made = builtin_engine::create(config, device_copy_on_host());
   ASSERT_TRUE(made) << to_string(made.error());
   auto& e = **made;
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   // An anchor and three deltas in one stage: the anchor's copies are done
   // before the deltas patch its host bytes.
   ASSERT_TRUE(e.stage(plan(std::nullopt, 3), false, src));
@@ -833,10 +833,10 @@ void expect_exact_versions_in_recycled_buffers(builtin_engine::options o, float 
   model_config config = *c;
   config.hidden_size = 512;
   config.intermediate_size = 2048;
-  std::vector<store::tensor_set> versions;
+  std::vector<pipeline::tensor_set> versions;
   versions.push_back(*random_init(config, 7));
   memory_store db;
-  store::publisher pub{db};
+  pipeline::publisher pub{db};
   for (uint64_t v = 0; v < 4; ++v) {
     if (v > 0) {
       versions.push_back(versions.back());
@@ -851,7 +851,7 @@ void expect_exact_versions_in_recycled_buffers(builtin_engine::options o, float 
   ASSERT_TRUE(made) << to_string(made.error());
   auto& e = **made;
   builtin_engine cpu{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   auto& alloc = gpu::staging_allocator();
   EXPECT_GT(alloc.recycling().limit, 0u);
   const uint64_t reused_at_start = alloc.recycling().reused;
@@ -894,7 +894,7 @@ TEST(builtin_engine_recycling, a_cuda_engine_builds_versions_in_recycled_page_lo
 }
 
 TEST_F(builtin_engine_test, a_version_another_local_device_holds_is_taken_from_it_not_fetched) {
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   auto holder = builtin_engine::create(config, device_copy_on_host());
   ASSERT_TRUE(holder);
   ASSERT_TRUE((*holder)->stage(plan(std::nullopt, 3), false, src));
@@ -938,7 +938,7 @@ TEST_F(builtin_engine_test, a_cuda_engine_serves_what_the_cpu_engine_serves_acro
   ASSERT_TRUE(made) << to_string(made.error());
   auto& e = **made;
   builtin_engine cpu{config};
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
   ASSERT_TRUE(e.commit());
   ASSERT_TRUE(cpu.stage(plan(std::nullopt, 0), false, src));

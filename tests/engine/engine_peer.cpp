@@ -78,7 +78,7 @@
 #include "runtime/engine/sampler.hpp"
 #include "runtime/engine/tokenizer.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/store/hf_directory.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
 #include "transport/http_server.hpp"
 
 namespace {
@@ -107,7 +107,7 @@ result<loaded> load_model(const std::string& dir) {
   auto config = engine::parse_model_config(text.str());
   if (!config)
     return std::move(config).error();
-  auto tensors = store::load_hf_directory(dir);
+  auto tensors = pipeline::load_hf_directory(dir);
   if (!tensors)
     return std::move(tensors).error();
   auto w = engine::build_weights(*config, *tensors);

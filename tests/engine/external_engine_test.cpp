@@ -18,10 +18,10 @@
 #include "runtime/engine/model_config.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/store/hf_directory.hpp"
-#include "runtime/store/materialize.hpp"
-#include "runtime/store/publisher.hpp"
-#include "runtime/store/store_tensor_source.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
+#include "runtime/pipeline/materialize.hpp"
+#include "runtime/pipeline/publisher.hpp"
+#include "runtime/pipeline/store_tensor_source.hpp"
 #include "store/memory_store.hpp"
 #include "transport/http_client.hpp"
 
@@ -35,7 +35,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using stitch::testing::memory_store;
 
-void nudge(store::host_tensor& t, uint32_t salt, size_t every = 7) {
+void nudge(pipeline::host_tensor& t, uint32_t salt, size_t every = 7) {
   for (size_t i = salt % every; i + 4 <= t.bytes.size(); i += 4 * every)
     t.bytes[i] ^= static_cast<std::byte>(1 + salt % 200);
 }
@@ -69,17 +69,17 @@ protected:
       }
       versions.push_back(next);
     }
-    store::publisher pub{db};
+    pipeline::publisher pub{db};
     for (uint64_t v = 0; v < versions.size(); ++v) {
-      store::publish_request r{"default", "r", v, false, false};
+      pipeline::publish_request r{"default", "r", v, false, false};
       r.files = {{"config.json", render_model_config(config)}};
       auto out = pub.publish(r, versions[v]);
       ASSERT_TRUE(out) << to_string(out.error());
     }
     // The engine's own boot model (what a user starts the server with).
     boot_dir = root / "boot";
-    ASSERT_TRUE(store::write_hf_directory(boot_dir, versions[0], default_max_shard_bytes,
-                                          {{"config.json", render_model_config(config)}}));
+    ASSERT_TRUE(pipeline::write_hf_directory(boot_dir, versions[0], default_max_shard_bytes,
+                                             {{"config.json", render_model_config(config)}}));
   }
 
   void TearDown() override {
@@ -206,7 +206,7 @@ protected:
 
   /// SGLang's greedy request answered by the built-in model on `tensors`
   /// directly (the peer seeds unseeded requests with 1).
-  std::optional<generation_output> native_reference(const store::tensor_set& tensors) {
+  std::optional<generation_output> native_reference(const pipeline::tensor_set& tensors) {
     auto req = parse_api_request(api_kind::native, greedy_body);
     auto w = build_weights(config, tensors);
     if (!req || !w)
@@ -217,7 +217,7 @@ protected:
   }
 
   /// The same request answered by the built-in model on `tensors` directly.
-  std::vector<int32_t> expected_tokens(const store::tensor_set& tensors) {
+  std::vector<int32_t> expected_tokens(const pipeline::tensor_set& tensors) {
     auto kind = GetParam() == engine_kind::sglang ? api_kind::native : api_kind::completions;
     auto req = parse_api_request(kind, generate_body());
     EXPECT_TRUE(req);
@@ -242,7 +242,7 @@ protected:
   fs::path boot_dir;
   model_config config;
   memory_store db;
-  std::vector<store::tensor_set> versions;
+  std::vector<pipeline::tensor_set> versions;
   stitch::testing::manifest_cache cache;
   std::unique_ptr<engine_process> peer;
   std::string peer_url;
@@ -252,7 +252,7 @@ protected:
 TEST_P(external_engine_test, a_version_chain_is_served_exactly_with_the_engines_own_update_calls) {
   start_peer();
   make_engine(options());
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   EXPECT_FALSE(engine->health().healthy);
   auto refused = engine->forward({0, "x", "POST", generate_route(), generate_body()}, {}, {});
   ASSERT_FALSE(refused) << "nothing verified is served before the first commit";
@@ -300,7 +300,7 @@ TEST_P(external_engine_test, a_version_chain_is_served_exactly_with_the_engines_
   EXPECT_EQ(p4.deltas.size(), 3u);
   ASSERT_TRUE(activate(p4, src));
   EXPECT_EQ(served_tokens(), expected_tokens(versions[4]));
-  auto staged = store::load_hf_directory(engine->committed_dir());
+  auto staged = pipeline::load_hf_directory(engine->committed_dir());
   ASSERT_TRUE(staged) << to_string(staged.error());
   EXPECT_EQ(*staged, versions[4]);
 
@@ -328,7 +328,7 @@ TEST_P(external_engine_test, replicas_of_a_node_share_one_staged_copy_of_a_versi
   auto o = options();
   o.staging_dir = root / "staging" / "replica-0";
   make_engine(o);
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
   auto sibling_options = options();
   sibling_options.staging_dir = root / "staging" / "replica-1";
@@ -351,12 +351,12 @@ TEST_P(external_engine_test, replicas_of_a_node_share_one_staged_copy_of_a_versi
 TEST_P(external_engine_test, a_run_switch_loads_the_new_runs_weights_from_scratch) {
   start_peer();
   make_engine(options());
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 2}), src));
   auto other = random_init(config, 7);
   ASSERT_TRUE(other);
-  store::publisher pub{db};
-  store::publish_request r{"default", "b", 0, false, false};
+  pipeline::publisher pub{db};
+  pipeline::publish_request r{"default", "b", 0, false, false};
   r.files = {{"config.json", render_model_config(config)}};
   ASSERT_TRUE(pub.publish(r, *other));
   auto p = plan(applied_state{{"r", 2}}, {"b", 0});
@@ -374,7 +374,7 @@ TEST_P(external_engine_test, requests_carry_the_version_namespace_and_answers_ca
   // A 2026 SGLang: the version is read from /model_info.
   start_peer(GetParam() == engine_kind::sglang ? " --sglang-2026" : "");
   make_engine(options());
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
   auto body = engine->stamp_request(generate_route(), generate_body(), {"r", 0});
   engine_call call{7, "rep-7", "POST", generate_route(), body};
@@ -407,7 +407,7 @@ TEST_P(external_engine_test, requests_carry_the_version_namespace_and_answers_ca
 TEST_P(external_engine_test, the_ports_generate_returns_the_engines_tokens_and_logprobs) {
   start_peer();
   make_engine(options());
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
   generation_request r;
   r.id = 3;
@@ -429,7 +429,7 @@ TEST_P(external_engine_test, the_ports_generate_returns_the_engines_tokens_and_l
 TEST_P(external_engine_test, a_stream_passes_through_event_by_event) {
   start_peer();
   make_engine(options());
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
   std::string body = generate_body();
   body.insert(1, R"("stream":true,)");
@@ -450,7 +450,7 @@ TEST_P(external_engine_test, a_failed_update_takes_the_engine_out_until_a_rebuil
   start_peer();
   auto o = options();
   make_engine(o);
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
   peer_get("/_peer/fail_updates?n=1", "POST");
   auto failed = activate(plan(applied_state{{"r", 0}}, {"r", 1}), src);
@@ -474,7 +474,7 @@ TEST_P(external_engine_test, a_hung_update_times_out_instead_of_hanging_the_repl
   auto o = options();
   o.update_timeout = std::chrono::milliseconds{1500};
   make_engine(o);
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
   peer_get("/_peer/hang_updates?n=1", "POST");
   auto t0 = std::chrono::steady_clock::now();
@@ -492,7 +492,7 @@ TEST_P(external_engine_test, a_hung_update_times_out_instead_of_hanging_the_repl
 TEST_P(external_engine_test, garbage_answers_and_a_dead_engine_are_clear_errors) {
   start_peer();
   make_engine(options());
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
   peer_get("/_peer/garbage?n=1", "POST");
   auto garbage = engine->forward({2, "g", "POST", generate_route(), generate_body()}, {}, {});
@@ -519,7 +519,7 @@ class vllm_engine_test : public external_engine_test {};
 TEST_P(vllm_engine_test, sglang_generate_is_served_through_completions_in_sglangs_shape) {
   start_peer();
   make_engine(options());
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 2}), src));
   auto body = engine->stamp_request("/generate", greedy_body, {"r", 2});
   auto reply = engine->forward({8, "v-8", "POST", "/generate", body}, {}, {});
@@ -575,7 +575,7 @@ TEST_P(vllm_engine_test, sglang_generate_is_served_through_completions_in_sglang
 TEST_P(sglang_engine_test, weights_loaded_behind_its_back_are_never_stamped_and_are_replaced) {
   start_peer();
   make_engine(options());
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
   // Someone else loads the boot model into the engine, under another name.
   auto rogue =
@@ -595,7 +595,7 @@ TEST_P(sglang_engine_test, an_adapter_stopped_during_a_hung_resync_stops_at_once
   auto o = options();
   o.update_timeout = std::chrono::seconds{120};
   make_engine(o);
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
   ASSERT_EQ(peer_get("/update_weights_from_disk", "POST",
                      json{{"model_path", boot_dir.string()}, {"weight_version", "rogue"}}.dump())
@@ -624,7 +624,7 @@ TEST_P(external_engine_test, a_launched_engine_starts_from_the_staged_version_an
   lo.log = [&](std::string_view) { ++lines; };
   o.launch = lo;
   make_engine(o);
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_EQ(engine->process(), nullptr) << "nothing starts before there is a version";
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
   ASSERT_NE(engine->process(), nullptr);
@@ -643,12 +643,12 @@ TEST_P(external_engine_test, a_launched_engine_starts_from_the_staged_version_an
 TEST_P(external_engine_test, a_config_json_that_changes_the_architecture_is_refused) {
   start_peer();
   make_engine(options());
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
   model_config other = config;
   other.rope_theta = 500000.0;
-  store::publisher pub{db};
-  store::publish_request r{"default", "r", 5, false, false};
+  pipeline::publisher pub{db};
+  pipeline::publish_request r{"default", "r", 5, false, false};
   r.files = {{"config.json", render_model_config(other)}};
   ASSERT_TRUE(pub.publish(r, versions[4]));
   auto p = plan(applied_state{{"r", 0}}, {"r", 5});
@@ -663,7 +663,7 @@ TEST_P(external_engine_test, a_config_json_that_changes_the_architecture_is_refu
 TEST_P(external_engine_test, a_caller_going_away_aborts_the_engine_request) {
   start_peer();
   make_engine(options());
-  store::store_tensor_source src{db, "default"};
+  pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
   // Paused engines hold requests: this one waits until its caller leaves.
   ASSERT_TRUE(engine->pause());

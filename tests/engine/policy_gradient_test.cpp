@@ -21,7 +21,7 @@ double reward_of(const std::string& text, size_t tokens) {
   return static_cast<double>(good) / static_cast<double>(tokens);
 }
 
-std::vector<rollout_sample> rollouts(const store::tensor_set& tensors, const model_config& c,
+std::vector<rollout_sample> rollouts(const pipeline::tensor_set& tensors, const model_config& c,
                                      uint64_t round, size_t n) {
   auto w = build_weights(c, tensors);
   EXPECT_TRUE(w);
@@ -83,7 +83,7 @@ TEST(policy_gradient, stale_samples_are_weighted_by_truncated_importance_ratios)
 }
 
 /// lm_head after one step from `tensors` on `batch`, as floats.
-std::vector<float> head_after(store::tensor_set tensors, const model_config& c,
+std::vector<float> head_after(pipeline::tensor_set tensors, const model_config& c,
                               const std::vector<rollout_sample>& batch, const pg_options& o,
                               pg_stats* stats = nullptr) {
   auto r = policy_gradient_step(tensors, c, batch, o);
@@ -136,7 +136,7 @@ TEST(policy_gradient, each_token_is_weighted_by_how_stale_its_own_version_is) {
   EXPECT_NE(after_crossed, after_stale);
   auto bad = batch;
   bad[0].token_versions = {1};
-  store::tensor_set copy = tensors;
+  pipeline::tensor_set copy = tensors;
   auto refused = policy_gradient_step(copy, c, bad, later);
   ASSERT_FALSE(refused);
   EXPECT_NE(refused.error().message.find("token versions"), std::string::npos);
@@ -172,7 +172,7 @@ namespace {
 
 // A MoE model whose router and experts are loud enough for the routing to
 // matter, as f32 tensors.
-store::tensor_set loud_moe(const model_config& c, uint64_t seed) {
+pipeline::tensor_set loud_moe(const model_config& c, uint64_t seed) {
   auto set = *random_init(c, seed);
   for (auto& [name, t] : set) {
     float f = name.find("mlp.gate.") != std::string::npos      ? 60.0F
@@ -189,7 +189,7 @@ store::tensor_set loud_moe(const model_config& c, uint64_t seed) {
 /// sum over samples of advantage * sum of log pi(token), the routing of each
 /// sample replayed: what one policy-gradient step ascends (importance
 /// weights 1, on-policy).
-double objective(const store::tensor_set& tensors, const model_config& c,
+double objective(const pipeline::tensor_set& tensors, const model_config& c,
                  const std::vector<rollout_sample>& batch) {
   auto w = build_weights(c, tensors);
   EXPECT_TRUE(w);

@@ -109,7 +109,7 @@ TEST(weights, build_keeps_the_values) {
   EXPECT_EQ((*w)->layers[1].down_proj.cols, 128u);
 }
 
-void expect_refused(const model_config& c, const store::tensor_set& set, std::string_view name) {
+void expect_refused(const model_config& c, const pipeline::tensor_set& set, std::string_view name) {
   auto w = build_weights(c, set);
   ASSERT_FALSE(w);
   EXPECT_EQ(w.error().code, errc::invalid_argument);
@@ -144,7 +144,7 @@ TEST(weights, build_refuses_bad_tensors_naming_them) {
     auto set = good;
     std::string extra = "model.layers.0.self_attn.rotary_emb.inv_freq";
     set[extra] =
-      store::host_tensor{extra, safetensors::dtype::f32, {8}, std::vector<std::byte>(32)};
+      pipeline::host_tensor{extra, safetensors::dtype::f32, {8}, std::vector<std::byte>(32)};
     expect_refused(c, set, extra);
   }
   {

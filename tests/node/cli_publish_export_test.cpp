@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "node/node_process.hpp"
-#include "runtime/store/hf_directory.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
 #include "store/store_fixtures.hpp"
 
 namespace stitch {
@@ -29,8 +29,8 @@ namespace {
 
 using namespace stitch::testing;
 
-store::tensor_set model(uint32_t seed) {
-  store::tensor_set w;
+pipeline::tensor_set model(uint32_t seed) {
+  pipeline::tensor_set w;
   for (auto [name, rows] :
        {std::pair{"model.embed_tokens.weight", 64},
         std::pair{"model.layers.0.mlp.up_proj.weight", 96}, std::pair{"lm_head.weight", 64}}) {
@@ -62,10 +62,10 @@ protected:
     return std::string{STITCH_BIN} + " --coordinator 127.0.0.1:" + port + " " + args;
   }
 
-  std::string write(const std::string& name, const store::tensor_set& w, uint64_t shard = 0) {
+  std::string write(const std::string& name, const pipeline::tensor_set& w, uint64_t shard = 0) {
     auto path = dir.path() / name;
     auto ok =
-      shard ? store::write_hf_directory(path, w, shard) : store::write_hf_directory(path, w);
+      shard ? pipeline::write_hf_directory(path, w, shard) : pipeline::write_hf_directory(path, w);
     EXPECT_TRUE(ok) << to_string(ok.error());
     return path.string();
   }
@@ -104,7 +104,7 @@ TEST_F(cli_test, publish_anchor_delta_then_export_is_byte_identical) {
     auto out = dir.path() / ("export-" + std::to_string(std::hash<std::string>{}(form)));
     auto e = run(stitch(std::string{"export --version "} + form + " --out " + out.string()));
     ASSERT_EQ(e.code, 0) << e.output;
-    auto back = store::load_hf_directory(out);
+    auto back = pipeline::load_hf_directory(out);
     ASSERT_TRUE(back) << to_string(back.error());
     EXPECT_EQ(*back, w1) << form;
   }
@@ -123,7 +123,7 @@ TEST_F(cli_test, export_finds_the_pool_of_a_run_and_streams_identically) {
                              + (dir.path() / "b").string()));
   ASSERT_EQ(streamed.code, 0) << streamed.output;
   for (const char* out : {"a", "b"}) {
-    auto back = store::load_hf_directory(dir.path() / out);
+    auto back = pipeline::load_hf_directory(dir.path() / out);
     ASSERT_TRUE(back) << to_string(back.error());
     EXPECT_EQ(*back, w0) << out;
   }
@@ -198,8 +198,8 @@ int64_t io_of(pid_t pid, const std::string& field) {
 
 /// Four 16 MiB tensors: a streamed publish of them takes long enough to be
 /// caught in the middle.
-store::tensor_set big_model() {
-  store::tensor_set w;
+pipeline::tensor_set big_model() {
+  pipeline::tensor_set w;
   for (uint32_t i = 0; i < 4; ++i) {
     auto name = "model.layers." + std::to_string(i) + ".mlp.up_proj.weight";
     auto& t = w[name];
@@ -329,7 +329,7 @@ void cli_test::expect_a_dead_client_frees_its_session(const std::string& aborted
   auto back =
     run(stitch("export --pool crashy --version r/1 --out " + (dir.path() / "back").string()));
   ASSERT_EQ(back.code, 0) << back.output;
-  auto loaded = store::load_hf_directory(dir.path() / "back");
+  auto loaded = pipeline::load_hf_directory(dir.path() / "back");
   ASSERT_TRUE(loaded) << to_string(loaded.error());
   EXPECT_EQ(*loaded, w);
 }
@@ -404,7 +404,7 @@ TEST_F(http_cli_test, a_streamed_publish_goes_over_http_and_exports_byte_identic
   auto out = dir.path() / "export";
   auto e = run(stitch("export --version r1/1 --out " + out.string()));
   ASSERT_EQ(e.code, 0) << e.output;
-  auto back = store::load_hf_directory(out);
+  auto back = pipeline::load_hf_directory(out);
   ASSERT_TRUE(back) << to_string(back.error());
   EXPECT_EQ(*back, w1);
 }
@@ -544,7 +544,7 @@ protected:
 TEST_F(retention_cli_test, publishing_collects_and_gc_reports_what_it_keeps_and_why) {
   // 14 versions: anchors at 0 (the boot) and 10 (every 10th), deltas between.
   auto w = model(5);
-  std::vector<store::tensor_set> published;
+  std::vector<pipeline::tensor_set> published;
   for (uint64_t v = 0; v < 14; ++v) {
     if (v > 0)
       w["lm_head.weight"].bytes[v] ^= std::byte{0x11};
@@ -578,7 +578,7 @@ TEST_F(retention_cli_test, publishing_collects_and_gc_reports_what_it_keeps_and_
     auto out = dir.path() / ("kept-" + std::to_string(v));
     auto e = run(stitch("export --version r/" + std::to_string(v) + " --out " + out.string()));
     ASSERT_EQ(e.code, 0) << e.output;
-    auto back = store::load_hf_directory(out);
+    auto back = pipeline::load_hf_directory(out);
     ASSERT_TRUE(back) << to_string(back.error());
     EXPECT_EQ(*back, published[v]) << v;
   }
@@ -613,10 +613,10 @@ TEST(stitch_cli, init_model_is_deterministic_and_hf_shaped) {
     auto r = run(std::string{STITCH_BIN} + " init-model --preset tiny --seed "
                  + std::to_string(seed) + " --out " + out.string());
     EXPECT_EQ(r.code, 0) << r.output;
-    auto w = store::load_hf_directory(out);
+    auto w = pipeline::load_hf_directory(out);
     EXPECT_TRUE(w) << (w ? "" : to_string(w.error()));
     EXPECT_TRUE(std::filesystem::exists(out / "config.json"));
-    return w ? *w : store::tensor_set{};
+    return w ? *w : pipeline::tensor_set{};
   };
   auto a = init("a", 5), b = init("b", 5), c = init("c", 6);
   EXPECT_EQ(a, b);

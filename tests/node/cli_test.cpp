@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "runtime/node/cli.hpp"
+#include "node/cli.hpp"
 
 namespace {
 
@@ -71,7 +71,7 @@ TEST(cli_settings, every_bad_value_is_reported_with_its_key) {
 } // namespace
 } // namespace stitch::node
 
-#include "runtime/node/http_publish.hpp"
+#include "node/http_publish.hpp"
 
 namespace stitch::node {
 namespace {

@@ -15,8 +15,8 @@
 #include "actors/cluster_types.hpp"
 #include "actors/replica_actor.hpp"
 #include "actors/value_types.hpp"
-#include "runtime/node/system_config.hpp"
-#include "runtime/store/pipeline.hpp"
+#include "node/system_config.hpp"
+#include "runtime/pipeline/pipeline.hpp"
 
 namespace {
 
@@ -263,10 +263,10 @@ TEST(middleman, small_machines_deserialize_on_the_network_thread) {
 TEST(thread_priority, control_threads_get_short_slices_and_bulk_threads_give_them_back) {
   std::pair<uint64_t, int> control, inherited, bulk, bulk_child;
   std::thread t{[&] {
-    stitch::store::run_as_latency_thread();
+    stitch::pipeline::run_as_latency_thread();
     control = slice_and_policy();
     std::thread{[&] { inherited = slice_and_policy(); }}.join();
-    stitch::store::run_as_background_thread();
+    stitch::pipeline::run_as_background_thread();
     bulk = slice_and_policy();
     std::thread{[&] { bulk_child = slice_and_policy(); }}.join();
   }};

@@ -19,8 +19,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "runtime/store/materialize.hpp"
-#include "runtime/store/publisher.hpp"
+#include "runtime/pipeline/materialize.hpp"
+#include "runtime/pipeline/publisher.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 #include "store/store_fixtures.hpp"
 
@@ -28,6 +28,7 @@ namespace {
 
 using namespace stitch;
 using namespace stitch::store;
+using namespace stitch::pipeline;
 namespace fs = std::filesystem;
 using stitch::safetensors::dtype;
 using ::testing::HasSubstr;

@@ -20,7 +20,7 @@
 #include "actors/store_client.hpp"
 #include "actors/workers.hpp"
 #include "memory_store.hpp"
-#include "runtime/node/system_config.hpp"
+#include "node/system_config.hpp"
 #include "runtime/store/rocksdb_store.hpp"
 #include "runtime/store/s3_store.hpp"
 #include "runtime/store/version_layout.hpp"

@@ -17,7 +17,7 @@
 #include "runtime/core/manifest.hpp"
 #include "runtime/core/safetensors.hpp"
 #include "runtime/core/store_port.hpp"
-#include "runtime/store/host_tensors.hpp"
+#include "runtime/pipeline/host_tensors.hpp"
 
 namespace stitch::testing {
 
@@ -49,9 +49,9 @@ inline std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
 }
 
 /// A tensor of `type` and `shape` filled with bytes from `rng`.
-inline store::host_tensor make_tensor(std::string name, safetensors::dtype type,
-                                      std::vector<uint64_t> shape, std::mt19937_64& rng) {
-  store::host_tensor t{std::move(name), type, std::move(shape), {}};
+inline pipeline::host_tensor make_tensor(std::string name, safetensors::dtype type,
+                                         std::vector<uint64_t> shape, std::mt19937_64& rng) {
+  pipeline::host_tensor t{std::move(name), type, std::move(shape), {}};
   t.bytes.resize(safetensors::byte_length(t.type, t.shape).value());
   for (auto& b : t.bytes)
     b = static_cast<std::byte>(rng() & 0xff);
