@@ -108,7 +108,7 @@ PY
   fi
   echo "gpu_check: $([ $failed -eq 0 ] && echo passed || echo FAILED)"
   # The host figures on this machine's 16 cores (they do not decide the GPU
-  # check's verdict; bench/README.md compares them with the 2-core figures).
+  # check's verdict; record them in bench/README.md's tables beside the 2-core figures).
   echo "== store_bench --mb 1024"
   STITCH_PYTHON_CLIENT="$PWD/clients/python" bin timeout 300 "$pack/store_bench" --mb 1024 --json \
     | tee "$out/store_bench.json" || echo "gpu_check: store_bench failed"

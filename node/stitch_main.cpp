@@ -74,7 +74,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string coordinator = "127.0.0.1:4242";
   std::string token;
-  app.add_option("--coordinator", coordinator, "coordinator HOST:PORT")->capture_default_str();
+  app.add_option("--coordinator", coordinator, "coordinator HOST:PORT")
+    ->envname("STITCH_COORDINATOR")
+    ->capture_default_str();
   app.add_option("--token", token, "admin token (or STITCH_TOKEN)")->envname("STITCH_TOKEN");
   app.set_version_flag("--version", "stitch 0.1.0");
 

@@ -54,7 +54,7 @@ constexpr uint64_t large_body = uint64_t{1} << 20;
 // of the data behind it (softirq work in this thread's system call): reads
 // of 256 KiB took 0.75 ms, kernel time in which a kernel built without
 // in-kernel preemption (PREEMPT_NONE) runs nothing else on that core, and a
-// node's request threads waited that long (bench/README, sixteenth pass).
+// node's request threads waited that long (bench/HISTORY.md, sixteenth pass).
 // 64 KiB reads ended those waits and moved a streamed publish as fast.
 
 class session;
