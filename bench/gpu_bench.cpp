@@ -147,7 +147,7 @@ engine_figures measure_engine(const engine::model_config& config, uint32_t batch
     must(pub.publish({"default", "bench", 0, true, false}, w), "publish");
   }
   engine::builtin_engine::options o;
-  o.device = on_host ? engine::engine_device::cpu : engine::engine_device::cuda;
+  o.device = on_host ? stitch::engine_device::cpu : stitch::engine_device::cuda;
   o.device_copy_on_host = on_host;
   o.max_batch = batch;
   auto e = must(engine::builtin_engine::create(config, o), "CUDA engine");
@@ -224,7 +224,7 @@ int hf_check(const std::filesystem::path& dir, bool on_host) {
   pipeline::publisher pub{db};
   must(pub.publish({"default", "hf", 0, true, false, files}, weights), "publish");
   engine::builtin_engine::options o;
-  o.device = on_host ? engine::engine_device::cpu : engine::engine_device::cuda;
+  o.device = on_host ? stitch::engine_device::cpu : stitch::engine_device::cuda;
   o.device_copy_on_host = on_host;
   o.max_batch = 4;
   auto e = must(engine::builtin_engine::create(config, o), "CUDA engine");

@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     caf::actor_system_config cfg;
     caf::actor_system sys{bench::bench_config(cfg)};
     engine::external_engine_options eo;
-    eo.kind = engine::engine_kind::sglang;
+    eo.kind = stitch::engine_kind::sglang;
     eo.url = "http://127.0.0.1:" + std::to_string(*nginx_port);
     eo.staging_dir = dir / "staging";
     auto made = engine::external_engine::make(eo);

@@ -64,6 +64,25 @@ const std::vector<entry>& schema() {
                    [field](node_config& c, const value& v) { c.*field = v.text; },
                    [field](const node_config& c) { return toml_string(c.*field); }});
     };
+    // A closed set: the TOML text is one of `options`' names, the field its enum.
+    auto choice = [&]<class E>(std::string key, E node_config::*field,
+                               std::vector<std::pair<std::string, E>> options) {
+      std::vector<std::string> names;
+      for (const auto& o : options)
+        names.push_back(o.first);
+      e.push_back({key, kind::text, 0, 0, std::move(names),
+                   [field, options](node_config& c, const value& v) {
+                     for (const auto& [name, x] : options)
+                       if (name == v.text)
+                         c.*field = x;
+                   },
+                   [field, options](const node_config& c) {
+                     for (const auto& [name, x] : options)
+                       if (x == c.*field)
+                         return toml_string(name);
+                     return toml_string("");
+                   }});
+    };
     auto path = [&](std::string key, std::filesystem::path node_config::*field) {
       e.push_back({key,
                    kind::text,
@@ -154,7 +173,8 @@ const std::vector<entry>& schema() {
                  },
                  [](const node_config& c) { return std::to_string(c.publisher_memory_limit); }});
     text("publisher.listen", &node_config::publisher_listen);
-    text("publisher.delta_encoding", &node_config::publisher_delta_encoding, {"xor-sparse", "xor"});
+    choice("publisher.delta_encoding", &node_config::publisher_delta_encoding,
+           {{"xor-sparse", delta_encoding::xor_sparse}, {"xor", delta_encoding::xor_bytes}});
     number("publisher.session_idle_timeout", &node_config::session_idle_timeout, 1, 86400);
     e.push_back(
       {"io.buffer_bytes",
@@ -164,11 +184,16 @@ const std::vector<entry>& schema() {
        {},
        [](node_config& c, const value& v) { c.io_buffer_bytes = static_cast<uint64_t>(v.number); },
        [](const node_config& c) { return std::to_string(c.io_buffer_bytes); }});
-    text("transfer.peers", &node_config::transfer_peers, {"ucx", "off"});
+    choice("transfer.peers", &node_config::transfer_peers,
+           {{"ucx", peer_transfer::ucx}, {"off", peer_transfer::off}});
     text("model.preset", &node_config::model_preset,
          {"tiny", "small", "medium", "moe-tiny", "moe-small"});
-    text("engine.kind", &node_config::engine_kind, {"builtin", "sglang", "vllm"});
-    text("engine.device", &node_config::engine_device, {"cpu", "cuda"});
+    choice("engine.kind", &node_config::engine_kind,
+           {{"builtin", engine_kind::builtin},
+            {"sglang", engine_kind::sglang},
+            {"vllm", engine_kind::vllm}});
+    choice("engine.device", &node_config::engine_device,
+           {{"cpu", engine_device::cpu}, {"cuda", engine_device::cuda}});
     e.push_back(
       {"engine.max_batch",
        kind::integer,
@@ -185,7 +210,8 @@ const std::vector<entry>& schema() {
     number("engine.ready_timeout", &node_config::engine_ready_timeout, 1, 86400);
     text("replica.pool", &node_config::pool);
     listen("replica.listen", &node_config::replica_listen);
-    text("replica.commit_mode", &node_config::commit_mode, {"in_place", "quiesce"});
+    choice("replica.commit_mode", &node_config::commit_mode,
+           {{"in_place", commit_mode::in_place}, {"quiesce", commit_mode::quiesce}});
     number("replica.drain_timeout", &node_config::drain_timeout, 0, 86400);
     number("replica.backstop", &node_config::backstop, 0, 86400);
     listen("gateway.listen", &node_config::gateway_listen);
@@ -544,15 +570,16 @@ void validate(const node_config& c, std::string& problems) {
   if (!c.coordinator_address.empty() && !parse_listen_address(c.coordinator_address))
     problems +=
       "coordinator.address: " + quote_untrusted(c.coordinator_address) + " is not HOST:PORT\n";
-  if (c.engine_device == "cuda" && c.engine_kind != "builtin")
+  if (c.engine_device == engine_device::cuda && c.engine_kind != engine_kind::builtin)
     problems += "engine.device: cuda is where the built-in engine computes; an external engine ("
-                + c.engine_kind + ") places itself with {gpu} in engine.launch\n";
-  if (c.engine_kind == "builtin") {
+                + std::string{to_string(c.engine_kind)}
+                + ") places itself with {gpu} in engine.launch\n";
+  if (c.engine_kind == engine_kind::builtin) {
     if (!c.engine_url.empty() || !c.engine_launch.empty())
       problems += "engine.kind: engine.url and engine.launch drive an external engine; set "
                   "engine.kind to sglang or vllm\n";
   } else if (c.engine_url.empty() == c.engine_launch.empty()) {
-    problems += "engine.kind: " + c.engine_kind
+    problems += "engine.kind: " + std::string{to_string(c.engine_kind)}
                 + " needs exactly one of engine.url (a running server) and engine.launch (a "
                   "command the node starts for each replica)\n";
   } else if (!c.engine_url.empty() && c.has_role("replica") && c.replicas > 1) {

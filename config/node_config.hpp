@@ -6,7 +6,10 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/core/admission_gate.hpp"
+#include "runtime/core/engine_kind.hpp"
 #include "runtime/core/error.hpp"
+#include "runtime/core/manifest.hpp"
 
 namespace stitch::config {
 
@@ -19,6 +22,10 @@ struct listen_address {
 
 /// Parses `HOST:PORT` (`[::1]:PORT` for IPv6); an error quotes the text.
 result<listen_address> parse_listen_address(std::string_view text);
+
+/// How replicas fetch weights (`transfer.peers`): from peers that hold a
+/// version over UCX, or from the store only.
+enum class peer_transfer : uint8_t { ucx, off };
 
 /// The roles a node can host (DESIGN §2).
 inline constexpr std::string_view known_roles[] = {
@@ -46,28 +53,29 @@ struct node_config {
   /// Versions of each run retention keeps (besides what they and the
   /// replicas need); 0 keeps everything.
   uint32_t retain_versions = 20;
-  /// How replicas fetch weights from peers that hold them: "ucx", or "off"
+  /// How replicas fetch weights from peers that hold them: over UCX, or off
   /// (the store only). UCX's own variables (`UCX_TLS`, `UCX_NET_DEVICES`)
   /// choose its transports.
-  std::string transfer_peers = "ucx";
+  peer_transfer transfer_peers = peer_transfer::ucx;
   /// Host memory for the publisher's copies of each run's last version;
   /// copies beyond it go to scratch files.
   uint64_t publisher_memory_limit = uint64_t{2} << 30;
-  /// How deltas store their XOR: "xor-sparse" (run lists) or "xor" (the
-  /// XOR bytes, for replicas on releases before xor-sparse).
-  std::string publisher_delta_encoding = "xor-sparse";
+  /// How deltas store their XOR: `xor_sparse` (run lists, "xor-sparse") or
+  /// `xor_bytes` (the XOR bytes, "xor", for replicas on releases before
+  /// xor-sparse).
+  delta_encoding publisher_delta_encoding = delta_encoding::xor_sparse;
   /// Bytes buffered by streamed reads and writes of version bytes (export).
   uint64_t io_buffer_bytes = uint64_t{64} << 20;
 
   uint32_t replicas = 2;
   std::string model_preset = "tiny";
-  /// The engine each replica drives: "builtin" (the CPU engine of
-  /// `model.preset`), "sglang" or "vllm" (an external server, at
-  /// `engine.url` or started per replica with `engine.launch`).
-  std::string engine_kind = "builtin";
-  /// Where the built-in engine computes: "cpu", or "cuda" (the replica's
-  /// first GPU slot, device 0 without one).
-  std::string engine_device = "cpu";
+  /// The engine each replica drives: builtin (the engine of
+  /// `model.preset`), sglang or vllm (an external server, at `engine.url` or
+  /// started per replica with `engine.launch`).
+  stitch::engine_kind engine_kind = stitch::engine_kind::builtin;
+  /// Where the built-in engine computes: cpu, or cuda (the replica's first
+  /// GPU slot, device 0 without one).
+  stitch::engine_device engine_device = stitch::engine_device::cpu;
   /// Requests the built-in engine steps together (its KV slots on a device).
   uint64_t engine_max_batch = 64;
   std::string engine_url;
@@ -84,7 +92,7 @@ struct node_config {
   double engine_ready_timeout = 900;
   std::string pool = "default";
   listen_address replica_listen{"127.0.0.1", 8100};
-  std::string commit_mode = "in_place";
+  stitch::commit_mode commit_mode = stitch::commit_mode::in_place;
   /// Seconds.
   double drain_timeout = 300;
   double backstop = 5;

@@ -196,7 +196,7 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
   // Replicas fetch and lend over UCX; a publisher lends its runs' remembered
   // versions.
   if (settings.has_role("replica") || settings.has_role("publisher")) {
-    if (settings.transfer_peers == "off") {
+    if (settings.transfer_peers == config::peer_transfer::off) {
       n->transport_ = "store only (transfer.peers = off)";
     } else {
       auto w = transport::ucx::worker::start(transport::ucx::context_options{});
@@ -214,8 +214,7 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     pipeline::publisher_options po;
     po.scratch_dir = settings.data_dir / "publisher";
     po.memory_limit = settings.publisher_memory_limit;
-    po.delta_format = settings.publisher_delta_encoding == "xor" ? delta_encoding::xor_bytes
-                                                                 : delta_encoding::xor_sparse;
+    po.delta_format = settings.publisher_delta_encoding;
     publisher_retention retention;
     retention.keep_last = settings.retain_versions;
     retention.directory = n->coordinator_; // checked: the coordinator answers in_use
@@ -256,18 +255,15 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
 
 result<engine_factory> node::engine_for(const replica_options& o, const std::string& preset,
                                         std::vector<uint32_t> gpus) {
-  if (settings_.engine_kind == "builtin") {
+  if (settings_.engine_kind == engine_kind::builtin) {
     auto model = engine::preset(preset);
     if (!model)
       return std::move(model).error();
-    auto device = engine::parse_engine_device(settings_.engine_device);
-    if (!device)
-      return std::move(device).error();
     engine::builtin_engine::options eo;
     eo.max_batch = settings_.engine_max_batch;
-    eo.device = *device;
+    eo.device = settings_.engine_device;
     eo.gpu = gpus.empty() ? 0 : static_cast<int>(gpus.front());
-    if (eo.device == engine::engine_device::cuda) {
+    if (eo.device == engine_device::cuda) {
       // Refused when the node starts, not when the replica does.
       auto shape = engine::llama_shape_of(*model);
       status usable = shape ? gpu::require_device(eo.gpu) : status{std::move(shape).error()};
@@ -283,12 +279,9 @@ result<engine_factory> node::engine_for(const replica_options& o, const std::str
       return std::shared_ptr<engine_port>{std::move(*made)};
     }};
   }
-  auto kind = engine::parse_engine_kind(settings_.engine_kind);
-  if (!kind)
-    return std::move(kind).error();
   auto seconds = [](double s) { return std::chrono::milliseconds{static_cast<int64_t>(s * 1000)}; };
   engine::external_engine_options eo;
-  eo.kind = *kind;
+  eo.kind = settings_.engine_kind;
   eo.url = settings_.engine_url;
   eo.staging_dir = settings_.effective_staging_dir() / o.replica_id;
   eo.request_timeout = seconds(settings_.engine_request_timeout);
@@ -373,12 +366,13 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
     caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
     return std::move(port).error();
   }
-  log::info("node", o.replica_id + " serves http://" + settings_.replica_listen.host + ":"
-                      + std::to_string(*port) + " (pool " + o.pool + ", engine "
-                      + (settings_.engine_kind == "builtin"
-                           ? "builtin " + preset + " on " + settings_.engine_device
-                           : settings_.engine_kind)
-                      + ")");
+  log::info("node",
+            o.replica_id + " serves http://" + settings_.replica_listen.host + ":"
+              + std::to_string(*port) + " (pool " + o.pool + ", engine "
+              + (settings_.engine_kind == engine_kind::builtin
+                   ? "builtin " + preset + " on " + std::string{to_string(settings_.engine_device)}
+                   : std::string{to_string(settings_.engine_kind)})
+              + ")");
   std::lock_guard lock{jobs_->mutex};
   if (jobs_->fronts.contains(o.replica_id)) {
     caf::anon_send_exit(replica, caf::exit_reason::user_shutdown);
@@ -570,9 +564,6 @@ void node::enroll_roles() {
 }
 
 status node::start_serving(const node_settings& settings) {
-  auto mode = parse_commit_mode(settings.commit_mode);
-  if (!mode)
-    return std::move(mode).error();
   transport::http_server_options server;
   server.body_limit = settings.body_limit;
   server.max_connections = settings.http_max_connections;
@@ -599,7 +590,7 @@ status node::start_serving(const node_settings& settings) {
     auto o = node_replica_options(settings);
     o.replica_id = settings.name == "local" ? "replica-" + std::to_string(i)
                                             : settings.name + "-replica-" + std::to_string(i);
-    o.mode = *mode;
+    o.mode = settings.commit_mode;
     uint16_t want = settings.replica_listen.port == 0
                       ? 0
                       : static_cast<uint16_t>(settings.replica_listen.port + i);

@@ -17,19 +17,6 @@ std::string gib(uint64_t bytes) {
 
 } // namespace
 
-std::string_view to_string(engine_device d) noexcept {
-  return d == engine_device::cuda ? "cuda" : "cpu";
-}
-
-result<engine_device> parse_engine_device(std::string_view text) {
-  if (text == "cpu")
-    return engine_device::cpu;
-  if (text == "cuda")
-    return engine_device::cuda;
-  return make_error(errc::invalid_argument,
-                    "engine.device must be cpu or cuda, not '" + std::string{text} + "'");
-}
-
 result<gpu::llama_shape> llama_shape_of(const model_config& c) {
   if (c.is_moe())
     return make_error(errc::invalid_argument,

@@ -7,19 +7,12 @@
 
 #include "gpu/device_memory.hpp"
 #include "gpu/llama.hpp"
+#include "runtime/core/engine_kind.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/engine/model_config.hpp"
 
 /// The built-in engine's weights on a device (`engine.device = cuda`).
 namespace stitch::engine {
-
-/// Where the built-in engine computes.
-enum class engine_device : uint8_t { cpu, cuda };
-
-/// "cpu" or "cuda".
-std::string_view to_string(engine_device d) noexcept;
-/// Parses "cpu" / "cuda"; the error names the value.
-result<engine_device> parse_engine_device(std::string_view text);
 
 /// One version's tensors on a device: the buffers by name (shared with the
 /// versions that did not change them, so a delta stage allocates only what

@@ -275,19 +275,6 @@ std::string folder_of(const version_ref& ref) {
 
 } // namespace
 
-std::string_view to_string(engine_kind k) noexcept {
-  return k == engine_kind::sglang ? "sglang" : "vllm";
-}
-
-result<engine_kind> parse_engine_kind(std::string_view text) {
-  if (text == "sglang")
-    return engine_kind::sglang;
-  if (text == "vllm")
-    return engine_kind::vllm;
-  return make_error(errc::invalid_argument,
-                    "engine kind " + quote_untrusted(text) + " is not sglang or vllm");
-}
-
 std::string external_engine::weight_version_of(const version_ref& ref) {
   return to_string(ref);
 }
@@ -298,6 +285,9 @@ external_engine::external_engine(external_engine_options options) : opts_(std::m
 }
 
 result<std::shared_ptr<external_engine>> external_engine::make(external_engine_options options) {
+  if (options.kind == engine_kind::builtin)
+    return make_error(errc::invalid_argument,
+                      "an external engine is sglang or vllm; builtin is the node's own engine");
   if (options.url.empty() == !options.launch)
     return make_error(errc::invalid_argument,
                       "an external engine needs exactly one of engine.url and engine.launch");

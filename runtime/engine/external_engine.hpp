@@ -13,20 +13,15 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/core/engine_kind.hpp"
 #include "runtime/core/engine_port.hpp"
 #include "runtime/engine/engine_process.hpp"
 #include "transport/http_client.hpp"
 
 namespace stitch::engine {
 
-/// The external engines a replica can drive.
-enum class engine_kind : uint8_t { sglang, vllm };
-
-std::string_view to_string(engine_kind k) noexcept;
-/// "sglang" or "vllm"; anything else is `invalid_argument`.
-result<engine_kind> parse_engine_kind(std::string_view text);
-
 struct external_engine_options {
+  /// sglang or vllm (an external engine is never `builtin`).
   engine_kind kind = engine_kind::sglang;
   /// The engine, when it already runs (`engine.url`); with `launch`, empty.
   std::string url;

@@ -51,7 +51,7 @@ ca = "ca.pem"
   EXPECT_EQ(c->gpus, (std::vector<uint32_t>{0, 1}));
   EXPECT_EQ(c->coordinator_address, "10.0.0.1:4242");
   EXPECT_EQ(c->replica_listen, (listen_address{"0.0.0.0", 9100}));
-  EXPECT_EQ(c->commit_mode, "quiesce");
+  EXPECT_EQ(c->commit_mode, commit_mode::quiesce);
   EXPECT_DOUBLE_EQ(c->drain_timeout, 12.5);
   EXPECT_DOUBLE_EQ(c->backstop, 0);
   EXPECT_EQ(c->model_preset, "small");
@@ -93,10 +93,10 @@ preset = 7
 TEST(node_config, the_delta_encoding_is_xor_sparse_unless_set_to_xor) {
   auto defaults = parse_node_config("", "empty.toml");
   ASSERT_TRUE(defaults) << defaults.error().message;
-  EXPECT_EQ(defaults->publisher_delta_encoding, "xor-sparse");
+  EXPECT_EQ(defaults->publisher_delta_encoding, delta_encoding::xor_sparse);
   auto old_readers = parse_node_config("[publisher]\ndelta_encoding = \"xor\"\n", "p.toml");
   ASSERT_TRUE(old_readers) << old_readers.error().message;
-  EXPECT_EQ(old_readers->publisher_delta_encoding, "xor");
+  EXPECT_EQ(old_readers->publisher_delta_encoding, delta_encoding::xor_bytes);
   auto unknown = parse_node_config("[publisher]\ndelta_encoding = \"overwrite\"\n", "p.toml");
   ASSERT_FALSE(unknown);
   EXPECT_NE(unknown.error().message.find("publisher.delta_encoding: 'overwrite' is not one of"),
@@ -184,7 +184,7 @@ update_timeout = 120
 )",
                                     "sglang.toml");
   ASSERT_TRUE(launched) << launched.error().message;
-  EXPECT_EQ(launched->engine_kind, "sglang");
+  EXPECT_EQ(launched->engine_kind, engine_kind::sglang);
   EXPECT_EQ(launched->effective_staging_dir(), "/mnt/nvme/stitch");
   EXPECT_EQ(launched->engine_update_timeout, 120);
   auto printed = parse_node_config(to_toml(*launched), "printed.toml");
@@ -217,13 +217,13 @@ TEST(node_config, the_builtin_engine_device_and_batch_are_checked) {
   auto gpu =
     parse_node_config("gpus = [1]\n[engine]\ndevice = \"cuda\"\nmax_batch = 16\n", "gpu.toml");
   ASSERT_TRUE(gpu) << gpu.error().message;
-  EXPECT_EQ(gpu->engine_device, "cuda");
+  EXPECT_EQ(gpu->engine_device, engine_device::cuda);
   EXPECT_EQ(gpu->engine_max_batch, 16u);
   auto printed = parse_node_config(to_toml(*gpu), "printed.toml");
   ASSERT_TRUE(printed) << printed.error().message;
-  EXPECT_EQ(printed->engine_device, "cuda");
+  EXPECT_EQ(printed->engine_device, engine_device::cuda);
   EXPECT_EQ(printed->engine_max_batch, 16u);
-  EXPECT_EQ(parse_node_config("", "default.toml")->engine_device, "cpu");
+  EXPECT_EQ(parse_node_config("", "default.toml")->engine_device, engine_device::cpu);
 
   auto tpu = parse_node_config("[engine]\ndevice = \"tpu\"\n", "a.toml");
   ASSERT_FALSE(tpu);

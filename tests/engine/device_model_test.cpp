@@ -1,4 +1,4 @@
-// The device side of the built-in engine that needs no GPU: settings, the
+// The device side of the built-in engine that needs no GPU: the
 // runner's shape and what a version must match, the pointer table, and the
 // memory budget decided before anything is allocated.
 #include "runtime/engine/device_model.hpp"
@@ -24,15 +24,6 @@ model_config tiny() {
   auto c = preset("tiny");
   EXPECT_TRUE(c);
   return *c;
-}
-
-TEST(device_model, engine_device_parses_cpu_and_cuda_only) {
-  EXPECT_EQ(*parse_engine_device("cpu"), engine_device::cpu);
-  EXPECT_EQ(*parse_engine_device("cuda"), engine_device::cuda);
-  auto bad = parse_engine_device("gpu");
-  ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().message.find("'gpu'"), std::string::npos);
-  EXPECT_EQ(to_string(engine_device::cuda), "cuda");
 }
 
 TEST(device_model, the_shape_follows_the_config_and_a_mixture_of_experts_is_refused) {

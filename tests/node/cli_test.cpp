@@ -37,7 +37,7 @@ TEST(cli_settings, the_serving_roles_take_their_keys_from_set_and_the_environmen
   EXPECT_EQ(s->gateway_listen.port, 0);
   EXPECT_EQ(s->status_listen.host, "::1");
   EXPECT_EQ(s->replica_listen.port, 8200);
-  EXPECT_EQ(s->commit_mode, "quiesce");
+  EXPECT_EQ(s->commit_mode, commit_mode::quiesce);
   EXPECT_DOUBLE_EQ(s->drain_timeout, 2.5);
   EXPECT_DOUBLE_EQ(s->backstop, 0);
   EXPECT_EQ(s->body_limit, 4096u);
