@@ -511,7 +511,8 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       auto promise = self->make_response_promise<std::string>();
       auto publisher = caf::actor_cast<publisher_actor>(publishers->second.front());
       auto effects = std::make_shared<std::vector<plan_effect>>(std::move(*fx));
-      auto on_published = [self, promise, spec, effects](const publish_summary& s) mutable {
+      auto on_published = [self, promise, spec,
+                           effects](const pipeline::publish_report& s) mutable {
         log::info("coordinator", "experiment " + spec.run_id + ": boot checkpoint published ("
                                    + std::string{to_string(s.kind)}
                                    + (s.claimed ? ", run claimed" : "") + ")");

@@ -27,17 +27,6 @@ std::chrono::milliseconds sweep_every(const publisher_limits& limits) {
   return std::clamp(half, std::chrono::milliseconds{500}, std::chrono::milliseconds{30'000});
 }
 
-pipeline::publish_request to_request(const publish_args& args) {
-  pipeline::publish_request r;
-  r.pool = args.pool;
-  r.run_id = args.run_id;
-  r.version = args.version;
-  r.force_anchor = args.force_anchor;
-  r.dry_run = args.dry_run;
-  r.files = args.files;
-  return r;
-}
-
 /// A node with an admin token refuses publishes without it (constant time).
 status authorized(const publisher_state& st, const publish_args& args) {
   if (!token_matches(st.admin_token, args.token))
@@ -158,21 +147,19 @@ void published(self_ptr self, const publish_args& args) {
 /// Runs `make_source()` and publishes what it gives on the pool's queue;
 /// tells the store when the pointer moved.
 template <class MakeSource>
-caf::typed_response_promise<publish_summary> run_publish(self_ptr self, const publish_args& args,
-                                                         MakeSource make_source) {
+caf::typed_response_promise<pipeline::publish_report>
+run_publish(self_ptr self, const publish_args& args, MakeSource make_source) {
   auto impl = self->state.impl;
-  return offload<publish_summary>(
+  return offload<pipeline::publish_report>(
     self, self->state.jobs, queue_of(self, args.pool), "publisher's queue",
-    [impl, args, make_source = std::move(make_source)]() mutable -> result<publish_summary> {
+    [impl, args,
+     make_source = std::move(make_source)]() mutable -> result<pipeline::publish_report> {
       auto source = make_source();
       if (!source)
         return std::move(source).error();
-      auto report = impl->publish(to_request(args), **source);
-      if (!report)
-        return std::move(report).error();
-      return summarize(*report);
+      return impl->publish(args, **source);
     },
-    [self, args](const result<publish_summary>& outcome) {
+    [self, args](const result<pipeline::publish_report>& outcome) {
       if (outcome)
         published(self, args);
       else
@@ -287,25 +274,6 @@ caf::result<uint64_t> take_chunk(Self* self, uint64_t id, std::shared_ptr<const 
   return promise;
 }
 
-} // namespace
-
-publish_summary summarize(const pipeline::publish_report& report) {
-  publish_summary s;
-  s.kind = report.kind;
-  s.touched = report.touched;
-  s.raw_bytes = report.raw_bytes;
-  s.encoded_bytes = report.encoded_bytes;
-  s.stored_bytes = report.stored_bytes;
-  s.idempotent = report.idempotent;
-  s.claimed = report.claimed;
-  if (report.pointer)
-    s.pointer = *report.pointer;
-  s.reason_for_anchor = report.reason_for_anchor;
-  return s;
-}
-
-namespace {
-
 /// Lends each run's remembered version to peers and keeps the coordinator's
 /// directory told (`publisher_lending`). Called on publishing threads.
 class lending_watcher final : public pipeline::remembered_watcher {
@@ -373,7 +341,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
   self->set_down_handler([self](caf::down_msg& down) { feeder_down(self, down); });
   return {
     [self](atom::publish, const publish_args& args,
-           const std::string& path) -> caf::result<publish_summary> {
+           const std::string& path) -> caf::result<pipeline::publish_report> {
       if (auto ok = authorized(self->state, args); !ok)
         return to_caf_error(ok.error());
       return run_publish(self, args, [path]() -> result<std::unique_ptr<pipeline::tensor_stream>> {
@@ -384,7 +352,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       });
     },
     [self](atom::init_model, const publish_args& args, const std::string& preset,
-           uint64_t seed) -> caf::result<publish_summary> {
+           uint64_t seed) -> caf::result<pipeline::publish_report> {
       if (auto ok = authorized(self->state, args); !ok)
         return to_caf_error(ok.error());
       auto config = engine::preset(preset);
@@ -439,7 +407,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       watch_feeder(self, s);
       auto impl = st.impl;
       auto handle = caf::actor_cast<caf::actor>(self);
-      auto slot = std::make_shared<std::optional<result<publish_summary>>>();
+      auto slot = std::make_shared<std::optional<result<pipeline::publish_report>>>();
       const uint64_t job = st.jobs.add([self, id, slot, args] {
         if (**slot)
           published(self, args);
@@ -460,12 +428,12 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
           return id;
         });
       queue_of(self, args.pool).post([impl, args, stream, slot, handle, job] {
-        auto report = impl->publish(to_request(args), *stream);
+        auto report = impl->publish(args, *stream);
         // Bytes still queued for a publish that ended are dropped; bytes
         // that arrive later are refused with why it ended.
         error why{errc::invalid_argument, "the publish already ended"};
         if (report) {
-          slot->emplace(summarize(*report));
+          slot->emplace(std::move(*report));
         } else {
           why = report.error();
           slot->emplace(std::move(report).error());
@@ -481,7 +449,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       std::span<const char> view{piece.data, piece.size};
       return take_chunk(self, id, std::move(piece.owner), view);
     },
-    [self](atom::finish, uint64_t id) -> caf::result<publish_summary> {
+    [self](atom::finish, uint64_t id) -> caf::result<pipeline::publish_report> {
       auto& st = self->state;
       auto it = st.sessions.find(id);
       if (it == st.sessions.end() || it->second.aborted || it->second.waiting)
@@ -489,7 +457,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       auto& s = it->second;
       // No more bytes: a publish still missing some fails with "truncated".
       s.stream->close();
-      s.waiting = self->make_response_promise<publish_summary>();
+      s.waiting = self->make_response_promise<pipeline::publish_report>();
       auto promise = *s.waiting;
       settle(self, id);
       return promise;

@@ -61,8 +61,8 @@ struct publisher_state {
   struct session {
     publish_args args;
     std::shared_ptr<pipeline::fed_stream> stream;
-    std::optional<result<publish_summary>> outcome;
-    std::optional<caf::typed_response_promise<publish_summary>> waiting;
+    std::optional<result<pipeline::publish_report>> outcome;
+    std::optional<caf::typed_response_promise<pipeline::publish_report>> waiting;
     caf::actor_clock::time_point last_seen;
     bool aborted = false;
     /// The actors on other nodes that opened or fed it (a `stitch publish
@@ -113,8 +113,5 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   pipeline::publisher_options options, std::shared_ptr<executor> workers,
                   std::string admin_token = {}, publisher_limits limits = {},
                   publisher_retention retention = {}, publisher_lending lending = {});
-
-/// The wire form of a publish report.
-publish_summary summarize(const pipeline::publish_report& report);
 
 } // namespace stitch

@@ -14,36 +14,19 @@
 #include "actors/replica_actor.hpp"
 #include "actors/value_types.hpp"
 #include "runtime/core/manifest.hpp"
+#include "runtime/pipeline/publish_types.hpp"
 #include "runtime/pipeline/tensor_stream.hpp"
 
 namespace stitch {
 
 /// What `stitch publish` asks for (DESIGN §7).
-struct publish_args {
-  std::string pool = "default";
-  std::string run_id;
-  uint64_t version = 0;
-  bool force_anchor = false;
-  bool dry_run = false;
+/// A publish as it travels to a publisher: the pipeline's request (a
+/// streamed publish's non-tensor files in `files`; a directory the node
+/// reads brings its own) and the caller's admin token. A publisher answers
+/// the pipeline's `publish_report`.
+struct publish_args : pipeline::publish_request {
   /// The admin token, when the node requires one.
   std::string token;
-  /// The checkpoint's non-tensor files (`config.json`, ...) of a streamed
-  /// publish, by name; a directory the node reads brings its own.
-  std::map<std::string, std::string> files;
-};
-
-/// What a publish did.
-struct publish_summary {
-  version_kind kind = version_kind::full;
-  std::vector<std::string> touched;
-  uint64_t raw_bytes = 0;
-  uint64_t encoded_bytes = 0;
-  uint64_t stored_bytes = 0;
-  bool idempotent = false;
-  bool claimed = false;
-  /// The pool's pointer afterwards (none for a dry run).
-  caf::optional<pointer_record> pointer;
-  std::string reason_for_anchor;
 };
 
 template <class Inspector>
@@ -52,14 +35,15 @@ typename Inspector::result_type inspect(Inspector& f, publish_args& x) {
            x.dry_run, x.token, x.files);
 }
 
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, publish_summary& x) {
-  return f(caf::meta::type_name("stitch.publish_summary"), x.kind, x.touched, x.raw_bytes,
-           x.encoded_bytes, x.stored_bytes, x.idempotent, x.claimed, x.pointer,
-           x.reason_for_anchor);
-}
-
 namespace pipeline {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, publish_report& x) {
+  optional_proxy<pointer_record> pointer{x.pointer};
+  return f(caf::meta::type_name("stitch.publish_report"), x.kind, x.touched, x.raw_bytes,
+           x.encoded_bytes, x.stored_bytes, x.idempotent, x.claimed, pointer.field,
+           x.reason_for_anchor, x.published, pointer.commit());
+}
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tensor_header& x) {
@@ -72,7 +56,7 @@ typename Inspector::result_type inspect(Inspector& f, tensor_header& x) {
 
 CAF_BEGIN_TYPE_ID_BLOCK(stitch_publisher, ::stitch::type_ids::publisher)
 CAF_ADD_TYPE_ID(stitch_publisher, (stitch::publish_args))
-CAF_ADD_TYPE_ID(stitch_publisher, (stitch::publish_summary))
+CAF_ADD_TYPE_ID(stitch_publisher, (stitch::pipeline::publish_report))
 CAF_ADD_TYPE_ID(stitch_publisher, (stitch::pipeline::tensor_header))
 CAF_ADD_TYPE_ID(stitch_publisher, (std::vector<stitch::pipeline::tensor_header>) )
 CAF_ADD_ATOM(stitch_publisher, stitch::atom, publish, "pubstart")
@@ -97,11 +81,12 @@ inline constexpr size_t streamed_piece_bytes = size_t{1} << 20;
 
 using publisher_actor = caf::typed_actor<
   // Publishes the Hugging Face directory at `path` (readable by this node).
-  caf::replies_to<atom::publish, publish_args, std::string>::with<publish_summary>,
+  caf::replies_to<atom::publish, publish_args, std::string>::with<pipeline::publish_report>,
   // Publishes the built-in model `preset` initialised from `seed` (an
   // experiment's boot checkpoint; deterministic, so a trainer rebuilds the
   // same weights and re-publishing them is idempotent).
-  caf::replies_to<atom::init_model, publish_args, std::string, uint64_t>::with<publish_summary>,
+  caf::replies_to<atom::init_model, publish_args, std::string,
+                  uint64_t>::with<pipeline::publish_report>,
   // Opens a streamed publish of these tensors (ascending names); answers a
   // session id. Their bytes follow with `chunk`, tensor after tensor.
   caf::replies_to<atom::publish, publish_args,
@@ -114,7 +99,7 @@ using publisher_actor = caf::typed_actor<
   // HTTP body) they stay where they are.
   caf::replies_to<atom::chunk, uint64_t, shared_piece>::with<uint64_t>,
   // Ends session `id`: answers what was published.
-  caf::replies_to<atom::finish, uint64_t>::with<publish_summary>,
+  caf::replies_to<atom::finish, uint64_t>::with<pipeline::publish_report>,
   // Gives session `id` up: nothing of it becomes visible.
   caf::reacts_to<atom::abort, uint64_t>,
   // `stitch gc`: applies retention to `pool` (empty = every pool) keeping the

@@ -45,7 +45,7 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-json summary_json(const publisher_http::session_names& args, const publish_summary& s) {
+json summary_json(const publisher_http::session_names& args, const pipeline::publish_report& s) {
   json j;
   j["pool"] = args.pool;
   j["run_id"] = args.run_id;
@@ -635,9 +635,9 @@ void publisher_http::handle(transport::server_request req, std::shared_ptr<http_
           out->send(std::move(*bad));
           return;
         }
-        answer_with<publish_summary>(
+        answer_with<pipeline::publish_report>(
           *sys, publisher, std::chrono::minutes{30}, out,
-          [args](const publish_summary& s) {
+          [args](const pipeline::publish_report& s) {
             server_response r;
             r.body = dump(summary_json(args, s));
             return r;

@@ -11,6 +11,7 @@
 #include <caf/meta/type_name.hpp>
 #include <caf/optional.hpp>
 #include <caf/replies_to.hpp>
+#include <caf/sec.hpp>
 #include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
@@ -108,23 +109,27 @@ typename Inspector::result_type inspect(Inspector& f, shared_piece& x) {
   }
 }
 
-/// `inspect` of a `std::optional` member through a `caf::optional` (CAF 0.17
-/// knows only its own): `field` is filled before saving, and `commit` writes
-/// it back after loading.
+/// `inspect` of a `std::optional` member (CAF 0.17 knows only its own
+/// optional) as a list of none or one value: `field` is filled before
+/// saving, and `commit` writes it back after loading, refusing a longer
+/// list. (A `caf::optional` here left GCC 12 at -O3 seeing its empty storage
+/// read when stringified: -Wmaybe-uninitialized.)
 template <class T>
 struct optional_proxy {
   explicit optional_proxy(std::optional<T>& x) : target(x) {
     if (x)
-      field = *x;
+      field.push_back(*x);
   }
   auto commit() {
     return caf::meta::load_callback([this]() -> caf::error {
-      target = field ? std::optional<T>{*field} : std::nullopt;
+      if (field.size() > 1)
+        return caf::sec::invalid_argument;
+      target = field.empty() ? std::nullopt : std::optional<T>{std::move(field.front())};
       return caf::none;
     });
   }
   std::optional<T>& target;
-  caf::optional<T> field;
+  std::vector<T> field;
 };
 
 template <class Inspector>

@@ -1,5 +1,7 @@
 #include "config/node_config.hpp"
 
+#include "runtime/core/version_ref.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -286,6 +288,9 @@ std::string check(const entry& e, const value& v) {
         if (!ok)
           return quote_untrusted(v.text) + " is not a pool name ([A-Za-z0-9._-]{1,64})";
       }
+      if (e.key == "name")
+        if (auto ok = validate_run_id(v.text); !ok)
+          return quote_untrusted(v.text) + " is not a node name ([A-Za-z0-9._-]{1,64})";
       if (e.key == "engine.url" && !v.text.empty() && !v.text.starts_with("http://")
           && !v.text.starts_with("https://"))
         return quote_untrusted(v.text) + " is not an http:// or https:// URL";

@@ -78,9 +78,9 @@ struct owned_link {
 constexpr size_t publish_chunk = streamed_piece_bytes;
 constexpr size_t publish_window = 16;
 
-result<publish_summary> stream_directory(caf::actor_system& sys,
-                                         const publisher_actor& publisher_node,
-                                         const publish_command& cmd) {
+result<pipeline::publish_report> stream_directory(caf::actor_system& sys,
+                                                  const publisher_actor& publisher_node,
+                                                  const publish_command& cmd) {
   auto source = pipeline::directory_stream::open(cmd.directory);
   if (!source)
     return std::move(source).error();
@@ -154,7 +154,7 @@ result<publish_summary> stream_directory(caf::actor_system& sys,
     caf::anon_send(publisher, atom::abort_v, *session);
     return std::move(outcome).error();
   }
-  return ask<publish_summary>(sys, publisher, atom::finish_v, *session);
+  return ask<pipeline::publish_report>(sys, publisher, atom::finish_v, *session);
 }
 
 /// A streamed publish: over the publisher's HTTP surface when it has one
@@ -163,9 +163,10 @@ result<publish_summary> stream_directory(caf::actor_system& sys,
 /// consumes: two copies instead of the five of a CAF message), else as CAF
 /// messages. A dry run, and a cluster on TLS (the surface is plain HTTP),
 /// stay on the cluster connection.
-result<publish_summary> stream_publish(caf::actor_system& sys, const caf::actor& coordinator,
-                                       const publisher_actor& publisher,
-                                       const publish_command& cmd) {
+result<pipeline::publish_report> stream_publish(caf::actor_system& sys,
+                                                const caf::actor& coordinator,
+                                                const publisher_actor& publisher,
+                                                const publish_command& cmd) {
   if (cmd.args.dry_run || tls_enabled(sys))
     return stream_directory(sys, publisher, cmd);
   auto advertised =
@@ -193,8 +194,8 @@ result<publish_summary> stream_publish(caf::actor_system& sys, const caf::actor&
 
 } // namespace
 
-result<publish_summary> run_publish(caf::actor_system& sys, const publish_command& cmd,
-                                    std::FILE* out) {
+result<pipeline::publish_report> run_publish(caf::actor_system& sys, const publish_command& cmd,
+                                             std::FILE* out) {
   auto coordinator = connect_coordinator(sys, cmd.coordinator);
   if (!coordinator)
     return std::move(coordinator).error();
@@ -202,11 +203,12 @@ result<publish_summary> run_publish(caf::actor_system& sys, const publish_comman
   if (!handle)
     return std::move(handle).error();
   auto publisher = caf::actor_cast<publisher_actor>(*handle);
-  auto attempt = [&]() -> result<publish_summary> {
+  auto attempt = [&]() -> result<pipeline::publish_report> {
     if (!cmd.stream && is_loopback(cmd.coordinator.host)) {
       std::error_code ec;
       auto path = std::filesystem::absolute(cmd.directory, ec);
-      return ask<publish_summary>(sys, publisher, atom::publish_v, cmd.args, path.string());
+      return ask<pipeline::publish_report>(sys, publisher, atom::publish_v, cmd.args,
+                                           path.string());
     }
     return stream_publish(sys, caf::actor_cast<caf::actor>(*coordinator), publisher, cmd);
   };

@@ -51,8 +51,8 @@ struct publish_command {
 /// else as CAF messages in chunks of at most `max_chunk_bytes`. A `busy`
 /// publisher is asked again within `retry_budget` (a line on stderr each
 /// time). Prints what was (or, with --dry-run, would be) published.
-result<publish_summary> run_publish(caf::actor_system& sys, const publish_command& cmd,
-                                    std::FILE* out);
+result<pipeline::publish_report> run_publish(caf::actor_system& sys, const publish_command& cmd,
+                                             std::FILE* out);
 
 struct export_command {
   host_port coordinator;

@@ -82,10 +82,10 @@ error went_away(const transport::http_endpoint& at, uint64_t session, const erro
             + cause.message};
 }
 
-result<publish_summary> parse_summary(const std::string& body) {
+result<pipeline::publish_report> parse_summary(const std::string& body) {
   try {
     auto j = json::parse(body);
-    publish_summary s;
+    pipeline::publish_report s;
     s.kind = j.at("kind").get<std::string>() == "delta" ? version_kind::delta : version_kind::full;
     s.touched = j.at("touched").get<std::vector<std::string>>();
     s.raw_bytes = j.at("raw_bytes").get<uint64_t>();

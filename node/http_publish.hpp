@@ -29,7 +29,7 @@ std::optional<transport::http_endpoint> http_surface_for(std::string_view advert
 
 /// How a publish over the publisher's HTTP surface ended.
 struct http_publish_outcome {
-  result<publish_summary> summary = make_error(errc::invalid_argument, "not published");
+  result<pipeline::publish_report> summary = make_error(errc::invalid_argument, "not published");
   /// The surface could not be reached at all (no answer to the opening
   /// request): nothing was opened, so the caller may send the bytes another
   /// way.

@@ -102,7 +102,7 @@ struct profiled {
   std::string path;
   profile_step step;
   /// The last version published for it.
-  publish_summary published;
+  pipeline::publish_report published;
 };
 
 std::string ref_text(const std::optional<version_ref>& ref) {
@@ -224,7 +224,7 @@ public:
       : sys_(sys), cmd_(cmd), replica_(std::move(replica)), pool_(std::move(pool)),
         dir_(std::move(dir)) {}
 
-  result<publish_summary> publish(const std::string& run, uint64_t version) {
+  result<pipeline::publish_report> publish(const std::string& run, uint64_t version) {
     publish_command pub;
     pub.coordinator = cmd_.coordinator;
     pub.args.pool = pool_;
@@ -246,7 +246,7 @@ public:
     return await(std::move(path), {run, version}, std::move(*published));
   }
 
-  result<profiled> await(std::string path, version_ref target, publish_summary published) {
+  result<profiled> await(std::string path, version_ref target, pipeline::publish_report published) {
     auto s = ask<profile_step>(sys_, replica_, atom::profile_v, target);
     if (!s)
       return make_error(s.error().code, path + ": " + s.error().message);
@@ -373,7 +373,7 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
       return ok;
     if (auto ok = add(s.step("delta", run_a, 2)); !ok)
       return ok;
-    publish_summary last;
+    pipeline::publish_report last;
     uint64_t v = 2;
     for (uint32_t i = 0; i < cmd.folded; ++i) {
       if (auto ok = s.change(phase++); !ok)

@@ -22,6 +22,7 @@
 #include "runtime/core/store_port.hpp"
 #include "runtime/core/transfer_port.hpp"
 #include "runtime/pipeline/host_tensors.hpp"
+#include "runtime/pipeline/publish_types.hpp"
 #include "runtime/pipeline/tensor_stream.hpp"
 
 /// The trainer side of publishing (DESIGN §2, §7 `stitch publish`).
@@ -49,20 +50,6 @@ inline constexpr size_t delta_frame_prefix = 8;
 
 /// A delta frame: `payload.size()` as 8 little-endian bytes, then `payload`.
 std::vector<std::byte> encode_delta_frame(std::span<const std::byte> payload);
-
-struct publish_request {
-  std::string pool = "default";
-  std::string run_id;
-  uint64_t version = 0;
-  /// Publish a full anchor whatever the delta would cost (`--anchor`).
-  bool force_anchor = false;
-  /// Compute everything, touch neither the store nor the remembered version.
-  bool dry_run = false;
-  /// The checkpoint's small non-tensor files (`config.json`, tokenizer
-  /// files), by file name, kept byte-identical with the version
-  /// (`manifest::files`; limits in runtime/core/manifest.hpp).
-  std::map<std::string, std::string> files = {};
-};
 
 struct publisher_options {
   /// A full anchor at least every this many versions of a run; 0 turns the
@@ -99,31 +86,6 @@ public:
   /// The remembered copy of (`pool`, `run_id`) is about to be rewritten or
   /// dropped: stop offering it. May wait, bounded, for readers to finish.
   virtual void rewriting(const std::string& pool, const std::string& run_id) = 0;
-};
-
-struct publish_report {
-  version_kind kind = version_kind::full;
-  /// The manifest's `touched`: every tensor for
-  /// an anchor, the changed ones for a delta.
-  std::vector<std::string> touched;
-  /// Bytes of the full weights.
-  uint64_t raw_bytes = 0;
-  /// Bytes of the stored tensors before compression (for an anchor, the
-  /// stored bytes; for a delta, the bytes of the touched tensors).
-  uint64_t encoded_bytes = 0;
-  /// Bytes of tensor data the version stores, after compression (the
-  /// manifest's `total_size`).
-  uint64_t stored_bytes = 0;
-  /// The store already held this version with identical content.
-  bool idempotent = false;
-  /// The version claimed its run (first version of the run in this pool).
-  bool claimed = false;
-  /// The pool's pointer after publishing; nullopt for a dry run.
-  std::optional<pointer_record> pointer;
-  /// Why this version is a full anchor; empty for a delta.
-  std::string reason_for_anchor;
-  /// The manifest published (or that a dry run would publish).
-  manifest published;
 };
 
 /// Turns a trainer's full weights into versions in a store: remembers the

@@ -36,10 +36,10 @@ publisher_actor::behavior_type
 fake_publisher(publisher_actor::stateful_pointer<fake_publisher_state> self,
                std::shared_ptr<bool> fail) {
   self->state.fail = std::move(fail);
-  auto answer = [self]() -> caf::result<publish_summary> {
+  auto answer = [self]() -> caf::result<pipeline::publish_report> {
     if (*self->state.fail)
       return to_caf_error({errc::backend_failure, "the disk is full"});
-    publish_summary s;
+    pipeline::publish_report s;
     s.claimed = true;
     return s;
   };
@@ -52,7 +52,7 @@ fake_publisher(publisher_actor::stateful_pointer<fake_publisher_state> self,
       return 0;
     },
     [](atom::chunk, uint64_t, stitch::shared_piece&) -> uint64_t { return 0; },
-    [](atom::finish, uint64_t) -> caf::result<publish_summary> {
+    [](atom::finish, uint64_t) -> caf::result<pipeline::publish_report> {
       return to_caf_error({errc::not_found, "no session"});
     },
     [](atom::abort, uint64_t) {},

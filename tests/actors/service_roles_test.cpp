@@ -171,7 +171,7 @@ protected:
     self->send(publisher, atom::publish_v, args, write(v, w));
     settle();
     std::string err;
-    auto s = answer<publish_summary>(&err);
+    auto s = answer<pipeline::publish_report>(&err);
     if (!s)
       return "error: " + err;
     return s->kind == version_kind::full ? "full" : "delta";
@@ -211,7 +211,7 @@ TEST_F(publisher_actor_test, conflicts_rewinds_and_missing_tokens_are_refused) {
   self->send(publisher, atom::publish_v, args, (dir.path() / "nope").string());
   settle();
   std::string err;
-  EXPECT_FALSE(answer<publish_summary>(&err));
+  EXPECT_FALSE(answer<pipeline::publish_report>(&err));
   EXPECT_NE(err.find("nope"), std::string::npos) << err;
 }
 
@@ -252,7 +252,7 @@ TEST_F(publisher_actor_test, streamed_sessions_are_bounded_checked_and_dropped_w
   settle();
   self->send(publisher, atom::finish_v, *id);
   settle();
-  EXPECT_FALSE(answer<publish_summary>(&err));
+  EXPECT_FALSE(answer<pipeline::publish_report>(&err));
   EXPECT_NE(err.find("not_found"), std::string::npos) << err;
   auto listed = backend->list_versions("default", "r");
   EXPECT_TRUE(!listed || listed->empty());
@@ -291,7 +291,7 @@ TEST_F(publisher_actor_test, an_aborted_session_frees_its_slot_before_its_publis
   // The aborted publish ran and failed; nothing of it is visible.
   self->send(publisher, atom::finish_v, *first);
   sched.run();
-  EXPECT_FALSE(answer<publish_summary>(&err));
+  EXPECT_FALSE(answer<pipeline::publish_report>(&err));
   EXPECT_NE(err.find("not_found"), std::string::npos) << err;
   auto listed = backend->list_versions("default", "r");
   EXPECT_TRUE(!listed || listed->empty());

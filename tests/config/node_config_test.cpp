@@ -59,6 +59,18 @@ ca = "ca.pem"
   EXPECT_EQ(c->tls_ca, "ca.pem");
 }
 
+TEST(node_config, a_name_the_coordinator_would_refuse_is_refused_at_start) {
+  // The coordinator refuses a join under a name that is not a run-id-like
+  // name; a node that started with one would retry its join forever.
+  for (const char* bad : {"a b", "", "../x", "x:y"}) {
+    auto c = parse_node_config(std::string{"name = \""} + bad + "\"\n", "n.toml");
+    ASSERT_FALSE(c) << bad;
+    EXPECT_NE(c.error().message.find("name: "), std::string::npos) << c.error().message;
+    EXPECT_NE(c.error().message.find("is not a node name"), std::string::npos) << c.error().message;
+  }
+  EXPECT_TRUE(parse_node_config("name = \"gpu-node.3_a\"\n", "n.toml"));
+}
+
 TEST(node_config, every_problem_is_listed_with_its_key_path) {
   auto c = parse_node_config(R"(
 roles = ["replica", "gateway", "chef"]
@@ -160,14 +172,14 @@ TEST(node_config, printing_round_trips_and_hides_the_token) {
   c.admin_token = "s3cr3t";
   c.replicas = 5;
   c.gpus = {3};
-  c.name = "n \"quoted\"";
+  c.store_uri = "rocksdb:/data/a \"quoted\" \\ dir";
   auto text = to_toml(c);
   EXPECT_EQ(text.find("s3cr3t"), std::string::npos);
   auto back = parse_node_config(text, "printed.toml");
   ASSERT_TRUE(back) << back.error().message << "\n" << text;
   EXPECT_EQ(back->replicas, 5u);
   EXPECT_EQ(back->gpus, (std::vector<uint32_t>{3}));
-  EXPECT_EQ(back->name, "n \"quoted\"");
+  EXPECT_EQ(back->store_uri, "rocksdb:/data/a \"quoted\" \\ dir");
   EXPECT_EQ(back->gateway_listen, c.gateway_listen);
   EXPECT_EQ(env_name("replica.commit_mode"), "STITCH_REPLICA__COMMIT_MODE");
   auto keys = setting_keys();
