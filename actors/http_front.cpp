@@ -455,10 +455,17 @@ void status_http::handle(transport::server_request req, std::shared_ptr<http_res
       r.body += local();
     return r;
   };
-  if (metrics)
+  if (metrics) {
     ask<std::string>(sys_, target, std::move(out), render, atom::metrics_v);
-  else
-    ask<std::string>(sys_, target, std::move(out), render, atom::status_view_v);
+  } else {
+    ask<status_snapshot>(
+      sys_, target, std::move(out),
+      [render](const status_snapshot& s) {
+        auto body = status_json(s);
+        return render(body);
+      },
+      atom::status_view_v);
+  }
 }
 
 } // namespace stitch

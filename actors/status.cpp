@@ -155,31 +155,53 @@ std::string cluster_json(const cluster_view& c) {
   return cluster_ojson(c).dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
-std::string status_json(const status_state& st) {
-  ojson j;
-  j["generated_at_ms"] = now_ms();
-  ojson node;
-  node["name"] = st.opts.node;
-  node["roles"] = st.opts.roles;
-  ojson listening = ojson::object();
+status_snapshot snapshot_of(const status_state& st) {
+  status_snapshot s;
+  s.generated_at_ms = now_ms();
+  s.node = st.opts.node;
+  s.roles = st.opts.roles;
   for (const auto& [role, addr] : st.opts.listening)
-    listening[role] = addr;
+    s.listening.push_back({role, addr});
+  s.up_since_ms = st.started_ms;
+  s.cluster = st.cluster;
+  s.pointers = st.pointers;
+  for (const auto& [addr, e] : st.replicas) {
+    if (!e.known)
+      continue;
+    status_replica r{e.pool, e.info, e.updated_ms, {}};
+    for (const auto& [t, v] : e.history)
+      r.history.push_back({t, v});
+    s.replicas.push_back(std::move(r));
+  }
+  s.recent.assign(st.recent.rbegin(), st.recent.rend());
+  return s;
+}
+
+std::string status_json(const status_snapshot& s) {
+  ojson j;
+  j["generated_at_ms"] = s.generated_at_ms;
+  ojson node;
+  node["name"] = s.node;
+  node["roles"] = s.roles;
+  ojson listening = ojson::object();
+  for (const auto& l : s.listening)
+    listening[l.role] = l.address;
   node["listening"] = std::move(listening);
-  node["up_since_ms"] = st.started_ms;
+  node["up_since_ms"] = s.up_since_ms;
   j["nodes"] = ojson::array({std::move(node)});
   // The cluster's other members and its experiments, as the coordinator
   // last told them.
   j["experiments"] = ojson::array();
-  if (st.cluster) {
-    auto cluster = cluster_ojson(*st.cluster);
+  if (s.cluster) {
+    auto cluster = cluster_ojson(*s.cluster);
     for (auto& n : cluster["nodes"])
-      if (n.value("name", "") != st.opts.node)
+      if (n.value("name", "") != s.node)
         j["nodes"].push_back(std::move(n));
     j["experiments"] = std::move(cluster["experiments"]);
   }
   ojson pools = ojson::array();
   ojson runs = ojson::array();
-  for (const auto& [pool, p] : st.pointers) {
+  for (const auto& [pool, p] : s.pointers) {
     ojson e;
     e["pool"] = pool;
     e["pointer"] = to_string(p.latest);
@@ -198,9 +220,7 @@ std::string status_json(const status_state& st) {
   j["runs"] = std::move(runs);
   ojson replicas = ojson::array();
   ojson transfers = ojson::array();
-  for (const auto& [addr, e] : st.replicas) {
-    if (!e.known)
-      continue;
+  for (const auto& e : s.replicas) {
     const auto& i = e.info;
     // Every server_info field (DESIGN §5), then what only the status keeps.
     ojson r = ojson::parse(server_info_json(i));
@@ -213,8 +233,8 @@ std::string status_json(const status_state& st) {
     r["last_update"] = std::move(last);
     r["updated_ms"] = e.updated_ms;
     ojson history = ojson::array();
-    for (const auto& [t, v] : e.history)
-      history.push_back(ojson::array({t, v}));
+    for (const auto& point : e.history)
+      history.push_back(ojson::array({point.at_ms, point.version}));
     r["history"] = std::move(history);
     replicas.push_back(std::move(r));
     if (i.state == sync_state::fetching || i.state == sync_state::staging
@@ -231,15 +251,15 @@ std::string status_json(const status_state& st) {
   j["replicas"] = std::move(replicas);
   j["transfers"] = std::move(transfers);
   ojson recent = ojson::array();
-  for (auto it = st.recent.rbegin(); it != st.recent.rend(); ++it) {
+  for (const auto& update : s.recent) {
     ojson u;
-    u["replica_id"] = it->replica;
-    u["version"] = it->version;
-    u["stage_s"] = it->stage_s;
-    u["pause_us"] = it->pause_us;
-    u["drain_ms"] = it->drain_ms;
-    u["folded_versions"] = it->folded;
-    u["at_ms"] = it->at_ms;
+    u["replica_id"] = update.replica;
+    u["version"] = update.version;
+    u["stage_s"] = update.stage_s;
+    u["pause_us"] = update.pause_us;
+    u["drain_ms"] = update.drain_ms;
+    u["folded_versions"] = update.folded;
+    u["at_ms"] = update.at_ms;
     recent.push_back(std::move(u));
   }
   j["recent_updates"] = std::move(recent);
@@ -470,7 +490,7 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
       self->state.pointers[pool] = p;
     },
     [self](atom::cluster_view, cluster_view& view) { self->state.cluster = std::move(view); },
-    [self](atom::status_view) { return status_json(self->state); },
+    [self](atom::status_view) { return snapshot_of(self->state); },
     [self](atom::metrics) -> caf::result<std::string> {
       auto& now = self->state;
       if (now.gateways.empty())

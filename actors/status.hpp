@@ -38,16 +38,6 @@ struct status_state {
     std::deque<std::pair<int64_t, int64_t>> history;
     int64_t updated_ms = 0;
   };
-  /// One activation as seen from outside.
-  struct update {
-    std::string replica;
-    std::string version;
-    double stage_s = 0;
-    double pause_us = 0;
-    double drain_ms = 0;
-    uint64_t folded = 0;
-    int64_t at_ms = 0;
-  };
 
   status_options opts;
   store_actor store;
@@ -58,7 +48,7 @@ struct status_state {
   std::set<std::string> watched;
   /// The coordinator's last view: members, experiments, directory.
   std::optional<cluster_view> cluster;
-  std::deque<update> recent;
+  std::deque<status_update> recent;
   histogram stage_seconds;
   histogram pause_seconds;
   int64_t started_ms = 0;
@@ -69,8 +59,10 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
 
 /// The coordinator's view as JSON (`stitch status --json`'s `cluster`).
 std::string cluster_json(const cluster_view& c);
-/// The body of `GET /status` for a state.
-std::string status_json(const status_state& st);
+/// What a state knows, as the status actor answers it.
+status_snapshot snapshot_of(const status_state& st);
+/// The body of `GET /status` (and `stitch status --json`, with `cluster`).
+std::string status_json(const status_snapshot& s);
 /// The body of `GET /metrics` for a state and the gateways' measurements.
 std::string prometheus_text(const status_state& st, const std::vector<gateway_stats>& gateways);
 /// The dashboard: one HTML page, no external assets, refreshing itself.

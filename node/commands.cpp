@@ -412,12 +412,10 @@ status run_status(caf::actor_system& sys, const status_command& cmd, std::FILE* 
   auto handle = lookup(sys, cmd.coordinator, "status");
   if (!handle)
     return std::move(handle).error();
-  auto text = ask<std::string>(sys, caf::actor_cast<status_actor>(*handle), atom::status_view_v);
-  if (!text)
-    return std::move(text).error();
-  auto j = nlohmann::json::parse(*text, nullptr, false);
-  if (j.is_discarded())
-    return make_error(errc::decode_failure, "the status actor answered something that is not JSON");
+  auto snap =
+    ask<status_snapshot>(sys, caf::actor_cast<status_actor>(*handle), atom::status_view_v);
+  if (!snap)
+    return std::move(snap).error();
   // Members and experiments come from the coordinator.
   auto coordinator = connect_coordinator(sys, cmd.coordinator);
   if (!coordinator)
@@ -425,45 +423,49 @@ status run_status(caf::actor_system& sys, const status_command& cmd, std::FILE* 
   auto view = ask<cluster_view>(sys, *coordinator, atom::cluster_view_v);
   if (!view)
     return std::move(view).error();
-  auto cluster = nlohmann::json::parse(cluster_json(*view));
-  j["cluster"] = cluster;
   if (cmd.json) {
+    auto j = nlohmann::json::parse(status_json(*snap));
+    j["cluster"] = nlohmann::json::parse(cluster_json(*view));
     std::fprintf(out, "%s\n", j.dump().c_str());
     return {};
   }
-  for (const auto& p : j["pools"])
-    std::fprintf(out, "pool %s: pointer %s (boot %s)\n", p.value("pool", "?").c_str(),
-                 p.value("pointer", "?").c_str(), p["boot_version"].dump().c_str());
-  if (j["pools"].empty())
+  for (const auto& [pool, p] : snap->pointers)
+    std::fprintf(out, "pool %s: pointer %s (boot %llu)\n", pool.c_str(),
+                 to_string(p.latest).c_str(), static_cast<unsigned long long>(p.boot_version));
+  if (snap->pointers.empty())
     std::fprintf(out, "no run claimed\n");
   std::fprintf(out, "%-24s %-6s %-26s %-11s %10s %10s  %s\n", "replica", "ready", "applied", "sync",
                "stage s", "pause us", "reason");
-  for (const auto& r : j["replicas"]) {
-    auto applied = r["applied"].is_string() ? r["applied"].get<std::string>() : "-";
-    std::fprintf(out, "%-24s %-6s %-26s %-11s %10.3f %10.1f  %s\n",
-                 r.value("replica_id", "?").c_str(), r.value("ready", false) ? "yes" : "no",
-                 applied.c_str(), r.value("sync_state", "?").c_str(),
-                 r["last_update"].value("stage_s", 0.0), r["last_update"].value("pause_us", 0.0),
-                 r.value("reason", "").c_str());
+  size_t in_flight = 0;
+  for (const auto& r : snap->replicas) {
+    const auto& i = r.info;
+    auto applied = i.applied ? to_string(*i.applied) : std::string{"-"};
+    std::fprintf(out, "%-24s %-6s %-26s %-11s %10.3f %10.1f  %s\n", i.replica_id.c_str(),
+                 i.ready ? "yes" : "no", applied.c_str(), std::string{to_string(i.state)}.c_str(),
+                 i.metrics.last_stage_s, i.metrics.last_pause_us, i.reason.c_str());
+    in_flight += i.state == sync_state::fetching || i.state == sync_state::staging
+                 || i.state == sync_state::committing;
   }
-  std::fprintf(out, "transfers in flight: %zu\n", j["transfers"].size());
-  {
-    for (const auto& n : cluster["nodes"])
-      std::fprintf(out, "node %-20s roles %-40s slots %zu\n", n.value("name", "?").c_str(),
-                   n["roles"].dump().c_str(), n["slots"].size());
-    for (const auto& e : cluster["experiments"]) {
-      std::fprintf(out, "experiment %s (pool %s): %zu/%u replicas", e.value("run_id", "?").c_str(),
-                   e.value("pool", "?").c_str(), e["replicas"].size(),
-                   e.value("replicas_wanted", 0u));
-      if (e.contains("last_step"))
-        std::fprintf(out, ", step %s reward %.3f", e["last_step"]["step"].dump().c_str(),
-                     e["last_step"].value("reward", 0.0));
-      if (!e.value("trainer_outcome", "").empty())
-        std::fprintf(out, ", trainer %s", e.value("trainer_outcome", "").c_str());
-      if (!e.value("shortfall", "").empty())
-        std::fprintf(out, " (%s)", e.value("shortfall", "").c_str());
-      std::fprintf(out, "\n");
-    }
+  std::fprintf(out, "transfers in flight: %zu\n", in_flight);
+  for (const auto& n : view->nodes) {
+    std::string roles = "[";
+    for (size_t k = 0; k < n.roles.size(); ++k)
+      roles += (k ? ",\"" : "\"") + n.roles[k] + "\"";
+    roles += "]";
+    std::fprintf(out, "node %-20s roles %-40s slots %zu\n", n.name.c_str(), roles.c_str(),
+                 n.slots.size());
+  }
+  for (const auto& e : view->experiments) {
+    std::fprintf(out, "experiment %s (pool %s): %zu/%u replicas", e.run_id.c_str(), e.pool.c_str(),
+                 e.replicas.size(), static_cast<unsigned>(e.replicas_wanted));
+    if (e.last_step)
+      std::fprintf(out, ", step %llu reward %.3f",
+                   static_cast<unsigned long long>(e.last_step->step), e.last_step->reward);
+    if (!e.trainer_outcome.empty())
+      std::fprintf(out, ", trainer %s", e.trainer_outcome.c_str());
+    if (!e.shortfall.empty())
+      std::fprintf(out, " (%s)", e.shortfall.c_str());
+    std::fprintf(out, "\n");
   }
   return {};
 }

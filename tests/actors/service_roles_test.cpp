@@ -374,9 +374,9 @@ protected:
   nlohmann::json view() {
     self->send(status, atom::status_view_v);
     sched.run();
-    auto text = answer<std::string>();
-    EXPECT_TRUE(text);
-    return nlohmann::json::parse(text.value_or("{}"));
+    auto snapshot = answer<status_snapshot>();
+    EXPECT_TRUE(snapshot);
+    return nlohmann::json::parse(snapshot ? status_json(*snapshot) : "{}");
   }
 
   status_actor status = sys.spawn(status_service, status_options{}, store_actor{});

@@ -157,7 +157,7 @@ TEST_F(store_actor_test, status_shows_every_pool_of_the_store_those_without_repl
   self->send(status, atom::status_view_v);
   settle();
   std::string text;
-  ASSERT_TRUE(next([&](const std::string& s) { text = s; }));
+  ASSERT_TRUE(next([&](const status_snapshot& s) { text = status_json(s); }));
   auto j = nlohmann::json::parse(text);
   std::map<std::string, std::string> pools;
   for (const auto& p : j["pools"])
