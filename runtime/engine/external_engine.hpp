@@ -49,7 +49,7 @@ struct external_engine_options {
 };
 
 /// The Engine port over an external SGLang or vLLM server, through its HTTP
-/// API (the endpoints each dialect uses are listed in `external_engine.cpp`,
+/// API (the endpoints each dialect uses are listed in `external_dialects.cpp`,
 /// with the sources they follow). Targets: SGLang 0.5.6 and later (in_place
 /// pauses; 0.4.9 to 0.5.5 with commit_mode quiesce), both the 2025 routes
 /// (`/get_model_info`, `/get_weight_version`) and the 2026 ones
