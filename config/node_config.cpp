@@ -529,7 +529,8 @@ std::filesystem::path node_config::effective_staging_dir() const {
   return data_dir / "staging";
 }
 
-result<node_config> parse_node_config(std::string_view toml_text, std::string_view origin) {
+result<node_config> parse_node_config(std::string_view toml_text, std::string_view origin,
+                                      bool whole) {
   node_config c;
   std::string problems;
   try {
@@ -539,7 +540,8 @@ result<node_config> parse_node_config(std::string_view toml_text, std::string_vi
     problems += std::string{origin} + ":" + std::to_string(err.source().begin.line) + ": "
                 + std::string{err.description()} + "\n";
   }
-  validate(c, problems);
+  if (whole)
+    validate(c, problems);
   if (!problems.empty()) {
     problems.pop_back();
     return make_error(errc::invalid_argument, problems);

@@ -124,8 +124,11 @@ struct node_config {
 /// Parses a role file. Every problem — syntax, unknown key, wrong type, bad
 /// value, missing companion setting, two roles on one port — is reported in
 /// one `invalid_argument` error, one line each, naming the key path and the
-/// `origin` (file name).
-result<node_config> parse_node_config(std::string_view toml_text, std::string_view origin);
+/// `origin` (file name). `whole` = false leaves out what `validate` checks
+/// across keys, for a file that environment variables and `--set` complete
+/// (the caller validates the result).
+result<node_config> parse_node_config(std::string_view toml_text, std::string_view origin,
+                                      bool whole = true);
 
 /// Applies one `key=value` (dotted key, the value as text) on top of `into`,
 /// typed by the schema; a problem is appended to `problems` as one line.

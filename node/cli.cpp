@@ -46,9 +46,11 @@ result<node_settings> resolve_settings(const node_options& opts) {
       return make_error(errc::invalid_argument, "--config: cannot read " + opts.config_path);
     std::stringstream text;
     text << in.rdbuf();
-    auto parsed = config::parse_node_config(text.str(), opts.config_path);
+    // Checked across keys once the environment and --set have applied. A
+    // file with problems of its own is reported with every problem it has.
+    auto parsed = config::parse_node_config(text.str(), opts.config_path, false);
     if (!parsed)
-      return std::move(parsed).error();
+      return config::parse_node_config(text.str(), opts.config_path).error();
     s = std::move(*parsed);
   }
   for (const auto& key : config::setting_keys()) {

@@ -52,9 +52,9 @@ inline std::string excerpt(std::string_view body) {
 
 /// A JSON POST (or GET with an empty body) through `client`.
 inline result<http_response> call_json(transport::http_client& client, std::string method,
-                                std::string target, const std::string& body,
-                                std::chrono::milliseconds timeout,
-                                const std::function<bool()>& cancelled = {}) {
+                                       std::string target, const std::string& body,
+                                       std::chrono::milliseconds timeout,
+                                       const std::function<bool()>& cancelled = {}) {
   http_request r;
   r.cancelled = cancelled;
   r.method = std::move(method);
@@ -233,8 +233,8 @@ inline std::string folder_of(const version_ref& ref) {
 
 /// `weight_version` as the engine reports it now.
 inline result<std::string> sglang_served_version(transport::http_client& c,
-                                          std::chrono::milliseconds timeout,
-                                          const std::function<bool()>& cancelled) {
+                                                 std::chrono::milliseconds timeout,
+                                                 const std::function<bool()>& cancelled) {
   std::string tried;
   for (const char* route : {"/model_info", "/get_model_info", "/get_weight_version"}) {
     auto r = call_json(c, "GET", route, {}, timeout, cancelled);

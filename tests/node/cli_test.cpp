@@ -1,5 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
 #include "node/cli.hpp"
 
 namespace {
@@ -49,6 +55,26 @@ TEST(cli_settings, the_serving_roles_take_their_keys_from_set_and_the_environmen
   EXPECT_NE(toml.find("affinity_headers = [\"X-A\", \"X-B\"]"), std::string::npos) << toml;
   EXPECT_NE(toml.find("[replica]"), std::string::npos) << toml;
   EXPECT_EQ(toml.find("s3cr3t"), std::string::npos) << "the token is never printed";
+}
+
+TEST(cli_settings, set_completes_a_role_file_before_it_is_checked_across_keys) {
+  auto path = std::filesystem::temp_directory_path()
+              / ("stitch-cli-test-" + std::to_string(::getpid()) + ".toml");
+  {
+    std::ofstream f{path};
+    f << "roles = [\"replica\"]\nreplicas = 1\n";
+  }
+  node_options o;
+  o.config_path = path.string();
+  auto alone = resolve_settings(o);
+  ASSERT_FALSE(alone) << "a replica node must name its coordinator";
+  EXPECT_NE(alone.error().message.find("coordinator.address"), std::string::npos)
+    << alone.error().message;
+  o.overrides = {"coordinator.address=10.0.0.1:4300"};
+  auto completed = resolve_settings(o);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(completed) << completed.error().message;
+  EXPECT_EQ(completed->coordinator_address, "10.0.0.1:4300");
 }
 
 TEST(cli_settings, every_bad_value_is_reported_with_its_key) {
