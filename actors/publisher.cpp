@@ -157,7 +157,10 @@ run_publish(self_ptr self, const publish_args& args, MakeSource make_source) {
       auto source = make_source();
       if (!source)
         return std::move(source).error();
-      return impl->publish(args, **source);
+      auto report = impl->publish(args, **source);
+      if (!report)
+        return std::move(report).error();
+      return pipeline::without_manifest(std::move(*report));
     },
     [self, args](const result<pipeline::publish_report>& outcome) {
       if (outcome)
@@ -433,7 +436,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
         // that arrive later are refused with why it ended.
         error why{errc::invalid_argument, "the publish already ended"};
         if (report) {
-          slot->emplace(std::move(*report));
+          slot->emplace(pipeline::without_manifest(std::move(*report)));
         } else {
           why = report.error();
           slot->emplace(std::move(report).error());

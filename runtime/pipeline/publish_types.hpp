@@ -4,6 +4,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/manifest.hpp"
@@ -52,8 +53,18 @@ struct publish_report {
   std::optional<pointer_record> pointer;
   /// Why this version is a full anchor; empty for a delta.
   std::string reason_for_anchor;
-  /// The manifest published (or that a dry run would publish).
+  /// The manifest published (or that a dry run would publish). In-process
+  /// only: a publisher actor answers without it (`without_manifest`), since
+  /// its clients print the figures above and replicas read manifests from
+  /// the store.
   manifest published;
 };
+
+/// `report` as a publisher actor answers it: the manifest left out.
+inline publish_report without_manifest(publish_report report) {
+  manifest none;
+  std::swap(report.published, none);
+  return report;
+}
 
 } // namespace stitch::pipeline

@@ -174,6 +174,10 @@ protected:
     auto s = answer<pipeline::publish_report>(&err);
     if (!s)
       return "error: " + err;
+    // The answer carries the figures, not the manifest (replicas and
+    // exports read that from the store).
+    EXPECT_GT(s->raw_bytes, 0u);
+    EXPECT_TRUE(s->published.tensor_specs.empty() && s->published.checksums.empty());
     return s->kind == version_kind::full ? "full" : "delta";
   }
 

@@ -259,8 +259,9 @@ def check_live_metrics(bin_dir, documented):
                 problem(f"{url} answered {status}")
                 continue
             for line in text.splitlines():
-                m = re.match(r"^(?:# (?:HELP|TYPE) )?([a-zA-Z_:][a-zA-Z0-9_:]*)", line)
-                if m and (line.startswith("#") is False or line.startswith("# TYPE")):
+                # Samples and the families their TYPE lines name.
+                m = re.match(r"^(?:# TYPE )?([a-zA-Z_:][a-zA-Z0-9_:]*)", line)
+                if m and (not line.startswith("#") or line.startswith("# TYPE ")):
                     shown.add(m.group(1))
         if not any(n.startswith("stitch_") for n in shown):
             problem("the live node's /metrics showed no stitch_ metric")
