@@ -17,6 +17,7 @@ usage: check_reference.py --repo DIR --bin DIR
 import argparse
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -275,6 +276,8 @@ def check_live_metrics(bin_dir, documented):
             node.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main():

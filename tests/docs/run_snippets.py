@@ -30,6 +30,7 @@ usage: run_snippets.py --repo DIR --bin DIR PAGE.md
 import argparse
 import os
 import re
+import shutil
 import shlex
 import signal
 import socket
@@ -215,6 +216,10 @@ class Page:
         self.stop()
         raise SystemExit(f"FAIL {block.where()}: the snippet {why}")
 
+    def clean(self):
+        """The scratch directory goes with the page (checkpoints, a store)."""
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
     def stop(self):
         for proc, log in self.background:
             if proc.poll() is None:
@@ -269,6 +274,7 @@ def main():
             page.run(b)
     finally:
         page.stop()
+        page.clean()
     print(f"{args.page}: every runnable snippet passed")
 
 
