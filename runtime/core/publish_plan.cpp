@@ -6,24 +6,18 @@ namespace stitch {
 
 std::string to_string(publish_mode m) {
   switch (m) {
-    case publish_mode::verify:
-      return "verify";
-    case publish_mode::anchor:
-      return "anchor";
-    case publish_mode::delta:
-      return "delta";
+    case publish_mode::verify: return "verify";
+    case publish_mode::anchor: return "anchor";
+    case publish_mode::delta: return "delta";
   }
   return "unknown";
 }
 
 std::string to_string(pointer_step s) {
   switch (s) {
-    case pointer_step::none:
-      return "none";
-    case pointer_step::advance:
-      return "advance";
-    case pointer_step::claim:
-      return "claim";
+    case pointer_step::none: return "none";
+    case pointer_step::advance: return "advance";
+    case pointer_step::claim: return "claim";
   }
   return "unknown";
 }

@@ -120,6 +120,8 @@ public:
 
 private:
   struct job;
+  /// One `stage` call's steps (builtin_stage.cpp).
+  struct stage_job;
 
   /// Staged weights (they hold their tensors), waiting for `commit`.
   struct shadow {

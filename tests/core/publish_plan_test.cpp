@@ -123,8 +123,7 @@ TEST(publish_plan, a_changed_tensor_begins_with_the_zeros_of_its_unchanged_start
 
 TEST(publish_plan, a_change_in_the_first_chunk_has_no_leading_zeros) {
   delta_tensor_coder c;
-  EXPECT_EQ(list(c.chunk(8, false)),
-            (std::vector<delta_effect>{{k::begin, 0}, {k::xor_bytes, 8}}));
+  EXPECT_EQ(list(c.chunk(8, false)), (std::vector<delta_effect>{{k::begin, 0}, {k::xor_bytes, 8}}));
 }
 
 TEST(publish_plan, the_pointer_is_claimed_only_for_a_new_run_anchor) {
