@@ -1,7 +1,9 @@
 #include "actors/replica.hpp"
-#include "actors/peer_offer.hpp"
 
 #include <caf/all.hpp>
+
+#include "actors/peer_offer.hpp"
+#include "actors/replica_internal.hpp"
 
 #include <algorithm>
 
@@ -13,9 +15,7 @@
 
 namespace stitch {
 
-namespace {
-
-using self_ptr = replica_actor::stateful_pointer<replica_state>;
+namespace replica_detail {
 namespace rfx = reconcile_effects;
 namespace qfx = request_effects;
 
@@ -96,11 +96,7 @@ std::pair<replica_answer, caf::error> answer_of(result<engine_reply> out) {
   return {std::move(r), caf::error{}};
 }
 
-void apply(self_ptr self, std::vector<reconcile_effect> effects);
 void carry(self_ptr self, std::vector<request_effect> effects);
-void profile_progress(self_ptr self);
-void renew_lease(self_ptr self);
-void publish_state(self_ptr self);
 
 void answer(self_ptr self, request_id id, replica_answer reply) {
   reply.replica_id = self->state.opts.replica_id;
@@ -406,174 +402,214 @@ void carry(self_ptr self, std::vector<request_effect> decided) {
   publish_state(self);
 }
 
-caf::error profile_refusal(errc code, std::string message) {
-  return to_caf_error(error{code, std::move(message)});
-}
-
-/// The checksum verdict on what the engine serves after a profile step: its
-/// every tensor hashed against `target`'s manifest when its weights are in
-/// host memory; otherwise what the stage verified.
-void judge_served(profile_step& out, engine_port& engine, tensor_source& bytes) {
-  auto view = engine.host_view();
-  if (!view) {
-    out.checksum_basis = "staged tensors";
-    out.checksum_ok = true;
-    out.checksum_detail = "the engine's weights are not readable from the host; every tensor "
-                          "the stage wrote was verified against the manifest before activation";
-    return;
-  }
-  out.checksum_basis = "served weights";
-  if (view->version != out.target) {
-    out.checksum_detail = "the engine serves " + to_string(view->version);
-    return;
-  }
-  auto m = bytes.manifest_of(out.target);
-  if (!m) {
-    out.checksum_detail = "reading the manifest failed: " + to_string(m.error());
-    return;
-  }
-  uint64_t hashed = 0;
-  for (const auto& t : view->tensors) {
-    auto expected = m->checksums.find(t.name);
-    if (expected == m->checksums.end()) {
-      out.checksum_detail = "the engine serves tensor '" + t.name + "', which the manifest lacks";
-      return;
-    }
-    if (uint64_t got = gpu::parallel_tree_checksum(t.bytes); got != expected->second) {
-      out.checksum_detail = "tensor '" + t.name + "' has checksum " + checksum::to_hex(got)
-                            + " but the manifest says " + checksum::to_hex(expected->second);
-      return;
-    }
-    hashed += t.bytes.size();
-  }
-  if (view->tensors.size() != m->checksums.size()) {
-    out.checksum_detail = "the engine serves " + std::to_string(view->tensors.size())
-                          + " tensors; the manifest has " + std::to_string(m->checksums.size());
-    return;
-  }
-  out.checksum_ok = true;
-  out.checksum_detail =
-    std::to_string(view->tensors.size()) + " tensors, " + std::to_string(hashed) + " bytes hashed";
-}
-
-/// A profile step's pass ended: what it did, then the verdict (on the
-/// worker, after whatever the pass posted there).
-void finish_step(self_ptr self) {
-  auto& st = self->state;
-  auto& r = *st.profile->running;
-  const auto& applied = st.rec.applied();
-  if (!applied || *applied != r.target) {
-    auto why = st.rec.snapshot().reason;
-    r.promise.deliver(profile_refusal(errc::engine_unavailable,
-                                      st.opts.replica_id + " did not reach " + to_string(r.target)
-                                        + "; it serves "
-                                        + (applied ? to_string(*applied) : std::string{"nothing"})
-                                        + (why.empty() ? std::string{} : " (" + why + ")")));
-    st.profile->running.reset();
-    return;
-  }
-  const auto& m = st.rec.metrics();
-  profile_step out;
-  out.target = r.target;
-  out.from = r.from;
-  out.activated = m.commits_total > r.before.commits_total;
-  if (out.activated || m.skipped_activations_total > r.before.skipped_activations_total)
-    out.folded = m.last_folded;
-  out.reset = out.activated && r.from && r.from->run_id != r.target.run_id;
-  if (m.stages_total > r.before.stages_total) {
-    out.stage_s = std::chrono::duration<double>(m.last_stage).count();
-    out.fetch_s = st.last_fetch.fetch_s;
-    out.decode_s = st.last_fetch.decode_s;
-    out.verify_s = st.last_fetch.verify_s;
-    out.rest_s = std::max(0.0, out.stage_s - out.fetch_s - out.decode_s - out.verify_s);
-  }
-  if (out.activated) {
-    out.drain_ms = st.counters.last_drain_ms;
-    out.pause_us = st.counters.last_pause_us;
-  }
-  out.total_s = std::chrono::duration<double>(since(r.began)).count();
-  auto moved = fetched_between(r.bytes_before, st.bytes->snapshot());
-  out.bytes_from_store = moved.from_store;
-  for (const auto& [source, n] : moved.from_peers)
-    out.bytes_from_peers += n;
-  r.verifying = true;
-  st.deps.reconcile_worker->post([handle = caf::actor_cast<replica_actor>(self), engine = st.engine,
-                                  bytes = st.bytes, id = r.id, out = std::move(out)]() mutable {
-    judge_served(out, *engine, *bytes);
-    caf::anon_send(handle, atom::profile_v, id, std::move(out));
-  });
-}
-
-/// Moves a profile on whenever the replica may have become quiet: the
-/// begin once nothing runs, a step once its pass ended, the way home.
-void profile_progress(self_ptr self) {
-  auto& st = self->state;
-  if (!st.profile)
-    return;
-  auto& p = *st.profile;
-  const bool quiet = !st.rec.busy() && !st.pending_commit;
-  if (!p.started) {
-    if (!p.begin || !st.requests.empty() || st.lane->unanswered() > 0 || !quiet)
-      return;
-    auto promise = std::move(*p.begin);
-    p.begin.reset();
-    if (auto ok = st.rec.retarget(true); !ok) {
-      st.lane->put_back();
-      st.profile.reset();
-      promise.deliver(to_caf_error(ok.error()));
-      return;
-    }
-    st.opts.pool = p.pool;
-    st.bytes->retarget(st.deps.source_for(p.pool));
-    p.started = true;
-    log::info("replica", st.opts.replica_id + " follows scratch pool " + p.pool
-                           + " for a profile (out of rotation)");
-    renew_lease(self);
-    promise.deliver(describe(st));
-    return;
-  }
-  if (p.ending) {
-    if (!quiet || p.running)
-      return;
-    if (!p.returned) {
-      p.returned = true;
-      (void) st.rec.retarget(false);
-      st.opts.pool = p.home_pool;
-      st.bytes->retarget(st.deps.source_for(p.home_pool));
-      // Nothing is admitted on the scratch weights: serving resumes when a
-      // pass catches up with the replica's own pool.
-      st.lane->stop_serving("returning to pool " + p.home_pool + " after a profile");
-      st.lane->put_back();
-      log::info("replica", st.opts.replica_id + " returns to pool " + p.home_pool);
-      apply(self, st.rec.on_trigger(trigger::wake));
-      return;
-    }
-    auto promise = std::move(p.end);
-    st.profile.reset();
-    if (promise)
-      promise->deliver(describe(st));
-    return;
-  }
-  if (p.running && !p.running->verifying && quiet)
-    finish_step(self);
-}
-
-/// Renews the profile's lease: it runs out `profile_lease` from now unless
-/// a step renews it again.
-void renew_lease(self_ptr self) {
-  auto& st = self->state;
-  if (!st.profile || st.opts.profile_lease.count() <= 0)
-    return;
-  self->delayed_send(self, st.opts.profile_lease, atom::profile_v, atom::tick_v,
-                     ++st.profile->lease);
-}
-
 void arm_backstop(self_ptr self) {
   if (self->state.opts.backstop.count() > 0)
     self->delayed_send(self, self->state.opts.backstop, atom::tick_v);
 }
 
-} // namespace
+/// A request from a gateway (or another node): checked, then admitted by the
+/// lifecycle or refused.
+caf::result<replica_answer> on_generate(self_ptr self, replica_call& call) {
+  auto& st = self->state;
+  // Before the promise: making it takes the sender out of the message.
+  auto caller = caf::actor_cast<caf::actor>(self->current_sender());
+  auto promise = self->make_response_promise<replica_answer>();
+  auto refuse = [&](http_failure why, std::string message) {
+    auto a = answer_of(make_http_error(why, std::move(message)));
+    a.replica_id = st.opts.replica_id;
+    promise.deliver(std::move(a));
+    return promise;
+  };
+  if (st.by_key.contains({caller.address(), call.key}))
+    return refuse(http_failure::bad_request,
+                  "request key " + std::to_string(call.key) + " is already in flight");
+  const auto kind =
+    is_versioned_route(call.route) ? request_kind::versioned : request_kind::passthrough;
+  if (kind == request_kind::versioned) {
+    // Parsed by the surface that received it; checked again as input
+    // from another node.
+    if (auto ok = merge(call.c, constraint{}); !ok)
+      return refuse(http_failure::bad_request, ok.error().message);
+  } else if (route_blocked(st.engine->blocked_routes(), call.route)) {
+    return refuse(http_failure::route_blocked,
+                  "route " + call.route + " controls the engine; Stitch owns it");
+  }
+  request_id id = st.lane->next_id();
+  st.by_key.emplace(std::pair{caller.address(), call.key}, id);
+  auto c = call.c;
+  replica_state::request r;
+  r.call = std::move(call);
+  r.promise = promise;
+  r.caller = std::move(caller);
+  st.requests.emplace(id, std::move(r));
+  carry(self, st.lane->arrive(id, kind, c, now_of(self)));
+  return promise;
+}
+
+/// Out of rotation, draining; a second retire (the drain deadline) leaves now.
+void on_retire(self_ptr self) {
+  auto& st = self->state;
+  if (st.lane->retiring()) {
+    // The drain deadline passed (or a second retire): leave now.
+    log::warn("replica", st.opts.replica_id + " leaves with "
+                           + std::to_string(st.requests.size() + st.lane->unanswered())
+                           + " request(s) unfinished");
+    self->quit(caf::exit_reason::user_shutdown);
+    return;
+  }
+  st.lane->retire();
+  st.lane->watch_idle(true);
+  const size_t running = st.requests.size() + st.lane->unanswered();
+  log::info("replica", st.opts.replica_id + " retiring: out of rotation, draining "
+                         + std::to_string(running) + " request(s)");
+  publish_state(self);
+  if (running == 0) {
+    self->quit();
+    return;
+  }
+  self->delayed_send(self, st.opts.drain_timeout, atom::retire_v);
+}
+
+/// A watcher is told of every change of what routing depends on.
+void on_subscribe(self_ptr self, replica_watcher_actor& who) {
+  auto& st = self->state;
+  self->monitor(who);
+  // A watcher subscribing again (after a coordinator restart) is told
+  // once, through the handle it sent last.
+  auto same = std::find_if(st.subscribers.begin(), st.subscribers.end(),
+                           [&](const auto& s) { return s.address() == who.address(); });
+  if (same != st.subscribers.end())
+    *same = who;
+  else
+    st.subscribers.push_back(who);
+  caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, describe(st));
+}
+
+/// A lease on the served weights for a peer to read.
+caf::result<peer_offer> on_offer(self_ptr self, const version_ref& version) {
+  auto& st = self->state;
+  if (!st.deps.holder)
+    return to_caf_error(
+      error{errc::not_found, st.opts.replica_id + " serves no peers (" + st.deps.transport + ")"});
+  auto o = st.deps.holder->lease(version);
+  if (!o)
+    return to_caf_error(o.error());
+  return to_peer_offer(*o);
+}
+
+/// A stage ended on the reconcile worker.
+void on_staged(self_ptr self, const work_report& r) {
+  auto& st = self->state;
+  auto outcome = status_of(self, r);
+  st.last_fetch = r.fetched;
+  for (const auto& [source, n] : r.fetched.from_peers)
+    st.counters.bytes_from_peers_total += n;
+  if (!r.fetched.from_peers.empty() || !r.fetched.problems.empty()) {
+    std::string from;
+    for (const auto& [source, n] : r.fetched.from_peers)
+      from += " " + source + " " + std::to_string(n >> 20) + " MiB;";
+    log::info(
+      "replica",
+      st.opts.replica_id + " staged " + to_string(r.version)
+        + " from peers:" + (from.empty() ? " none;" : from) + " store "
+        + std::to_string(r.fetched.from_store >> 20) + " MiB"
+        + (r.fetched.problems.empty() ? std::string{} : " (" + r.fetched.problems.front() + ")"));
+  }
+  if (!outcome && outcome.error().code == errc::checksum_mismatch)
+    ++st.counters.checksum_failures_total;
+  if (!outcome)
+    log::warn("replica", st.opts.replica_id + " staging " + to_string(r.version)
+                           + " failed (serving weights untouched; retried on the next "
+                             "trigger): "
+                           + to_string(outcome.error()));
+  apply(self, st.rec.on_staged(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
+}
+
+/// A commit ended on the reconcile worker.
+void on_committed(self_ptr self, const work_report& r) {
+  auto& st = self->state;
+  if (!st.pending_commit || st.pending_commit->op != r.op)
+    return;
+  st.pending_commit.reset();
+  auto outcome = status_of(self, r);
+  auto now = now_of(self);
+  if (outcome) {
+    double pause =
+      std::chrono::duration<double, std::micro>(std::chrono::nanoseconds{r.nanos}).count();
+    st.counters.last_pause_us = pause;
+    st.counters.max_pause_us = std::max(st.counters.max_pause_us, pause);
+    st.lane->set_run(r.version.run_id);
+    carry(self, st.lane->end_commit(r.version.version, now));
+    expose_served(st, st.engine);
+    apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
+    auto m = describe(st).metrics;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  " activated %s: folded %llu, stage %.3f s, drain %.2f ms, pause %.1f us",
+                  to_string(r.version).c_str(), static_cast<unsigned long long>(m.last_folded),
+                  m.last_stage_s, m.last_drain_ms, pause);
+    log::info("replica", st.opts.replica_id + line);
+    return;
+  }
+  log::error("replica", st.opts.replica_id + " activating " + to_string(r.version)
+                          + " failed; rebuilding the engine: " + to_string(outcome.error()));
+  apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
+  // The engine's weights are uncertain: nothing may finish on them.
+  carry(self, st.lane->activation_failed(now));
+}
+
+/// A rebuild of the engine ended.
+void on_rebuilt(self_ptr self, const work_report& r) {
+  auto& st = self->state;
+  auto outcome = status_of(self, r);
+  if (outcome && st.rebuilt_engine && *st.rebuilt_engine) {
+    st.engine = std::move(*st.rebuilt_engine);
+    st.lane->set_engine(st.engine);
+    st.rebuilt_engine.reset();
+    ++st.counters.rebuilds_total;
+    log::info("replica", st.opts.replica_id + " rebuilt its engine at " + to_string(r.version));
+    expose_served(st, st.engine);
+    apply(self, st.rec.on_rebuilt(r.op, r.version));
+    return;
+  }
+  apply(self, st.rec.on_rebuilt(
+                r.op, outcome ? error{errc::engine_unavailable, "rebuild produced no engine"}
+                              : outcome.error()));
+}
+
+/// The request lane left effects for the actor, or fell idle.
+void on_lane_work(self_ptr self) {
+  auto& st = self->state;
+  carry(self, st.lane->take_left());
+  if (st.profile && !st.profile->started)
+    profile_progress(self);
+  if (st.lane->retiring() && st.requests.empty() && st.lane->unanswered() == 0) {
+    log::info("replica", st.opts.replica_id + " drained; leaving");
+    self->quit();
+    return;
+  }
+  st.lane->watch_idle(st.lane->retiring() || (st.profile && !st.profile->started));
+}
+
+/// The engine answered a request of the actor's.
+void on_generated(self_ptr self, uint64_t id, replica_answer& reply, const caf::error& err,
+                  const caf::optional<uint64_t>& last_token_version) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end())
+    return;
+  engine_outcome outcome;
+  if (err)
+    outcome.failed = from_caf_error(self->system(), err);
+  else
+    outcome.ok = reply.status == 200;
+  if (last_token_version)
+    outcome.last_token_version = *last_token_version;
+  it->second.reply = std::move(reply);
+  carry(self, st.lane->engine_done(id, outcome, now_of(self)));
+}
+
+} // namespace replica_detail
 
 replica_answer answer_of(const http_error& e) {
   replica_answer a;
@@ -652,11 +688,15 @@ replica_info describe(const replica_state& st) {
   return info;
 }
 
-namespace {
+namespace replica_detail {
 
 replica_actor::behavior_type behavior(self_ptr self);
 
-} // namespace
+} // namespace replica_detail
+
+using replica_detail::arm_backstop;
+using replica_detail::behavior;
+using replica_detail::reconcile_now;
 
 replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<replica_state> self,
                                              replica_options opts, replica_deps deps) {
@@ -694,45 +734,12 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
   return behavior(self);
 }
 
-namespace {
+namespace replica_detail {
 
 replica_actor::behavior_type behavior(self_ptr self) {
   return {
     [self](atom::generate, replica_call& call) -> caf::result<replica_answer> {
-      auto& st = self->state;
-      // Before the promise: making it takes the sender out of the message.
-      auto caller = caf::actor_cast<caf::actor>(self->current_sender());
-      auto promise = self->make_response_promise<replica_answer>();
-      auto refuse = [&](http_failure why, std::string message) {
-        auto a = answer_of(make_http_error(why, std::move(message)));
-        a.replica_id = st.opts.replica_id;
-        promise.deliver(std::move(a));
-        return promise;
-      };
-      if (st.by_key.contains({caller.address(), call.key}))
-        return refuse(http_failure::bad_request,
-                      "request key " + std::to_string(call.key) + " is already in flight");
-      const auto kind =
-        is_versioned_route(call.route) ? request_kind::versioned : request_kind::passthrough;
-      if (kind == request_kind::versioned) {
-        // Parsed by the surface that received it; checked again as input
-        // from another node.
-        if (auto ok = merge(call.c, constraint{}); !ok)
-          return refuse(http_failure::bad_request, ok.error().message);
-      } else if (route_blocked(st.engine->blocked_routes(), call.route)) {
-        return refuse(http_failure::route_blocked,
-                      "route " + call.route + " controls the engine; Stitch owns it");
-      }
-      request_id id = st.lane->next_id();
-      st.by_key.emplace(std::pair{caller.address(), call.key}, id);
-      auto c = call.c;
-      replica_state::request r;
-      r.call = std::move(call);
-      r.promise = promise;
-      r.caller = std::move(caller);
-      st.requests.emplace(id, std::move(r));
-      carry(self, st.lane->arrive(id, kind, c, now_of(self)));
-      return promise;
+      return on_generate(self, call);
     },
     [self](atom::cancel, uint64_t key) {
       auto& st = self->state;
@@ -741,146 +748,21 @@ replica_actor::behavior_type behavior(self_ptr self) {
         return;
       carry(self, st.lane->cancel(k->second, now_of(self)));
     },
-    [self](atom::retire) {
-      auto& st = self->state;
-      if (st.lane->retiring()) {
-        // The drain deadline passed (or a second retire): leave now.
-        log::warn("replica", st.opts.replica_id + " leaves with "
-                               + std::to_string(st.requests.size() + st.lane->unanswered())
-                               + " request(s) unfinished");
-        self->quit(caf::exit_reason::user_shutdown);
-        return;
-      }
-      st.lane->retire();
-      st.lane->watch_idle(true);
-      const size_t running = st.requests.size() + st.lane->unanswered();
-      log::info("replica", st.opts.replica_id + " retiring: out of rotation, draining "
-                             + std::to_string(running) + " request(s)");
-      publish_state(self);
-      if (running == 0) {
-        self->quit();
-        return;
-      }
-      self->delayed_send(self, st.opts.drain_timeout, atom::retire_v);
-    },
+    [self](atom::retire) { on_retire(self); },
     [self](atom::wake) { reconcile_now(self, trigger::wake); },
     [self](atom::profile, const std::string& pool, bool take_out) -> caf::result<replica_info> {
-      auto& st = self->state;
-      const auto& id = st.opts.replica_id;
-      if (st.profile)
-        return profile_refusal(errc::conflict, id + " is being profiled already");
-      if (st.lane->retiring())
-        return profile_refusal(errc::engine_unavailable, id + " is retiring");
-      if (st.rec.terminal())
-        return profile_refusal(errc::engine_unavailable,
-                               id + " has a failed engine: " + st.rec.snapshot().terminal_error);
-      if (!st.deps.source_for)
-        return profile_refusal(errc::invalid_argument,
-                               id + " cannot read another pool's bytes, so it cannot be profiled");
-      if (pool.empty() || pool == st.opts.pool)
-        return profile_refusal(errc::invalid_argument,
-                               "the scratch pool must be named and differ from the replica's own");
-      if (auto info = describe(st); info.ready && !take_out)
-        return profile_refusal(errc::conflict, in_rotation_refusal(info));
-      st.lane->take_out("out of rotation: profiling");
-      st.lane->watch_idle(true);
-      auto promise = self->make_response_promise<replica_info>();
-      auto& p = st.profile.emplace();
-      p.home_pool = st.opts.pool;
-      p.pool = pool;
-      p.begin = promise;
-      log::info("replica", id + " taken out of rotation for a profile; draining "
-                             + std::to_string(st.requests.size()) + " request(s)");
-      publish_state(self);
-      profile_progress(self);
-      return promise;
+      return begin_profile(self, pool, take_out);
     },
     [self](atom::profile, const version_ref& target) -> caf::result<profile_step> {
-      auto& st = self->state;
-      if (!st.profile || !st.profile->started || st.profile->ending)
-        return profile_refusal(errc::invalid_argument,
-                               st.opts.replica_id + " is not following a scratch pool");
-      if (st.profile->running)
-        return profile_refusal(errc::conflict, "a profile step is running already");
-      auto& r = st.profile->running.emplace();
-      r.id = ++st.profile->steps;
-      r.promise = self->make_response_promise<profile_step>();
-      r.target = target;
-      r.from = st.rec.applied();
-      r.began = std::chrono::steady_clock::now();
-      r.before = st.rec.metrics();
-      r.bytes_before = st.bytes->snapshot();
-      auto promise = r.promise;
-      apply(self, st.rec.on_trigger(trigger::wake));
-      return promise;
+      return begin_step(self, target);
     },
-    [self](atom::profile, uint64_t step, profile_step& out) {
-      auto& p = self->state.profile;
-      if (!p || !p->running || p->running->id != step)
-        return;
-      auto promise = std::move(p->running->promise);
-      p->running.reset();
-      renew_lease(self);
-      promise.deliver(std::move(out));
-    },
-    [self](atom::profile, atom::tick, uint64_t lease) {
-      auto& st = self->state;
-      auto& p = st.profile;
-      if (!p || !p->started || p->ending || p->running || p->lease != lease)
-        return;
-      log::warn("replica", st.opts.replica_id + " profile abandoned (no step for "
-                             + std::to_string(st.opts.profile_lease.count() / 1000)
-                             + " s); back to pool " + p->home_pool);
-      p->ending = true;
-      profile_progress(self);
-      publish_state(self);
-    },
-    [self](atom::profile, atom::done) -> caf::result<replica_info> {
-      auto& st = self->state;
-      if (!st.profile || st.profile->ending)
-        return profile_refusal(errc::invalid_argument,
-                               st.opts.replica_id + " is not being profiled");
-      auto promise = self->make_response_promise<replica_info>();
-      if (!st.profile->started) {
-        // Still draining for the begin: call it off.
-        if (st.profile->begin)
-          st.profile->begin->deliver(
-            profile_refusal(errc::engine_unavailable, "the profile was called off"));
-        st.profile.reset();
-        st.lane->put_back();
-        promise.deliver(describe(st));
-        publish_state(self);
-        return promise;
-      }
-      st.profile->ending = true;
-      st.profile->end = promise;
-      profile_progress(self);
-      publish_state(self);
-      return promise;
-    },
+    [self](atom::profile, uint64_t step, profile_step& out) { step_judged(self, step, out); },
+    [self](atom::profile, atom::tick, uint64_t lease) { lease_ran_out(self, lease); },
+    [self](atom::profile, atom::done) -> caf::result<replica_info> { return end_profile(self); },
     [self](atom::server_info) -> replica_info { return describe(self->state); },
-    [self](atom::subscribe, replica_watcher_actor& who) {
-      auto& st = self->state;
-      self->monitor(who);
-      // A watcher subscribing again (after a coordinator restart) is told
-      // once, through the handle it sent last.
-      auto same = std::find_if(st.subscribers.begin(), st.subscribers.end(),
-                               [&](const auto& s) { return s.address() == who.address(); });
-      if (same != st.subscribers.end())
-        *same = who;
-      else
-        st.subscribers.push_back(who);
-      caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, describe(st));
-    },
+    [self](atom::subscribe, replica_watcher_actor& who) { on_subscribe(self, who); },
     [self](atom::offer, const version_ref& version) -> caf::result<peer_offer> {
-      auto& st = self->state;
-      if (!st.deps.holder)
-        return to_caf_error(error{errc::not_found, st.opts.replica_id + " serves no peers ("
-                                                     + st.deps.transport + ")"});
-      auto o = st.deps.holder->lease(version);
-      if (!o)
-        return to_caf_error(o.error());
-      return to_peer_offer(*o);
+      return on_offer(self, version);
     },
     [self](atom::release, uint64_t lease) {
       if (self->state.deps.holder)
@@ -900,111 +782,17 @@ replica_actor::behavior_type behavior(self_ptr self) {
       carry(self, st.lane->tick(now_of(self)));
       arm_drain_timer(self);
     },
-    [self](atom::staged, const work_report& r) {
-      auto& st = self->state;
-      auto outcome = status_of(self, r);
-      st.last_fetch = r.fetched;
-      for (const auto& [source, n] : r.fetched.from_peers)
-        st.counters.bytes_from_peers_total += n;
-      if (!r.fetched.from_peers.empty() || !r.fetched.problems.empty()) {
-        std::string from;
-        for (const auto& [source, n] : r.fetched.from_peers)
-          from += " " + source + " " + std::to_string(n >> 20) + " MiB;";
-        log::info("replica",
-                  st.opts.replica_id + " staged " + to_string(r.version)
-                    + " from peers:" + (from.empty() ? " none;" : from) + " store "
-                    + std::to_string(r.fetched.from_store >> 20) + " MiB"
-                    + (r.fetched.problems.empty() ? std::string{}
-                                                  : " (" + r.fetched.problems.front() + ")"));
-      }
-      if (!outcome && outcome.error().code == errc::checksum_mismatch)
-        ++st.counters.checksum_failures_total;
-      if (!outcome)
-        log::warn("replica", st.opts.replica_id + " staging " + to_string(r.version)
-                               + " failed (serving weights untouched; retried on the next "
-                                 "trigger): "
-                               + to_string(outcome.error()));
-      apply(self, st.rec.on_staged(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
-    },
-    [self](atom::committed, const work_report& r) {
-      auto& st = self->state;
-      if (!st.pending_commit || st.pending_commit->op != r.op)
-        return;
-      st.pending_commit.reset();
-      auto outcome = status_of(self, r);
-      auto now = now_of(self);
-      if (outcome) {
-        double pause =
-          std::chrono::duration<double, std::micro>(std::chrono::nanoseconds{r.nanos}).count();
-        st.counters.last_pause_us = pause;
-        st.counters.max_pause_us = std::max(st.counters.max_pause_us, pause);
-        st.lane->set_run(r.version.run_id);
-        carry(self, st.lane->end_commit(r.version.version, now));
-        expose_served(st, st.engine);
-        apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
-        auto m = describe(st).metrics;
-        char line[256];
-        std::snprintf(line, sizeof line,
-                      " activated %s: folded %llu, stage %.3f s, drain %.2f ms, pause %.1f us",
-                      to_string(r.version).c_str(), static_cast<unsigned long long>(m.last_folded),
-                      m.last_stage_s, m.last_drain_ms, pause);
-        log::info("replica", st.opts.replica_id + line);
-        return;
-      }
-      log::error("replica", st.opts.replica_id + " activating " + to_string(r.version)
-                              + " failed; rebuilding the engine: " + to_string(outcome.error()));
-      apply(self, st.rec.on_committed(r.op, outcome, std::chrono::nanoseconds{r.nanos}));
-      // The engine's weights are uncertain: nothing may finish on them.
-      carry(self, st.lane->activation_failed(now));
-    },
-    [self](atom::rebuilt, const work_report& r) {
-      auto& st = self->state;
-      auto outcome = status_of(self, r);
-      if (outcome && st.rebuilt_engine && *st.rebuilt_engine) {
-        st.engine = std::move(*st.rebuilt_engine);
-        st.lane->set_engine(st.engine);
-        st.rebuilt_engine.reset();
-        ++st.counters.rebuilds_total;
-        log::info("replica", st.opts.replica_id + " rebuilt its engine at " + to_string(r.version));
-        expose_served(st, st.engine);
-        apply(self, st.rec.on_rebuilt(r.op, r.version));
-        return;
-      }
-      apply(self, st.rec.on_rebuilt(
-                    r.op, outcome ? error{errc::engine_unavailable, "rebuild produced no engine"}
-                                  : outcome.error()));
-    },
-    [self](atom::lane_work) {
-      auto& st = self->state;
-      carry(self, st.lane->take_left());
-      if (st.profile && !st.profile->started)
-        profile_progress(self);
-      if (st.lane->retiring() && st.requests.empty() && st.lane->unanswered() == 0) {
-        log::info("replica", st.opts.replica_id + " drained; leaving");
-        self->quit();
-        return;
-      }
-      st.lane->watch_idle(st.lane->retiring() || (st.profile && !st.profile->started));
-    },
+    [self](atom::staged, const work_report& r) { on_staged(self, r); },
+    [self](atom::committed, const work_report& r) { on_committed(self, r); },
+    [self](atom::rebuilt, const work_report& r) { on_rebuilt(self, r); },
+    [self](atom::lane_work) { on_lane_work(self); },
     [self](atom::generated, uint64_t id, replica_answer& reply, caf::error& err,
            const caf::optional<uint64_t>& last_token_version) {
-      auto& st = self->state;
-      auto it = st.requests.find(id);
-      if (it == st.requests.end())
-        return;
-      engine_outcome outcome;
-      if (err)
-        outcome.failed = from_caf_error(self->system(), err);
-      else
-        outcome.ok = reply.status == 200;
-      if (last_token_version)
-        outcome.last_token_version = *last_token_version;
-      it->second.reply = std::move(reply);
-      carry(self, st.lane->engine_done(id, outcome, now_of(self)));
+      on_generated(self, id, reply, err, last_token_version);
     },
   };
 }
 
-} // namespace
+} // namespace replica_detail
 
 } // namespace stitch
