@@ -262,56 +262,330 @@ peer_holder_actor holder_handle(const coordinator_state& st, const std::string& 
   return {};
 }
 
+std::vector<holder_entry> on_lookup_holders(self_ptr self, const std::string& pool,
+                                            const version_ref& version, const std::string& receiver,
+                                            const std::string& receiver_node) {
+  auto& st = self->state;
+  std::vector<holder_entry> chosen;
+  for (const auto& pick : st.holders.begin_fetch(receiver, receiver_node, pool, version)) {
+    auto handle = holder_handle(st, pick.holder);
+    if (!handle)
+      continue;
+    chosen.push_back({pick.holder, pick.node, std::move(handle), pick.backup, pick.partial});
+  }
+  return chosen;
+}
+
+caf::result<replica_actor> on_profile(self_ptr self, const std::string& id,
+                                      const std::string& token) {
+  auto& st = self->state;
+  if (!token_matches(st.opts.admin_token, token))
+    return unauthorized("profiling a replica");
+  if (auto r = st.replicas.find(id); r != st.replicas.end())
+    return r->second;
+  std::string known;
+  for (const auto& [name, r] : st.replicas)
+    known += (known.empty() ? "" : ", ") + name;
+  for (const auto& [addr, r] : st.standalone_replicas) {
+    if (r.info && r.info->replica_id == id)
+      return r.handle;
+    if (r.info)
+      known += (known.empty() ? "" : ", ") + r.info->replica_id;
+  }
+  return refused(errc::not_found, "no replica named " + id + " ("
+                                    + (known.empty() ? "none is up" : "up: " + known) + ")");
+}
+
+void on_replica_state(self_ptr self, replica_info& info) {
+  auto& st = self->state;
+  if (auto it =
+        st.standalone_replicas.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+      it != st.standalone_replicas.end()) {
+    st.holders.holds(info.replica_id, member_on(st, it->second.handle.node()), it->second.pool,
+                     info.applied);
+    it->second.info = std::move(info);
+    return;
+  }
+  auto placed = st.plan.placements().find(info.replica_id);
+  if (placed == st.plan.placements().end())
+    return;
+  st.holders.holds(info.replica_id, placed->second.node, placed->second.pool, info.applied);
+  auto& known = st.infos[info.replica_id];
+  bool moved = known.applied != info.applied || known.ready != info.ready;
+  known = std::move(info);
+  if (moved)
+    publish_view(self);
+}
+
+void on_enroll_role(self_ptr self, const std::string& role, const caf::actor& handle) {
+  self->monitor(handle);
+  auto& handles = self->state.roles[role];
+  if (std::find(handles.begin(), handles.end(), handle) != handles.end())
+    return;
+  handles.push_back(handle);
+  // A gateway or status actor that comes late learns the replicas up so far.
+  for (const auto& [id, replica] : self->state.replicas) {
+    const auto& pool = self->state.plan.placements().at(id).pool;
+    if (role == "gateway")
+      caf::anon_send(caf::actor_cast<gateway_actor>(handle), atom::enroll_v, pool, replica);
+    else if (role == "status")
+      caf::anon_send(caf::actor_cast<status_actor>(handle), atom::enroll_v, pool, replica);
+  }
+  if (role == "status")
+    publish_view(self);
+}
+
+std::vector<version_ref> on_in_use(self_ptr self, const std::string& pool) {
+  auto& st = self->state;
+  std::vector<replica_holdings> holdings;
+  auto add = [&](const replica_info& i) {
+    bool moving = i.state == sync_state::fetching || i.state == sync_state::staging
+                  || i.state == sync_state::committing;
+    holdings.push_back({i.applied, moving ? i.pointer : std::nullopt});
+  };
+  for (const auto& [id, info] : st.infos)
+    if (auto p = st.plan.placements().find(id);
+        p != st.plan.placements().end() && p->second.pool == pool)
+      add(info);
+  for (const auto& [addr, r] : st.standalone_replicas)
+    if (r.pool == pool && r.info)
+      add(*r.info);
+  auto used = versions_in_use(holdings);
+  return std::vector<version_ref>{used.begin(), used.end()};
+}
+
+caf::result<uint64_t> on_join(self_ptr self, member_info& info, member_holdings& running,
+                              const node_agent_actor& agent) {
+  auto& st = self->state;
+  std::string name = info.name;
+  auto fx = st.plan.join(std::move(info), std::move(running));
+  if (!fx)
+    return to_caf_error(fx.error());
+  self->monitor(agent);
+  st.members[name] = {agent, clock::now()};
+  const auto& m = st.plan.members().at(name);
+  std::string roles;
+  for (const auto& r : m.roles)
+    roles += (roles.empty() ? "" : ",") + r;
+  log::info("coordinator", "node " + name + " joined: roles " + roles + ", "
+                             + std::to_string(m.slots.size()) + " replica slot(s)");
+  carry_out(self, std::move(*fx));
+  return static_cast<uint64_t>(heartbeat_every(st).count());
+}
+
+void on_tick(self_ptr self) {
+  auto& st = self->state;
+  auto now = clock::now();
+  std::vector<std::string> late;
+  for (const auto& [name, m] : st.members)
+    if (now - m.last_heartbeat > st.opts.heartbeat_timeout)
+      late.push_back(name);
+  for (const auto& name : late)
+    remove_member(self, name, "it missed its heartbeats");
+  // Every few seconds gateways and status actors hear of every placed
+  // replica again: one that dropped a live replica (its route switched
+  // or came back) takes it in again; to one that holds it, it is a no-op.
+  if (++st.ticks % reenroll_every_ticks == 0)
+    for (const auto& [id, replica] : st.replicas) {
+      const auto& pool = st.plan.placements().at(id).pool;
+      for (const auto& gw : st.roles["gateway"])
+        caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::enroll_v, pool, replica);
+      for (const auto& s : st.roles["status"])
+        caf::anon_send(caf::actor_cast<status_actor>(s), atom::enroll_v, pool, replica);
+    }
+  self->delayed_send(self, heartbeat_every(st), atom::tick_v);
+}
+
+void on_recovered(self_ptr self) {
+  auto& st = self->state;
+  if (!st.plan.recovering())
+    return;
+  auto fx = st.plan.end_recovery();
+  log::info("coordinator", "recovery window over: " + std::to_string(st.replicas.size())
+                             + " replica(s) adopted, " + std::to_string(fx.size())
+                             + " placement(s) and trainer start(s) to make up the rest");
+  carry_out(self, std::move(fx));
+}
+
+caf::result<std::string> on_submit(self_ptr self, experiment_spec& spec, const std::string& token) {
+  auto& st = self->state;
+  if (!token_matches(st.opts.admin_token, token))
+    return unauthorized("submit");
+  auto publishers = st.roles.find("publisher");
+  if (publishers == st.roles.end() || publishers->second.empty())
+    return refused(errc::not_found, "no member hosts the role 'publisher' to publish the "
+                                    "experiment's boot checkpoint");
+  auto fx = st.plan.submit(spec);
+  if (!fx)
+    return to_caf_error(fx.error());
+  st.runs[spec.run_id] = {{}, {}, clock::now()};
+  log::info("coordinator", "experiment " + spec.run_id + " admitted in pool " + spec.pool + ": "
+                             + std::to_string(spec.replicas) + " replica(s)");
+  publish_args args;
+  args.pool = spec.pool;
+  args.run_id = spec.run_id;
+  args.version = spec.boot_version;
+  args.token = st.opts.admin_token;
+  auto promise = self->make_response_promise<std::string>();
+  auto publisher = caf::actor_cast<publisher_actor>(publishers->second.front());
+  auto effects = std::make_shared<std::vector<plan_effect>>(std::move(*fx));
+  auto on_published = [self, promise, spec, effects](const pipeline::publish_report& s) mutable {
+    log::info("coordinator", "experiment " + spec.run_id + ": boot checkpoint published ("
+                               + std::string{to_string(s.kind)} + (s.claimed ? ", run claimed" : "")
+                               + ")");
+    std::string where;
+    for (const auto& e : *effects)
+      if (e.what == plan_effect::kind::place_replica)
+        where += (where.empty() ? "" : ", ") + e.replica.replica_id + "@" + e.replica.node;
+      else if (e.what == plan_effect::kind::start_trainer)
+        where += (where.empty() ? "" : ", ") + std::string{"trainer@"} + e.node;
+    carry_out(self, std::move(*effects));
+    promise.deliver("submitted " + spec.run_id + " to pool " + spec.pool + ": " + where);
+  };
+  auto on_failed = [self, promise, spec](const caf::error& err) mutable {
+    rollback(self, spec.run_id);
+    self->state.runs.erase(spec.run_id);
+    auto e = from_caf_error(self->system(), err);
+    promise.deliver(to_caf_error(
+      {e.code, "the boot checkpoint of " + spec.run_id + " was not published: " + e.message}));
+  };
+  // The boot checkpoint: a directory the publisher's node reads, or the
+  // built-in model from a seed.
+  if (!spec.boot_dir.empty())
+    self->request(publisher, boot_timeout, atom::publish_v, args, spec.boot_dir)
+      .then(std::move(on_published), std::move(on_failed));
+  else
+    self
+      ->request(publisher, boot_timeout, atom::init_model_v, args, spec.boot_preset, spec.boot_seed)
+      .then(std::move(on_published), std::move(on_failed));
+  return promise;
+}
+
+caf::result<std::string> on_scale(self_ptr self, const std::string& run, uint32_t n,
+                                  const std::string& token) {
+  auto& st = self->state;
+  if (!token_matches(st.opts.admin_token, token))
+    return unauthorized("scale");
+  auto name = st.plan.resolve_run(run);
+  if (!name)
+    return to_caf_error(name.error());
+  auto fx = st.plan.scale(*name, n);
+  if (!fx)
+    return to_caf_error(fx.error());
+  size_t placed = 0, retired = 0;
+  for (const auto& e : *fx) {
+    placed += e.what == plan_effect::kind::place_replica;
+    retired += e.what == plan_effect::kind::retire_replica;
+  }
+  log::info("coordinator", "scaling " + *name + " to " + std::to_string(n) + " replica(s)");
+  carry_out(self, std::move(*fx));
+  return "scaled " + *name + " to " + std::to_string(n) + " replica(s): " + std::to_string(placed)
+         + " placed, " + std::to_string(retired) + " draining";
+}
+
+caf::result<std::string> on_stop(self_ptr self, const std::string& run, const std::string& token) {
+  auto& st = self->state;
+  if (!token_matches(st.opts.admin_token, token))
+    return unauthorized("stop");
+  auto fx = st.plan.stop(run);
+  if (!fx)
+    return to_caf_error(fx.error());
+  st.runs.erase(run);
+  log::info("coordinator", "stopping " + run);
+  carry_out(self, std::move(*fx));
+  return "stopped " + run + ": its replicas drain and leave";
+}
+
+void on_replica_down(self_ptr self, const std::string& id) {
+  auto& st = self->state;
+  auto it = st.plan.placements().find(id);
+  if (it == st.plan.placements().end())
+    return;
+  bool retiring = it->second.retiring;
+  st.replicas.erase(id);
+  st.infos.erase(id);
+  st.holders.forget(id);
+  log::info("coordinator", id + (retiring ? " drained and left" : " is down; placing again"));
+  carry_out(self, retiring ? st.plan.retired(id) : st.plan.replica_lost(id));
+}
+
+void on_trained(self_ptr self, const std::string& run, const std::string& outcome) {
+  auto& st = self->state;
+  // Only the run's own trainer ends it (a stray one stopped on a node
+  // that rejoined does not).
+  std::string from;
+  for (const auto& [name, m] : st.members)
+    if (m.agent.address() == self->current_sender())
+      from = name;
+  if (!st.plan.trainer_ended(run, from))
+    return;
+  if (auto it = st.runs.find(run); it != st.runs.end())
+    it->second.outcome = outcome.empty() ? "finished" : outcome;
+  log::info("coordinator", "trainer of " + run
+                             + " ended: " + (outcome.empty() ? std::string{"finished"} : outcome));
+  persist(self);
+  publish_view(self);
+}
+
+/// The experiments persisted before a restart: taken back, their nodes
+/// given the recovery window to rejoin with what kept running.
+void restore_experiments(self_ptr self) {
+  auto& restored = self->state.opts.restored;
+  if (restored.empty())
+    return;
+  auto& st = self->state;
+  std::string runs;
+  for (const auto& r : restored) {
+    runs += (runs.empty() ? "" : ", ") + r.spec.run_id;
+    st.runs[r.spec.run_id] = {{}, r.trainer_done ? "finished" : "", clock::now()};
+  }
+  if (auto ok = st.plan.restore(std::move(restored)); !ok) {
+    log::error("coordinator", "the persisted experiments were not restored: " + ok.error().message);
+    st.runs.clear();
+  } else {
+    log::info("coordinator", "recovered experiment(s) " + runs + "; their nodes have "
+                               + std::to_string(st.opts.recovery_window.count())
+                               + " ms to rejoin with what kept running");
+    self->delayed_send(self, st.opts.recovery_window, atom::recovered_v);
+  }
+  st.opts.restored.clear();
+}
+
+/// A role, lender, standalone replica or member went away.
+void on_down(self_ptr self, const caf::down_msg& down) {
+  auto& st = self->state;
+  for (auto& [role, handles] : st.roles)
+    std::erase_if(handles, [&](const caf::actor& a) { return a.address() == down.source; });
+  for (auto it = st.lenders.begin(); it != st.lenders.end();)
+    if (it->second.address() == down.source) {
+      st.holders.forget(it->first);
+      it = st.lenders.erase(it);
+    } else {
+      ++it;
+    }
+  if (auto it = st.standalone_replicas.find(down.source); it != st.standalone_replicas.end()) {
+    if (it->second.info)
+      st.holders.forget(it->second.info->replica_id);
+    st.standalone_replicas.erase(it);
+  }
+  for (const auto& [name, m] : st.members)
+    if (m.agent.address() == down.source) {
+      bool left =
+        down.reason == caf::exit_reason::user_shutdown || down.reason == caf::exit_reason::normal;
+      remove_member(self, name,
+                    left ? "it left the cluster"
+                         : "its connection closed (" + self->system().render(down.reason) + ")");
+      return;
+    }
+}
+
 } // namespace
 
 coordinator_actor::behavior_type
 coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordinator_options opts) {
   self->state.opts = std::move(opts);
-  if (auto& restored = self->state.opts.restored; !restored.empty()) {
-    auto& st = self->state;
-    std::string runs;
-    for (const auto& r : restored) {
-      runs += (runs.empty() ? "" : ", ") + r.spec.run_id;
-      st.runs[r.spec.run_id] = {{}, r.trainer_done ? "finished" : "", clock::now()};
-    }
-    if (auto ok = st.plan.restore(std::move(restored)); !ok) {
-      log::error("coordinator",
-                 "the persisted experiments were not restored: " + ok.error().message);
-      st.runs.clear();
-    } else {
-      log::info("coordinator", "recovered experiment(s) " + runs + "; their nodes have "
-                                 + std::to_string(st.opts.recovery_window.count())
-                                 + " ms to rejoin with what kept running");
-      self->delayed_send(self, st.opts.recovery_window, atom::recovered_v);
-    }
-    st.opts.restored.clear();
-  }
-  self->set_down_handler([self](const caf::down_msg& down) {
-    auto& st = self->state;
-    for (auto& [role, handles] : st.roles)
-      std::erase_if(handles, [&](const caf::actor& a) { return a.address() == down.source; });
-    for (auto it = st.lenders.begin(); it != st.lenders.end();)
-      if (it->second.address() == down.source) {
-        st.holders.forget(it->first);
-        it = st.lenders.erase(it);
-      } else {
-        ++it;
-      }
-    if (auto it = st.standalone_replicas.find(down.source); it != st.standalone_replicas.end()) {
-      if (it->second.info)
-        st.holders.forget(it->second.info->replica_id);
-      st.standalone_replicas.erase(it);
-    }
-    for (const auto& [name, m] : st.members)
-      if (m.agent.address() == down.source) {
-        bool left =
-          down.reason == caf::exit_reason::user_shutdown || down.reason == caf::exit_reason::normal;
-        remove_member(self, name,
-                      left ? "it left the cluster"
-                           : "its connection closed (" + self->system().render(down.reason) + ")");
-        return;
-      }
-  });
+  restore_experiments(self);
+  self->set_down_handler([self](const caf::down_msg& down) { on_down(self, down); });
   self->delayed_send(self, heartbeat_every(self->state), atom::tick_v);
   return {
     [self](atom::lookup, const std::string& role) -> caf::result<caf::actor> {
@@ -322,15 +596,7 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     },
     [self](atom::lookup, const std::string& pool, const version_ref& version,
            const std::string& receiver, const std::string& receiver_node) {
-      auto& st = self->state;
-      std::vector<holder_entry> chosen;
-      for (const auto& pick : st.holders.begin_fetch(receiver, receiver_node, pool, version)) {
-        auto handle = holder_handle(st, pick.holder);
-        if (!handle)
-          continue;
-        chosen.push_back({pick.holder, pick.node, std::move(handle), pick.backup, pick.partial});
-      }
-      return chosen;
+      return on_lookup_holders(self, pool, version, receiver, receiver_node);
     },
     [self](atom::done, const std::string&, const version_ref&, const std::string& receiver,
            bool all_fetched) { self->state.holders.end_fetch(receiver, all_fetched); },
@@ -349,61 +615,11 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       if (auto it = st.lenders.find(holder); it != st.lenders.end())
         st.holders.holds(holder, {}, pool, std::nullopt, true);
     },
-    [self](atom::profile, const std::string& id,
-           const std::string& token) -> caf::result<replica_actor> {
-      auto& st = self->state;
-      if (!token_matches(st.opts.admin_token, token))
-        return unauthorized("profiling a replica");
-      if (auto r = st.replicas.find(id); r != st.replicas.end())
-        return r->second;
-      std::string known;
-      for (const auto& [name, r] : st.replicas)
-        known += (known.empty() ? "" : ", ") + name;
-      for (const auto& [addr, r] : st.standalone_replicas) {
-        if (r.info && r.info->replica_id == id)
-          return r.handle;
-        if (r.info)
-          known += (known.empty() ? "" : ", ") + r.info->replica_id;
-      }
-      return refused(errc::not_found, "no replica named " + id + " ("
-                                        + (known.empty() ? "none is up" : "up: " + known) + ")");
-    },
-    [self](atom::replica_state, replica_info& info) {
-      auto& st = self->state;
-      if (auto it =
-            st.standalone_replicas.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
-          it != st.standalone_replicas.end()) {
-        st.holders.holds(info.replica_id, member_on(st, it->second.handle.node()), it->second.pool,
-                         info.applied);
-        it->second.info = std::move(info);
-        return;
-      }
-      auto placed = st.plan.placements().find(info.replica_id);
-      if (placed == st.plan.placements().end())
-        return;
-      st.holders.holds(info.replica_id, placed->second.node, placed->second.pool, info.applied);
-      auto& known = st.infos[info.replica_id];
-      bool moved = known.applied != info.applied || known.ready != info.ready;
-      known = std::move(info);
-      if (moved)
-        publish_view(self);
-    },
+    [self](atom::profile, const std::string& id, const std::string& token)
+      -> caf::result<replica_actor> { return on_profile(self, id, token); },
+    [self](atom::replica_state, replica_info& info) { on_replica_state(self, info); },
     [self](atom::enroll, const std::string& role, const caf::actor& handle) {
-      self->monitor(handle);
-      auto& handles = self->state.roles[role];
-      if (std::find(handles.begin(), handles.end(), handle) != handles.end())
-        return;
-      handles.push_back(handle);
-      // A gateway or status actor that comes late learns the replicas up so far.
-      for (const auto& [id, replica] : self->state.replicas) {
-        const auto& pool = self->state.plan.placements().at(id).pool;
-        if (role == "gateway")
-          caf::anon_send(caf::actor_cast<gateway_actor>(handle), atom::enroll_v, pool, replica);
-        else if (role == "status")
-          caf::anon_send(caf::actor_cast<status_actor>(handle), atom::enroll_v, pool, replica);
-      }
-      if (role == "status")
-        publish_view(self);
+      on_enroll_role(self, role, handle);
     },
     [self](atom::enroll, const std::string& pool, const replica_actor& replica) {
       auto& st = self->state;
@@ -413,42 +629,9 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       self->monitor(replica);
       self->send(replica, atom::subscribe_v, caf::actor_cast<replica_watcher_actor>(self));
     },
-    [self](atom::in_use, const std::string& pool) {
-      auto& st = self->state;
-      std::vector<replica_holdings> holdings;
-      auto add = [&](const replica_info& i) {
-        bool moving = i.state == sync_state::fetching || i.state == sync_state::staging
-                      || i.state == sync_state::committing;
-        holdings.push_back({i.applied, moving ? i.pointer : std::nullopt});
-      };
-      for (const auto& [id, info] : st.infos)
-        if (auto p = st.plan.placements().find(id);
-            p != st.plan.placements().end() && p->second.pool == pool)
-          add(info);
-      for (const auto& [addr, r] : st.standalone_replicas)
-        if (r.pool == pool && r.info)
-          add(*r.info);
-      auto used = versions_in_use(holdings);
-      return std::vector<version_ref>{used.begin(), used.end()};
-    },
-    [self](atom::join, member_info& info, member_holdings& running,
-           const node_agent_actor& agent) -> caf::result<uint64_t> {
-      auto& st = self->state;
-      std::string name = info.name;
-      auto fx = st.plan.join(std::move(info), std::move(running));
-      if (!fx)
-        return to_caf_error(fx.error());
-      self->monitor(agent);
-      st.members[name] = {agent, clock::now()};
-      const auto& m = st.plan.members().at(name);
-      std::string roles;
-      for (const auto& r : m.roles)
-        roles += (roles.empty() ? "" : ",") + r;
-      log::info("coordinator", "node " + name + " joined: roles " + roles + ", "
-                                 + std::to_string(m.slots.size()) + " replica slot(s)");
-      carry_out(self, std::move(*fx));
-      return static_cast<uint64_t>(heartbeat_every(st).count());
-    },
+    [self](atom::in_use, const std::string& pool) { return on_in_use(self, pool); },
+    [self](atom::join, member_info& info, member_holdings& running, const node_agent_actor& agent)
+      -> caf::result<uint64_t> { return on_join(self, info, running, agent); },
     [self](atom::heartbeat, const std::string& name) -> bool {
       auto it = self->state.members.find(name);
       if (it == self->state.members.end() || it->second.agent.address() != self->current_sender())
@@ -456,162 +639,23 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       it->second.last_heartbeat = clock::now();
       return true;
     },
-    [self](atom::tick) {
-      auto& st = self->state;
-      auto now = clock::now();
-      std::vector<std::string> late;
-      for (const auto& [name, m] : st.members)
-        if (now - m.last_heartbeat > st.opts.heartbeat_timeout)
-          late.push_back(name);
-      for (const auto& name : late)
-        remove_member(self, name, "it missed its heartbeats");
-      // Every few seconds gateways and status actors hear of every placed
-      // replica again: one that dropped a live replica (its route switched
-      // or came back) takes it in again; to one that holds it, it is a no-op.
-      if (++st.ticks % reenroll_every_ticks == 0)
-        for (const auto& [id, replica] : st.replicas) {
-          const auto& pool = st.plan.placements().at(id).pool;
-          for (const auto& gw : st.roles["gateway"])
-            caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::enroll_v, pool, replica);
-          for (const auto& s : st.roles["status"])
-            caf::anon_send(caf::actor_cast<status_actor>(s), atom::enroll_v, pool, replica);
-        }
-      self->delayed_send(self, heartbeat_every(st), atom::tick_v);
-    },
-    [self](atom::recovered) {
-      auto& st = self->state;
-      if (!st.plan.recovering())
-        return;
-      auto fx = st.plan.end_recovery();
-      log::info("coordinator", "recovery window over: " + std::to_string(st.replicas.size())
-                                 + " replica(s) adopted, " + std::to_string(fx.size())
-                                 + " placement(s) and trainer start(s) to make up the rest");
-      carry_out(self, std::move(fx));
-    },
-    [self](atom::submit, experiment_spec& spec,
-           const std::string& token) -> caf::result<std::string> {
-      auto& st = self->state;
-      if (!token_matches(st.opts.admin_token, token))
-        return unauthorized("submit");
-      auto publishers = st.roles.find("publisher");
-      if (publishers == st.roles.end() || publishers->second.empty())
-        return refused(errc::not_found, "no member hosts the role 'publisher' to publish the "
-                                        "experiment's boot checkpoint");
-      auto fx = st.plan.submit(spec);
-      if (!fx)
-        return to_caf_error(fx.error());
-      st.runs[spec.run_id] = {{}, {}, clock::now()};
-      log::info("coordinator", "experiment " + spec.run_id + " admitted in pool " + spec.pool + ": "
-                                 + std::to_string(spec.replicas) + " replica(s)");
-      publish_args args;
-      args.pool = spec.pool;
-      args.run_id = spec.run_id;
-      args.version = spec.boot_version;
-      args.token = st.opts.admin_token;
-      auto promise = self->make_response_promise<std::string>();
-      auto publisher = caf::actor_cast<publisher_actor>(publishers->second.front());
-      auto effects = std::make_shared<std::vector<plan_effect>>(std::move(*fx));
-      auto on_published = [self, promise, spec,
-                           effects](const pipeline::publish_report& s) mutable {
-        log::info("coordinator", "experiment " + spec.run_id + ": boot checkpoint published ("
-                                   + std::string{to_string(s.kind)}
-                                   + (s.claimed ? ", run claimed" : "") + ")");
-        std::string where;
-        for (const auto& e : *effects)
-          if (e.what == plan_effect::kind::place_replica)
-            where += (where.empty() ? "" : ", ") + e.replica.replica_id + "@" + e.replica.node;
-          else if (e.what == plan_effect::kind::start_trainer)
-            where += (where.empty() ? "" : ", ") + std::string{"trainer@"} + e.node;
-        carry_out(self, std::move(*effects));
-        promise.deliver("submitted " + spec.run_id + " to pool " + spec.pool + ": " + where);
-      };
-      auto on_failed = [self, promise, spec](const caf::error& err) mutable {
-        rollback(self, spec.run_id);
-        self->state.runs.erase(spec.run_id);
-        auto e = from_caf_error(self->system(), err);
-        promise.deliver(to_caf_error(
-          {e.code, "the boot checkpoint of " + spec.run_id + " was not published: " + e.message}));
-      };
-      // The boot checkpoint: a directory the publisher's node reads, or the
-      // built-in model from a seed.
-      if (!spec.boot_dir.empty())
-        self->request(publisher, boot_timeout, atom::publish_v, args, spec.boot_dir)
-          .then(std::move(on_published), std::move(on_failed));
-      else
-        self
-          ->request(publisher, boot_timeout, atom::init_model_v, args, spec.boot_preset,
-                    spec.boot_seed)
-          .then(std::move(on_published), std::move(on_failed));
-      return promise;
-    },
-    [self](atom::scale, const std::string& run, uint32_t n,
-           const std::string& token) -> caf::result<std::string> {
-      auto& st = self->state;
-      if (!token_matches(st.opts.admin_token, token))
-        return unauthorized("scale");
-      auto name = st.plan.resolve_run(run);
-      if (!name)
-        return to_caf_error(name.error());
-      auto fx = st.plan.scale(*name, n);
-      if (!fx)
-        return to_caf_error(fx.error());
-      size_t placed = 0, retired = 0;
-      for (const auto& e : *fx) {
-        placed += e.what == plan_effect::kind::place_replica;
-        retired += e.what == plan_effect::kind::retire_replica;
-      }
-      log::info("coordinator", "scaling " + *name + " to " + std::to_string(n) + " replica(s)");
-      carry_out(self, std::move(*fx));
-      return "scaled " + *name + " to " + std::to_string(n) + " replica(s): "
-             + std::to_string(placed) + " placed, " + std::to_string(retired) + " draining";
-    },
-    [self](atom::stop, const std::string& run,
-           const std::string& token) -> caf::result<std::string> {
-      auto& st = self->state;
-      if (!token_matches(st.opts.admin_token, token))
-        return unauthorized("stop");
-      auto fx = st.plan.stop(run);
-      if (!fx)
-        return to_caf_error(fx.error());
-      st.runs.erase(run);
-      log::info("coordinator", "stopping " + run);
-      carry_out(self, std::move(*fx));
-      return "stopped " + run + ": its replicas drain and leave";
-    },
+    [self](atom::tick) { on_tick(self); },
+    [self](atom::recovered) { on_recovered(self); },
+    [self](atom::submit, experiment_spec& spec, const std::string& token)
+      -> caf::result<std::string> { return on_submit(self, spec, token); },
+    [self](atom::scale, const std::string& run, uint32_t n, const std::string& token)
+      -> caf::result<std::string> { return on_scale(self, run, n, token); },
+    [self](atom::stop, const std::string& run, const std::string& token)
+      -> caf::result<std::string> { return on_stop(self, run, token); },
     [self](atom::cluster_view) { return view_of(self->state); },
-    [self](atom::replica_down, const std::string& id) {
-      auto& st = self->state;
-      auto it = st.plan.placements().find(id);
-      if (it == st.plan.placements().end())
-        return;
-      bool retiring = it->second.retiring;
-      st.replicas.erase(id);
-      st.infos.erase(id);
-      st.holders.forget(id);
-      log::info("coordinator", id + (retiring ? " drained and left" : " is down; placing again"));
-      carry_out(self, retiring ? st.plan.retired(id) : st.plan.replica_lost(id));
-    },
+    [self](atom::replica_down, const std::string& id) { on_replica_down(self, id); },
     [self](atom::progress, const std::string& run, const step_report& step) {
       if (auto it = self->state.runs.find(run); it != self->state.runs.end())
         it->second.last_step = step;
       publish_view(self);
     },
     [self](atom::trained, const std::string& run, const std::string& outcome) {
-      auto& st = self->state;
-      // Only the run's own trainer ends it (a stray one stopped on a node
-      // that rejoined does not).
-      std::string from;
-      for (const auto& [name, m] : st.members)
-        if (m.agent.address() == self->current_sender())
-          from = name;
-      if (!st.plan.trainer_ended(run, from))
-        return;
-      if (auto it = st.runs.find(run); it != st.runs.end())
-        it->second.outcome = outcome.empty() ? "finished" : outcome;
-      log::info("coordinator", "trainer of " + run + " ended: "
-                                 + (outcome.empty() ? std::string{"finished"} : outcome));
-      persist(self);
-      publish_view(self);
+      on_trained(self, run, outcome);
     },
   };
 }

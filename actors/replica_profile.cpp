@@ -179,7 +179,6 @@ void renew_lease(self_ptr self) {
                      ++st.profile->lease);
 }
 
-
 /// Takes the replica out of rotation to follow scratch pool `pool` once it is
 /// quiet (answered then).
 caf::result<replica_info> begin_profile(self_ptr self, const std::string& pool, bool take_out) {
@@ -264,8 +263,7 @@ void lease_ran_out(self_ptr self, uint64_t lease) {
 caf::result<replica_info> end_profile(self_ptr self) {
   auto& st = self->state;
   if (!st.profile || st.profile->ending)
-    return profile_refusal(errc::invalid_argument,
-                           st.opts.replica_id + " is not being profiled");
+    return profile_refusal(errc::invalid_argument, st.opts.replica_id + " is not being profiled");
   auto promise = self->make_response_promise<replica_info>();
   if (!st.profile->started) {
     // Still draining for the begin: call it off.
