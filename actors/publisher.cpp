@@ -322,6 +322,223 @@ publisher_state::~publisher_state() {
       s.stream->close(error{errc::engine_unavailable, "the publisher stopped"});
 }
 
+namespace {
+
+using self_ptr = publisher_actor::stateful_pointer<publisher_state>;
+
+caf::result<pipeline::publish_report> on_publish(self_ptr self, const publish_args& args,
+                                                 const std::string& path) {
+  if (auto ok = authorized(self->state, args); !ok)
+    return to_caf_error(ok.error());
+  return run_publish(self, args, [path]() -> result<std::unique_ptr<pipeline::tensor_stream>> {
+    auto dir = pipeline::directory_stream::open(path);
+    if (!dir)
+      return std::move(dir).error();
+    return std::unique_ptr<pipeline::tensor_stream>{std::move(*dir)};
+  });
+}
+
+caf::result<pipeline::publish_report> on_init_model(self_ptr self, const publish_args& args,
+                                                    const std::string& preset, uint64_t seed) {
+  if (auto ok = authorized(self->state, args); !ok)
+    return to_caf_error(ok.error());
+  auto config = engine::preset(preset);
+  if (!config)
+    return to_caf_error(config.error());
+  /// Owns the weights it streams.
+  struct owned_model final : pipeline::tensor_stream {
+    explicit owned_model(pipeline::tensor_set w) : weights(std::move(w)), inner(weights) {}
+    const std::vector<pipeline::tensor_header>& tensors() const override { return inner.tensors(); }
+    status read(size_t i, uint64_t off, std::span<std::byte> out) override {
+      return inner.read(i, off, out);
+    }
+    pipeline::tensor_set weights;
+    pipeline::memory_stream inner;
+  };
+  return run_publish(
+    self, args, [config = *config, seed]() -> result<std::unique_ptr<pipeline::tensor_stream>> {
+      auto weights = engine::random_init(config, seed);
+      if (!weights)
+        return std::move(weights).error();
+      return std::unique_ptr<pipeline::tensor_stream>{
+        std::make_unique<owned_model>(std::move(*weights))};
+    });
+}
+
+caf::result<uint64_t> on_open_session(self_ptr self, const publish_args& args,
+                                      std::vector<pipeline::tensor_header>& tensors) {
+  auto& st = self->state;
+  if (auto ok = authorized(st, args); !ok)
+    return to_caf_error(ok.error());
+  // Busy, not a bad request: retryable (HTTP 503 with Retry-After).
+  if (st.sessions.size() >= st.limits.max_sessions)
+    return to_caf_error({errc::busy, "too many publishes in progress ("
+                                       + std::to_string(st.limits.max_sessions)
+                                       + "); retry later"});
+  if (auto ok = validate_run_id(args.run_id); !ok)
+    return to_caf_error(ok.error());
+  if (auto ok = pipeline::validate_headers(tensors); !ok)
+    return to_caf_error(ok.error());
+  auto stream = std::make_shared<pipeline::fed_stream>(std::move(tensors), queued_pieces);
+  if (stream->total() > st.limits.max_session_bytes)
+    return to_caf_error(
+      {errc::limit_exceeded, "the publish declares " + std::to_string(stream->total())
+                               + " bytes, more than the "
+                               + std::to_string(st.limits.max_session_bytes) + " allowed"});
+  const uint64_t id = st.next_session++;
+  auto& s = st.sessions[id];
+  s.args = args;
+  s.stream = stream;
+  s.last_seen = self->clock().now();
+  watch_feeder(self, s);
+  auto impl = st.impl;
+  auto handle = caf::actor_cast<caf::actor>(self);
+  auto slot = std::make_shared<std::optional<result<pipeline::publish_report>>>();
+  const uint64_t job = st.jobs.add([self, id, slot, args] {
+    if (**slot)
+      published(self, args);
+    auto it = self->state.sessions.find(id);
+    if (it == self->state.sessions.end())
+      return;
+    it->second.outcome = std::move(*slot);
+    settle(self, id);
+  });
+  // The client hears the session id once the buffers its first pieces
+  // land in are warm (their pages faulted in here, on a bulk thread, not
+  // on the network thread while other connections wait).
+  const uint64_t pieces = std::min<uint64_t>(
+    queued_pieces, (stream->total() + streamed_piece_bytes - 1) / streamed_piece_bytes);
+  auto answer = offload<uint64_t>(
+    self, st.jobs, *st.workers, "publisher's workers", [id, pieces]() -> result<uint64_t> {
+      warm_piece_buffers(static_cast<size_t>(pieces), streamed_piece_bytes);
+      return id;
+    });
+  queue_of(self, args.pool).post([impl, args, stream, slot, handle, job] {
+    auto report = impl->publish(args, *stream);
+    // Bytes still queued for a publish that ended are dropped; bytes
+    // that arrive later are refused with why it ended.
+    error why{errc::invalid_argument, "the publish already ended"};
+    if (report) {
+      slot->emplace(pipeline::without_manifest(std::move(*report)));
+    } else {
+      why = report.error();
+      slot->emplace(std::move(report).error());
+    }
+    stream->close(std::move(why));
+    caf::anon_send(handle, atom::done_v, job);
+  });
+  return answer;
+}
+
+caf::result<pipeline::publish_report> on_finish(self_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto it = st.sessions.find(id);
+  if (it == st.sessions.end() || it->second.aborted || it->second.waiting)
+    return to_caf_error(no_session(id));
+  auto& s = it->second;
+  // No more bytes: a publish still missing some fails with "truncated".
+  s.stream->close();
+  s.waiting = self->make_response_promise<pipeline::publish_report>();
+  auto promise = *s.waiting;
+  settle(self, id);
+  return promise;
+}
+
+caf::result<retention_report> on_collect_runs(self_ptr self, const std::string& pool,
+                                              const std::vector<std::string>& runs,
+                                              const std::string& token) {
+  auto& st = self->state;
+  if (!token_matches(st.admin_token, token))
+    return to_caf_error({errc::unauthorized, "dropping runs needs the admin token (--token "
+                                             "or STITCH_TOKEN)"});
+  if (auto ok = validate_pool(pool); !ok)
+    return to_caf_error(ok.error());
+  retention_request req;
+  req.keep_last = std::max<size_t>(1, st.retention.keep_last);
+  req.drop_runs.insert(runs.begin(), runs.end());
+  auto promise = self->make_response_promise<retention_report>();
+  collect(self, pool, std::move(req), [promise](result<retention_report> r) mutable {
+    if (r)
+      promise.deliver(std::move(*r));
+    else
+      promise.deliver(to_caf_error(r.error()));
+  });
+  return promise;
+}
+
+caf::result<retention_report> on_collect_newest(self_ptr self, const std::string& pool,
+                                                uint32_t keep, bool dry_run,
+                                                const std::string& token) {
+  auto& st = self->state;
+  if (!dry_run && !token_matches(st.admin_token, token))
+    return to_caf_error({errc::unauthorized,
+                         "collecting versions needs the admin token (--token or "
+                         "STITCH_TOKEN); --dry-run does not"});
+  if (!pool.empty())
+    if (auto ok = validate_pool(pool); !ok)
+      return to_caf_error(ok.error());
+  retention_request req;
+  req.keep_last = keep > 0 ? keep : st.retention.keep_last;
+  if (req.keep_last == 0)
+    return to_caf_error({errc::invalid_argument,
+                         "store.retain_versions is 0 on the publisher's node (keep every "
+                         "version): give --keep N to collect anyway"});
+  req.dry_run = dry_run;
+  auto promise = self->make_response_promise<retention_report>();
+  auto all = std::make_shared<gathered_collection>();
+  all->request = std::move(req);
+  all->promise = promise;
+  if (!pool.empty()) {
+    all->pools = {pool};
+    collect_next(self, all);
+    return promise;
+  }
+  // Listing pools reads the store: off the actor's thread.
+  auto slot = std::make_shared<std::optional<result<std::vector<std::string>>>>();
+  const uint64_t job = st.jobs.add([self, slot, all] {
+    if (!**slot) {
+      all->promise.deliver(to_caf_error((*slot)->error()));
+      return;
+    }
+    all->pools = std::move(***slot);
+    collect_next(self, all);
+  });
+  st.workers->post([backend = st.backend, slot, handle = caf::actor_cast<caf::actor>(self), job] {
+    slot->emplace(backend->list_pools());
+    caf::anon_send(handle, atom::done_v, job);
+  });
+  return promise;
+}
+
+void on_tick(self_ptr self) {
+  auto& st = self->state;
+  const auto now = self->clock().now();
+  for (auto& [id, s] : st.sessions) {
+    // Bytes waiting for the publish (queued behind another publish to
+    // the pool, say): the client waits on us, it is not idle.
+    if (!s.aborted && s.stream && s.stream->has_unread()) {
+      s.last_seen = now;
+      continue;
+    }
+    if (!s.aborted && !s.waiting && now - s.last_seen > st.limits.session_idle_timeout) {
+      log::warn("publisher", "publish session " + std::to_string(id) + " was idle for "
+                               + std::to_string(st.limits.session_idle_timeout.count())
+                               + " s; dropping it");
+      s.aborted = true;
+      s.stream->close(
+        error{errc::invalid_argument, "no bytes arrived for publisher.session_idle_timeout"});
+    }
+  }
+  std::vector<uint64_t> ids;
+  for (const auto& [id, s] : st.sessions)
+    ids.push_back(id);
+  for (auto id : ids)
+    settle(self, id);
+  self->delayed_send(self, sweep_every(self->state.limits), atom::tick_v);
+}
+
+} // namespace
+
 publisher_actor::behavior_type
 publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
                   std::shared_ptr<store_backend> backend, store_actor store,
@@ -343,109 +560,12 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
   self->delayed_send(self, sweep_every(init.limits), atom::tick_v);
   self->set_down_handler([self](caf::down_msg& down) { feeder_down(self, down); });
   return {
-    [self](atom::publish, const publish_args& args,
-           const std::string& path) -> caf::result<pipeline::publish_report> {
-      if (auto ok = authorized(self->state, args); !ok)
-        return to_caf_error(ok.error());
-      return run_publish(self, args, [path]() -> result<std::unique_ptr<pipeline::tensor_stream>> {
-        auto dir = pipeline::directory_stream::open(path);
-        if (!dir)
-          return std::move(dir).error();
-        return std::unique_ptr<pipeline::tensor_stream>{std::move(*dir)};
-      });
-    },
-    [self](atom::init_model, const publish_args& args, const std::string& preset,
-           uint64_t seed) -> caf::result<pipeline::publish_report> {
-      if (auto ok = authorized(self->state, args); !ok)
-        return to_caf_error(ok.error());
-      auto config = engine::preset(preset);
-      if (!config)
-        return to_caf_error(config.error());
-      /// Owns the weights it streams.
-      struct owned_model final : pipeline::tensor_stream {
-        explicit owned_model(pipeline::tensor_set w) : weights(std::move(w)), inner(weights) {}
-        const std::vector<pipeline::tensor_header>& tensors() const override {
-          return inner.tensors();
-        }
-        status read(size_t i, uint64_t off, std::span<std::byte> out) override {
-          return inner.read(i, off, out);
-        }
-        pipeline::tensor_set weights;
-        pipeline::memory_stream inner;
-      };
-      return run_publish(
-        self, args, [config = *config, seed]() -> result<std::unique_ptr<pipeline::tensor_stream>> {
-          auto weights = engine::random_init(config, seed);
-          if (!weights)
-            return std::move(weights).error();
-          return std::unique_ptr<pipeline::tensor_stream>{
-            std::make_unique<owned_model>(std::move(*weights))};
-        });
-    },
-    [self](atom::publish, const publish_args& args,
-           std::vector<pipeline::tensor_header>& tensors) -> caf::result<uint64_t> {
-      auto& st = self->state;
-      if (auto ok = authorized(st, args); !ok)
-        return to_caf_error(ok.error());
-      // Busy, not a bad request: retryable (HTTP 503 with Retry-After).
-      if (st.sessions.size() >= st.limits.max_sessions)
-        return to_caf_error({errc::busy, "too many publishes in progress ("
-                                           + std::to_string(st.limits.max_sessions)
-                                           + "); retry later"});
-      if (auto ok = validate_run_id(args.run_id); !ok)
-        return to_caf_error(ok.error());
-      if (auto ok = pipeline::validate_headers(tensors); !ok)
-        return to_caf_error(ok.error());
-      auto stream = std::make_shared<pipeline::fed_stream>(std::move(tensors), queued_pieces);
-      if (stream->total() > st.limits.max_session_bytes)
-        return to_caf_error(
-          {errc::limit_exceeded, "the publish declares " + std::to_string(stream->total())
-                                   + " bytes, more than the "
-                                   + std::to_string(st.limits.max_session_bytes) + " allowed"});
-      const uint64_t id = st.next_session++;
-      auto& s = st.sessions[id];
-      s.args = args;
-      s.stream = stream;
-      s.last_seen = self->clock().now();
-      watch_feeder(self, s);
-      auto impl = st.impl;
-      auto handle = caf::actor_cast<caf::actor>(self);
-      auto slot = std::make_shared<std::optional<result<pipeline::publish_report>>>();
-      const uint64_t job = st.jobs.add([self, id, slot, args] {
-        if (**slot)
-          published(self, args);
-        auto it = self->state.sessions.find(id);
-        if (it == self->state.sessions.end())
-          return;
-        it->second.outcome = std::move(*slot);
-        settle(self, id);
-      });
-      // The client hears the session id once the buffers its first pieces
-      // land in are warm (their pages faulted in here, on a bulk thread, not
-      // on the network thread while other connections wait).
-      const uint64_t pieces = std::min<uint64_t>(
-        queued_pieces, (stream->total() + streamed_piece_bytes - 1) / streamed_piece_bytes);
-      auto answer = offload<uint64_t>(
-        self, st.jobs, *st.workers, "publisher's workers", [id, pieces]() -> result<uint64_t> {
-          warm_piece_buffers(static_cast<size_t>(pieces), streamed_piece_bytes);
-          return id;
-        });
-      queue_of(self, args.pool).post([impl, args, stream, slot, handle, job] {
-        auto report = impl->publish(args, *stream);
-        // Bytes still queued for a publish that ended are dropped; bytes
-        // that arrive later are refused with why it ended.
-        error why{errc::invalid_argument, "the publish already ended"};
-        if (report) {
-          slot->emplace(pipeline::without_manifest(std::move(*report)));
-        } else {
-          why = report.error();
-          slot->emplace(std::move(report).error());
-        }
-        stream->close(std::move(why));
-        caf::anon_send(handle, atom::done_v, job);
-      });
-      return answer;
-    },
+    [self](atom::publish, const publish_args& args, const std::string& path)
+      -> caf::result<pipeline::publish_report> { return on_publish(self, args, path); },
+    [self](atom::init_model, const publish_args& args, const std::string& preset, uint64_t seed)
+      -> caf::result<pipeline::publish_report> { return on_init_model(self, args, preset, seed); },
+    [self](atom::publish, const publish_args& args, std::vector<pipeline::tensor_header>& tensors)
+      -> caf::result<uint64_t> { return on_open_session(self, args, tensors); },
     [self](atom::chunk, uint64_t id, shared_piece& piece) -> caf::result<uint64_t> {
       if (!piece.owner || (!piece.data && piece.size > 0))
         return to_caf_error({errc::invalid_argument, "a publish piece without its bytes"});
@@ -453,17 +573,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       return take_chunk(self, id, std::move(piece.owner), view);
     },
     [self](atom::finish, uint64_t id) -> caf::result<pipeline::publish_report> {
-      auto& st = self->state;
-      auto it = st.sessions.find(id);
-      if (it == st.sessions.end() || it->second.aborted || it->second.waiting)
-        return to_caf_error(no_session(id));
-      auto& s = it->second;
-      // No more bytes: a publish still missing some fails with "truncated".
-      s.stream->close();
-      s.waiting = self->make_response_promise<pipeline::publish_report>();
-      auto promise = *s.waiting;
-      settle(self, id);
-      return promise;
+      return on_finish(self, id);
     },
     [self](atom::abort, uint64_t id) {
       auto it = self->state.sessions.find(id);
@@ -475,66 +585,11 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
     },
     [self](atom::collect, const std::string& pool, const std::vector<std::string>& runs,
            const std::string& token) -> caf::result<retention_report> {
-      auto& st = self->state;
-      if (!token_matches(st.admin_token, token))
-        return to_caf_error({errc::unauthorized, "dropping runs needs the admin token (--token "
-                                                 "or STITCH_TOKEN)"});
-      if (auto ok = validate_pool(pool); !ok)
-        return to_caf_error(ok.error());
-      retention_request req;
-      req.keep_last = std::max<size_t>(1, st.retention.keep_last);
-      req.drop_runs.insert(runs.begin(), runs.end());
-      auto promise = self->make_response_promise<retention_report>();
-      collect(self, pool, std::move(req), [promise](result<retention_report> r) mutable {
-        if (r)
-          promise.deliver(std::move(*r));
-        else
-          promise.deliver(to_caf_error(r.error()));
-      });
-      return promise;
+      return on_collect_runs(self, pool, runs, token);
     },
     [self](atom::collect, const std::string& pool, uint32_t keep, bool dry_run,
            const std::string& token) -> caf::result<retention_report> {
-      auto& st = self->state;
-      if (!dry_run && !token_matches(st.admin_token, token))
-        return to_caf_error({errc::unauthorized,
-                             "collecting versions needs the admin token (--token or "
-                             "STITCH_TOKEN); --dry-run does not"});
-      if (!pool.empty())
-        if (auto ok = validate_pool(pool); !ok)
-          return to_caf_error(ok.error());
-      retention_request req;
-      req.keep_last = keep > 0 ? keep : st.retention.keep_last;
-      if (req.keep_last == 0)
-        return to_caf_error({errc::invalid_argument,
-                             "store.retain_versions is 0 on the publisher's node (keep every "
-                             "version): give --keep N to collect anyway"});
-      req.dry_run = dry_run;
-      auto promise = self->make_response_promise<retention_report>();
-      auto all = std::make_shared<gathered_collection>();
-      all->request = std::move(req);
-      all->promise = promise;
-      if (!pool.empty()) {
-        all->pools = {pool};
-        collect_next(self, all);
-        return promise;
-      }
-      // Listing pools reads the store: off the actor's thread.
-      auto slot = std::make_shared<std::optional<result<std::vector<std::string>>>>();
-      const uint64_t job = st.jobs.add([self, slot, all] {
-        if (!**slot) {
-          all->promise.deliver(to_caf_error((*slot)->error()));
-          return;
-        }
-        all->pools = std::move(***slot);
-        collect_next(self, all);
-      });
-      st.workers->post(
-        [backend = st.backend, slot, handle = caf::actor_cast<caf::actor>(self), job] {
-          slot->emplace(backend->list_pools());
-          caf::anon_send(handle, atom::done_v, job);
-        });
-      return promise;
+      return on_collect_newest(self, pool, keep, dry_run, token);
     },
     [self](atom::done, uint64_t id) { self->state.jobs.complete(id); },
     [self](atom::offer, const version_ref& version) -> caf::result<peer_offer> {
@@ -552,32 +607,7 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       if (self->state.lending.holders)
         self->state.lending.holders->release(lease);
     },
-    [self](atom::tick) {
-      auto& st = self->state;
-      const auto now = self->clock().now();
-      for (auto& [id, s] : st.sessions) {
-        // Bytes waiting for the publish (queued behind another publish to
-        // the pool, say): the client waits on us, it is not idle.
-        if (!s.aborted && s.stream && s.stream->has_unread()) {
-          s.last_seen = now;
-          continue;
-        }
-        if (!s.aborted && !s.waiting && now - s.last_seen > st.limits.session_idle_timeout) {
-          log::warn("publisher", "publish session " + std::to_string(id) + " was idle for "
-                                   + std::to_string(st.limits.session_idle_timeout.count())
-                                   + " s; dropping it");
-          s.aborted = true;
-          s.stream->close(
-            error{errc::invalid_argument, "no bytes arrived for publisher.session_idle_timeout"});
-        }
-      }
-      std::vector<uint64_t> ids;
-      for (const auto& [id, s] : st.sessions)
-        ids.push_back(id);
-      for (auto id : ids)
-        settle(self, id);
-      self->delayed_send(self, sweep_every(self->state.limits), atom::tick_v);
-    },
+    [self](atom::tick) { on_tick(self); },
   };
 }
 
