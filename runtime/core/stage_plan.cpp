@@ -4,16 +4,11 @@ namespace stitch {
 
 std::string to_string(tensor_arrival a) {
   switch (a) {
-  case tensor_arrival::shared_with_base:
-    return "shared_with_base";
-  case tensor_arrival::read_from_anchor:
-    return "read_from_anchor";
-  case tensor_arrival::patched:
-    return "patched";
-  case tensor_arrival::whole_from_holder:
-    return "whole_from_holder";
-  case tensor_arrival::from_local_gpu:
-    return "from_local_gpu";
+    case tensor_arrival::shared_with_base: return "shared_with_base";
+    case tensor_arrival::read_from_anchor: return "read_from_anchor";
+    case tensor_arrival::patched: return "patched";
+    case tensor_arrival::whole_from_holder: return "whole_from_holder";
+    case tensor_arrival::from_local_gpu: return "from_local_gpu";
   }
   return "unknown";
 }
@@ -55,16 +50,15 @@ void stage_ledger::patched(const std::string& name) {
 
 tensor_check stage_ledger::check(std::string_view name) const {
   switch (arrival(name)) {
-  case tensor_arrival::shared_with_base:
-    // Unchanged bytes, verified when they were staged; a tensor the chain
-    // touches yet no delta rewrote (an empty delta of it) is checked anyway.
-    return touched_.contains(name) ? tensor_check::checksum : tensor_check::none;
-  case tensor_arrival::whole_from_holder:
-    return tensor_check::none; // every chunk verified as it landed
-  case tensor_arrival::read_from_anchor:
-  case tensor_arrival::patched:
-  case tensor_arrival::from_local_gpu:
-    return tensor_check::checksum;
+    case tensor_arrival::shared_with_base:
+      // Unchanged bytes, verified when they were staged; a tensor the chain
+      // touches yet no delta rewrote (an empty delta of it) is checked anyway.
+      return touched_.contains(name) ? tensor_check::checksum : tensor_check::none;
+    case tensor_arrival::whole_from_holder:
+      return tensor_check::none; // every chunk verified as it landed
+    case tensor_arrival::read_from_anchor:
+    case tensor_arrival::patched:
+    case tensor_arrival::from_local_gpu: return tensor_check::checksum;
   }
   return tensor_check::checksum;
 }

@@ -38,8 +38,8 @@ using buffers = std::vector<std::shared_ptr<tensor_buffer>>;
 /// before the buffers it reads or writes go.
 struct builtin_engine::stage_job {
   stage_job(builtin_engine& e, const chain_plan& p, tensor_source& s)
-      : engine(e), plan(p), source(s), ledger(p),
-        pipeline{e.device_ ? e.device_->stager.get() : nullptr} {
+      : engine(e), plan(p), source(s),
+        ledger(p), pipeline{e.device_ ? e.device_->stager.get() : nullptr} {
     read = [&src = source](const version_ref& ref, std::string_view tensor, uint64_t offset,
                            std::span<std::byte> out) { return src.read(ref, tensor, offset, out); };
   }
@@ -91,8 +91,7 @@ struct builtin_engine::stage_job {
       return std::move(m).error();
     target = std::move(*m);
     if (device()) {
-      on_local_gpu =
-        device_fanout::instance().join(plan.target, &engine, local_gpu_patience);
+      on_local_gpu = device_fanout::instance().join(plan.target, &engine, local_gpu_patience);
       if (!on_local_gpu)
         fetching_for_node = {&engine, plan.target, device()->gpu};
     }
@@ -466,13 +465,12 @@ struct builtin_engine::stage_job {
       // The expensive part of activation happens here, while serving.
       auto prepared = build_weights(config, std::move(tensors));
       if (!prepared)
-        return make_error(errc::invalid_argument,
-                          to_string(plan.target)
-                            + " does not match the architecture it is served with"
-                            + (target.files.contains("config.json")
-                                 ? " (its config.json)"
-                                 : " (the engine's model settings)")
-                            + ": " + prepared.error().message);
+        return make_error(
+          errc::invalid_argument,
+          to_string(plan.target) + " does not match the architecture it is served with"
+            + (target.files.contains("config.json") ? " (its config.json)"
+                                                    : " (the engine's model settings)")
+            + ": " + prepared.error().message);
       std::lock_guard guard{engine.mutex_};
       engine.shadow_ = shadow{std::move(*prepared), plan.target};
       return {};
