@@ -42,7 +42,6 @@ std::string describe(const json& v) {
   }
 }
 
-
 /// Builds the same DOM as `json::parse`, but refuses duplicate keys (nlohmann
 /// keeps the last one silently, so two readers could disagree about which
 /// shard holds a tensor), deep nesting and too many elements. Also records
