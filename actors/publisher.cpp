@@ -135,12 +135,11 @@ void collect_after_publish(self_ptr self, const std::string& pool) {
   });
 }
 
-/// A publish ended well: the store tells subscribers, retention runs.
+/// A publish ended well: retention runs (subscribers heard of the pointer
+/// move from the store, whose backend moved it).
 void published(self_ptr self, const publish_args& args) {
   if (args.dry_run)
     return;
-  if (self->state.store)
-    self->send(self->state.store, atom::notify_v, args.pool);
   collect_after_publish(self, args.pool);
 }
 

@@ -233,6 +233,14 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
   init.backend = std::move(backend);
   init.lanes = std::move(lanes);
   init.opts = opts;
+  // Every pointer move of the backend, whoever asked for it (this actor, or
+  // a publisher on this node writing the backend directly), reaches the
+  // listeners from here.
+  init.observer = init.backend->observe_pointers(
+    [addr = self->address()](const std::string& pool, const pointer_record& now) {
+      if (auto h = caf::actor_cast<caf::actor>(addr))
+        caf::anon_send(h, atom::pointer_moved_v, pool, now);
+    });
   self->set_down_handler([self](const caf::down_msg& down) {
     for (auto& [pool, ls] : self->state.listeners)
       std::erase_if(ls,
@@ -262,13 +270,8 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
         });
     },
     [=, &fast](atom::claim, const std::string& pool, const version_ref& boot) {
-      return offload<pointer_record>(
-        self, self->state.jobs, fast, fast_lane_name,
-        [db, pool, boot] { return db->claim(pool, boot); },
-        [self, pool](const result<pointer_record>& p) {
-          if (p)
-            tell_listeners(self, pool, *p);
-        });
+      return offload<pointer_record>(self, self->state.jobs, fast, fast_lane_name,
+                                     [db, pool, boot] { return db->claim(pool, boot); });
     },
     [=, &fast](atom::advance, const std::string& pool, const caf::optional<version_ref>& expected,
                const version_ref& proposed) {
@@ -277,11 +280,7 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
         exp = *expected;
       return offload<pointer_record>(
         self, self->state.jobs, fast, fast_lane_name,
-        [db, pool, exp, proposed] { return db->compare_and_advance_pointer(pool, exp, proposed); },
-        [self, pool](const result<pointer_record>& p) {
-          if (p)
-            tell_listeners(self, pool, *p);
-        });
+        [db, pool, exp, proposed] { return db->compare_and_advance_pointer(pool, exp, proposed); });
     },
     [=, &fast](atom::read_manifest, const std::string& pool, const version_ref& ref) {
       return offload<manifest>(self, self->state.jobs, fast, fast_lane_name,
@@ -329,19 +328,8 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
       self->monitor(listener);
       listeners.push_back(listener);
     },
-    [=, &fast](atom::notify, const std::string& pool) {
-      auto slot = std::make_shared<std::optional<pointer_record>>();
-      auto id = self->state.jobs.add([self, pool, slot] {
-        if (*slot)
-          tell_listeners(self, pool, **slot);
-      });
-      auto handle = caf::actor_cast<caf::actor>(self);
-      if (!fast.try_post([db, pool, slot, handle, id] {
-            if (auto p = db->read_pointer(pool); p && *p)
-              *slot = **p;
-            caf::anon_send(handle, atom::done_v, id);
-          }))
-        self->state.jobs.drop(id);
+    [self](atom::pointer_moved, const std::string& pool, const pointer_record& now) {
+      tell_listeners(self, pool, now);
     },
     [self](atom::done, uint64_t id) { self->state.jobs.complete(id); },
     [self](atom::tick) { on_tick(self); },

@@ -62,6 +62,16 @@ struct store_state {
   std::map<std::string, std::vector<pointer_listener_actor>> listeners;
   std::map<uint64_t, upload> uploads;
   uint64_t next_upload = 1;
+  /// This actor's observer of the backend's pointer moves.
+  uint64_t observer = 0;
+
+  store_state() = default;
+  store_state(const store_state&) = delete;
+  store_state& operator=(const store_state&) = delete;
+  ~store_state() {
+    if (backend && observer)
+      backend->unobserve_pointers(observer);
+  }
 };
 
 /// Hosts `backend` on `lanes`; spawn it on the cooperative scheduler.

@@ -28,7 +28,6 @@ CAF_ADD_ATOM(stitch_store, stitch::atom, put_end, "putend")
 CAF_ADD_ATOM(stitch_store, stitch::atom, put_abort, "putabort")
 CAF_ADD_ATOM(stitch_store, stitch::atom, put_file, "putfile")
 CAF_ADD_ATOM(stitch_store, stitch::atom, pointer_moved, "ptrmoved")
-CAF_ADD_ATOM(stitch_store, stitch::atom, notify, "notify")
 CAF_ADD_ATOM(stitch_store, stitch::atom, list_pools, "listpools")
 CAF_ADD_ATOM(stitch_store, stitch::atom, export_to, "exportto")
 CAF_END_TYPE_ID_BLOCK(stitch_store)
@@ -90,9 +89,9 @@ using store_actor = caf::typed_actor<
   // Tells `listener` of every pointer move in `pool` (in every pool when
   // `pool` is empty: pool names never are).
   caf::reacts_to<atom::subscribe, std::string, pointer_listener_actor>,
-  // The pointer of a pool may have moved (someone wrote the backend
-  // directly): re-read it and tell the listeners.
-  caf::reacts_to<atom::notify, std::string>,
+  // INTERNAL: the backend moved the pointer of a pool (for this actor or
+  // for a writer on its node): the listeners are told.
+  caf::reacts_to<atom::pointer_moved, std::string, pointer_record>,
   // INTERNAL: a lane finished job `id`; the idle-upload sweep.
   caf::reacts_to<atom::done, uint64_t>, caf::reacts_to<atom::tick>>;
 

@@ -96,6 +96,20 @@ class store_backend {
 public:
   virtual ~store_backend() = default;
 
+  /// Told of every pointer move the backend itself makes (a claim or an
+  /// advance that changed the pointer), with the pointer after it: on the
+  /// thread that moved it, outside the backend's locks. The one place a
+  /// host learns that a pool's pointer moved, whoever asked for the move.
+  using pointer_observer = std::function<void(const std::string& pool, const pointer_record& now)>;
+  /// Adds `observer`; the id given back removes it (`unobserve_pointers`).
+  /// A backend that moves no pointer itself (one that asks another process
+  /// to) never calls it.
+  virtual uint64_t observe_pointers(pointer_observer observer) {
+    (void) observer;
+    return 0;
+  }
+  virtual void unobserve_pointers(uint64_t id) { (void) id; }
+
   /// The pool's pointer; nullopt when no run was ever claimed.
   virtual result<std::optional<pointer_record>> read_pointer(std::string_view pool) = 0;
   /// The pool's pointer when the backend knows it without I/O (it is the

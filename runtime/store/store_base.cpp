@@ -168,6 +168,48 @@ status store_base::record_move(std::string_view pool, const pointer_snapshot& se
 }
 
 result<pointer_record> store_base::claim(std::string_view pool, const version_ref& boot) {
+  bool changed = false;
+  auto next = claim_locked(pool, boot, changed);
+  if (next && changed)
+    tell_observers(pool, *next);
+  return next;
+}
+
+result<pointer_record> store_base::compare_and_advance_pointer(
+  std::string_view pool, const std::optional<version_ref>& expected, const version_ref& proposed) {
+  bool changed = false;
+  auto next = advance_locked(pool, expected, proposed, changed);
+  if (next && changed)
+    tell_observers(pool, *next);
+  return next;
+}
+
+uint64_t store_base::observe_pointers(pointer_observer observer) {
+  std::lock_guard guard{observers_mutex_};
+  const uint64_t id = next_observer_++;
+  observers_.emplace(id, std::move(observer));
+  return id;
+}
+
+void store_base::unobserve_pointers(uint64_t id) {
+  std::lock_guard guard{observers_mutex_};
+  observers_.erase(id);
+}
+
+void store_base::tell_observers(std::string_view pool, const pointer_record& now) {
+  std::vector<pointer_observer> told;
+  {
+    std::lock_guard guard{observers_mutex_};
+    for (const auto& [id, o] : observers_)
+      told.push_back(o);
+  }
+  const std::string name{pool};
+  for (const auto& o : told)
+    o(name, now);
+}
+
+result<pointer_record> store_base::claim_locked(std::string_view pool, const version_ref& boot,
+                                                bool& moved) {
   if (auto ok = check_names(pool, boot); !ok)
     return std::move(ok).error();
   std::lock_guard guard{pool_lock(pool)};
@@ -183,16 +225,19 @@ result<pointer_record> store_base::claim(std::string_view pool, const version_re
   auto decision = decide_claim(current->record, boot, stored->is_full(), *known);
   if (!decision)
     return std::move(decision).error();
-  if (decision->move != pointer_move::unchanged)
+  if (decision->move != pointer_move::unchanged) {
     if (auto ok = record_move(pool, *current,
                               {decision->next, boot, stored->is_full(), !known->has_value()});
         !ok)
       return std::move(ok).error();
+    moved = true;
+  }
   return decision->next;
 }
 
-result<pointer_record> store_base::compare_and_advance_pointer(
-  std::string_view pool, const std::optional<version_ref>& expected, const version_ref& proposed) {
+result<pointer_record> store_base::advance_locked(std::string_view pool,
+                                                  const std::optional<version_ref>& expected,
+                                                  const version_ref& proposed, bool& moved) {
   if (auto ok = check_names(pool, proposed); !ok)
     return std::move(ok).error();
   std::lock_guard guard{pool_lock(pool)};
@@ -229,11 +274,13 @@ result<pointer_record> store_base::compare_and_advance_pointer(
   auto decision = decide_pointer_move(current->record, proposal);
   if (!decision)
     return std::move(decision).error();
-  if (decision->move != pointer_move::unchanged)
+  if (decision->move != pointer_move::unchanged) {
     if (auto ok = record_move(pool, *current,
                               {decision->next, proposed, stored->is_full(), !known->has_value()});
         !ok)
       return std::move(ok).error();
+    moved = true;
+  }
   return decision->next;
 }
 

@@ -75,6 +75,8 @@ public:
                                                  std::string_view run_id) final;
   result<std::vector<std::string>> list_pools() final;
   result<retention_report> retain(std::string_view pool, const retention_request& request) final;
+  uint64_t observe_pointers(pointer_observer observer) final;
+  void unobserve_pointers(uint64_t id) final;
 
 protected:
   /// Whether this process is the only writer of the backend's pointers (an
@@ -139,6 +141,18 @@ private:
   /// `commit_move`, keeping the remembered pointers in step with it.
   status record_move(std::string_view pool, const pointer_snapshot& seen,
                      const pointer_commit& move);
+  /// The moves themselves, under the pool's lock; `moved` says whether the
+  /// pointer changed.
+  result<pointer_record> claim_locked(std::string_view pool, const version_ref& boot, bool& moved);
+  result<pointer_record> advance_locked(std::string_view pool,
+                                        const std::optional<version_ref>& expected,
+                                        const version_ref& proposed, bool& moved);
+  /// Tells the observers of a move (outside every lock of the backend).
+  void tell_observers(std::string_view pool, const pointer_record& now);
+
+  std::mutex observers_mutex_;
+  std::map<uint64_t, pointer_observer> observers_;
+  uint64_t next_observer_ = 1;
 
   std::mutex locks_mutex_;
   std::map<std::string, std::unique_ptr<std::mutex>, std::less<>> pool_locks_;

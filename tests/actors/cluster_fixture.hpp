@@ -18,6 +18,7 @@
 
 #include "actors/gateway.hpp"
 #include "actors/http_front.hpp"
+#include "actors/mutable_backend.hpp"
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
 #include "actors/store_client.hpp"
@@ -136,7 +137,8 @@ protected:
     auto opened = store::open_rocksdb_store((dir.path() / "db").string());
     EXPECT_TRUE(opened);
     backend = std::shared_ptr<store_backend>{std::move(*opened)};
-    store = sys.spawn(store_service, backend, store_lanes::make(), store_options{});
+    observed = std::make_shared<testing::mutable_backend>(backend);
+    store = sys.spawn(store_service, observed, store_lanes::make(), store_options{});
     config = *engine::preset("tiny");
     pub = std::make_unique<pipeline::publisher>(*backend);
     gateway = sys.spawn(gateway_service, gateway_options{});
@@ -169,13 +171,14 @@ protected:
     return w;
   }
 
-  /// Publishes straight into the store's backend; `notify` wakes the
-  /// subscribers (otherwise only the backstop timer finds it).
+  /// Publishes straight into the store's backend, whose pointer move wakes
+  /// the subscribers; without `notify` the store actor does not hear of it
+  /// (only the backstop timer, or a wake, finds it).
   void publish(uint64_t v, const std::string& run = "r", bool notify = true) {
+    observed->mute(!notify);
     auto r = pub->publish({"default", run, v, false, false}, weights_of(v, run));
+    observed->mute(false);
     ASSERT_TRUE(r) << to_string(r.error());
-    if (notify)
-      caf::anon_send(store, atom::notify_v, std::string{"default"});
   }
 
   /// Starts replica `id`, enrolled in the gateway. With `bytes_via_actor`
@@ -360,6 +363,8 @@ protected:
   caf::actor_system sys;
   caf::scoped_actor self;
   std::shared_ptr<store_backend> backend;
+  /// What the store actor hosts: `backend`, its moves hidden on request.
+  std::shared_ptr<testing::mutable_backend> observed;
   store_actor store;
   std::shared_ptr<remote_store> remote;
   engine::model_config config;

@@ -14,6 +14,7 @@
 
 #include "actors/executors.hpp"
 #include "actors/fakes.hpp"
+#include "actors/mutable_backend.hpp"
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
 #include "node/system_config.hpp"
@@ -177,7 +178,8 @@ protected:
     auto opened = store::open_rocksdb_store((dir.path() / "db").string());
     EXPECT_TRUE(opened);
     backend = std::shared_ptr<store_backend>{std::move(*opened)};
-    store = sys.spawn(store_service, backend, testing::inline_lanes(), store_options{});
+    observed = std::make_shared<testing::mutable_backend>(backend);
+    store = sys.spawn(store_service, observed, testing::inline_lanes(), store_options{});
     sched.run();
     config = *engine::preset("tiny");
     pub = std::make_unique<pipeline::publisher>(*backend);
@@ -200,16 +202,17 @@ protected:
     return w;
   }
 
-  /// Publishes straight into the backend; `notify` tells the store actor (and
-  /// so the subscribed replica), otherwise the wake is "lost".
+  /// Publishes straight into the backend, whose pointer move tells the
+  /// store actor (and so the subscribed replica); without `notify` the
+  /// store actor does not hear of it: the wake is "lost".
   void publish(const std::string& run, uint64_t v, bool notify = true,
                std::optional<pipeline::tensor_set> w = std::nullopt, bool anchor = false) {
+    observed->mute(!notify);
     auto r = pub->publish({pool, run, v, anchor, false}, w ? *w : weights_of(run, v));
+    observed->mute(false);
     ASSERT_TRUE(r) << to_string(r.error());
-    if (notify) {
-      self->send(store, atom::notify_v, pool);
+    if (notify)
       sched.run();
-    }
   }
 
   void start(replica_options o = {}) {
@@ -380,6 +383,8 @@ protected:
   caf::scheduler::test_coordinator& sched;
   const std::string pool = "default";
   std::shared_ptr<store_backend> backend;
+  /// What the store actor hosts: `backend`, its moves hidden on request.
+  std::shared_ptr<testing::mutable_backend> observed;
   store_actor store;
   engine::model_config config;
   std::unique_ptr<pipeline::publisher> pub;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -45,6 +46,7 @@ public:
       : sys_(cfg_) {
     std::shared_ptr<store_backend> shared{std::move(db)};
     (void) spool;
+    hosted_ = shared;
     actor_ = sys_.spawn(store_service, shared, store_lanes::make(), store_options{});
     client_ = std::make_unique<remote_store>(sys_, actor_);
   }
@@ -52,6 +54,11 @@ public:
     client_.reset();
     caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
   }
+  // Moves made through the actor are the hosted backend's own moves.
+  uint64_t observe_pointers(pointer_observer observer) override {
+    return hosted_->observe_pointers(std::move(observer));
+  }
+  void unobserve_pointers(uint64_t id) override { hosted_->unobserve_pointers(id); }
   result<std::optional<pointer_record>> read_pointer(std::string_view pool) override {
     return client_->read_pointer(pool);
   }
@@ -89,6 +96,7 @@ private:
   caf::actor_system sys_;
   store_actor actor_;
   std::unique_ptr<remote_store> client_;
+  std::shared_ptr<store_backend> hosted_;
 };
 
 std::vector<backend_factory> backends() {
@@ -634,6 +642,36 @@ TEST_P(store_backend_test, rewind_is_refused_and_pointer_unchanged) {
   ASSERT_FALSE(back);
   EXPECT_EQ(back.error().code, errc::rewind);
   EXPECT_EQ((*store->read_pointer(pool))->latest, (version_ref{"r", 1}));
+}
+
+TEST_P(store_backend_test, observers_hear_each_pointer_move_once_and_nothing_else) {
+  // The one place a host learns of a move, whoever asked for it.
+  std::vector<std::pair<std::string, version_ref>> heard;
+  std::mutex m;
+  auto id = store->observe_pointers([&](const std::string& p, const pointer_record& now) {
+    std::lock_guard guard{m};
+    heard.emplace_back(p, now.latest);
+  });
+  auto w = base_weights();
+  publish_anchor("r", 0, w);
+  auto w1 = w;
+  w1["a"][0] ^= std::byte{1};
+  ASSERT_TRUE(publish_delta("r", 1, w, w1));
+  // Refused (a rewind) and unchanged (a retried advance) moves are silent.
+  EXPECT_FALSE(store->compare_and_advance_pointer(pool, version_ref{"r", 1}, {"r", 0}));
+  EXPECT_TRUE(store->compare_and_advance_pointer(pool, version_ref{"r", 1}, {"r", 1}));
+  {
+    std::lock_guard guard{m};
+    ASSERT_EQ(heard.size(), 2u);
+    EXPECT_EQ(heard[0], (std::pair<std::string, version_ref>{pool, {"r", 0}}));
+    EXPECT_EQ(heard[1], (std::pair<std::string, version_ref>{pool, {"r", 1}}));
+  }
+  store->unobserve_pointers(id);
+  auto w2 = w1;
+  w2["a"][1] ^= std::byte{1};
+  ASSERT_TRUE(publish_delta("r", 2, w1, w2));
+  std::lock_guard guard{m};
+  EXPECT_EQ(heard.size(), 2u);
 }
 
 TEST_P(store_backend_test, republishing_identical_version_is_idempotent) {
