@@ -246,6 +246,18 @@ std::string http_surface_metrics(
     out += "stitch_http_refused_connections_total{surface=\"" + name + "\",limit=\"per_client\"} "
            + std::to_string(st.refused_per_client) + "\n";
   }
+  out += "# HELP stitch_http_refused_bodies_total Requests answered 503 because their body would "
+         "pass http.body_budget.\n";
+  out += "# TYPE stitch_http_refused_bodies_total counter\n";
+  for (const auto& [name, st] : surfaces)
+    out += "stitch_http_refused_bodies_total{surface=\"" + name + "\"} "
+           + std::to_string(st.refused_body_budget) + "\n";
+  out += "# HELP stitch_http_receiving_body_bytes Bytes announced by the request bodies each "
+         "surface is receiving (counted against http.body_budget).\n";
+  out += "# TYPE stitch_http_receiving_body_bytes gauge\n";
+  for (const auto& [name, st] : surfaces)
+    out += "stitch_http_receiving_body_bytes{surface=\"" + name + "\"} "
+           + std::to_string(st.bodies_receiving) + "\n";
   return out;
 }
 

@@ -251,6 +251,7 @@ const std::vector<entry>& schema() {
     count("http.max_connections", &node_config::http_max_connections, 1'000'000);
     count("http.max_connections_per_client", &node_config::http_max_connections_per_client,
           1'000'000);
+    count("http.body_budget", &node_config::http_body_budget, double(uint64_t{1} << 40));
     text("admin.token", &node_config::admin_token);
     path("tls.cert", &node_config::tls_cert);
     path("tls.key", &node_config::tls_key);

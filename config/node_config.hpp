@@ -110,6 +110,9 @@ struct node_config {
   /// address; more are answered 503 and counted in /metrics. 0 = no limit.
   uint64_t http_max_connections = 8192;
   uint64_t http_max_connections_per_client = 1024;
+  /// Bytes of request bodies each HTTP surface receives at once at most, by
+  /// their announced lengths; a body past it is answered 503. 0 = no limit.
+  uint64_t http_body_budget = uint64_t{256} << 20;
 
   std::string admin_token;
   std::filesystem::path tls_cert;

@@ -358,6 +358,7 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
   front.server.body_limit = settings_.body_limit;
   front.server.max_connections = settings_.http_max_connections;
   front.server.max_connections_per_client = settings_.http_max_connections_per_client;
+  front.server.body_budget = settings_.http_body_budget;
   front.router.admin_token = settings_.admin_token;
   front.router.affinity_headers = settings_.affinity_headers;
   auto http = std::make_unique<replica_http>(sys_, caf::actor_cast<caf::actor>(replica), front);
@@ -568,6 +569,7 @@ status node::start_serving(const node_settings& settings) {
   server.body_limit = settings.body_limit;
   server.max_connections = settings.http_max_connections;
   server.max_connections_per_client = settings.http_max_connections_per_client;
+  server.body_budget = settings.http_body_budget;
   replica_http_options front;
   front.server = server;
   front.router.admin_token = settings.admin_token;

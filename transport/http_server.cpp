@@ -167,7 +167,29 @@ struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
   std::map<std::string, size_t> per_client;
   uint64_t refused_max = 0;
   uint64_t refused_client = 0;
+  uint64_t refused_budget = 0;
+  /// Bytes announced by the bodies being received (`body_budget`).
+  uint64_t bodies_receiving = 0;
   std::vector<std::weak_ptr<session>> sessions;
+
+  /// Counts `n` announced body bytes against `body_budget`; false (and
+  /// counted as refused) when they would pass it.
+  bool reserve_body(uint64_t n) {
+    std::lock_guard guard{mutex};
+    // One body alone always fits (up to `body_limit`, which the parser
+    // checked): a budget below the body limit never refuses a lone body.
+    if (opts.body_budget && bodies_receiving > 0
+        && (n > opts.body_budget || bodies_receiving > opts.body_budget - n)) {
+      ++refused_budget;
+      return false;
+    }
+    bodies_receiving += n;
+    return true;
+  }
+  void release_body(uint64_t n) {
+    std::lock_guard guard{mutex};
+    bodies_receiving -= n;
+  }
   bool stopped = false;
 };
 
@@ -193,7 +215,10 @@ public:
     }
   }
 
-  ~session() { server_->session_closed(client_); }
+  ~session() {
+    release_body();
+    server_->session_closed(client_);
+  }
 
   net::strand<net::io_context::executor_type>& strand() { return strand_; }
 
@@ -276,7 +301,26 @@ private:
     read_body();
   }
 
+  /// The body being received no longer counts against the budget.
+  void release_body() {
+    if (auto n = std::exchange(reserved_, 0))
+      server_->release_body(n);
+  }
+
   void read_body() {
+    if (auto n = parser_->content_length(); n && *n > 0 && !parser_->is_done()) {
+      if (!server_->reserve_body(*n)) {
+        reading_ = false;
+        have_header_ = false;
+        read_timer_.cancel();
+        refuse(http_failure::unavailable,
+               "a request body of " + std::to_string(*n)
+                 + " bytes would pass the bytes this surface receives at once (http.body_budget = "
+                 + std::to_string(server_->opts.body_budget) + "); try again");
+        return;
+      }
+      reserved_ = *n;
+    }
     // A large body of known length (tensor bytes of an HTTP publish) is read
     // straight into its string in one operation: Beast's parser would take
     // it 64 KiB per read, each through the strand (a fifth of the rate).
@@ -311,19 +355,13 @@ private:
     }
     if (auto n = parser_->content_length();
         n && *n >= large_body && !parser_->chunked() && !parser_->is_done()) {
+      const size_t want = static_cast<size_t>(*n);
       auto body = std::make_shared<std::string>();
-      body->resize(static_cast<size_t>(*n));
-      size_t have = std::min(buffer_.size(), body->size());
+      size_t have = std::min(buffer_.size(), want);
+      body->resize(have);
       net::buffer_copy(net::buffer(body->data(), have), buffer_.data());
       buffer_.consume(have);
-      net::async_read(socket_, net::buffer(body->data() + have, body->size() - have),
-                      net::transfer_all(),
-                      net::bind_executor(strand_, [self = shared_from_this(),
-                                                   body](boost::system::error_code ec, size_t) {
-                        if (!ec)
-                          self->parser_->get().body() = std::move(*body);
-                        self->on_request(ec);
-                      }));
+      read_growing(std::move(body), want);
       return;
     }
     bhttp::async_read(
@@ -332,7 +370,29 @@ private:
                                                               size_t) { self->on_request(ec); }));
   }
 
+  /// Reads the rest of a body of `want` bytes into `body` (which holds what
+  /// arrived so far), growing it as the bytes arrive: by what it holds, at
+  /// least 64 KiB, so it is never more than twice what was received (a
+  /// client that announces a large body and sends nothing costs 64 KiB).
+  void read_growing(std::shared_ptr<std::string> body, size_t want) {
+    const size_t have = body->size();
+    if (have == want) {
+      parser_->get().body() = std::move(*body);
+      return on_request({});
+    }
+    const size_t step = std::min(want - have, std::max(have, size_t{64} << 10));
+    body->resize(have + step);
+    net::async_read(socket_, net::buffer(body->data() + have, step), net::transfer_all(),
+                    net::bind_executor(strand_, [self = shared_from_this(), body,
+                                                 want](boost::system::error_code ec, size_t) {
+                      if (ec)
+                        return self->on_request(ec);
+                      self->read_growing(body, want);
+                    }));
+  }
+
   void on_read_error(boost::system::error_code ec) {
+    release_body();
     reading_ = false;
     read_timer_.cancel();
     const bool mid_body = std::exchange(have_header_, false);
@@ -396,6 +456,7 @@ private:
   void on_request(boost::system::error_code ec) {
     if (ec)
       return on_read_error(ec);
+    release_body();
     have_header_ = false;
     reading_ = false;
     read_timer_.cancel();
@@ -565,6 +626,8 @@ private:
   bool reading_ = false;
   /// The current request's header was read; its body is being read.
   bool have_header_ = false;
+  /// Bytes of the body being received, counted against `body_budget`.
+  uint64_t reserved_ = 0;
   bool writing_ = false;
   bool stop_reading_ = false;
   bool draining_ = false;
@@ -782,7 +845,8 @@ size_t http_server::open_connections() const noexcept {
 
 http_server_stats http_server::stats() const {
   std::lock_guard guard{impl_->mutex};
-  return {impl_->connections, impl_->refused_max, impl_->refused_client};
+  return {impl_->connections, impl_->refused_max, impl_->refused_client, impl_->refused_budget,
+          impl_->bodies_receiving};
 }
 
 } // namespace stitch::transport

@@ -78,6 +78,13 @@ using http_handler = std::function<void(server_request, std::shared_ptr<http_res
 struct http_server_options {
   /// Larger request bodies are answered 413.
   size_t body_limit = size_t{16} << 20;
+  /// Bytes of request bodies this server receives at once at most, counted
+  /// by what their `Content-Length`s announce (`http.body_budget`); a body
+  /// that would pass it is answered 503 (Retry-After) before any of it is
+  /// read; a body received alone is always taken (up to `body_limit`).
+  /// 0 = no limit. Memory follows the bytes that really arrived (a
+  /// body grows as they do), so announcing without sending costs little.
+  uint64_t body_budget = uint64_t{256} << 20;
   /// Larger request headers are answered 431.
   uint32_t header_limit = 16 * 1024;
   /// A connection waiting for (the header of) its next request this long is closed.
@@ -120,6 +127,10 @@ struct http_server_stats {
   uint64_t refused_max_connections = 0;
   /// ... because their client had `max_connections_per_client` open.
   uint64_t refused_per_client = 0;
+  /// Requests answered 503 because their body would pass `body_budget`.
+  uint64_t refused_body_budget = 0;
+  /// Bytes announced by the bodies being received now.
+  uint64_t bodies_receiving = 0;
 };
 
 /// An HTTP/1.1 server (Boost.Beast): keep-alive, a bounded pipeline per

@@ -141,6 +141,12 @@ TEST_F(node_http_test, replicas_converge_serve_stamped_samples_and_report_status
                               "limit=\"per_client\"} 0"),
             std::string::npos)
     << metrics.body;
+  EXPECT_NE(metrics.body.find("stitch_http_refused_bodies_total{surface=\"gateway\"} 0"),
+            std::string::npos)
+    << metrics.body;
+  EXPECT_NE(metrics.body.find("stitch_http_receiving_body_bytes{surface=\"gateway\"} 0"),
+            std::string::npos)
+    << metrics.body;
   EXPECT_NE(metrics.body.find("stitch_gateway_responses_total{gateway=\"0\",code=\"409\"} 1"),
             std::string::npos)
     << metrics.body;

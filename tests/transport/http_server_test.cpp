@@ -12,7 +12,10 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <unistd.h>
+
 #include <condition_variable>
+#include <cstdio>
 #include <future>
 #include <map>
 #include <mutex>
@@ -641,6 +644,85 @@ TEST_F(http_server_test, connections_over_the_limits_are_answered_503_and_counte
   auto r = c.send(req);
   ASSERT_TRUE(r) << to_string(r.error());
   EXPECT_EQ(r->body, "ok");
+}
+
+/// This process's resident memory, in bytes.
+size_t resident_bytes() {
+  size_t pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%zu %zu", &pages, &resident) != 2)
+      resident = 0;
+    std::fclose(f);
+  }
+  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+TEST_F(http_server_test, announced_but_unsent_bodies_cost_what_arrived_not_what_was_announced) {
+  http_server_options o;
+  o.body_budget = 0; // only the growth is under test here
+  start(o, [](server_request, std::shared_ptr<http_responder> r) { r->send(text("ok")); });
+  const size_t before = resident_bytes();
+  constexpr int clients = 40;
+  constexpr uint64_t announced = 16'000'000;
+  std::vector<std::unique_ptr<raw_client>> held;
+  for (int i = 0; i < clients; ++i) {
+    held.push_back(std::make_unique<raw_client>(port));
+    held.back()->write("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(announced)
+                       + "\r\n\r\nsome");
+  }
+  ASSERT_TRUE(testing::eventually(
+    [&] { return server->stats().bodies_receiving == clients * announced; }, 10s))
+    << server->stats().bodies_receiving;
+  const size_t grown = resident_bytes() - std::min(before, resident_bytes());
+  // 640 MB announced; a body sized to its Content-Length up front grew the
+  // process by about that much.
+  EXPECT_LT(grown, size_t{32} << 20) << grown;
+  held.clear();
+  ASSERT_TRUE(testing::eventually([&] { return server->stats().bodies_receiving == 0; }, 10s));
+}
+
+TEST_F(http_server_test, bodies_past_the_budget_are_answered_503_before_they_are_read) {
+  http_server_options o;
+  o.body_budget = 40'000'000;
+  start(o, [](server_request req, std::shared_ptr<http_responder> r) {
+    r->send(text("got " + std::to_string(req.body.size())));
+  });
+  auto announce = [&](raw_client& c, uint64_t n) {
+    c.write("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(n) + "\r\n\r\n");
+  };
+  raw_client a{port}, b{port};
+  announce(a, 16'000'000);
+  announce(b, 16'000'000);
+  ASSERT_TRUE(
+    testing::eventually([&] { return server->stats().bodies_receiving == 32'000'000; }, 10s));
+  {
+    raw_client over{port};
+    announce(over, 16'000'000);
+    auto answer = over.read_to_close();
+    EXPECT_NE(answer.find("HTTP/1.1 503"), std::string::npos) << answer;
+    EXPECT_NE(answer.find("Retry-After"), std::string::npos) << answer;
+    EXPECT_NE(answer.find("http.body_budget"), std::string::npos) << answer;
+    EXPECT_TRUE(over.closed_by_peer());
+  }
+  EXPECT_EQ(server->stats().refused_body_budget, 1u);
+  // Requests without a body, and bodies that fit, are still served.
+  expect_answer("/y", "got 0");
+  {
+    raw_client fits{port};
+    const std::string body(2'000'000, 'z');
+    announce(fits, body.size());
+    fits.write(body);
+    EXPECT_NE(fits.read_until("got 2000000").find("got 2000000"), std::string::npos);
+  }
+  // A client that leaves mid-body gives its share back.
+  a.close();
+  ASSERT_TRUE(
+    testing::eventually([&] { return server->stats().bodies_receiving == 16'000'000; }, 10s));
+  raw_client again{port};
+  announce(again, 16'000'000);
+  ASSERT_TRUE(
+    testing::eventually([&] { return server->stats().bodies_receiving == 32'000'000; }, 10s));
+  EXPECT_EQ(server->stats().refused_body_budget, 1u);
 }
 
 TEST_F(http_server_test, stop_lets_answers_in_flight_finish) {
