@@ -246,18 +246,22 @@ std::string http_surface_metrics(
     out += "stitch_http_refused_connections_total{surface=\"" + name + "\",limit=\"per_client\"} "
            + std::to_string(st.refused_per_client) + "\n";
   }
-  out += "# HELP stitch_http_refused_bodies_total Requests answered 503 because their body would "
-         "pass http.body_budget.\n";
-  out += "# TYPE stitch_http_refused_bodies_total counter\n";
-  for (const auto& [name, st] : surfaces)
-    out += "stitch_http_refused_bodies_total{surface=\"" + name + "\"} "
-           + std::to_string(st.refused_body_budget) + "\n";
-  out += "# HELP stitch_http_receiving_body_bytes Bytes announced by the request bodies each "
-         "surface is receiving (counted against http.body_budget).\n";
-  out += "# TYPE stitch_http_receiving_body_bytes gauge\n";
-  for (const auto& [name, st] : surfaces)
-    out += "stitch_http_receiving_body_bytes{surface=\"" + name + "\"} "
-           + std::to_string(st.bodies_receiving) + "\n";
+  // One gauge or counter per surface, from a field of its stats.
+  auto per_surface = [&](std::string_view name, std::string_view type, std::string_view help,
+                         uint64_t transport::http_server_stats::*field) {
+    out += "# HELP " + std::string{name} + " " + std::string{help} + "\n";
+    out += "# TYPE " + std::string{name} + " " + std::string{type} + "\n";
+    for (const auto& [surface, st] : surfaces)
+      out +=
+        std::string{name} + "{surface=\"" + surface + "\"} " + std::to_string(st.*field) + "\n";
+  };
+  per_surface("stitch_http_refused_bodies_total", "counter",
+              "Requests answered 503 because their body would pass http.body_budget.",
+              &transport::http_server_stats::refused_body_budget);
+  per_surface("stitch_http_receiving_body_bytes", "gauge",
+              "Bytes announced by the request bodies each surface is receiving (counted against "
+              "http.body_budget).",
+              &transport::http_server_stats::bodies_receiving);
   return out;
 }
 
