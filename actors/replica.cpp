@@ -430,9 +430,8 @@ caf::result<replica_answer> on_generate(self_ptr self, replica_call& call) {
     // from another node.
     if (auto ok = merge(call.c, constraint{}); !ok)
       return refuse(http_failure::bad_request, ok.error().message);
-  } else if (route_blocked(st.engine->blocked_routes(), call.route)) {
-    return refuse(http_failure::route_blocked,
-                  "route " + call.route + " controls the engine; Stitch owns it");
+  } else if (auto why = st.engine->route_refusal(call.method, call.route)) {
+    return refuse(http_failure::route_blocked, std::move(*why));
   }
   request_id id = st.lane->next_id();
   st.by_key.emplace(std::pair{caller.address(), call.key}, id);

@@ -20,10 +20,6 @@ clock_time lane_now() {
 
 } // namespace
 
-bool route_blocked(const std::vector<std::string>& routes, std::string_view route) {
-  return std::find(routes.begin(), routes.end(), route) != routes.end();
-}
-
 admission_gate::options gate_options_of(const replica_options& o) {
   return admission_gate::options{std::chrono::duration_cast<clock_time>(o.drain_timeout),
                                  o.max_queued};
@@ -90,9 +86,9 @@ void request_lane::submit(request_kind kind, const constraint& c, std::string me
     engine = engine_;
     replica_id = replica_id_;
   }
-  if (kind == request_kind::passthrough && route_blocked(engine->blocked_routes(), route)) {
-    auto a = answer_of(make_http_error(http_failure::route_blocked,
-                                       "route " + route + " controls the engine; Stitch owns it"));
+  if (auto why =
+        kind == request_kind::passthrough ? engine->route_refusal(method, route) : std::nullopt) {
+    auto a = answer_of(make_http_error(http_failure::route_blocked, std::move(*why)));
     a.replica_id = replica_id;
     deliver(a, *out, false);
     return;

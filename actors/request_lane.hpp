@@ -38,9 +38,6 @@ struct replica_options;
 /// `replica.max_queued`).
 admission_gate::options gate_options_of(const replica_options& o);
 
-/// Whether `route` is one of the engine's control routes (403 to clients).
-bool route_blocked(const std::vector<std::string>& routes, std::string_view route);
-
 class request_lane : public std::enable_shared_from_this<request_lane> {
 public:
   explicit request_lane(admission_gate::options opts);

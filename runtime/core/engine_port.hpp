@@ -188,8 +188,12 @@ public:
   /// (`weight_version_spans`); an engine that cannot say reports only the
   /// start and end stamps.
   virtual bool reports_version_spans() const { return false; }
-  /// Engine control routes clients may not call through Stitch (403).
-  virtual std::vector<std::string> blocked_routes() const = 0;
+  /// Why a client's pass-through `method route` may not reach the engine
+  /// (403 RouteBlocked); nothing when it may. An external engine passes
+  /// only the routes that serve inference or read-only model information
+  /// (`runtime/core/engine_routes.hpp`), whatever it adds in later releases.
+  virtual std::optional<std::string> route_refusal(std::string_view method,
+                                                   std::string_view route) const = 0;
 };
 
 } // namespace stitch

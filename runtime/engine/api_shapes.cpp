@@ -498,15 +498,25 @@ std::string render_stream_final(const api_request& req, const api_output& out, s
   return dump(openai_body(req, &out, id, created, true, delta, false, req.stream_usage));
 }
 
-std::string add_request_fields(std::string_view route, std::string_view body,
-                               const std::vector<std::pair<std::string, std::string>>& fields) {
+std::string namespace_cache(std::string_view route, std::string_view body, std::string_view field,
+                            std::string_view ns) {
   if (!api_kind_of(route) || !json_nesting_within(body))
     return std::string{body};
   auto doc = ordered_json::parse(body, nullptr, false);
   if (doc.is_discarded() || !doc.is_object())
     return std::string{body};
-  for (const auto& [key, value] : fields)
-    doc[key] = value;
+  const std::string prefix = std::string{ns} + ":";
+  auto& slot = doc[std::string{field}];
+  auto all_strings = [](const ordered_json& a) {
+    return std::all_of(a.begin(), a.end(), [](const ordered_json& x) { return x.is_string(); });
+  };
+  if (slot.is_string())
+    slot = prefix + slot.get<std::string>();
+  else if (slot.is_array() && !slot.empty() && all_strings(slot))
+    for (auto& k : slot)
+      k = prefix + k.get<std::string>();
+  else
+    slot = std::string{ns};
   return dump(doc);
 }
 

@@ -87,11 +87,16 @@ std::string render_stream_event(const api_request& req, std::string_view id, int
 std::string render_stream_final(const api_request& req, const api_output& out, std::string_view id,
                                 int64_t created, std::string_view delta);
 
-/// A versioned route's request body with `fields` set (added or replaced):
-/// the cache namespace of the version it is admitted on, say. Bodies that are
-/// not JSON objects, and other routes, pass through untouched.
-std::string add_request_fields(std::string_view route, std::string_view body,
-                               const std::vector<std::pair<std::string, std::string>>& fields);
+/// A versioned route's request body with its prefix-cache namespace `field`
+/// (SGLang's `extra_key`, vLLM's `cache_salt`) set to `ns` (the version it
+/// is admitted on), composed with the client's own: a string `k` becomes
+/// `ns:k`, an array of strings (a batch's, one per prompt) each element so;
+/// absent or null, `ns`; any other value is replaced by `ns` (no engine
+/// takes it). `ns` holds no `:` (`run/weight_vN`), so two compositions are
+/// equal only when both parts are. Bodies that are not JSON objects, and
+/// other routes, pass through untouched.
+std::string namespace_cache(std::string_view route, std::string_view body, std::string_view field,
+                            std::string_view ns);
 
 /// An answer body of a versioned route with the version stamps added
 /// (DESIGN §5): in `meta_info` for `/generate` (each element of a batch's

@@ -605,7 +605,7 @@ result<engine_reply> builtin_engine::forward(const engine_call& call, const even
 std::string builtin_engine::stamp_request(std::string_view route, std::string_view body,
                                           const version_ref& served) {
   // The engine's cache key namespace: entries of other weights never match.
-  return add_request_fields(route, body, {{"extra_key", to_string(served)}});
+  return namespace_cache(route, body, "extra_key", to_string(served));
 }
 
 std::string builtin_engine::stamp_response(std::string_view route, std::string_view body,
@@ -623,9 +623,10 @@ engine_health builtin_engine::health() {
   return {true, what};
 }
 
-std::vector<std::string> builtin_engine::blocked_routes() const {
-  // The built-in engine exposes no HTTP control routes of its own.
-  return {};
+std::optional<std::string> builtin_engine::route_refusal(std::string_view, std::string_view) const {
+  // The built-in engine has no HTTP control routes: it answers what it
+  // serves (`forward`) and 404 for the rest.
+  return std::nullopt;
 }
 
 } // namespace stitch::engine

@@ -100,7 +100,8 @@ public:
   std::string stamp_response(std::string_view route, std::string_view body, const stamps& s,
                              std::string_view run_id) override;
   engine_health health() override;
-  std::vector<std::string> blocked_routes() const override;
+  std::optional<std::string> route_refusal(std::string_view method,
+                                           std::string_view route) const override;
   std::optional<host_weights> host_view() override;
   engine_device_usage device_usage() override;
   bool reports_version_spans() const override { return true; }

@@ -18,27 +18,41 @@ namespace stitch::engine::detail {
 //   POST /flush_cache         (plain text, 200 or 400)
 //   POST /abort_request       {"rid"}
 //   GET  /health              200 when healthy, 503 while starting
-const external_engine::dialect sglang_dialect{"extra_key",
-                                              {"/update_weights_from_disk",
-                                               "/update_weights_from_tensor",
-                                               "/update_weights_from_distributed",
-                                               "/update_weights_from_ipc",
-                                               "/init_weights_update_group",
-                                               "/destroy_weights_update_group",
-                                               "/update_weight_version",
-                                               "/pause_generation",
-                                               "/continue_generation",
-                                               "/flush_cache",
-                                               "/abort_request",
-                                               "/release_memory_occupation",
-                                               "/resume_memory_occupation",
-                                               "/start_profile",
-                                               "/stop_profile",
-                                               "/configure_logging",
-                                               "/set_internal_state",
-                                               "/load_lora_adapter",
-                                               "/unload_lora_adapter",
-                                               "/shutdown"}};
+//
+// Clients reach only the routes below (inference and read-only model
+// information); every other route, today's control routes and whatever a
+// later release adds, answers 403 RouteBlocked at the replica.
+namespace {
+constexpr std::string_view sglang_server = "sglang python/sglang/srt/entrypoints/http_server.py";
+} // namespace
+
+const external_engine::dialect sglang_dialect{
+  "extra_key",
+  {
+    // Read-only model and server information.
+    {"GET", "/health", sglang_server},
+    {"GET", "/health_generate", sglang_server},
+    {"GET", "/model_info", sglang_server},
+    {"GET", "/get_model_info", sglang_server},
+    {"GET", "/server_info", sglang_server},
+    {"GET", "/get_server_info", sglang_server},
+    {"GET", "/weight_version", sglang_server},
+    {"GET", "/get_weight_version", sglang_server},
+    {"GET", "/get_load", sglang_server},
+    {"GET", "/metrics", sglang_server},
+    {"GET", "/v1/models", sglang_server},
+    {"GET", "/v1/models/{}", sglang_server},
+    // Inference that is not versioned (no weights are stamped on it).
+    {"POST", "/tokenize", sglang_server},
+    {"POST", "/detokenize", sglang_server},
+    {"POST", "/encode", sglang_server},
+    {"POST", "/classify", sglang_server},
+    {"POST", "/v1/embeddings", sglang_server},
+    {"POST", "/v1/rerank", sglang_server},
+    {"POST", "/v1/score", sglang_server},
+    {"POST", "/v1/tokenize", sglang_server},
+    {"POST", "/v1/detokenize", sglang_server},
+  }};
 
 // vLLM 0.16 and later (vllm/entrypoints/serve/{rlhf,rpc,cache}/api_router.py,
 // vllm/v1/worker/gpu_worker.py), development mode (VLLM_SERVER_DEV_MODE=1):
@@ -58,11 +72,31 @@ const external_engine::dialect sglang_dialect{"extra_key",
 // vLLM keeps no weight version: the reload's answer is the verification, and
 // the monitor treats a failed health check as a restart to re-sync after.
 // `cache_salt` (chat since 0.9, completions since 0.10) namespaces the cache.
-const external_engine::dialect vllm_dialect{
-  "cache_salt",
-  {"/pause", "/resume", "/is_paused", "/collective_rpc", "/reset_prefix_cache", "/reset_mm_cache",
-   "/sleep", "/wake_up", "/is_sleeping", "/update_weights", "/init_weight_transfer",
-   "/start_profile", "/stop_profile", "/server_info", "/scale_elastic_ep", "/is_scaling_elastic_ep",
-   "/reload", "/get_weight_version", "/update_weight_version"}};
+namespace {
+constexpr std::string_view vllm_api = "vllm vllm/entrypoints/openai/api_server.py";
+constexpr std::string_view vllm_serve = "vllm vllm/entrypoints/serve/*/api_router.py";
+} // namespace
+
+const external_engine::dialect vllm_dialect{"cache_salt",
+                                            {
+                                              // Read-only model and server information.
+                                              {"GET", "/health", vllm_serve},
+                                              {"GET", "/load", vllm_serve},
+                                              {"GET", "/ping", vllm_serve},
+                                              {"GET", "/version", vllm_api},
+                                              {"GET", "/metrics", vllm_api},
+                                              {"GET", "/v1/models", vllm_api},
+                                              // Inference that is not versioned.
+                                              {"POST", "/tokenize", vllm_serve},
+                                              {"POST", "/detokenize", vllm_serve},
+                                              {"POST", "/v1/embeddings", vllm_api},
+                                              {"POST", "/pooling", vllm_api},
+                                              {"POST", "/classify", vllm_api},
+                                              {"POST", "/score", vllm_api},
+                                              {"POST", "/v1/score", vllm_api},
+                                              {"POST", "/rerank", vllm_api},
+                                              {"POST", "/v1/rerank", vllm_api},
+                                              {"POST", "/v2/rerank", vllm_api},
+                                            }};
 
 } // namespace stitch::engine::detail

@@ -262,8 +262,9 @@ engine_health external_engine::health() {
   return {false, describe() + ": " + why};
 }
 
-std::vector<std::string> external_engine::blocked_routes() const {
-  return dialect_->blocked;
+std::optional<std::string> external_engine::route_refusal(std::string_view method,
+                                                          std::string_view route) const {
+  return stitch::route_refusal(dialect_->allowed, to_string(opts_.kind), method, route);
 }
 
 void external_engine::monitor() {

@@ -105,7 +105,8 @@ public:
                              std::string_view run_id) override;
   /// Not blocking: what the last calls and the monitor saw.
   engine_health health() override;
-  std::vector<std::string> blocked_routes() const override;
+  std::optional<std::string> route_refusal(std::string_view method,
+                                           std::string_view route) const override;
 
   /// `sglang http://127.0.0.1:30000`, for logs and `server_info`.
   std::string describe() const;

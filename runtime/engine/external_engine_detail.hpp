@@ -17,17 +17,20 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/core/engine_routes.hpp"
 #include "runtime/core/json_depth.hpp"
 #include "runtime/engine/external_engine.hpp"
 
 namespace stitch::engine {
 
 /// What differs between engines besides their update calls: the request
-/// field that namespaces the prefix cache, the control routes to keep from
-/// clients. Each route below names the engine source it follows.
+/// field that namespaces the prefix cache, the routes clients may reach
+/// (inference and read-only model information; every other route is the
+/// engine's control and refused). Each route names the engine source it
+/// follows.
 struct external_engine::dialect {
   std::string cache_key_field;
-  std::vector<std::string> blocked;
+  std::vector<engine_route> allowed;
 };
 
 namespace detail {

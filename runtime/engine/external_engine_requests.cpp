@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -27,6 +28,20 @@ namespace fs = std::filesystem;
 using namespace detail;
 
 namespace {
+
+/// A completion choice's logprobs as SGLang's `output_token_logprobs`:
+/// `[logprob, token id, null]` per token.
+json native_logprobs(const json& c, const json& ids) {
+  json lps = json::array();
+  if (c.contains("logprobs") && c["logprobs"].is_object()) {
+    const json& l = c["logprobs"];
+    if (l.contains("token_logprobs") && l["token_logprobs"].is_array())
+      for (size_t i = 0; i < l["token_logprobs"].size(); ++i)
+        lps.push_back(
+          json::array({l["token_logprobs"][i], i < ids.size() ? ids[i] : json(nullptr), nullptr}));
+  }
+  return lps;
+}
 
 /// What a vLLM completion (or its stream so far) says, gathered into
 /// SGLang's native answer.
@@ -54,14 +69,7 @@ struct native_answer {
     std::string t = c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : "";
     json ids =
       c.contains("token_ids") && c["token_ids"].is_array() ? c["token_ids"] : json::array();
-    json lps = json::array();
-    if (c.contains("logprobs") && c["logprobs"].is_object()) {
-      const json& l = c["logprobs"];
-      if (l.contains("token_logprobs") && l["token_logprobs"].is_array())
-        for (size_t i = 0; i < l["token_logprobs"].size(); ++i)
-          lps.push_back(json::array(
-            {l["token_logprobs"][i], i < ids.size() ? ids[i] : json(nullptr), nullptr}));
-    }
+    json lps = native_logprobs(c, ids);
     if (delta) {
       text += t;
       for (auto& x : ids)
@@ -108,43 +116,219 @@ struct native_answer {
 
 } // namespace
 
+namespace {
+
+/// SGLang's `sampling_params` under vLLM's completion names (SGLang
+/// python/sglang/srt/sampling/sampling_params.py; vLLM
+/// vllm/entrypoints/openai/completion/protocol.py CompletionRequest).
+constexpr std::pair<std::string_view, std::string_view> renamed_sampling[] = {
+  {"max_new_tokens", "max_tokens"},
+  {"min_new_tokens", "min_tokens"},
+  {"sampling_seed", "seed"},
+  {"no_stop_trim", "include_stop_str_in_output"},
+};
+constexpr std::string_view same_sampling[] = {"temperature",
+                                              "top_p",
+                                              "top_k",
+                                              "min_p",
+                                              "frequency_penalty",
+                                              "presence_penalty",
+                                              "repetition_penalty",
+                                              "stop",
+                                              "stop_token_ids",
+                                              "ignore_eos",
+                                              "skip_special_tokens",
+                                              "spaces_between_special_tokens",
+                                              "n",
+                                              "logit_bias"};
+/// SGLang's constrained decoding, as vLLM's `structured_outputs`.
+constexpr std::pair<std::string_view, std::string_view> structured_sampling[] = {
+  {"json_schema", "json"}, {"regex", "regex"}, {"ebnf", "grammar"}};
+/// Request fields that change what SGLang generates and that a vLLM
+/// completion cannot carry: refused by name, never dropped.
+constexpr std::string_view unserved_fields[] = {"input_embeds",
+                                                "image_data",
+                                                "video_data",
+                                                "audio_data",
+                                                "lora_path",
+                                                "lora_id",
+                                                "custom_logit_processor",
+                                                "token_ids_logprob",
+                                                "return_hidden_states",
+                                                "return_routed_experts",
+                                                "session_params",
+                                                "return_entropy",
+                                                "bootstrap_host",
+                                                "bootstrap_port",
+                                                "bootstrap_room"};
+
+error unserved(const std::string& field, std::string why) {
+  return make_error(errc::invalid_argument, field + ": " + why);
+}
+
+/// A token id list: non-negative integers that fit an int32.
+bool token_ids(const json& j) {
+  return j.is_array() && !j.empty() && std::all_of(j.begin(), j.end(), [](const json& t) {
+           return t.is_number_integer() && t.get<int64_t>() >= 0
+                  && t.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+         });
+}
+
+struct completion_call {
+  json body;
+  /// Several prompts (a batch) or several choices of one: the answer is an array.
+  bool many = false;
+  bool stream = false;
+  bool logprobs = false;
+};
+
+/// SGLang's native request (managers/io_struct.py GenerateReqInput) as a
+/// vLLM completion: text or token ids, one prompt or a batch, every
+/// sampling field under vLLM's name.
+result<completion_call> completion_of_native(const json& in) {
+  if (!in.is_object())
+    return make_error(errc::invalid_argument, "the /generate body must be a JSON object");
+  completion_call out;
+  json& body = out.body;
+  const bool has_text = in.contains("text") && !in["text"].is_null();
+  const bool has_ids = in.contains("input_ids") && !in["input_ids"].is_null();
+  if (has_text == has_ids)
+    return make_error(errc::invalid_argument, has_text ? "give text or input_ids, not both"
+                                                       : "text or input_ids is required");
+  if (has_text) {
+    const json& t = in["text"];
+    if (t.is_array() && !t.empty()
+        && std::all_of(t.begin(), t.end(), [](const json& x) { return x.is_string(); }))
+      out.many = true;
+    else if (!t.is_string())
+      return unserved("text", "must be a string or a non-empty array of strings");
+    body["prompt"] = t;
+  } else {
+    const json& ids = in["input_ids"];
+    if (ids.is_array() && !ids.empty() && ids[0].is_array()) {
+      if (!std::all_of(ids.begin(), ids.end(), token_ids))
+        return unserved("input_ids", "a batch must be non-empty arrays of token ids");
+      out.many = true;
+    } else if (!token_ids(ids)) {
+      return unserved("input_ids", "must be token ids (non-negative integers) or a batch of them");
+    }
+    body["prompt"] = ids;
+  }
+  for (auto field : unserved_fields)
+    if (auto it = in.find(std::string{field});
+        it != in.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()))
+      return unserved(std::string{field}, "vLLM's completions route cannot serve it");
+  body["max_tokens"] = 128; // SGLang's default; vLLM's is 16
+  if (auto sp = in.find("sampling_params"); sp != in.end() && !sp->is_null()) {
+    if (!sp->is_object())
+      return unserved("sampling_params", "must be an object");
+    for (const auto& [key, value] : sp->items()) {
+      if (value.is_null())
+        continue;
+      bool placed = false;
+      for (auto [from, to] : renamed_sampling)
+        if (key == from) {
+          body[std::string{to}] = value;
+          placed = true;
+        }
+      for (auto name : same_sampling)
+        if (key == name) {
+          body[key] = value;
+          placed = true;
+        }
+      for (auto [from, to] : structured_sampling)
+        if (key == from) {
+          body["structured_outputs"][std::string{to}] = value;
+          placed = true;
+        }
+      if (!placed)
+        return unserved("sampling_params." + key, "vLLM has no equivalent; it is refused rather "
+                                                  "than dropped");
+    }
+  }
+  if (auto n = body.find("n"); n != body.end() && !(n->is_number_integer() && *n == 1))
+    out.many = true;
+  out.logprobs = in.value("return_logprob", false) == true;
+  if (out.logprobs)
+    body["logprobs"] = in.contains("top_logprobs_num") && in["top_logprobs_num"].is_number_integer()
+                         ? in["top_logprobs_num"]
+                         : json(0);
+  out.stream = in.contains("stream") && in["stream"] == true;
+  if (out.stream) {
+    if (out.many)
+      return unserved("stream", "a stream of several prompts or choices cannot be served over "
+                                "vLLM's completions route; send them one by one or unstreamed");
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+  }
+  if (in.contains("priority"))
+    body["priority"] = in["priority"];
+  // The cache namespace Stitch composed (`cache_salt`), with the client's
+  // SGLang-style `extra_key` kept inside it.
+  if (in.contains("cache_salt"))
+    body["cache_salt"] = in["cache_salt"];
+  if (auto k = in.find("extra_key"); k != in.end() && k->is_string()) {
+    if (body.contains("cache_salt") && body["cache_salt"].is_string())
+      body["cache_salt"] = body["cache_salt"].get<std::string>() + ":" + k->get<std::string>();
+    else
+      body["cache_salt"] = *k;
+  }
+  body["return_token_ids"] = true;
+  return out;
+}
+
+/// One vLLM completion choice in SGLang's native shape.
+json native_of_choice(const json& c, const std::string& id, const json& usage, bool single,
+                      bool logprobs) {
+  json item;
+  item["text"] = c.contains("text") && c["text"].is_string() ? c["text"] : json("");
+  json ids = c.contains("token_ids") && c["token_ids"].is_array() ? c["token_ids"] : json::array();
+  item["output_ids"] = ids;
+  json meta;
+  meta["id"] = id;
+  if (c.contains("finish_reason") && c["finish_reason"].is_string())
+    meta["finish_reason"] = {{"type", c["finish_reason"]}};
+  else
+    meta["finish_reason"] = nullptr;
+  auto count = [&](const char* key) -> json {
+    if (single && usage.is_object() && usage.contains(key) && usage[key].is_number_unsigned())
+      return usage[key];
+    return nullptr;
+  };
+  const bool prompt_ids = c.contains("prompt_token_ids") && c["prompt_token_ids"].is_array();
+  meta["prompt_tokens"] = prompt_ids ? json(c["prompt_token_ids"].size()) : count("prompt_tokens");
+  meta["completion_tokens"] = ids.empty() && !count("completion_tokens").is_null()
+                                ? count("completion_tokens")
+                                : json(ids.size());
+  if (logprobs) {
+    meta["output_token_logprobs"] = native_logprobs(c, ids);
+  }
+  item["meta_info"] = std::move(meta);
+  return item;
+}
+
+} // namespace
+
 result<engine_reply>
 external_engine::generate_over_completions(const engine_call& call, const event_sink& on_event,
                                            const std::function<bool()>& cancelled) {
   // vLLM serves no /generate: SGLang's native request becomes a completion
-  // (the same sampling; token ids and logprobs asked for), and the answer
-  // (or each stream chunk) SGLang's native shape again.
-  auto req = parse_api_request(api_kind::native, call.body);
-  if (!req)
-    return std::move(req).error();
+  // (its prompt, text or token ids, and every sampling field; token ids and
+  // logprobs asked for), and the answer (or each stream chunk) SGLang's
+  // native shape again.
   json in;
-  (void) is_json_object_text(call.body, &in);
-  const auto& sp = req->sampling;
-  json body = {{"prompt", req->prompt},
-               {"max_tokens", sp.max_tokens},
-               {"temperature", sp.temperature},
-               {"top_p", sp.top_p},
-               {"top_k", sp.top_k == 0 ? -1 : static_cast<int64_t>(sp.top_k)},
-               {"return_token_ids", true}};
-  if (!sp.stop.empty())
-    body["stop"] = sp.stop;
-  if (req->seeded)
-    body["seed"] = sp.seed;
-  if (req->return_logprob)
-    body["logprobs"] = 0;
-  if (in.contains("cache_salt"))
-    body["cache_salt"] = in["cache_salt"];
-  if (req->stream) {
-    body["stream"] = true;
-    body["stream_options"] = {{"include_usage", true}};
-  }
+  if (!is_json_object_text(call.body, &in))
+    return make_error(errc::invalid_argument, "the /generate body must be a JSON object");
+  auto translated = completion_of_native(in);
+  if (!translated)
+    return std::move(translated).error();
   engine_call sub = call;
   sub.route = "/v1/completions";
-  sub.body = dump(body);
+  sub.body = dump(translated->body);
   native_answer acc;
-  acc.want_logprobs = req->return_logprob;
+  acc.want_logprobs = translated->logprobs;
   event_sink sink;
-  if (req->stream)
+  if (translated->stream)
     sink = [&](std::string ev) {
       auto doc = json::parse(ev, nullptr, false);
       if (doc.is_discarded() || !doc.is_object() || doc.contains("error")) {
@@ -163,10 +347,45 @@ external_engine::generate_over_completions(const engine_call& call, const event_
   auto doc = json::parse(reply->body, nullptr, false);
   if (doc.is_discarded() || !doc.is_object() || doc.contains("error"))
     return reply;
-  acc.take(doc, reply->stream);
-  reply->body = acc.render(true);
+  if (translated->stream) {
+    acc.take(doc, reply->stream);
+    reply->body = acc.render(true);
+    reply->finish_reason = acc.finish;
+  } else {
+    // Choices in their order (prompt by prompt, each prompt's `n` in turn),
+    // as SGLang answers a batch: one object, or an array when many.
+    std::vector<const json*> choices;
+    if (doc.contains("choices") && doc["choices"].is_array())
+      for (const auto& c : doc["choices"])
+        if (c.is_object())
+          choices.push_back(&c);
+    std::stable_sort(choices.begin(), choices.end(), [](const json* a, const json* b) {
+      auto index = [](const json* c) {
+        return c->contains("index") && (*c)["index"].is_number_unsigned()
+                 ? (*c)["index"].get<uint64_t>()
+                 : uint64_t{0};
+      };
+      return index(a) < index(b);
+    });
+    const std::string id =
+      doc.contains("id") && doc["id"].is_string() ? doc["id"].get<std::string>() : call.tag;
+    const json usage = doc.contains("usage") ? doc["usage"] : json();
+    json out = json::array();
+    for (size_t i = 0; i < choices.size(); ++i)
+      out.push_back(native_of_choice(*choices[i],
+                                     translated->many ? id + "_" + std::to_string(i) : id, usage,
+                                     choices.size() == 1, translated->logprobs));
+    if (!translated->many) {
+      if (out.size() != 1)
+        return make_error(errc::engine_unavailable, describe() + " answered one prompt with "
+                                                      + std::to_string(out.size())
+                                                      + " choices: " + excerpt(reply->body));
+      out = out[0];
+    }
+    reply->body = dump(out);
+    reply->finish_reason = finish_reason_of(out);
+  }
   reply->content_type = "application/json";
-  reply->finish_reason = acc.finish;
   return reply;
 }
 
@@ -366,8 +585,9 @@ result<generation_result> external_engine::generate(const generation_request& re
 std::string external_engine::stamp_request(std::string_view route, std::string_view body,
                                            const version_ref& served) {
   // The engine's own cache namespace: SGLang's `extra_key`, vLLM's
-  // `cache_salt`; entries computed under other weights never match.
-  return add_request_fields(route, body, {{dialect_->cache_key_field, weight_version_of(served)}});
+  // `cache_salt`; entries computed under other weights never match, and a
+  // client's own namespace is kept within the version's.
+  return namespace_cache(route, body, dialect_->cache_key_field, weight_version_of(served));
 }
 
 std::string external_engine::stamp_response(std::string_view route, std::string_view body,

@@ -101,7 +101,10 @@ public:
     return inner.stamp_response(route, body, s, run);
   }
   engine_health health() override { return inner.health(); }
-  std::vector<std::string> blocked_routes() const override { return inner.blocked_routes(); }
+  std::optional<std::string> route_refusal(std::string_view method,
+                                           std::string_view route) const override {
+    return inner.route_refusal(method, route);
+  }
 
   bool cancelled_now() {
     std::lock_guard g{m};

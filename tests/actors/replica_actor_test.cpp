@@ -18,6 +18,7 @@
 #include "actors/replica.hpp"
 #include "actors/store.hpp"
 #include "node/system_config.hpp"
+#include "runtime/core/engine_routes.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/pipeline/publisher.hpp"
@@ -110,9 +111,12 @@ public:
       return {false, "injected: the engine restarted and is being re-synced"};
     return inner_.health();
   }
-  std::vector<std::string> blocked_routes() const override {
-    // What an external engine would name: its weight-update control route.
-    return {"/update_weights_from_disk"};
+  std::optional<std::string> route_refusal(std::string_view method,
+                                           std::string_view route) const override {
+    // What an external engine would do: pass its read-only routes, refuse
+    // the rest.
+    static constexpr engine_route allowed[] = {{"GET", "/v1/models", "test"}};
+    return stitch::route_refusal(allowed, "test engine", method, route);
   }
 
   std::atomic<int> stages{0}, commits{0}, flushes{0}, resets{0};

@@ -233,7 +233,7 @@ TEST(api_shapes, bodies_nesting_too_deep_are_refused_and_never_rewritten) {
   ASSERT_FALSE(req);
   EXPECT_NE(req.error().message.find("deeper than 64"), std::string::npos) << req.error().message;
   // Rewriting would write it out again (a recursion as deep): untouched.
-  EXPECT_EQ(add_request_fields("/generate", deep, {{"extra_key", "k"}}), deep);
+  EXPECT_EQ(namespace_cache("/generate", deep, "extra_key", "k"), deep);
   EXPECT_EQ(stamp_answer("/generate", deep, {1, 1}, "r"), deep);
 }
 
@@ -287,4 +287,30 @@ TEST(api_shapes, routed_experts_are_asked_for_rendered_in_meta_info_and_their_sp
 }
 
 } // namespace
+} // namespace stitch::engine
+
+namespace stitch::engine {
+
+TEST(api_shapes, the_cache_namespace_composes_with_the_clients_own) {
+  auto field = [](std::string_view body, const char* key = "extra_key") {
+    return nlohmann::json::parse(namespace_cache("/generate", body, key, "r/weight_v000002"))[key];
+  };
+  EXPECT_EQ(field(R"({"text":"hi"})"), "r/weight_v000002");
+  EXPECT_EQ(field(R"({"text":"hi","extra_key":null})"), "r/weight_v000002");
+  EXPECT_EQ(field(R"({"text":"hi","extra_key":"tenant-a"})"), "r/weight_v000002:tenant-a");
+  EXPECT_EQ(field(R"({"text":["a","b"],"extra_key":["x","y"]})"),
+            nlohmann::json::parse(R"(["r/weight_v000002:x","r/weight_v000002:y"])"));
+  // A value no engine takes is not a namespace: the version's replaces it.
+  EXPECT_EQ(field(R"({"text":"hi","extra_key":7})"), "r/weight_v000002");
+  EXPECT_EQ(field(R"({"text":"hi","extra_key":["x",1]})"), "r/weight_v000002");
+  EXPECT_EQ(field(R"({"prompt":"hi","cache_salt":"s"})", "cache_salt"), "r/weight_v000002:s");
+  // Two clients' keys under two versions never meet.
+  EXPECT_NE(namespace_cache("/generate", R"({"extra_key":"2:x"})", "extra_key", "r/weight_v1"),
+            namespace_cache("/generate", R"({"extra_key":"x"})", "extra_key", "r/weight_v12"));
+  // Other routes and bodies that are not objects pass untouched.
+  EXPECT_EQ(namespace_cache("/v1/models", R"({"extra_key":"x"})", "extra_key", "n"),
+            R"({"extra_key":"x"})");
+  EXPECT_EQ(namespace_cache("/generate", "[1]", "extra_key", "n"), "[1]");
+}
+
 } // namespace stitch::engine

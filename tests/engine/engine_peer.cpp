@@ -66,6 +66,7 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -203,6 +204,9 @@ private:
       ::_exit(3);
     if (path == "/health")
       return out.send(empty());
+    if (req.method == "GET" || path == "/tokenize" || path == "/detokenize")
+      if (auto info = information(req, sglang))
+        return out.send(std::move(*info));
     if (path == "/generate" && sglang)
       return generate(req, out, engine::api_kind::native);
     if (path == "/v1/completions")
@@ -212,6 +216,55 @@ private:
     if (sglang)
       return sglang_control(req, out);
     return vllm_control(req, out);
+  }
+
+  /// The read-only routes and tokenizer routes of each engine (what a
+  /// replica passes through); nothing for other requests.
+  std::optional<server_response> information(const server_request& req, bool sglang) {
+    const std::string& path = req.path;
+    std::lock_guard lock{mutex_};
+    if (path == "/health_generate" && sglang)
+      return empty();
+    if ((path == "/get_server_info" || path == "/server_info") && sglang)
+      return json_answer(200, {{"model_path", model_.path},
+                               {"tp_size", 1},
+                               {"version", "0.5.6"},
+                               {"weight_version", weight_version_}});
+    if (path == "/get_load" && sglang)
+      return json_answer(200,
+                         json::array({{{"dp_rank", 0}, {"num_reqs", 0}, {"num_waiting_reqs", 0}}}));
+    if (path == "/load" && !sglang)
+      return json_answer(200, {{"server_load", 0}});
+    if (path == "/ping" && !sglang)
+      return empty();
+    if (path == "/version" && !sglang)
+      return json_answer(200, {{"version", "0.16.0"}});
+    if (path == "/metrics") {
+      server_response r = empty();
+      r.body = sglang ? "sglang:num_running_reqs 0\n" : "vllm:num_requests_running 0\n";
+      return r;
+    }
+    if (path == "/v1/models")
+      return json_answer(200,
+                         {{"object", "list"},
+                          {"data", json::array({{{"id", model_.path},
+                                                 {"object", "model"},
+                                                 {"owned_by", sglang ? "sglang" : "vllm"}}})}});
+    if (path == "/tokenize" || path == "/detokenize") {
+      auto body = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
+      if (!body.is_object())
+        return json_answer(400, {{"error", {{"message", "the body is not a JSON object"}}}});
+      if (path == "/tokenize") {
+        auto ids = tokenizer_.encode(body.value("prompt", ""));
+        return json_answer(200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", 4096}});
+      }
+      std::vector<int32_t> ids;
+      for (const auto& t : body.value("tokens", json::array()))
+        if (t.is_number_integer())
+          ids.push_back(t.get<int32_t>());
+      return json_answer(200, {{sglang ? "text" : "prompt", tokenizer_.decode(ids)}});
+    }
+    return std::nullopt;
   }
 
   /// Runs an update: fails or hangs when told to, else loads `dir`.

@@ -395,13 +395,24 @@ TEST_P(external_engine_test, requests_carry_the_version_namespace_and_answers_ca
     EXPECT_EQ(stamped["weight_version_end"], 0);
     EXPECT_EQ(stamped["run_id"], "r");
   }
-  // Engine control routes are kept from clients.
-  auto blocked = engine->blocked_routes();
-  for (const char* route : GetParam() == engine_kind::sglang
-                             ? std::vector<const char*>{"/update_weights_from_disk",
-                                                        "/pause_generation", "/flush_cache"}
-                             : std::vector<const char*>{"/collective_rpc", "/pause", "/sleep"})
-    EXPECT_NE(std::find(blocked.begin(), blocked.end(), route), blocked.end()) << route;
+  // Only inference and read-only routes reach the engine: its control
+  // routes, and any route it adds later, are refused naming the route.
+  for (const char* route :
+       GetParam() == engine_kind::sglang
+         ? std::vector<const char*>{"/update_weights_from_disk", "/pause_generation",
+                                    "/flush_cache", "/get_weights_by_name", "/next_year"}
+         : std::vector<const char*>{"/collective_rpc", "/pause", "/sleep", "/weight_checker",
+                                    "/next_year"}) {
+    auto why = engine->route_refusal("POST", route);
+    ASSERT_TRUE(why) << route;
+    EXPECT_NE(why->find(route), std::string::npos) << *why;
+  }
+  EXPECT_FALSE(engine->route_refusal("GET", "/v1/models"));
+  EXPECT_FALSE(engine->route_refusal("GET", "/metrics"));
+  EXPECT_FALSE(engine->route_refusal("POST", "/tokenize"));
+  auto wrong_method = engine->route_refusal("POST", "/v1/models");
+  ASSERT_TRUE(wrong_method);
+  EXPECT_NE(wrong_method->find("takes GET"), std::string::npos) << *wrong_method;
 }
 
 TEST_P(external_engine_test, the_ports_generate_returns_the_engines_tokens_and_logprobs) {

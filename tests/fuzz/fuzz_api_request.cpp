@@ -68,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         || !is_json(render_stream_final(*req, out, "id-1", 1, "c")))
       std::abort();
   }
-  auto fields = add_request_fields(route, body, {{"extra", "\"x\""}});
+  auto fields = namespace_cache(route, body, "extra_key", "r/weight_v000001");
   if (!is_json(body) && fields != body)
     std::abort();
   return 0;

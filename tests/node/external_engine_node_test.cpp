@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <regex>
+#include <set>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -160,6 +162,95 @@ TEST_P(external_engine_node_test, launched_engines_serve_each_published_version_
   }
   EXPECT_NE(node->log().find("[stitch] started (pid"), std::string::npos)
     << "the engines' output reaches the node's log";
+}
+
+TEST_P(external_engine_node_test, only_inference_and_read_only_routes_reach_the_engine) {
+  publish(0, 1);
+  await(0);
+  struct probe {
+    std::string method, target;
+  };
+  // Each engine's control routes as its current server names them
+  // (runtime/engine/external_dialects.cpp), spellings of them, listed
+  // routes under another method, and a route no engine has yet.
+  std::vector<probe> blocked;
+  auto add = [](std::vector<probe>& to, const char* method, std::initializer_list<const char*> ts) {
+    for (const char* t : ts)
+      to.push_back({method, t});
+  };
+  if (sglang()) {
+    add(blocked, "POST",
+        {"/update_weights_from_disk", "/update_weights_from_tensor",
+         "/send_weights_to_remote_instance", "/init_weights_send_group_for_remote_instance",
+         "/get_weights_by_name", "/slow_down", "/freeze_gc", "/weights_checker",
+         "/clear_hicache_storage_backend", "/start_expert_distribution_record",
+         "/dump_expert_distribution_record", "/open_session", "/close_session",
+         "/update_weight_version", "/pause_generation", "/flush_cache", "/abort_request",
+         "/shutdown"});
+    add(blocked, "GET", {"/flush_cache"});
+  } else {
+    add(blocked, "POST",
+        {"/collective_rpc", "/abort_requests", "/init_weight_transfer_engine",
+         "/start_weight_update", "/start_draft_weight_update", "/update_weights",
+         "/finish_weight_update", "/weight_checker", "/update_weight_version", "/pause", "/sleep",
+         "/reset_prefix_cache"});
+    add(blocked, "GET", {"/weight_info", "/get_world_size", "/server_info"});
+  }
+  for (const char* t : {"/a_route_added_next_year", "/v1/models/../flush_cache",
+                        "/update%5Fweights_from_disk", "/v1/models/x%2F..%2Fflush_cache"})
+    blocked.push_back({"POST", t});
+  blocked.push_back({"POST", "/v1/models"});
+  blocked.push_back({"DELETE", "/metrics"});
+  std::vector<probe> allowed;
+  if (sglang())
+    add(allowed, "GET",
+        {"/get_server_info", "/health_generate", "/get_load", "/metrics", "/v1/models",
+         "/get_model_info", "/v1/models/Qwen/Qwen3-8B"});
+  else
+    add(allowed, "GET", {"/load", "/ping", "/version", "/metrics", "/v1/models"});
+  add(allowed, "POST", {"/tokenize", "/detokenize"});
+  std::vector<std::string> engines;
+  std::vector<size_t> before;
+  auto replicas = pool()["replicas"];
+  ASSERT_EQ(replicas.size(), 2u) << pool().dump(1) << node->log();
+  for (const auto& replica : replicas) {
+    std::smatch m;
+    auto status = replica["engine"]["status"].get<std::string>();
+    ASSERT_TRUE(std::regex_search(status, m, std::regex{"(http://127\\.0\\.0\\.1:[0-9]+)"}))
+      << status;
+    engines.push_back(m[1]);
+    before.push_back(call(engines.back(), "GET", "/_peer/calls").body.size());
+  }
+  for (const auto& b : blocked) {
+    auto r = call(node->gateway_port, b.method, b.target, b.method == "POST" ? "{}" : "");
+    EXPECT_EQ(r.status, 403u) << b.method << " " << b.target << ": " << r.body;
+    EXPECT_NE(r.body.find("RouteBlocked"), std::string::npos) << r.body;
+  }
+  for (const auto& a : allowed) {
+    auto r = call(node->gateway_port, a.method, a.target,
+                  a.target == "/tokenize" ? R"({"prompt":"hi"})"
+                  : a.method == "POST"    ? R"({"tokens":[104,105]})"
+                                          : "");
+    EXPECT_NE(r.status, 403u) << a.method << " " << a.target << ": " << r.body;
+  }
+  // What reached the engines since, from their own call logs (Stitch's
+  // own calls, its weight loads among them, came before).
+  std::set<std::string> reached;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    auto log = call(engines[i], "GET", "/_peer/calls").body;
+    std::istringstream lines{log.substr(std::min(log.size(), before[i]))};
+    for (std::string line; std::getline(lines, line);)
+      reached.insert(line.substr(0, line.find(' ', line.find(' ') + 1)));
+  }
+  for (const auto& b : blocked)
+    EXPECT_FALSE(reached.contains(b.method + " " + b.target)) << b.method << " " << b.target;
+  std::string seen;
+  for (const auto& r : reached)
+    seen += r + "\n";
+  for (const auto& a : allowed)
+    EXPECT_TRUE(reached.contains(a.method + " " + a.target))
+      << a.method << " " << a.target << " not among\n"
+      << seen;
 }
 
 TEST_P(external_engine_node_test, a_killed_engine_is_restarted_and_resynced_while_the_node_runs) {
