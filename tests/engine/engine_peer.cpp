@@ -422,7 +422,90 @@ private:
     return out.send(json_answer(404, {{"detail", "Not Found"}}));
   }
 
+  /// Keeps the one answer of a request run for a batch's prompt.
+  struct collected final : http_responder {
+    server_response response;
+    void send(server_response r) override { response = std::move(r); }
+    void start_events(transport::http_headers) override {}
+    void event(std::string) override {}
+    void end_events(bool) override {}
+    void on_disconnect(std::function<void()>) override {}
+    void on_client_close(std::function<void()>) override {}
+    uint64_t connection() const override { return 0; }
+  };
+
+  /// The text a token prompt stands for (the byte tokenizer; BOS dropped,
+  /// and added again by the model's encode).
+  std::string text_of(const json& ids) const {
+    std::vector<int32_t> v;
+    for (const auto& t : ids)
+      v.push_back(t.get<int32_t>());
+    return tokenizer_.decode(v);
+  }
+
+  /// Token prompts and batches as both engines take them (SGLang's
+  /// GenerateReqInput `text: str | list[str]`, `input_ids: list[int] |
+  /// list[list[int]]`; vLLM's CompletionRequest `prompt: str | list[str] |
+  /// list[int] | list[list[int]]`): each prompt is generated alone and the
+  /// answers gathered (SGLang: an array; vLLM: one object whose choices
+  /// carry their `index`). Streams of batches are not served by this peer.
+  /// False when `body` is one text prompt (nothing to do here).
+  bool generate_prompts(json body, http_responder& out, engine::api_kind kind) {
+    const bool native = kind == engine::api_kind::native;
+    const char* key = native ? (body.contains("input_ids") ? "input_ids" : "text") : "prompt";
+    if (!body.contains(key) || !body[key].is_array() || body[key].empty())
+      return false;
+    json prompts = body[key];
+    if (prompts[0].is_number_integer())
+      prompts = json::array({text_of(prompts)});
+    else
+      for (auto& p : prompts)
+        if (p.is_array())
+          p = text_of(p);
+    const bool many = body[key][0].is_array() || body[key][0].is_string();
+    if (many && body.value("stream", false))
+      return out.send(json_answer(400, {{"error", {{"message", "the peer streams no batches"}}}})),
+             true;
+    json answers = json::array();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      json one = body;
+      one.erase("input_ids");
+      one[native ? "text" : "prompt"] = prompts[i];
+      if (native && one.contains("rid") && one["rid"].is_string())
+        one["rid"] = one["rid"].get<std::string>() + "_" + std::to_string(i);
+      server_request sub;
+      sub.body = one.dump();
+      collected got;
+      generate(sub, got, kind);
+      if (got.response.status != 200)
+        return out.send(std::move(got.response)), true;
+      answers.push_back(json::parse(got.response.body));
+    }
+    if (native)
+      return out.send(json_answer(200, many ? answers : answers[0])), true;
+    json merged = answers[0];
+    merged["choices"] = json::array();
+    uint64_t prompt_tokens = 0, completion_tokens = 0;
+    for (size_t i = 0; i < answers.size(); ++i) {
+      json c = answers[i]["choices"][0];
+      c["index"] = i;
+      if (body.value("return_token_ids", false))
+        c["prompt_token_ids"] = tokenizer_.encode(prompts[i].get<std::string>());
+      merged["choices"].push_back(std::move(c));
+      prompt_tokens += answers[i]["usage"].value("prompt_tokens", uint64_t{0});
+      completion_tokens += answers[i]["usage"].value("completion_tokens", uint64_t{0});
+    }
+    merged["usage"] = {{"prompt_tokens", prompt_tokens},
+                       {"completion_tokens", completion_tokens},
+                       {"total_tokens", prompt_tokens + completion_tokens}};
+    return out.send(json_answer(200, merged)), true;
+  }
+
   void generate(const server_request& req, http_responder& out, engine::api_kind kind) {
+    if (kind != engine::api_kind::chat)
+      if (auto doc = json::parse(req.body, nullptr, false);
+          doc.is_object() && generate_prompts(std::move(doc), out, kind))
+        return;
     auto parsed = engine::parse_api_request(kind, req.body);
     if (!parsed)
       return out.send(json_answer(400, {{"error", {{"message", parsed.error().message}}}}));

@@ -415,6 +415,110 @@ TEST_P(external_engine_test, requests_carry_the_version_namespace_and_answers_ca
   EXPECT_NE(wrong_method->find("takes GET"), std::string::npos) << *wrong_method;
 }
 
+TEST_P(external_engine_test, token_prompts_batches_and_sampling_fields_reach_the_engine) {
+  start_peer();
+  make_engine(options());
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
+  auto want = native_reference(versions[1]);
+  ASSERT_TRUE(want);
+  const bool sglang = GetParam() == engine_kind::sglang;
+  const std::string hello_ids = "[256,104,101,108,108,111]"; // BOS "hello"
+  const std::string sampling =
+    R"("sampling_params":{"temperature":0,"max_new_tokens":12,"min_p":0.0,)"
+    R"("repetition_penalty":1.0,"stop_token_ids":[9999]},"return_logprob":true)";
+  auto native = [&](const std::string& prompt, int id) {
+    auto body = engine->stamp_request("/generate", "{" + prompt + "," + sampling + "}", {"r", 1});
+    return engine->forward(
+      {static_cast<request_id>(id), "t-" + std::to_string(id), "POST", "/generate", body}, {}, {});
+  };
+  // One token prompt: the model's answer to the same text.
+  auto one = native(R"("input_ids":)" + hello_ids, 20);
+  ASSERT_TRUE(one) << to_string(one.error());
+  ASSERT_EQ(one->status, 200) << one->body;
+  auto oj = json::parse(one->body);
+  ASSERT_TRUE(oj.is_object()) << one->body;
+  EXPECT_EQ(oj["output_ids"].get<std::vector<int32_t>>(), want->tokens) << one->body;
+  // Batches of text and of token ids: one answer per prompt, in order.
+  for (const std::string& batch :
+       {std::string{R"("text":["hello","hello"])"},
+        std::string{R"("input_ids":[)"} + hello_ids + "," + hello_ids + "]"}) {
+    auto many = native(batch, 21);
+    ASSERT_TRUE(many) << to_string(many.error());
+    ASSERT_EQ(many->status, 200) << many->body;
+    auto mj = json::parse(many->body);
+    ASSERT_TRUE(mj.is_array() && mj.size() == 2) << many->body;
+    for (const auto& item : mj) {
+      EXPECT_EQ(item["output_ids"].get<std::vector<int32_t>>(), want->tokens) << many->body;
+      EXPECT_EQ(item["meta_info"]["finish_reason"]["type"], want->finish_reason);
+    }
+    auto stamped = json::parse(engine->stamp_response("/generate", many->body, {1, 1}, "r"));
+    EXPECT_EQ(stamped[1]["meta_info"]["weight_version_start"], 1) << stamped.dump();
+  }
+  auto log = calls();
+  if (sglang) {
+    // SGLang's own route: the request reaches it as the client sent it.
+    EXPECT_NE(log.find(R"("input_ids":)" + hello_ids), std::string::npos) << log;
+    EXPECT_NE(log.find(R"("stop_token_ids":[9999])"), std::string::npos) << log;
+  } else {
+    // vLLM: the same prompt and every sampling field under vLLM's names.
+    EXPECT_NE(log.find(R"("prompt":)" + hello_ids), std::string::npos) << log;
+    EXPECT_NE(log.find(R"("prompt":[)" + hello_ids + "," + hello_ids + "]"), std::string::npos)
+      << log;
+    for (const char* field : {R"("max_tokens":12)", R"("min_p":0.0)", R"("repetition_penalty":1.0)",
+                              R"("stop_token_ids":[9999])", R"("logprobs":0)"})
+      EXPECT_NE(log.find(field), std::string::npos) << field << "\n" << log;
+    // A field vLLM cannot carry is refused by name, never dropped.
+    auto odd = engine->forward(
+      {22, "t-22", "POST", "/generate",
+       R"({"text":"hello","sampling_params":{"stop_regex":"x+","max_new_tokens":4}})"},
+      {}, {});
+    ASSERT_FALSE(odd);
+    EXPECT_EQ(odd.error().code, errc::invalid_argument);
+    EXPECT_NE(odd.error().message.find("sampling_params.stop_regex"), std::string::npos)
+      << odd.error().message;
+    auto both = engine->forward(
+      {23, "t-23", "POST", "/generate", R"({"text":"a","input_ids":[1],"stream":false})"}, {}, {});
+    ASSERT_FALSE(both);
+    EXPECT_NE(both.error().message.find("not both"), std::string::npos) << both.error().message;
+    // The OpenAI route passes a token prompt through as it came.
+    auto completion = engine->forward(
+      {24, "t-24", "POST", "/v1/completions",
+       engine->stamp_request("/v1/completions",
+                             R"({"prompt":)" + hello_ids + R"(,"temperature":0,"max_tokens":12})",
+                             {"r", 1})},
+      {}, {});
+    ASSERT_TRUE(completion) << to_string(completion.error());
+    EXPECT_EQ(completion->status, 200) << completion->body;
+  }
+}
+
+TEST_P(external_engine_test, a_clients_cache_namespace_is_kept_within_the_versions) {
+  start_peer();
+  make_engine(options());
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
+  const bool sglang = GetParam() == engine_kind::sglang;
+  // SGLang's native field on /generate (vLLM's completions take it as part
+  // of `cache_salt`), and each engine's own field on its OpenAI route.
+  auto body = engine->stamp_request(
+    "/generate",
+    R"({"text":"hello","extra_key":"tenant-a","sampling_params":{"max_new_tokens":2}})", {"r", 1});
+  auto reply = engine->forward({30, "t-30", "POST", "/generate", body}, {}, {});
+  ASSERT_TRUE(reply) << to_string(reply.error());
+  ASSERT_EQ(reply->status, 200) << reply->body;
+  auto own = engine->stamp_request("/v1/completions",
+                                   std::string{R"({"prompt":"hello","max_tokens":2,")"}
+                                     + (sglang ? "extra_key" : "cache_salt") + R"(":"tenant-b"})",
+                                   {"r", 1});
+  auto second = engine->forward({31, "t-31", "POST", "/v1/completions", own}, {}, {});
+  ASSERT_TRUE(second) << to_string(second.error());
+  auto log = calls();
+  const std::string field = sglang ? "extra_key" : "cache_salt";
+  EXPECT_NE(log.find("\"" + field + "\":\"r/weight_v000001:tenant-a\""), std::string::npos) << log;
+  EXPECT_NE(log.find("\"" + field + "\":\"r/weight_v000001:tenant-b\""), std::string::npos) << log;
+}
+
 TEST_P(external_engine_test, the_ports_generate_returns_the_engines_tokens_and_logprobs) {
   start_peer();
   make_engine(options());
