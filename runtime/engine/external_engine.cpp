@@ -255,11 +255,21 @@ engine_health external_engine::health() {
   std::lock_guard lock{mutex_};
   if (in_sync_ && committed_)
     return {true, describe() + " serves " + weight_version_of(committed_->ref)
-                    + (paused_ ? " (paused for an activation)" : "")};
+                    + (paused_ ? " (paused for an activation)" : "")
+                    + (vllm_versions_ && !*vllm_versions_
+                         ? " (unverified: this vLLM has no weight-version routes)"
+                         : "")};
   std::string why = committed_ ? "being verified again" : "no version activated yet";
   if (!last_problem_.empty())
     why += "; last problem: " + last_problem_;
   return {false, describe() + ": " + why};
+}
+
+bool external_engine::verifies_versions() const {
+  if (opts_.kind == engine_kind::sglang)
+    return true;
+  std::lock_guard lock{mutex_};
+  return vllm_versions_.value_or(false);
 }
 
 std::optional<std::string> external_engine::route_refusal(std::string_view method,
@@ -314,6 +324,14 @@ void external_engine::monitor() {
           unhealthy = v.error().message;
         else if (*v != id)
           mismatch = "it reports weight_version " + excerpt(*v) + " instead of " + id;
+      } else if (verifies_versions()) {
+        auto v = vllm_served_version(control(), opts_.control_timeout, closing_);
+        if (!v)
+          unhealthy = v.error().message;
+        else if (!*v)
+          mismatch = "its /weight_info route is gone (404): a different vLLM answers";
+        else if (**v != id)
+          mismatch = "it reports weight_version " + excerpt(**v) + " instead of " + id;
       }
     }
     if (!unhealthy.empty()) {

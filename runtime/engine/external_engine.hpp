@@ -108,6 +108,9 @@ public:
   std::optional<std::string> route_refusal(std::string_view method,
                                            std::string_view route) const override;
 
+  /// Whether the engine reports the version it serves (SGLang; a vLLM with
+  /// its weight-version routes), so the monitor checks it.
+  bool verifies_versions() const;
   /// `sglang http://127.0.0.1:30000`, for logs and `server_info`.
   std::string describe() const;
   /// The launched process (null with `url`, or before the first commit).
@@ -191,6 +194,9 @@ private:
   /// restart, until the monitor reloaded it.
   bool in_sync_ = false;
   bool paused_ = false;
+  /// vLLM: whether it has the weight-version routes (`/update_weight_version`,
+  /// `/weight_info`); unknown before the first load.
+  std::optional<bool> vllm_versions_;
   std::string last_problem_;
   std::unique_ptr<engine_process> process_;
   uint64_t process_starts_seen_ = 0;

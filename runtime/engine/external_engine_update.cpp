@@ -71,8 +71,10 @@ status external_engine::load_and_verify(const staged& s) {
                                                    + excerpt(*now) + " after loading " + id);
     return {};
   }
-  // vLLM reports no weight version: the reload answering 200 with one
-  // result per worker (none of them an error) is the verification.
+  // vLLM: the reload answering 200 with one result per worker (none of
+  // them an error), then the version named through its weight-version
+  // routes and read back. A vLLM without them (before 2026) has only the
+  // reload's answer as the verification, and `health` says so.
   json body = {{"method", "reload_weights"},
                {"kwargs", {{"weights_path", s.dir.string()}, {"is_checkpoint_format", true}}}};
   auto r = call_json(c, "POST", "/collective_rpc", dump(body), opts_.update_timeout, closing_);
@@ -85,6 +87,34 @@ status external_engine::load_and_verify(const staged& s) {
     return make_error(errc::activation_failed, describe()
                                                  + " /collective_rpc reload_weights answered "
                                                  + excerpt(r->body) + " (no results list)");
+  auto named = call_json(c, "POST", "/update_weight_version", dump(json{{"new_version", id}}),
+                         opts_.control_timeout, closing_);
+  if (!named)
+    return make_error(errc::activation_failed,
+                      describe() + " /update_weight_version: " + named.error().message);
+  if (named->status == 404) {
+    std::lock_guard state{mutex_};
+    if (!vllm_versions_ || *vllm_versions_) {
+      vllm_versions_ = false;
+      if (opts_.log)
+        opts_.log(describe()
+                  + " has no weight-version routes (/update_weight_version answered "
+                    "404): its reloads are trusted on their answer alone");
+    }
+    return {};
+  }
+  if (auto ok = expect_success(named, describe() + " /update_weight_version"); !ok)
+    return ok;
+  auto now = vllm_served_version(c, opts_.control_timeout, closing_);
+  if (!now)
+    return make_error(errc::activation_failed, describe() + ": " + now.error().message);
+  if (!*now || **now != id)
+    return make_error(errc::activation_failed,
+                      describe() + " reports weight_version "
+                        + (*now ? excerpt(**now) : std::string{"nothing (/weight_info: 404)"})
+                        + " after loading " + id);
+  std::lock_guard state{mutex_};
+  vllm_versions_ = true;
   return {};
 }
 

@@ -351,7 +351,8 @@ TEST_F(builtin_engine_test, requests_are_namespaced_by_the_version_they_run_on) 
   EXPECT_EQ(stamped["text"], "hi");
   auto other = nlohmann::json::parse(
     e.stamp_request("/v1/completions", R"({"prompt":"hi","extra_key":"mine"})", {"r1", 8}));
-  EXPECT_EQ(other["extra_key"], "r1/weight_v000008") << "a client cannot pick another namespace";
+  EXPECT_EQ(other["extra_key"], "r1/weight_v000008:mine")
+    << "a client's namespace is kept, within the version's: it cannot pick another";
   EXPECT_EQ(e.stamp_request("/v1/models", R"({"a":1})", {"r", 1}), R"({"a":1})");
   EXPECT_EQ(e.stamp_request("/generate", "[1,2]", {"r", 1}), "[1,2]");
 }

@@ -41,6 +41,10 @@
 //                                        is_checkpoint_format}} -> {results: [null]};
 //                                        a failing worker: 500 text/plain
 //   POST /reset_prefix_cache            200, empty body
+//   POST /update_weight_version         {new_version} -> {success, new_version}
+//   GET  /weight_info                   {weight_version, weight_gen, weight_label}
+//                                       (vllm/entrypoints/serve/dev/rlhf/api_router.py, 2026;
+//                                       both 404 with --vllm-2025)
 //   /generate does not exist in `vllm serve`: 404 {"detail": "Not Found"}.
 //
 // Test controls (not part of either engine):
@@ -52,7 +56,7 @@
 //   POST /_peer/exit                    the process exits at once (a crash)
 //
 // Usage: stitch-engine-peer --dialect sglang|vllm --port P --model-dir DIR
-//                           [--weight-version V] [--sglang-2026]
+//                           [--weight-version V] [--sglang-2026] [--vllm-2025]
 
 #include <nlohmann/json.hpp>
 
@@ -119,8 +123,8 @@ result<loaded> load_model(const std::string& dir) {
 
 class peer {
 public:
-  peer(std::string dialect, bool sglang_2026)
-      : dialect_(std::move(dialect)), new_api_(sglang_2026) {}
+  peer(std::string dialect, bool sglang_2026, bool vllm_2025)
+      : dialect_(std::move(dialect)), new_api_(sglang_2026), old_vllm_(vllm_2025) {}
 
   status boot(const std::string& dir, std::string version) {
     auto m = load_model(dir);
@@ -386,6 +390,26 @@ private:
     }
     if (path == "/reset_prefix_cache")
       return out.send(empty());
+    // The weight-version routes (dev/rlhf/api_router.py, 2026); a 2025
+    // vLLM (--vllm-2025) has none.
+    if (path == "/update_weight_version" && !old_vllm_) {
+      auto body = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
+      if (!body.is_object() || !body.contains("new_version") || !body["new_version"].is_string())
+        return out.send(
+          json_answer(422, {{"detail", json::array({{{"type", "missing"},
+                                                     {"loc", json::array({"body", "new_version"})},
+                                                     {"msg", "Field required"}}})}}));
+      std::lock_guard lock{mutex_};
+      weight_version_ = body["new_version"].get<std::string>();
+      ++weight_gen_;
+      return out.send(json_answer(200, {{"success", true}, {"new_version", weight_version_}}));
+    }
+    if (path == "/weight_info" && !old_vllm_) {
+      std::lock_guard lock{mutex_};
+      return out.send(json_answer(
+        200,
+        {{"weight_version", weight_version_}, {"weight_gen", weight_gen_}, {"weight_label", ""}}));
+    }
     if (path == "/v1/models")
       return out.send(json_answer(
         200, {{"object", "list"},
@@ -592,6 +616,8 @@ private:
   std::condition_variable resumed_;
   loaded model_;
   std::string weight_version_ = "default";
+  uint64_t weight_gen_ = 0;
+  bool old_vllm_ = false;
   bool paused_ = false;
   std::string calls_;
   std::atomic<uint64_t> fail_updates_{0};
@@ -620,6 +646,7 @@ int main(int argc, char** argv) {
   std::string dir;
   std::string version = "default";
   bool sglang_2026 = false;
+  bool vllm_2025 = false;
   uint16_t port = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -640,6 +667,8 @@ int main(int argc, char** argv) {
       version = next();
     else if (a == "--sglang-2026")
       sglang_2026 = true;
+    else if (a == "--vllm-2025")
+      vllm_2025 = true;
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
@@ -655,7 +684,7 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  peer p{dialect, sglang_2026};
+  peer p{dialect, sglang_2026, vllm_2025};
   if (auto ok = p.boot(dir, version); !ok) {
     std::cerr << "cannot load " << dir << ": " << stitch::to_string(ok.error()) << "\n";
     return 1;

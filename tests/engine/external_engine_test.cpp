@@ -687,6 +687,52 @@ TEST_P(vllm_engine_test, sglang_generate_is_served_through_completions_in_sglang
   EXPECT_EQ(oj["meta_info"]["completion_tokens"], want->tokens.size()) << odd->body;
 }
 
+TEST_P(vllm_engine_test, its_weight_version_routes_name_and_verify_each_version) {
+  start_peer();
+  make_engine(options());
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
+  auto log = calls();
+  EXPECT_NE(log.find(R"(POST /update_weight_version {"new_version":"r/weight_v000001"})"),
+            std::string::npos)
+    << log;
+  EXPECT_NE(log.find("GET /weight_info"), std::string::npos) << log;
+  EXPECT_TRUE(engine->verifies_versions());
+  EXPECT_EQ(engine->health().detail.find("unverified"), std::string::npos)
+    << engine->health().detail;
+  // Someone else names other weights behind Stitch's back: the monitor sees
+  // it, answers are refused (never stamped) until the activated version is
+  // loaded and named again.
+  // (Its reloads fail for a while, so that the refusal can be seen.)
+  peer_get("/_peer/fail_updates?n=1000000", "POST");
+  auto rogue = peer_get("/update_weight_version", "POST", R"({"new_version":"rogue"})");
+  ASSERT_EQ(rogue.status, 200u) << rogue.body;
+  ASSERT_TRUE(eventually([&] { return !engine->health().healthy; })) << engine->health().detail;
+  auto refused = engine->forward({40, "t-40", "POST", generate_route(), generate_body()}, {}, {});
+  ASSERT_FALSE(refused) << "an engine that reports another version must not be stamped";
+  peer_get("/_peer/fail_updates?n=0", "POST");
+  ASSERT_TRUE(eventually([&] {
+    return engine->health().healthy
+           && json::parse(peer_get("/weight_info").body)["weight_version"] == "r/weight_v000001";
+  }))
+    << engine->health().detail;
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+}
+
+TEST_P(vllm_engine_test,
+       a_vllm_without_weight_version_routes_is_trusted_on_its_reload_and_says_so) {
+  start_peer(" --vllm-2025");
+  make_engine(options());
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
+  EXPECT_FALSE(engine->verifies_versions());
+  auto h = engine->health();
+  EXPECT_TRUE(h.healthy) << h.detail;
+  EXPECT_NE(h.detail.find("unverified: this vLLM has no weight-version routes"), std::string::npos)
+    << h.detail;
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+}
+
 TEST_P(sglang_engine_test, weights_loaded_behind_its_back_are_never_stamped_and_are_replaced) {
   start_peer();
   make_engine(options());
