@@ -69,8 +69,11 @@ const external_engine::dialect sglang_dialect{
 //                               {prompt, max_tokens, temperature, top_p, top_k, seed,
 //                               stop, logprobs: 0, return_token_ids: true (0.10.2+),
 //                               cache_salt, stream, stream_options.include_usage}
-// vLLM keeps no weight version: the reload's answer is the verification, and
-// the monitor treats a failed health check as a restart to re-sync after.
+//   POST /update_weight_version {"new_version"} -> {success, new_version}
+//   GET  /weight_info           {weight_version, weight_gen, weight_label}
+//                               (vllm/entrypoints/serve/dev/rlhf/api_router.py, 2026: the
+//                               version is named after each reload and read back; a vLLM
+//                               without them answers 404 and is trusted on its reload)
 // `cache_salt` (chat since 0.9, completions since 0.10) namespaces the cache.
 namespace {
 constexpr std::string_view vllm_api = "vllm vllm/entrypoints/openai/api_server.py";
