@@ -58,8 +58,10 @@ std::optional<std::string> route_refusal(std::span<const engine_route> allowed,
   if (route_listed(allowed, method, path))
     return std::nullopt;
   std::string why = quote_untrusted(std::string{method} + " " + std::string{path}, 120)
-                    + " is not an inference or read-only route of " + std::string{engine}
-                    + ": Stitch alone controls the engine (its weights, pauses and caches)";
+                    + " is not passed to " + std::string{engine}
+                    + ": Stitch passes its versioned routes (stamped) and the engine's read-only "
+                      "and non-generating routes; the engine's control (weights, pauses, caches) "
+                      "is Stitch's alone";
   for (const auto& r : allowed)
     if (path_matches(r.path, path)) {
       why += "; " + std::string{r.path} + " takes " + std::string{r.method};

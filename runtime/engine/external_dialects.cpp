@@ -19,40 +19,50 @@ namespace stitch::engine::detail {
 //   POST /abort_request       {"rid"}
 //   GET  /health              200 when healthy, 503 while starting
 //
-// Clients reach only the routes below (inference and read-only model
-// information); every other route, today's control routes and whatever a
-// later release adds, answers 403 RouteBlocked at the replica.
+// Clients reach only the routes below (read-only model information and the
+// inference that generates no sample: a generation elsewhere than the
+// versioned routes would go unstamped); every other route, today's control
+// routes and whatever a later release adds, answers 403 RouteBlocked at the
+// replica. From http_server.py at 3ba38dc0 (2026): `/server_info` and
+// `/get_server_info` are left out (they return the server's arguments, its
+// API keys among them), as are `/v1/responses`, `/v1/messages`,
+// `/invocations`, `/api/*` and `/vertex_generate` (unstamped generations).
+// `/health` runs a one-token generation (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION,
+// on by default): 503 while starting, shutting down, or stalled 20 s.
 namespace {
-constexpr std::string_view sglang_server = "sglang python/sglang/srt/entrypoints/http_server.py";
+constexpr std::string_view sglang_server =
+  "sglang python/sglang/srt/entrypoints/http_server.py@3ba38dc0";
+constexpr std::string_view sglang_loads =
+  "sglang python/sglang/srt/entrypoints/v1_loads.py@0564b521";
 } // namespace
 
-const external_engine::dialect sglang_dialect{
-  "extra_key",
-  {
-    // Read-only model and server information.
-    {"GET", "/health", sglang_server},
-    {"GET", "/health_generate", sglang_server},
-    {"GET", "/model_info", sglang_server},
-    {"GET", "/get_model_info", sglang_server},
-    {"GET", "/server_info", sglang_server},
-    {"GET", "/get_server_info", sglang_server},
-    {"GET", "/weight_version", sglang_server},
-    {"GET", "/get_weight_version", sglang_server},
-    {"GET", "/get_load", sglang_server},
-    {"GET", "/metrics", sglang_server},
-    {"GET", "/v1/models", sglang_server},
-    {"GET", "/v1/models/{}", sglang_server},
-    // Inference that is not versioned (no weights are stamped on it).
-    {"POST", "/tokenize", sglang_server},
-    {"POST", "/detokenize", sglang_server},
-    {"POST", "/encode", sglang_server},
-    {"POST", "/classify", sglang_server},
-    {"POST", "/v1/embeddings", sglang_server},
-    {"POST", "/v1/rerank", sglang_server},
-    {"POST", "/v1/score", sglang_server},
-    {"POST", "/v1/tokenize", sglang_server},
-    {"POST", "/v1/detokenize", sglang_server},
-  }};
+const external_engine::dialect sglang_dialect{"extra_key",
+                                              {
+                                                // Read-only model and server information.
+                                                {"GET", "/health", sglang_server},
+                                                {"GET", "/health_generate", sglang_server},
+                                                {"GET", "/ping", sglang_server},
+                                                {"GET", "/model_info", sglang_server},
+                                                {"GET", "/get_model_info", sglang_server},
+                                                {"GET", "/weight_version", sglang_server},
+                                                {"GET", "/get_weight_version", sglang_server},
+                                                {"GET", "/get_load", sglang_server},
+                                                {"GET", "/v1/loads", sglang_loads},
+                                                {"GET", "/metrics", sglang_server},
+                                                {"GET", "/v1/models", sglang_server},
+                                                {"GET", "/v1/models/{}", sglang_server},
+                                                // Inference that generates no sample.
+                                                {"POST", "/tokenize", sglang_server},
+                                                {"POST", "/detokenize", sglang_server},
+                                                {"POST", "/v1/tokenize", sglang_server},
+                                                {"POST", "/v1/detokenize", sglang_server},
+                                                {"POST", "/encode", sglang_server},
+                                                {"POST", "/classify", sglang_server},
+                                                {"POST", "/v1/classify", sglang_server},
+                                                {"POST", "/v1/embeddings", sglang_server},
+                                                {"POST", "/v1/rerank", sglang_server},
+                                                {"POST", "/v1/score", sglang_server},
+                                              }};
 
 // vLLM 0.16 and later (vllm/entrypoints/serve/{rlhf,rpc,cache}/api_router.py,
 // vllm/v1/worker/gpu_worker.py), development mode (VLLM_SERVER_DEV_MODE=1):
@@ -75,31 +85,48 @@ const external_engine::dialect sglang_dialect{
 //                               version is named after each reload and read back; a vLLM
 //                               without them answers 404 and is trusted on its reload)
 // `cache_salt` (chat since 0.9, completions since 0.10) namespaces the cache.
+// Allowed, as for SGLang (vllm/entrypoints/openai/api_server.py@0001948b
+// build_app and the routers it includes): dev-mode routes (`/server_info`,
+// `/is_paused`, ...) are left out, as are `/v1/responses`, `/v1/messages`,
+// `/invocations`, `/inference/v1/generate` and `/generative_scoring`.
 namespace {
-constexpr std::string_view vllm_api = "vllm vllm/entrypoints/openai/api_server.py";
-constexpr std::string_view vllm_serve = "vllm vllm/entrypoints/serve/*/api_router.py";
+constexpr std::string_view vllm_health =
+  "vllm vllm/entrypoints/serve/instrumentator/health.py@98b137c6";
+constexpr std::string_view vllm_basic =
+  "vllm vllm/entrypoints/serve/instrumentator/basic.py@dcbf2004";
+constexpr std::string_view vllm_metrics =
+  "vllm vllm/entrypoints/serve/instrumentator/metrics.py@ef0feb37";
+constexpr std::string_view vllm_sagemaker =
+  "vllm vllm/entrypoints/serve/sagemaker/api_router.py@aa4149dc";
+constexpr std::string_view vllm_models =
+  "vllm vllm/entrypoints/openai/models/api_router.py@ee92a6f3";
+constexpr std::string_view vllm_tokenize =
+  "vllm vllm/entrypoints/serve/tokenize/api_router.py@b91ee1b4";
+constexpr std::string_view vllm_pooling = "vllm vllm/entrypoints/pooling/*/api_router.py@f6e93254";
 } // namespace
 
 const external_engine::dialect vllm_dialect{"cache_salt",
                                             {
                                               // Read-only model and server information.
-                                              {"GET", "/health", vllm_serve},
-                                              {"GET", "/load", vllm_serve},
-                                              {"GET", "/ping", vllm_serve},
-                                              {"GET", "/version", vllm_api},
-                                              {"GET", "/metrics", vllm_api},
-                                              {"GET", "/v1/models", vllm_api},
-                                              // Inference that is not versioned.
-                                              {"POST", "/tokenize", vllm_serve},
-                                              {"POST", "/detokenize", vllm_serve},
-                                              {"POST", "/v1/embeddings", vllm_api},
-                                              {"POST", "/pooling", vllm_api},
-                                              {"POST", "/classify", vllm_api},
-                                              {"POST", "/score", vllm_api},
-                                              {"POST", "/v1/score", vllm_api},
-                                              {"POST", "/rerank", vllm_api},
-                                              {"POST", "/v1/rerank", vllm_api},
-                                              {"POST", "/v2/rerank", vllm_api},
+                                              {"GET", "/health", vllm_health},
+                                              {"GET", "/load", vllm_basic},
+                                              {"GET", "/version", vllm_basic},
+                                              {"GET", "/ping", vllm_sagemaker},
+                                              {"POST", "/ping", vllm_sagemaker},
+                                              {"GET", "/metrics", vllm_metrics},
+                                              {"GET", "/v1/models", vllm_models},
+                                              {"GET", "/tokenizer_info", vllm_tokenize},
+                                              // Inference that generates no sample.
+                                              {"POST", "/tokenize", vllm_tokenize},
+                                              {"POST", "/detokenize", vllm_tokenize},
+                                              {"POST", "/v1/embeddings", vllm_pooling},
+                                              {"POST", "/pooling", vllm_pooling},
+                                              {"POST", "/classify", vllm_pooling},
+                                              {"POST", "/score", vllm_pooling},
+                                              {"POST", "/v1/score", vllm_pooling},
+                                              {"POST", "/rerank", vllm_pooling},
+                                              {"POST", "/v1/rerank", vllm_pooling},
+                                              {"POST", "/v2/rerank", vllm_pooling},
                                             }};
 
 } // namespace stitch::engine::detail

@@ -55,10 +55,14 @@ status external_engine::load_and_verify(const staged& s) {
   std::lock_guard lock{control_mutex_};
   auto& c = control();
   if (opts_.kind == engine_kind::sglang) {
-    json body = {{"model_path", s.dir.string()},
-                 {"weight_version", id},
-                 {"abort_all_requests", false},
-                 {"flush_cache", false}};
+    // managers/io_struct.py UpdateWeightFromDiskReqInput: `keep_pause`, or
+    // a paused scheduler runs again as soon as the weights are loaded (before
+    // Stitch verified them and resumed); `load_format`, or the server's own
+    // applies (`--load-format dummy`, common in RL launches, would load
+    // random weights under the right name). Releases before them ignore both.
+    json body = {{"model_path", s.dir.string()}, {"weight_version", id},
+                 {"abort_all_requests", false},  {"flush_cache", false},
+                 {"keep_pause", true},           {"load_format", "safetensors"}};
     auto r =
       call_json(c, "POST", "/update_weights_from_disk", dump(body), opts_.update_timeout, closing_);
     if (auto ok = expect_success(r, describe() + " /update_weights_from_disk"); !ok)

@@ -11,7 +11,9 @@
 //
 // SGLang (python/sglang/srt/entrypoints/http_server.py and
 // managers/io_struct.py, v0.5.6 and the 2026 main line):
-//   GET  /health                        200, empty body
+//   GET  /health, /health_generate      200, empty body; 503 while starting (--starting-ms),
+//                                        or when paused past the health-check timeout (a
+//                                        one-token generation runs there)
 //   POST /generate                      {text, sampling_params, return_logprob, stream, rid,
 //                                        extra_key} -> {text, output_ids, meta_info{id,
 //                                        finish_reason{type}, prompt_tokens, completion_tokens,
@@ -21,8 +23,11 @@
 //   POST /pause_generation              {mode: abort|retract|in_place} -> {message, status: "ok"}
 //   POST /continue_generation           -> {message, status: "ok"}
 //   POST /update_weights_from_disk      {model_path, weight_version, abort_all_requests,
-//                                        flush_cache} -> 200/400 {success, message,
-//                                        num_paused_requests}
+//                                        flush_cache, load_format, keep_pause} -> 200/400
+//                                        {success, message, num_paused_requests}; without
+//                                        keep_pause a paused scheduler runs again after the load;
+//                                        without load_format the server's (--load-format dummy:
+//                                        random weights)
 //   GET  /model_info, /get_model_info   {model_path, weight_version, ...}
 //   GET  /get_weight_version            {weight_version}; 404 with --sglang-2026 (the 2026
 //                                        line answers "deprecated, use /model_info")
@@ -57,6 +62,7 @@
 //
 // Usage: stitch-engine-peer --dialect sglang|vllm --port P --model-dir DIR
 //                           [--weight-version V] [--sglang-2026] [--vllm-2025]
+//                           [--load-format auto|dummy] [--starting-ms N]
 
 #include <nlohmann/json.hpp>
 
@@ -123,8 +129,11 @@ result<loaded> load_model(const std::string& dir) {
 
 class peer {
 public:
-  peer(std::string dialect, bool sglang_2026, bool vllm_2025)
-      : dialect_(std::move(dialect)), new_api_(sglang_2026), old_vllm_(vllm_2025) {}
+  peer(std::string dialect, bool sglang_2026, bool vllm_2025, std::string load_format,
+       std::chrono::milliseconds starting)
+      : dialect_(std::move(dialect)), new_api_(sglang_2026), old_vllm_(vllm_2025),
+        load_format_(std::move(load_format)),
+        ready_at_(std::chrono::steady_clock::now() + starting) {}
 
   status boot(const std::string& dir, std::string version) {
     auto m = load_model(dir);
@@ -206,8 +215,8 @@ private:
     }
     if (path == "/_peer/exit")
       ::_exit(3);
-    if (path == "/health")
-      return out.send(empty());
+    if (path == "/health" || (path == "/health_generate" && sglang))
+      return out.send(health(sglang));
     if (req.method == "GET" || path == "/tokenize" || path == "/detokenize")
       if (auto info = information(req, sglang))
         return out.send(std::move(*info));
@@ -222,13 +231,27 @@ private:
     return vllm_control(req, out);
   }
 
+  /// SGLang's `/health` (http_server.py@3ba38dc0, lines 665-743): 503
+  /// while starting; else a one-token generation, which waits while the
+  /// scheduler is paused and answers 503 when it does not run within the
+  /// health-check timeout (20 s there, 2 s here). vLLM's (instrumentator/
+  /// health.py): 200 while the engine lives, no generation.
+  server_response health(bool sglang) {
+    if (std::chrono::steady_clock::now() < ready_at_)
+      return empty(503);
+    if (!sglang)
+      return empty();
+    std::unique_lock lock{mutex_};
+    if (!resumed_.wait_for(lock, std::chrono::seconds{2}, [&] { return !paused_; }))
+      return empty(503);
+    return empty();
+  }
+
   /// The read-only routes and tokenizer routes of each engine (what a
   /// replica passes through); nothing for other requests.
   std::optional<server_response> information(const server_request& req, bool sglang) {
     const std::string& path = req.path;
     std::lock_guard lock{mutex_};
-    if (path == "/health_generate" && sglang)
-      return empty();
     if ((path == "/get_server_info" || path == "/server_info") && sglang)
       return json_answer(200, {{"model_path", model_.path},
                                {"tp_size", 1},
@@ -272,7 +295,9 @@ private:
   }
 
   /// Runs an update: fails or hangs when told to, else loads `dir`.
-  status update(const std::string& dir) {
+  /// `load_format`: the request's, else the server's (`--load-format`);
+  /// `dummy` fills the weights with random values, as both engines do.
+  status update(const std::string& dir, const std::string& load_format = {}) {
     if (hang_updates_ > 0) {
       --hang_updates_;
       for (;;)
@@ -285,6 +310,15 @@ private:
     auto m = load_model(dir);
     if (!m)
       return std::move(m).error();
+    if ((load_format.empty() ? load_format_ : load_format) == "dummy") {
+      auto noise = engine::random_init(m->config, 977);
+      if (!noise)
+        return std::move(noise).error();
+      auto w = engine::build_weights(m->config, *noise);
+      if (!w)
+        return std::move(w).error();
+      m->weights = std::move(*w);
+    }
     std::lock_guard lock{mutex_};
     model_ = std::move(*m);
     return {};
@@ -319,7 +353,20 @@ private:
     if (path == "/update_weights_from_disk") {
       if (!body.contains("model_path") || !body["model_path"].is_string())
         return out.send(json_answer(400, {{"error", {{"message", "model_path is required"}}}}));
-      auto ok = update(body["model_path"].get<std::string>());
+      // UpdateWeightFromDiskReqInput (managers/io_struct.py): `load_format`
+      // (none: the server's), `keep_pause` (false: a paused scheduler runs
+      // again once the weights are loaded).
+      auto ok = update(body["model_path"].get<std::string>(),
+                       body.contains("load_format") && body["load_format"].is_string()
+                         ? body["load_format"].get<std::string>()
+                         : std::string{});
+      if (ok && !(body.contains("keep_pause") && body["keep_pause"] == true)) {
+        {
+          std::lock_guard lock{mutex_};
+          paused_ = false;
+        }
+        resumed_.notify_all();
+      }
       if (!ok)
         return out.send(
           json_answer(400, {{"success", false},
@@ -618,6 +665,9 @@ private:
   std::string weight_version_ = "default";
   uint64_t weight_gen_ = 0;
   bool old_vllm_ = false;
+  std::string load_format_ = "auto";
+  /// `--starting-ms`: how long the server answers 503 to health checks.
+  std::chrono::steady_clock::time_point ready_at_;
   bool paused_ = false;
   std::string calls_;
   std::atomic<uint64_t> fail_updates_{0};
@@ -647,6 +697,8 @@ int main(int argc, char** argv) {
   std::string version = "default";
   bool sglang_2026 = false;
   bool vllm_2025 = false;
+  std::string load_format = "auto";
+  std::chrono::milliseconds starting{0};
   uint16_t port = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -669,6 +721,10 @@ int main(int argc, char** argv) {
       sglang_2026 = true;
     else if (a == "--vllm-2025")
       vllm_2025 = true;
+    else if (a == "--load-format")
+      load_format = next();
+    else if (a == "--starting-ms")
+      starting = std::chrono::milliseconds{std::stoll(next())};
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
@@ -684,7 +740,7 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  peer p{dialect, sglang_2026, vllm_2025};
+  peer p{dialect, sglang_2026, vllm_2025, load_format, starting};
   if (auto ok = p.boot(dir, version); !ok) {
     std::cerr << "cannot load " << dir << ": " << stitch::to_string(ok.error()) << "\n";
     return 1;

@@ -733,6 +733,40 @@ TEST_P(vllm_engine_test,
   EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
 }
 
+TEST_P(sglang_engine_test, loads_name_their_format_and_keep_the_pause_until_stitch_resumes) {
+  // A server launched with --load-format dummy (a common RL launch) loads
+  // random weights unless the update names its format.
+  start_peer(" --load-format dummy");
+  make_engine(options());
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+  auto log = calls();
+  EXPECT_NE(log.find(R"("keep_pause":true)"), std::string::npos) << log;
+  EXPECT_NE(log.find(R"("load_format":"safetensors")"), std::string::npos) << log;
+  // The peer is faithful: without the format, the same load is noise.
+  ASSERT_EQ(
+    peer_get("/update_weights_from_disk", "POST",
+             json{{"model_path", boot_dir.string()}, {"weight_version", "r/weight_v000001"}}.dump())
+      .status,
+    200u);
+  EXPECT_NE(served_tokens(), expected_tokens(versions[0]));
+}
+
+TEST_P(external_engine_test, a_launched_engine_that_answers_503_while_starting_is_waited_for) {
+  auto o = options();
+  o.url.clear();
+  launch_options lo;
+  lo.command = peer_command(" --starting-ms 1500");
+  lo.name = "replica-0";
+  o.launch = lo;
+  make_engine(o);
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
+  EXPECT_TRUE(engine->health().healthy) << engine->health().detail;
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+}
+
 TEST_P(sglang_engine_test, weights_loaded_behind_its_back_are_never_stamped_and_are_replaced) {
   start_peer();
   make_engine(options());

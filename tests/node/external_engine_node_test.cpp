@@ -180,21 +180,36 @@ TEST_P(external_engine_node_test, only_inference_and_read_only_routes_reach_the_
   };
   if (sglang()) {
     add(blocked, "POST",
-        {"/update_weights_from_disk", "/update_weights_from_tensor",
-         "/send_weights_to_remote_instance", "/init_weights_send_group_for_remote_instance",
-         "/get_weights_by_name", "/slow_down", "/freeze_gc", "/weights_checker",
-         "/clear_hicache_storage_backend", "/start_expert_distribution_record",
-         "/dump_expert_distribution_record", "/open_session", "/close_session",
-         "/update_weight_version", "/pause_generation", "/flush_cache", "/abort_request",
-         "/shutdown"});
-    add(blocked, "GET", {"/flush_cache"});
+        {"/update_weights_from_disk",
+         "/update_weights_from_tensor",
+         "/send_weights_to_remote_instance",
+         "/init_weights_send_group_for_remote_instance",
+         "/get_weights_by_name",
+         "/slow_down",
+         "/freeze_gc",
+         "/weights_checker",
+         "/clear_hicache_storage_backend",
+         "/start_expert_distribution_record",
+         "/dump_expert_distribution_record",
+         "/open_session",
+         "/close_session",
+         "/update_weight_version",
+         "/pause_generation",
+         "/flush_cache",
+         "/abort_request",
+         "/shutdown",
+         "/v1/responses",
+         "/v1/messages",
+         "/invocations",
+         "/api/generate"});
+    add(blocked, "GET", {"/flush_cache", "/server_info", "/get_server_info", "/start_profile"});
   } else {
     add(blocked, "POST",
         {"/collective_rpc", "/abort_requests", "/init_weight_transfer_engine",
          "/start_weight_update", "/start_draft_weight_update", "/update_weights",
          "/finish_weight_update", "/weight_checker", "/update_weight_version", "/pause", "/sleep",
-         "/reset_prefix_cache"});
-    add(blocked, "GET", {"/weight_info", "/get_world_size", "/server_info"});
+         "/reset_prefix_cache", "/v1/responses", "/inference/v1/generate", "/invocations"});
+    add(blocked, "GET", {"/weight_info", "/get_world_size", "/server_info", "/is_paused"});
   }
   for (const char* t : {"/a_route_added_next_year", "/v1/models/../flush_cache",
                         "/update%5Fweights_from_disk", "/v1/models/x%2F..%2Fflush_cache"})
@@ -204,7 +219,7 @@ TEST_P(external_engine_node_test, only_inference_and_read_only_routes_reach_the_
   std::vector<probe> allowed;
   if (sglang())
     add(allowed, "GET",
-        {"/get_server_info", "/health_generate", "/get_load", "/metrics", "/v1/models",
+        {"/health_generate", "/get_load", "/v1/loads", "/ping", "/metrics", "/v1/models",
          "/get_model_info", "/v1/models/Qwen/Qwen3-8B"});
   else
     add(allowed, "GET", {"/load", "/ping", "/version", "/metrics", "/v1/models"});
