@@ -111,7 +111,11 @@ result<std::string> expand_launch_command(std::string_view command, uint16_t por
   return out;
 }
 
-result<uint16_t> pick_free_port() {
+namespace {
+
+/// Binds a TCP socket on the loopback interface to `port` (0: any) and
+/// releases it; the port it got.
+result<uint16_t> bind_loopback(uint16_t port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return make_error(errc::backend_failure,
@@ -119,17 +123,27 @@ result<uint16_t> pick_free_port() {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
+  addr.sin_port = htons(port);
   socklen_t len = sizeof addr;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0
       || ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     int e = errno;
     ::close(fd);
     return make_error(errc::backend_failure,
-                      std::string{"cannot pick a port: "} + std::strerror(e));
+                      "cannot bind port " + std::to_string(port) + ": " + std::strerror(e));
   }
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+} // namespace
+
+result<uint16_t> pick_free_port() {
+  return bind_loopback(0);
+}
+
+bool port_free(uint16_t port) {
+  return port != 0 && bind_loopback(port).has_value();
 }
 
 engine_process::engine_process(launch_options options, uint16_t port, fs::path model_dir)

@@ -48,6 +48,9 @@ result<std::string> expand_launch_command(std::string_view command, uint16_t por
 /// A free TCP port on the loopback interface (bound and released).
 result<uint16_t> pick_free_port();
 
+/// Whether nothing listens on loopback `port` now (it can be bound).
+bool port_free(uint16_t port);
+
 /// One launched engine process, supervised: it runs in its own process
 /// group with its output captured line by line; when it exits without being
 /// asked to, it is started again after a back-off, on the same port and from

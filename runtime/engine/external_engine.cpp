@@ -219,7 +219,10 @@ status external_engine::launch_from(const fs::path& dir) {
   // the engine binds it (the engine then exits at once): another port.
   status ready;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    if (attempt > 0) {
+    // The port was picked when the replica was made; another listener of
+    // this node (or any program) may hold it by now, and would answer the
+    // health checks in the engine's place.
+    if (attempt > 0 || !port_free(endpoint().port)) {
       auto port = pick_free_port();
       if (!port)
         return std::move(port).error();

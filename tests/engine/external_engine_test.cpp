@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <regex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +25,7 @@
 #include "runtime/pipeline/store_tensor_source.hpp"
 #include "store/memory_store.hpp"
 #include "transport/http_client.hpp"
+#include "transport/http_server.hpp"
 
 // The adapters against `stitch-engine-peer` (tests/engine/engine_peer.cpp),
 // the in-tree stand-in for SGLang and vLLM servers.
@@ -751,6 +753,34 @@ TEST_P(sglang_engine_test, loads_name_their_format_and_keep_the_pause_until_stit
       .status,
     200u);
   EXPECT_NE(served_tokens(), expected_tokens(versions[0]));
+}
+
+TEST_P(external_engine_test, a_launched_engine_whose_port_was_taken_meanwhile_starts_elsewhere) {
+  auto o = options();
+  o.url.clear();
+  launch_options lo;
+  lo.command = peer_command();
+  lo.name = "replica-0";
+  o.launch = lo;
+  make_engine(o);
+  // Before the first activation another listener of the node takes the
+  // engine's port, and answers health checks there (as the status surface
+  // does): the adapter must not take it for its engine.
+  std::smatch m;
+  const std::string before = engine->describe();
+  ASSERT_TRUE(std::regex_search(before, m, std::regex{":([0-9]+)$"})) << before;
+  transport::http_server squatter{
+    {}, [](transport::server_request, std::shared_ptr<transport::http_responder> out) {
+      transport::server_response r;
+      r.status = 200;
+      out->send(std::move(r));
+    }};
+  ASSERT_TRUE(squatter.listen("127.0.0.1", static_cast<uint16_t>(std::stoi(m[1]))));
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 1}), src));
+  EXPECT_NE(engine->describe(), before);
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+  squatter.stop();
 }
 
 TEST_P(external_engine_test, a_launched_engine_that_answers_503_while_starting_is_waited_for) {
