@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "actors/handle_types.hpp"
+#include "actors/local_only.hpp"
 #include "actors/log.hpp"
 #include "actors/store_actor.hpp"
 #include "runtime/core/error.hpp"
@@ -166,8 +167,8 @@ caf::behavior hub_relay(self_ptr self, hub_relay_options opts, caf::actor target
     look_up(self);
   return {
     [self](atom::rebind, caf::actor& to) {
-      // Only this node points its relays (its own code sends anonymously).
-      if (self->current_sender() && self->current_sender()->node() != self->node())
+      // Only this node points its relays.
+      if (!from_this_node(self))
         return;
       point_at(self, std::move(to));
     },
@@ -206,7 +207,11 @@ caf::actor spawn_hub_relay(caf::actor_system& sys, hub_relay_options opts, caf::
 namespace stitch {
 
 void rebind_hub_relay(const caf::actor& relay, const caf::actor& target) {
-  caf::anon_send(relay, atom::rebind_v, target);
+  if (!relay)
+    return;
+  // From an actor of this node (see `from_this_node`), never anonymously.
+  caf::scoped_actor self{relay->home_system()};
+  self->send(relay, atom::rebind_v, target);
 }
 
 } // namespace stitch

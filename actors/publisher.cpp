@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "actors/local_only.hpp"
 #include "actors/log.hpp"
 #include "actors/peer_offer.hpp"
 #include "runtime/core/token.hpp"
@@ -601,7 +602,16 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       return to_peer_offer(*o);
     },
     [self](atom::server_info) { return self->state.http_url; },
-    [self](atom::server_info, std::string& url) { self->state.http_url = std::move(url); },
+    [self](atom::server_info, std::string& url) {
+      // Only this node says where its publisher's HTTP surface listens:
+      // `stitch publish --stream` sends the admin token to that address.
+      if (!from_this_node(self)) {
+        log::warn("publisher", "ignored a new HTTP address from outside this node ("
+                                 + quote_untrusted(url) + ")");
+        return;
+      }
+      self->state.http_url = std::move(url);
+    },
     [self](atom::release, uint64_t lease) {
       if (self->state.lending.holders)
         self->state.lending.holders->release(lease);

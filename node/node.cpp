@@ -661,8 +661,10 @@ status node::start_serving(const node_settings& settings) {
     if (!pb)
       return std::move(pb).error();
     http_.publisher = *pb;
-    caf::anon_send(publisher_, atom::server_info_v,
-                   transport::http_endpoint{"http", at->host, *pb}.to_string());
+    // From an actor of this node: the publisher ignores anonymous ones.
+    caf::scoped_actor self{sys_};
+    self->send(publisher_, atom::server_info_v,
+               transport::http_endpoint{"http", at->host, *pb}.to_string());
   }
   return {};
 }

@@ -219,6 +219,23 @@ TEST_F(publisher_actor_test, conflicts_rewinds_and_missing_tokens_are_refused) {
   EXPECT_NE(err.find("nope"), std::string::npos) << err;
 }
 
+TEST_F(publisher_actor_test, only_its_own_node_says_where_its_http_surface_listens) {
+  start("secret");
+  auto url = [&] {
+    self->send(publisher, atom::server_info_v);
+    sched.run();
+    return answer<std::string>().value_or("(none)");
+  };
+  self->send(publisher, atom::server_info_v, std::string{"http://127.0.0.1:7000"});
+  sched.run();
+  EXPECT_EQ(url(), "http://127.0.0.1:7000");
+  // An anonymous message (as one from another node can arrive) would have
+  // `stitch publish --stream` send the admin token elsewhere: ignored.
+  caf::anon_send(publisher, atom::server_info_v, std::string{"http://attacker:9"});
+  sched.run();
+  EXPECT_EQ(url(), "http://127.0.0.1:7000");
+}
+
 TEST_F(publisher_actor_test, streamed_sessions_are_bounded_checked_and_dropped_when_idle) {
   publisher_limits limits;
   limits.max_sessions = 1;
