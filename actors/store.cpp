@@ -199,9 +199,24 @@ caf::result<bool> on_export_to(self_ptr self, const std::string& pool, const ver
                        });
 }
 
+/// An `unauthorized` refusal of a write without the admin token (none
+/// when the token is right, or the store has none).
+std::optional<caf::error> without_token(self_ptr self, const std::string& token,
+                                        std::string_view what) {
+  if (token_matches(self->state.opts.admin_token, token))
+    return std::nullopt;
+  return to_caf_error(
+    {errc::unauthorized, std::string{what} + " needs the admin token (--token or STITCH_TOKEN)"});
+}
+
 /// Opens an upload of version `ref` (its writer made on the bulk lane).
-caf::result<uint64_t> on_put_begin(self_ptr self, const std::string& pool, const version_ref& ref) {
-  auto id = self->state.next_upload++;
+caf::result<uint64_t> on_put_begin(self_ptr self, const std::string& pool, const version_ref& ref,
+                                   const std::string& token) {
+  if (auto no = without_token(self, token, "storing a version"))
+    return *no;
+  uint64_t id = 0;
+  while (id == 0 || self->state.uploads.contains(id))
+    id = self->state.upload_ids();
   auto opened = std::make_shared<std::shared_ptr<version_writer>>();
   auto db = self->state.backend;
   return offload<uint64_t>(
@@ -269,12 +284,18 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
           return caf::optional<pointer_record>{**p};
         });
     },
-    [=, &fast](atom::claim, const std::string& pool, const version_ref& boot) {
+    [=, &fast](atom::claim, const std::string& pool, const version_ref& boot,
+               const std::string& token) -> caf::result<pointer_record> {
+      if (auto no = without_token(self, token, "claiming a run"))
+        return *no;
       return offload<pointer_record>(self, self->state.jobs, fast, fast_lane_name,
                                      [db, pool, boot] { return db->claim(pool, boot); });
     },
     [=, &fast](atom::advance, const std::string& pool, const caf::optional<version_ref>& expected,
-               const version_ref& proposed) {
+               const version_ref& proposed,
+               const std::string& token) -> caf::result<pointer_record> {
+      if (auto no = without_token(self, token, "moving a pointer"))
+        return *no;
       std::optional<version_ref> exp;
       if (expected)
         exp = *expected;
@@ -298,13 +319,15 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
     [self](atom::export_to, const std::string& pool, const version_ref& ref,
            const std::string& path, bool sync,
            const std::string& token) { return on_export_to(self, pool, ref, path, sync, token); },
-    [=, &bulk](atom::retain, const std::string& pool, const retention_request& request) {
+    [=, &bulk](atom::retain, const std::string& pool, const retention_request& request,
+               const std::string& token) -> caf::result<retention_report> {
+      if (auto no = without_token(self, token, "retention"))
+        return *no;
       return offload<retention_report>(self, self->state.jobs, bulk, bulk_lane_name,
                                        [db, pool, request] { return db->retain(pool, request); });
     },
-    [self](atom::put_begin, const std::string& pool, const version_ref& ref) {
-      return on_put_begin(self, pool, ref);
-    },
+    [self](atom::put_begin, const std::string& pool, const version_ref& ref,
+           const std::string& token) { return on_put_begin(self, pool, ref, token); },
     [self](atom::put_shard, uint64_t id, const std::string& name, uint64_t size) {
       return on_upload<bool>(self, id, [name, size](store_state::upload& up) -> result<bool> {
         if (auto ok = up.writer->begin_shard(name, size); !ok)

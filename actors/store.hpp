@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "actors/offload.hpp"
@@ -61,7 +62,8 @@ struct store_state {
   job_table jobs;
   std::map<std::string, std::vector<pointer_listener_actor>> listeners;
   std::map<uint64_t, upload> uploads;
-  uint64_t next_upload = 1;
+  /// Upload ids: unguessable, so that a client cannot write into another's.
+  std::mt19937_64 upload_ids{std::random_device{}()};
   /// This actor's observer of the backend's pointer moves.
   uint64_t observer = 0;
 

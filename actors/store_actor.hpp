@@ -51,11 +51,13 @@ using pointer_listener_actor =
 using store_actor = caf::typed_actor<
   // Reads a pool's pointer (none before a run is claimed).
   caf::replies_to<atom::read_pointer, std::string>::with<caf::optional<pointer_record>>,
-  // Claims a run at its boot version (a stored full anchor).
-  caf::replies_to<atom::claim, std::string, version_ref>::with<pointer_record>,
+  // Claims a run at its boot version (a stored full anchor). The last
+  // string of every call that writes (claim, advance, retain, put_begin) is
+  // the admin token, which a store with one requires.
+  caf::replies_to<atom::claim, std::string, version_ref, std::string>::with<pointer_record>,
   // Moves a pool's pointer from `expected` to `proposed` (compare-and-swap).
-  caf::replies_to<atom::advance, std::string, caf::optional<version_ref>,
-                  version_ref>::with<pointer_record>,
+  caf::replies_to<atom::advance, std::string, caf::optional<version_ref>, version_ref,
+                  std::string>::with<pointer_record>,
   // Reads a published version's manifest.
   caf::replies_to<atom::read_manifest, std::string, version_ref>::with<manifest>,
   // Reads `len` (<= max_chunk_bytes) stored bytes of a tensor at `offset`.
@@ -71,9 +73,11 @@ using store_actor = caf::typed_actor<
   caf::replies_to<atom::export_to, std::string, version_ref, std::string, bool,
                   std::string>::with<bool>,
   // Applies retention to a pool (or says what it would do).
-  caf::replies_to<atom::retain, std::string, retention_request>::with<retention_report>,
-  // Starts storing version `ref` of `pool`; answers an upload id.
-  caf::replies_to<atom::put_begin, std::string, version_ref>::with<uint64_t>,
+  caf::replies_to<atom::retain, std::string, retention_request,
+                  std::string>::with<retention_report>,
+  // Starts storing version `ref` of `pool`; answers an upload id, random
+  // (the later calls of the upload name it: only its opener knows it).
+  caf::replies_to<atom::put_begin, std::string, version_ref, std::string>::with<uint64_t>,
   // Starts the next shard of upload `id`: its name and size.
   caf::replies_to<atom::put_shard, uint64_t, std::string, uint64_t>::with<bool>,
   // The next bytes (<= max_chunk_bytes) of the current shard; answers the

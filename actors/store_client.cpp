@@ -66,7 +66,7 @@ result<std::optional<pointer_record>> remote_store::read_pointer(std::string_vie
 }
 
 result<pointer_record> remote_store::claim(std::string_view pool, const version_ref& boot) {
-  return call<pointer_record>(atom::claim_v, std::string{pool}, boot);
+  return call<pointer_record>(atom::claim_v, std::string{pool}, boot, token_);
 }
 
 result<pointer_record> remote_store::compare_and_advance_pointer(
@@ -74,7 +74,7 @@ result<pointer_record> remote_store::compare_and_advance_pointer(
   caf::optional<version_ref> exp;
   if (expected)
     exp = *expected;
-  return call<pointer_record>(atom::advance_v, std::string{pool}, exp, proposed);
+  return call<pointer_record>(atom::advance_v, std::string{pool}, exp, proposed, token_);
 }
 
 /// Streams an upload to the store actor with a window of chunks in flight.
@@ -189,7 +189,7 @@ private:
 
 result<std::unique_ptr<version_writer>> remote_store::begin_version(std::string_view pool,
                                                                     const version_ref& ref) {
-  auto id = call<uint64_t>(atom::put_begin_v, std::string{pool}, ref);
+  auto id = call<uint64_t>(atom::put_begin_v, std::string{pool}, ref, token_);
   if (!id)
     return std::move(id).error();
   return std::unique_ptr<version_writer>{std::make_unique<writer>(sys_, target_, timeout_, *id)};
@@ -296,7 +296,7 @@ status remote_store::export_to(std::string_view pool, const version_ref& ref,
 
 result<retention_report> remote_store::retain(std::string_view pool,
                                               const retention_request& request) {
-  return call<retention_report>(atom::retain_v, std::string{pool}, request);
+  return call<retention_report>(atom::retain_v, std::string{pool}, request, token_);
 }
 
 } // namespace stitch

@@ -3,6 +3,7 @@
 #include <caf/fwd.hpp>
 
 #include <chrono>
+#include <string>
 
 #include "actors/store_actor.hpp"
 #include "runtime/core/store_port.hpp"
@@ -31,6 +32,10 @@ public:
 
   remote_store(caf::actor_system& sys, store_actor target,
                std::chrono::milliseconds timeout = std::chrono::seconds{120});
+
+  /// The admin token its writes (claim, advance, retain, uploads) carry; a
+  /// store with one refuses them without it.
+  void set_token(std::string token) { token_ = std::move(token); }
 
   result<std::optional<pointer_record>> read_pointer(std::string_view pool) override;
   result<pointer_record> claim(std::string_view pool, const version_ref& boot) override;
@@ -64,6 +69,7 @@ private:
   caf::actor_system& sys_;
   store_actor target_;
   std::chrono::milliseconds timeout_;
+  std::string token_;
 };
 
 } // namespace stitch

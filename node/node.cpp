@@ -191,7 +191,9 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     n->store_ = caf::actor_cast<store_actor>(spawn_hub_relay(
       sys, store_relay_options(caf::actor_cast<caf::actor>(n->coordinator_)), *found));
     n->relays_.push_back(caf::actor_cast<caf::actor>(n->store_));
-    n->backend_ = std::make_shared<remote_store>(sys, n->store_);
+    auto remote = std::make_shared<remote_store>(sys, n->store_);
+    remote->set_token(settings.admin_token);
+    n->backend_ = std::move(remote);
   }
   // Replicas fetch and lend over UCX; a publisher lends its runs' remembered
   // versions.

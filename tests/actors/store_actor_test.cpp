@@ -112,7 +112,7 @@ protected:
 TEST_F(store_actor_test, handlers_only_queue_work_and_answer_when_the_lane_reports) {
   auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
   ASSERT_TRUE(put(*backend, pool, v0));
-  self->send(actor, atom::claim_v, pool, v0.m.ref);
+  self->send(actor, atom::claim_v, pool, v0.m.ref, std::string{});
   sched.run();
   EXPECT_EQ(fast->size(), 1u) << "the claim waits on the fast lane";
   EXPECT_FALSE(backend->read_pointer(pool)->has_value()) << "nothing ran in the handler";
@@ -130,8 +130,8 @@ TEST_F(store_actor_test, a_listener_of_every_pool_hears_each_pools_moves) {
   auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
   ASSERT_TRUE(put(*backend, pool, v0));
   ASSERT_TRUE(put(*backend, "other", v0));
-  self->send(actor, atom::claim_v, pool, v0.m.ref);
-  self->send(actor, atom::claim_v, std::string{"other"}, v0.m.ref);
+  self->send(actor, atom::claim_v, pool, v0.m.ref, std::string{});
+  self->send(actor, atom::claim_v, std::string{"other"}, v0.m.ref, std::string{});
   settle();
   std::set<std::string> heard;
   for (int i = 0; i < 4; ++i)
@@ -151,7 +151,7 @@ TEST_F(store_actor_test, status_shows_every_pool_of_the_store_those_without_repl
   // A pool claimed after the status actor started, through the store.
   auto v0 = full_version("r", 0, {{"w", random_bytes(100, 2)}});
   ASSERT_TRUE(put(*backend, pool, v0));
-  self->send(actor, atom::claim_v, pool, v0.m.ref);
+  self->send(actor, atom::claim_v, pool, v0.m.ref, std::string{});
   settle();
   EXPECT_EQ(answer_code<pointer_record>(), errc::none);
   self->send(status, atom::status_view_v);
@@ -174,7 +174,7 @@ TEST_F(store_actor_test, listeners_hear_the_pointer_move_before_the_claim_is_ans
   settle();
   auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
   ASSERT_TRUE(put(*backend, pool, v0));
-  self->send(actor, atom::claim_v, pool, v0.m.ref);
+  self->send(actor, atom::claim_v, pool, v0.m.ref, std::string{});
   settle();
   std::vector<std::string> order;
   for (int i = 0; i < 2; ++i)
@@ -228,7 +228,7 @@ TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_read_or_oth
   auto v0 = published(pool, "r", 1);
   // A large upload is under way: its bytes sit on the bulk lane, not run.
   auto big = full_version("r", 1, {{"w", random_bytes(3 * max_chunk_bytes, 2)}});
-  self->send(actor, atom::put_begin_v, pool, version_ref{"r", 1});
+  self->send(actor, atom::put_begin_v, pool, version_ref{"r", 1}, std::string{});
   sched.run();
   bulk->run_all();
   sched.run();
@@ -252,7 +252,7 @@ TEST_F(store_actor_test, a_held_bulk_lane_delays_no_pointer_manifest_read_or_oth
   self->send(actor, atom::read_pointer_v, pool);
   self->send(actor, atom::read_manifest_v, pool, version_ref{"r", 0});
   self->send(actor, atom::list_v, pool, std::string{"r"});
-  self->send(actor, atom::claim_v, std::string{"other"}, other.m.ref);
+  self->send(actor, atom::claim_v, std::string{"other"}, other.m.ref, std::string{});
   // ... and a replica of the other pool syncing: its manifest and bytes.
   self->send(actor, atom::read_manifest_v, std::string{"other"}, other.m.ref);
   self->send(actor, atom::read_range_v, std::string{"other"}, other.m.ref, std::string{"w"},
@@ -311,7 +311,7 @@ TEST_F(store_actor_test, a_pointer_the_store_remembers_is_answered_without_the_f
   // itself, also while the fast lane is held by other work.
   auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
   ASSERT_TRUE(put(*backend, pool, v0));
-  self->send(actor, atom::claim_v, pool, v0.m.ref);
+  self->send(actor, atom::claim_v, pool, v0.m.ref, std::string{});
   settle();
   EXPECT_EQ(answer_code<pointer_record>(), errc::none);
   self->send(actor, atom::read_manifest_v, pool, v0.m.ref);
@@ -331,7 +331,7 @@ TEST_F(store_actor_test, a_pointer_the_store_remembers_is_answered_without_the_f
   auto v1 = full_version("r", 1, {{"w", random_bytes(100, 2)}});
   ASSERT_TRUE(put(*backend, pool, v1));
   self->send(actor, atom::advance_v, pool, caf::optional<version_ref>{version_ref{"r", 0}},
-             version_ref{"r", 1});
+             version_ref{"r", 1}, std::string{});
   settle();
   EXPECT_EQ(answer_code<pointer_record>(), errc::none);
   self->send(actor, atom::read_pointer_v, pool);
@@ -358,7 +358,7 @@ TEST_F(store_actor_test, a_full_lane_answers_busy) {
 
 TEST_F(store_actor_test, a_bad_upload_is_refused_and_leaves_nothing) {
   auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
-  self->send(actor, atom::put_begin_v, pool, v0.m.ref);
+  self->send(actor, atom::put_begin_v, pool, v0.m.ref, std::string{});
   settle();
   uint64_t id = 0;
   self->receive([&](uint64_t upload) { id = upload; }, caf::after(0s) >> [] {});
@@ -381,7 +381,7 @@ TEST_F(store_actor_test, a_shard_that_does_not_match_the_manifest_fails_the_comm
   auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
   auto wrong = v0.m;
   wrong.checksums["w"] ^= 1;
-  self->send(actor, atom::put_begin_v, pool, v0.m.ref);
+  self->send(actor, atom::put_begin_v, pool, v0.m.ref, std::string{});
   settle();
   uint64_t id = 0;
   self->receive([&](uint64_t upload) { id = upload; }, caf::after(0s) >> [] {});
@@ -400,7 +400,7 @@ TEST_F(store_actor_test, a_shard_that_does_not_match_the_manifest_fails_the_comm
 
 TEST_F(store_actor_test, an_idle_upload_is_dropped_with_what_it_wrote) {
   auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
-  self->send(actor, atom::put_begin_v, pool, v0.m.ref);
+  self->send(actor, atom::put_begin_v, pool, v0.m.ref, std::string{});
   settle();
   uint64_t id = 0;
   self->receive([&](uint64_t upload) { id = upload; }, caf::after(0s) >> [] {});
@@ -436,6 +436,54 @@ TEST_F(store_actor_test, dead_listeners_are_forgotten) {
   published(pool, "r", 1);
   EXPECT_EQ(sched.run(), 1u) << "only the backend's move reaches the store: nothing goes to the "
                                 "dead listener";
+}
+
+} // namespace
+} // namespace stitch
+
+namespace stitch {
+namespace {
+
+TEST_F(store_actor_test, a_store_with_an_admin_token_refuses_every_write_without_it) {
+  store_options opts;
+  opts.admin_token = "secret";
+  auto a = sys.spawn(store_service, backend, store_lanes{fast, bulk, reads}, opts);
+  auto v0 = full_version("r", 0, {{"w", random_bytes(100, 1)}});
+  ASSERT_TRUE(put(*backend, pool, v0));
+  for (const std::string& token : {std::string{}, std::string{"wrong"}}) {
+    self->send(a, atom::claim_v, pool, v0.m.ref, token);
+    settle();
+    EXPECT_EQ(answer_code<pointer_record>(), errc::unauthorized) << token;
+    self->send(a, atom::advance_v, pool, caf::optional<version_ref>{}, v0.m.ref, token);
+    settle();
+    EXPECT_EQ(answer_code<pointer_record>(), errc::unauthorized);
+    self->send(a, atom::put_begin_v, pool, version_ref{"r", 1}, token);
+    settle();
+    EXPECT_EQ(answer_code<uint64_t>(), errc::unauthorized);
+    retention_request keep_one;
+    keep_one.keep_last = 1;
+    self->send(a, atom::retain_v, pool, keep_one, token);
+    settle();
+    EXPECT_EQ(answer_code<retention_report>(), errc::unauthorized);
+  }
+  auto pointer = backend->read_pointer(pool);
+  ASSERT_TRUE(pointer);
+  EXPECT_FALSE(*pointer) << "nothing was claimed";
+  // With the token, the same writes go through; upload ids cannot be guessed.
+  self->send(a, atom::claim_v, pool, v0.m.ref, std::string{"secret"});
+  settle();
+  EXPECT_EQ(answer_code<pointer_record>(), errc::none);
+  std::vector<uint64_t> ids;
+  for (uint64_t v : {1, 2}) {
+    self->send(a, atom::put_begin_v, pool, version_ref{"r", v}, std::string{"secret"});
+    settle();
+    self->receive([&](uint64_t id) { ids.push_back(id); }, caf::after(0s) >> [] {});
+  }
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_NE(ids[0] + 1, ids[1]) << "sequential upload ids";
+  EXPECT_GT(std::max(ids[0], ids[1]), uint64_t{1} << 32);
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  settle();
 }
 
 } // namespace

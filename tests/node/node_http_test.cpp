@@ -360,6 +360,32 @@ TEST(node_security, the_admin_token_guards_wake_and_publish) {
   EXPECT_TRUE(node.stop()) << node.log();
 }
 
+TEST(node_security, a_publisher_on_another_node_writes_to_a_guarded_store_with_the_token) {
+  // The store checks the admin token on every write (claim, advance,
+  // uploads, retention): a publisher of another node carries its node's.
+  temp_dir dir;
+  std::filesystem::create_directories(dir.path() / "hub");
+  node_process hub{
+    dir.path() / "hub",
+    {"roles=coordinator,store,gateway,status", "replicas=0", "admin.token=let-me-in"}};
+  ASSERT_TRUE(hub.started()) << hub.log();
+  std::vector<std::string> args = {"--data-dir=" + (dir.path() / "pub" / "data").string()};
+  for (std::string s : {std::string{"roles=publisher"}, std::string{"admin.token=let-me-in"},
+                        "coordinator.address=127.0.0.1:" + hub.coordinator_port})
+    args.insert(args.end(), {"--set", s});
+  node_process pub{dir.path() / "pub", args, "joined the coordinator"};
+  ASSERT_TRUE(pub.started()) << pub.log();
+  auto model = dir.path() / "model";
+  ASSERT_EQ(run(std::string{STITCH_BIN} + " init-model --preset tiny --out " + model.string()).code,
+            0);
+  auto published =
+    run("STITCH_TOKEN=let-me-in " + std::string{STITCH_BIN} + " --coordinator 127.0.0.1:"
+        + hub.coordinator_port + " publish --run r --version 0 " + model.string());
+  EXPECT_EQ(published.code, 0) << published.output << pub.log() << hub.log();
+  EXPECT_TRUE(pub.stop()) << pub.log();
+  EXPECT_TRUE(hub.stop()) << hub.log();
+}
+
 TEST(node_gpu, a_replica_on_cuda_without_a_device_stops_the_node_saying_why) {
   if (stitch::gpu::why_no_device().empty())
     GTEST_SKIP() << "a CUDA device is present: the refusal cannot be seen here";
