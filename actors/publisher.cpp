@@ -385,7 +385,11 @@ caf::result<uint64_t> on_open_session(self_ptr self, const publish_args& args,
       {errc::limit_exceeded, "the publish declares " + std::to_string(stream->total())
                                + " bytes, more than the "
                                + std::to_string(st.limits.max_session_bytes) + " allowed"});
-  const uint64_t id = st.next_session++;
+  // Random: the session's chunks, finish and abort name it, and only its
+  // opener (who showed the token) knows it.
+  uint64_t id = 0;
+  while (id == 0 || st.sessions.contains(id))
+    id = st.session_ids();
   auto& s = st.sessions[id];
   s.args = args;
   s.stream = stream;

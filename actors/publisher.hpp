@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -83,7 +84,8 @@ struct publisher_state {
   std::map<std::string, std::shared_ptr<strand>> pools;
   job_table jobs;
   std::map<uint64_t, session> sessions;
-  uint64_t next_session = 1;
+  /// Session ids: unguessable, so that a client cannot feed another's.
+  std::mt19937_64 session_ids{std::random_device{}()};
   publisher_limits limits;
   /// When set, every publish must carry it.
   std::string admin_token;

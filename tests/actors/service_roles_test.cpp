@@ -279,6 +279,24 @@ TEST_F(publisher_actor_test, streamed_sessions_are_bounded_checked_and_dropped_w
   EXPECT_TRUE(!listed || listed->empty());
 }
 
+TEST_F(publisher_actor_test, streamed_session_ids_cannot_be_guessed) {
+  start();
+  auto a = open_session();
+  ASSERT_TRUE(a);
+  // (Aborted, and its publish run, before the next: a publish waiting for
+  // bytes would hold the test's one worker.)
+  self->send(publisher, atom::abort_v, *a);
+  sched.run();
+  ASSERT_TRUE(workers->run_one());
+  auto b = open_session();
+  ASSERT_TRUE(b);
+  self->send(publisher, atom::abort_v, *b);
+  sched.run();
+  ASSERT_TRUE(workers->run_one());
+  EXPECT_NE(*a + 1, *b) << "sequential session ids";
+  EXPECT_GT(std::max(*a, *b), uint64_t{1} << 32);
+}
+
 TEST_F(publisher_actor_test, an_aborted_session_frees_its_slot_before_its_publish_has_run) {
   // A session aborted while its publish waits for its turn (behind a long
   // publish to its pool) gives its slot back at once, not when that turn
