@@ -253,6 +253,7 @@ const std::vector<entry>& schema() {
           1'000'000);
     count("http.body_budget", &node_config::http_body_budget, double(uint64_t{1} << 40));
     text("admin.token", &node_config::admin_token);
+    path("admin.token_file", &node_config::admin_token_file);
     path("tls.cert", &node_config::tls_cert);
     path("tls.key", &node_config::tls_key);
     path("tls.ca", &node_config::tls_ca);

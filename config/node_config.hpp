@@ -115,6 +115,9 @@ struct node_config {
   uint64_t http_body_budget = uint64_t{256} << 20;
 
   std::string admin_token;
+  /// A file holding the admin token (so that it is in no config file or
+  /// command line); read once the settings are resolved.
+  std::filesystem::path admin_token_file;
   std::filesystem::path tls_cert;
   std::filesystem::path tls_key;
   std::filesystem::path tls_ca;

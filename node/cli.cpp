@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -36,6 +37,37 @@ result<host_port> parse_host_port(std::string_view text) {
 bool is_loopback(std::string_view host) {
   return host == "localhost" || host == "::1" || host.starts_with("127.");
 }
+
+namespace {
+
+/// The admin token in `file`: its text without trailing whitespace, at most
+/// 4 KiB, printable, not empty. `also_given`: admin.token (or STITCH_TOKEN)
+/// is set too, which is refused (two sources of one secret).
+result<std::string> read_token_file(const std::filesystem::path& file, bool also_given) {
+  const std::string name = quote_untrusted(file.string());
+  if (also_given)
+    return make_error(errc::invalid_argument,
+                      "admin.token (or STITCH_TOKEN) is set too; give the token one way");
+  std::ifstream in{file, std::ios::binary};
+  if (!in)
+    return make_error(errc::invalid_argument, "cannot read " + name);
+  std::string text(4097, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > 4096)
+    return make_error(errc::invalid_argument, name + " holds more than 4 KiB: not a token");
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.pop_back();
+  if (text.empty())
+    return make_error(errc::invalid_argument, name + " is empty");
+  for (char c : text)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      return make_error(errc::invalid_argument,
+                        name + " holds a control character: one token on one line");
+  return text;
+}
+
+} // namespace
 
 result<node_settings> resolve_settings(const node_options& opts) {
   node_settings s;
@@ -71,6 +103,12 @@ result<node_settings> resolve_settings(const node_options& opts) {
   }
   if (!opts.data_dir.empty())
     s.data_dir = opts.data_dir;
+  if (!s.admin_token_file.empty()) {
+    if (auto token = read_token_file(s.admin_token_file, !s.admin_token.empty()); token)
+      s.admin_token = std::move(*token);
+    else
+      problems += "admin.token_file: " + token.error().message + "\n";
+  }
   config::validate(s, problems);
   if (!problems.empty()) {
     problems.pop_back();

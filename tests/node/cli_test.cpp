@@ -7,6 +7,7 @@
 #include <string>
 
 #include "node/cli.hpp"
+#include "store/store_fixtures.hpp"
 
 namespace {
 
@@ -55,6 +56,34 @@ TEST(cli_settings, the_serving_roles_take_their_keys_from_set_and_the_environmen
   EXPECT_NE(toml.find("affinity_headers = [\"X-A\", \"X-B\"]"), std::string::npos) << toml;
   EXPECT_NE(toml.find("[replica]"), std::string::npos) << toml;
   EXPECT_EQ(toml.find("s3cr3t"), std::string::npos) << "the token is never printed";
+}
+
+TEST(cli_settings, the_admin_token_can_come_from_a_file_and_only_one_way) {
+  stitch::testing::temp_dir dir;
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream{dir.path() / name, std::ios::binary} << text;
+    return (dir.path() / name).string();
+  };
+  auto resolve = [&](std::vector<std::string> sets) {
+    node_options o;
+    o.overrides = std::move(sets);
+    return resolve_settings(o);
+  };
+  auto ok = resolve({"admin.token_file=" + write("token", "s3cr3t from a file\n")});
+  ASSERT_TRUE(ok) << ok.error().message;
+  EXPECT_EQ(ok->admin_token, "s3cr3t from a file");
+  EXPECT_EQ(to_toml(*ok).find("s3cr3t"), std::string::npos) << "the token is never printed";
+  for (auto [sets, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+         {{"admin.token_file=" + write("empty", " \n")}, "is empty"},
+         {{"admin.token_file=" + (dir.path() / "missing").string()}, "cannot read"},
+         {{"admin.token_file=" + write("two", "a\nb\n")}, "control character"},
+         {{"admin.token_file=" + write("big", std::string(5000, 'x'))}, "more than 4 KiB"},
+         {{"admin.token_file=" + write("t2", "x"), "admin.token=y"}, "one way"}}) {
+    auto r = resolve(sets);
+    ASSERT_FALSE(r) << why;
+    EXPECT_NE(r.error().message.find("admin.token_file: "), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find(why), std::string::npos) << r.error().message;
+  }
 }
 
 TEST(cli_settings, set_completes_a_role_file_before_it_is_checked_across_keys) {
