@@ -321,20 +321,16 @@ void external_engine::monitor() {
       std::lock_guard lock{control_mutex_};
       if (auto why = probe_health(opts_.control_timeout); !why.empty()) {
         unhealthy = "health check: " + why;
-      } else if (opts_.kind == engine_kind::sglang) {
-        auto v = sglang_served_version(control(), opts_.control_timeout, closing_);
+      } else if (verifies_versions()) {
+        // SGLang's /model_info, or a vLLM's /weight_info (one that answers
+        // 404 now is not the vLLM that had the route).
+        auto v = opts_.kind == engine_kind::sglang
+                   ? sglang_served_version(control(), opts_.control_timeout, closing_)
+                   : vllm_served_version(control(), opts_.control_timeout, closing_);
         if (!v)
           unhealthy = v.error().message;
         else if (*v != id)
           mismatch = "it reports weight_version " + excerpt(*v) + " instead of " + id;
-      } else if (verifies_versions()) {
-        auto v = vllm_served_version(control(), opts_.control_timeout, closing_);
-        if (!v)
-          unhealthy = v.error().message;
-        else if (!*v)
-          mismatch = "its /weight_info route is gone (404): a different vLLM answers";
-        else if (**v != id)
-          mismatch = "it reports weight_version " + excerpt(**v) + " instead of " + id;
       }
     }
     if (!unhealthy.empty()) {

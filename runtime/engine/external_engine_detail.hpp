@@ -257,15 +257,13 @@ inline result<std::string> sglang_served_version(transport::http_client& c,
 /// What a vLLM reports through its weight-version routes
 /// (vllm/entrypoints/serve/dev/rlhf/api_router.py, 2026: `GET /weight_info`
 /// -> {"weight_version", "weight_gen", "weight_label"}): the version (empty
-/// while it has none), or nothing from a vLLM without the route (404).
-inline result<std::optional<std::string>>
-vllm_served_version(transport::http_client& c, std::chrono::milliseconds timeout,
-                    const std::function<bool()>& cancelled) {
+/// while it has none); a vLLM without the route (404) is an error.
+inline result<std::string> vllm_served_version(transport::http_client& c,
+                                               std::chrono::milliseconds timeout,
+                                               const std::function<bool()>& cancelled) {
   auto r = call_json(c, "GET", "/weight_info", {}, timeout, cancelled);
   if (!r)
     return std::move(r).error();
-  if (r->status == 404)
-    return std::optional<std::string>{};
   json doc;
   if (r->status != 200 || !is_json_object_text(r->body, &doc) || !doc.contains("weight_version"))
     return make_error(errc::engine_unavailable, "/weight_info answered " + std::to_string(r->status)
@@ -275,7 +273,7 @@ vllm_served_version(transport::http_client& c, std::chrono::milliseconds timeout
     return make_error(errc::engine_unavailable,
                       "/weight_info answered a weight_version that is not a string: "
                         + excerpt(r->body));
-  return std::optional<std::string>{v.is_string() ? v.get<std::string>() : std::string{}};
+  return v.is_string() ? v.get<std::string>() : std::string{};
 }
 
 } // namespace detail

@@ -97,14 +97,16 @@ status external_engine::load_and_verify(const staged& s) {
     return make_error(errc::activation_failed,
                       describe() + " /update_weight_version: " + named.error().message);
   if (named->status == 404) {
-    std::lock_guard state{mutex_};
-    if (!vllm_versions_ || *vllm_versions_) {
+    bool news = false;
+    {
+      std::lock_guard state{mutex_};
+      news = vllm_versions_.value_or(true);
       vllm_versions_ = false;
-      if (opts_.log)
-        opts_.log(describe()
-                  + " has no weight-version routes (/update_weight_version answered "
-                    "404): its reloads are trusted on their answer alone");
     }
+    if (news && opts_.log) // logged outside the lock, once per change
+      opts_.log(describe()
+                + " has no weight-version routes (/update_weight_version answered 404): its "
+                  "reloads are trusted on their answer alone");
     return {};
   }
   if (auto ok = expect_success(named, describe() + " /update_weight_version"); !ok)
@@ -112,11 +114,9 @@ status external_engine::load_and_verify(const staged& s) {
   auto now = vllm_served_version(c, opts_.control_timeout, closing_);
   if (!now)
     return make_error(errc::activation_failed, describe() + ": " + now.error().message);
-  if (!*now || **now != id)
-    return make_error(errc::activation_failed,
-                      describe() + " reports weight_version "
-                        + (*now ? excerpt(**now) : std::string{"nothing (/weight_info: 404)"})
-                        + " after loading " + id);
+  if (*now != id)
+    return make_error(errc::activation_failed, describe() + " reports weight_version "
+                                                 + excerpt(*now) + " after loading " + id);
   std::lock_guard state{mutex_};
   vllm_versions_ = true;
   return {};
