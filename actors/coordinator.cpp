@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "actors/credentials.hpp"
 #include "actors/gateway_actor.hpp"
 #include "actors/log.hpp"
 #include "actors/publisher_actor.hpp"
@@ -38,6 +39,11 @@ caf::error unauthorized(const char* what) {
                  std::string{what} + " needs the admin token (--token or STITCH_TOKEN)");
 }
 
+/// Whether a member's message carries the member capability (logged when not).
+bool is_member(self_ptr self, const std::string& presented, std::string_view what) {
+  return member_admits("coordinator", self->state.opts.member_token, presented, what);
+}
+
 /// Where the trainer's rollouts go: a gateway on the trainer's own node, or
 /// else any member's.
 std::string gateway_for(const coordinator_state& st, const std::string& node) {
@@ -53,6 +59,17 @@ std::string gateway_for(const coordinator_state& st, const std::string& node) {
 void carry_out(self_ptr self, std::vector<plan_effect> effects);
 void publish_view(self_ptr self);
 
+/// Every gateway and status actor routes to, or shows, a placed replica.
+void enroll_everywhere(self_ptr self, const std::string& pool, const replica_actor& replica) {
+  auto& st = self->state;
+  for (const auto& gw : st.roles["gateway"])
+    caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::enroll_v, pool, replica,
+                   st.opts.member_token);
+  for (const auto& s : st.roles["status"])
+    caf::anon_send(caf::actor_cast<status_actor>(s), atom::enroll_v, pool, replica,
+                   st.opts.member_token);
+}
+
 /// Places `p`, or (`adopt`) takes in the replica its node runs already: the
 /// agent answers the handle of a replica it has under that id.
 void place(self_ptr self, const placement& p, bool adopt = false) {
@@ -65,14 +82,15 @@ void place(self_ptr self, const placement& p, bool adopt = false) {
   }
   log::info("coordinator", std::string{adopt ? "adopting " : "placing "} + p.replica_id + " (pool "
                              + p.pool + ") on " + p.node + " slot " + std::to_string(p.slot));
-  self->request(member->second.agent, spawn_timeout, atom::spawn_v, p, *spec)
+  const auto& cap = st.opts.member_token;
+  self->request(member->second.agent, spawn_timeout, atom::spawn_v, p, *spec, cap)
     .then(
       [self, p](const replica_actor& replica) {
         auto& now = self->state;
         auto placed = now.plan.placements().find(p.replica_id);
         if (placed == now.plan.placements().end()) {
           // Its run was rolled back while it started: it leaves at once.
-          self->send(replica, atom::retire_v);
+          self->send(replica, atom::retire_v, now.opts.member_token);
           return;
         }
         // Retired while it started: its agent got the retire after the spawn
@@ -81,16 +99,14 @@ void place(self_ptr self, const placement& p, bool adopt = false) {
           return;
         now.replicas[p.replica_id] = replica;
         self->send(replica, atom::subscribe_v, caf::actor_cast<replica_watcher_actor>(self));
-        for (const auto& gw : now.roles["gateway"])
-          caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::enroll_v, p.pool, replica);
-        for (const auto& s : now.roles["status"])
-          caf::anon_send(caf::actor_cast<status_actor>(s), atom::enroll_v, p.pool, replica);
+        enroll_everywhere(self, p.pool, replica);
         log::info("coordinator", p.replica_id + " is up on " + p.node);
       },
       [self, p](const caf::error& err) {
         log::error("coordinator", "placing " + p.replica_id + " on " + p.node
                                     + " failed: " + self->system().render(err));
-        self->delayed_send(self, replace_delay, atom::replica_down_v, p.replica_id);
+        self->delayed_send(self, replace_delay, atom::replica_down_v, p.replica_id,
+                           self->state.opts.member_token);
       });
 }
 
@@ -109,7 +125,7 @@ void carry_out(self_ptr self, std::vector<plan_effect> effects) {
       case plan_effect::kind::retire_replica:
         log::info("coordinator", "retiring " + e.replica.replica_id + " on " + e.replica.node);
         if (auto m = st.members.find(e.replica.node); m != st.members.end())
-          self->send(m->second.agent, atom::retire_v, e.replica.replica_id);
+          self->send(m->second.agent, atom::retire_v, e.replica.replica_id, st.opts.member_token);
         break;
       case plan_effect::kind::start_trainer: {
         auto m = st.members.find(e.node);
@@ -125,12 +141,12 @@ void carry_out(self_ptr self, std::vector<plan_effect> effects) {
         }
         log::info("coordinator",
                   "starting the trainer of " + e.run_id + " on " + e.node + " via " + gateway);
-        self->send(m->second.agent, atom::train_v, *spec, gateway);
+        self->send(m->second.agent, atom::train_v, *spec, gateway, st.opts.member_token);
         break;
       }
       case plan_effect::kind::stop_trainer:
         if (auto m = st.members.find(e.node); m != st.members.end())
-          self->send(m->second.agent, atom::stop_v, e.run_id);
+          self->send(m->second.agent, atom::stop_v, e.run_id, st.opts.member_token);
         break;
     }
   }
@@ -141,7 +157,8 @@ void carry_out(self_ptr self, std::vector<plan_effect> effects) {
     if (st.plan.placements().contains(kv.first))
       return false;
     for (const auto& gw : st.roles["gateway"])
-      caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::retire_v, kv.second);
+      caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::retire_v, kv.second,
+                     st.opts.member_token);
     return true;
   });
   persist(self);
@@ -225,7 +242,8 @@ void publish_view(self_ptr self) {
     return;
   auto view = view_of(st);
   for (const auto& s : it->second)
-    caf::anon_send(caf::actor_cast<status_actor>(s), atom::cluster_view_v, view);
+    caf::anon_send(caf::actor_cast<status_actor>(s), atom::cluster_view_v, view,
+                   st.opts.member_token);
 }
 
 void rollback(self_ptr self, const std::string& run) {
@@ -298,6 +316,8 @@ caf::result<replica_actor> on_profile(self_ptr self, const std::string& id,
 
 void on_replica_state(self_ptr self, replica_info& info) {
   auto& st = self->state;
+  // Only a replica it subscribed to tells a state (another's claim about a
+  // placed replica would move the directory and retention).
   if (auto it =
         st.standalone_replicas.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
       it != st.standalone_replicas.end()) {
@@ -307,7 +327,9 @@ void on_replica_state(self_ptr self, replica_info& info) {
     return;
   }
   auto placed = st.plan.placements().find(info.replica_id);
-  if (placed == st.plan.placements().end())
+  auto known_replica = st.replicas.find(info.replica_id);
+  if (placed == st.plan.placements().end() || known_replica == st.replicas.end()
+      || known_replica->second.address() != self->current_sender())
     return;
   st.holders.holds(info.replica_id, placed->second.node, placed->second.pool, info.applied);
   auto& known = st.infos[info.replica_id];
@@ -327,9 +349,11 @@ void on_enroll_role(self_ptr self, const std::string& role, const caf::actor& ha
   for (const auto& [id, replica] : self->state.replicas) {
     const auto& pool = self->state.plan.placements().at(id).pool;
     if (role == "gateway")
-      caf::anon_send(caf::actor_cast<gateway_actor>(handle), atom::enroll_v, pool, replica);
+      caf::anon_send(caf::actor_cast<gateway_actor>(handle), atom::enroll_v, pool, replica,
+                     self->state.opts.member_token);
     else if (role == "status")
-      caf::anon_send(caf::actor_cast<status_actor>(handle), atom::enroll_v, pool, replica);
+      caf::anon_send(caf::actor_cast<status_actor>(handle), atom::enroll_v, pool, replica,
+                     self->state.opts.member_token);
   }
   if (role == "status")
     publish_view(self);
@@ -386,13 +410,8 @@ void on_tick(self_ptr self) {
   // replica again: one that dropped a live replica (its route switched
   // or came back) takes it in again; to one that holds it, it is a no-op.
   if (++st.ticks % reenroll_every_ticks == 0)
-    for (const auto& [id, replica] : st.replicas) {
-      const auto& pool = st.plan.placements().at(id).pool;
-      for (const auto& gw : st.roles["gateway"])
-        caf::anon_send(caf::actor_cast<gateway_actor>(gw), atom::enroll_v, pool, replica);
-      for (const auto& s : st.roles["status"])
-        caf::anon_send(caf::actor_cast<status_actor>(s), atom::enroll_v, pool, replica);
-    }
+    for (const auto& [id, replica] : st.replicas)
+      enroll_everywhere(self, st.plan.placements().at(id).pool, replica);
   self->delayed_send(self, heartbeat_every(st), atom::tick_v);
 }
 
@@ -595,43 +614,61 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       return it->second.front();
     },
     [self](atom::lookup, const std::string& pool, const version_ref& version,
-           const std::string& receiver, const std::string& receiver_node) {
+           const std::string& receiver, const std::string& receiver_node,
+           const std::string& cap) -> caf::result<std::vector<holder_entry>> {
+      if (!is_member(self, cap, "a holder lookup"))
+        return not_a_member("a holder lookup");
       return on_lookup_holders(self, pool, version, receiver, receiver_node);
     },
     [self](atom::done, const std::string&, const version_ref&, const std::string& receiver,
-           bool all_fetched) { self->state.holders.end_fetch(receiver, all_fetched); },
+           bool all_fetched, const std::string& cap) {
+      if (is_member(self, cap, "the end of a fetch"))
+        self->state.holders.end_fetch(receiver, all_fetched);
+    },
     [self](atom::offer, const std::string& pool, const version_ref& version,
-           const std::string& holder, const std::string& node, peer_holder_actor& handle) {
+           const std::string& holder, const std::string& node, peer_holder_actor& handle,
+           const std::string& cap) {
       auto& st = self->state;
-      if (!handle)
+      if (!handle || !is_member(self, cap, "a holder's offer"))
         return;
       if (!st.lenders.contains(holder))
         self->monitor(handle);
       st.lenders[holder] = std::move(handle);
       st.holders.holds(holder, node, pool, version, true);
     },
-    [self](atom::release, const std::string& pool, const std::string& holder) {
+    [self](atom::release, const std::string& pool, const std::string& holder,
+           const std::string& cap) {
       auto& st = self->state;
+      if (!is_member(self, cap, "a holder's release"))
+        return;
       if (auto it = st.lenders.find(holder); it != st.lenders.end())
         st.holders.holds(holder, {}, pool, std::nullopt, true);
     },
     [self](atom::profile, const std::string& id, const std::string& token)
       -> caf::result<replica_actor> { return on_profile(self, id, token); },
     [self](atom::replica_state, replica_info& info) { on_replica_state(self, info); },
-    [self](atom::enroll, const std::string& role, const caf::actor& handle) {
-      on_enroll_role(self, role, handle);
+    [self](atom::enroll, const std::string& role, const caf::actor& handle,
+           const std::string& cap) {
+      if (handle && is_member(self, cap, "enrolling the role '" + role + "'"))
+        on_enroll_role(self, role, handle);
     },
-    [self](atom::enroll, const std::string& pool, const replica_actor& replica) {
+    [self](atom::enroll, const std::string& pool, const replica_actor& replica,
+           const std::string& cap) {
       auto& st = self->state;
-      if (st.standalone_replicas.contains(replica.address()))
+      if (!replica || !is_member(self, cap, "enrolling a replica of pool '" + pool + "'")
+          || st.standalone_replicas.contains(replica.address()))
         return;
       st.standalone_replicas[replica.address()] = {pool, std::nullopt, replica};
       self->monitor(replica);
       self->send(replica, atom::subscribe_v, caf::actor_cast<replica_watcher_actor>(self));
     },
     [self](atom::in_use, const std::string& pool) { return on_in_use(self, pool); },
-    [self](atom::join, member_info& info, member_holdings& running, const node_agent_actor& agent)
-      -> caf::result<uint64_t> { return on_join(self, info, running, agent); },
+    [self](atom::join, member_info& info, member_holdings& running, const node_agent_actor& agent,
+           const std::string& cap) -> caf::result<uint64_t> {
+      if (!is_member(self, cap, "a join (node " + info.name + ")"))
+        return not_a_member("joining the cluster");
+      return on_join(self, info, running, agent);
+    },
     [self](atom::heartbeat, const std::string& name) -> bool {
       auto it = self->state.members.find(name);
       if (it == self->state.members.end() || it->second.agent.address() != self->current_sender())
@@ -639,8 +676,14 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       it->second.last_heartbeat = clock::now();
       return true;
     },
-    [self](atom::tick) { on_tick(self); },
-    [self](atom::recovered) { on_recovered(self); },
+    [self](atom::tick) {
+      if (from_itself(self))
+        on_tick(self);
+    },
+    [self](atom::recovered) {
+      if (from_itself(self))
+        on_recovered(self);
+    },
     [self](atom::submit, experiment_spec& spec, const std::string& token)
       -> caf::result<std::string> { return on_submit(self, spec, token); },
     [self](atom::scale, const std::string& run, uint32_t n, const std::string& token)
@@ -648,14 +691,22 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     [self](atom::stop, const std::string& run, const std::string& token)
       -> caf::result<std::string> { return on_stop(self, run, token); },
     [self](atom::cluster_view) { return view_of(self->state); },
-    [self](atom::replica_down, const std::string& id) { on_replica_down(self, id); },
-    [self](atom::progress, const std::string& run, const step_report& step) {
+    [self](atom::replica_down, const std::string& id, const std::string& cap) {
+      if (is_member(self, cap, "a replica's end (" + id + ")"))
+        on_replica_down(self, id);
+    },
+    [self](atom::progress, const std::string& run, const step_report& step,
+           const std::string& cap) {
+      if (!is_member(self, cap, "a trainer's progress"))
+        return;
       if (auto it = self->state.runs.find(run); it != self->state.runs.end())
         it->second.last_step = step;
       publish_view(self);
     },
-    [self](atom::trained, const std::string& run, const std::string& outcome) {
-      on_trained(self, run, outcome);
+    [self](atom::trained, const std::string& run, const std::string& outcome,
+           const std::string& cap) {
+      if (is_member(self, cap, "a trainer's end"))
+        on_trained(self, run, outcome);
     },
   };
 }

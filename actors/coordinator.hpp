@@ -21,6 +21,11 @@ struct coordinator_options {
   std::chrono::milliseconds heartbeat_timeout{3000};
   /// When set, submit, scale and stop must carry it.
   std::string admin_token;
+  /// When set, every member's message must carry it (the member capability,
+  /// `transport::member_capability` of the admin token): joins, enrollments,
+  /// offers, the ends of fetches and replicas, trainers' reports. The
+  /// coordinator presents it on what it asks of members.
+  std::string member_token;
   /// The experiments persisted before a restart (`cluster_plan::restore`),
   /// and how long their nodes have to rejoin with what kept running before
   /// what is missing is placed anew.

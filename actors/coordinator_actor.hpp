@@ -26,26 +26,31 @@ namespace stitch {
 using coordinator_actor = caf::typed_actor<
   // Answers the actor serving `role` ("store", "publisher", "status").
   caf::replies_to<atom::lookup, std::string>::with<caf::actor>,
+  // Every message of a member's below that changes the directory, the
+  // membership or placement carries the member capability as its last string
+  // (`transport::member_capability`, docs/security.md); one without it is
+  // refused (an error to a request, logged and dropped otherwise).
+  //
   // The directory of version bytes (peer transfer): holders of `version` of
-  // `pool` chosen for the receiver named by the last two strings (replica
+  // `pool` chosen for the receiver named by the next two strings (replica
   // id, node), its primary first, then backups (`holder_directory`); from
   // now on the receiver is listed as a partial holder of `version`.
-  caf::replies_to<atom::lookup, std::string, version_ref, std::string,
+  caf::replies_to<atom::lookup, std::string, version_ref, std::string, std::string,
                   std::string>::with<std::vector<holder_entry>>,
   // The receiver's fetch of (pool, version) ended (`true`: it fetched every
   // tensor it asked the peers for).
-  caf::reacts_to<atom::done, std::string, version_ref, std::string, bool>,
+  caf::reacts_to<atom::done, std::string, version_ref, std::string, bool, std::string>,
   // A publisher lends a run's remembered version, or stops
   // (`holder_registry_actor`).
-  caf::reacts_to<atom::offer, std::string, version_ref, std::string, std::string,
-                 peer_holder_actor>,
-  caf::reacts_to<atom::release, std::string, std::string>,
+  caf::reacts_to<atom::offer, std::string, version_ref, std::string, std::string, peer_holder_actor,
+                 std::string>,
+  caf::reacts_to<atom::release, std::string, std::string, std::string>,
   // Records that `handle` serves `role` (several may: every gateway and
   // status actor learns of placed replicas).
-  caf::reacts_to<atom::enroll, std::string, caf::actor>,
+  caf::reacts_to<atom::enroll, std::string, caf::actor, std::string>,
   // A replica a node started from its own configuration (not placed): the
   // coordinator follows its state like a placed one's, for the directory.
-  caf::reacts_to<atom::enroll, std::string, replica_actor>,
+  caf::reacts_to<atom::enroll, std::string, replica_actor, std::string>,
   // The versions the replicas of `pool` serve or are moving to (what
   // retention must keep, `versions_in_use`).
   caf::replies_to<atom::in_use, std::string>::with<std::vector<version_ref>>,
@@ -53,7 +58,8 @@ using coordinator_actor = caf::typed_actor<
   // coordinator restart: adopted or retired, `cluster_plan::join`); answers
   // the heartbeat interval in milliseconds. Refused while a member of that
   // name is alive.
-  caf::replies_to<atom::join, member_info, member_holdings, node_agent_actor>::with<uint64_t>,
+  caf::replies_to<atom::join, member_info, member_holdings, node_agent_actor,
+                  std::string>::with<uint64_t>,
   // A member's heartbeat; answers false to a node it no longer counts as a
   // member (removed after missed heartbeats), which then joins again.
   caf::replies_to<atom::heartbeat, std::string>::with<bool>,
@@ -67,15 +73,18 @@ using coordinator_actor = caf::typed_actor<
   caf::replies_to<atom::profile, std::string, std::string>::with<replica_actor>,
   // Members, experiments and the version directory (`stitch status`).
   caf::replies_to<atom::cluster_view>::with<cluster_view>,
-  // From placed replicas (the coordinator subscribes): their state.
+  // From replicas the coordinator subscribed to: their state (from any
+  // other sender it is ignored).
   caf::reacts_to<atom::replica_state, replica_info>,
-  // From node agents: a placed replica is gone (`retired`: after a retire).
-  caf::reacts_to<atom::replica_down, std::string>,
-  // From trainers: a step's report and the end (empty = finished).
-  caf::reacts_to<atom::progress, std::string, step_report>,
-  caf::reacts_to<atom::trained, std::string, std::string>,
-  // Internal: the heartbeat check; the end of the recovery window after a
-  // restart (what restored experiments miss is placed then).
+  // From node agents: a placed replica is gone.
+  caf::reacts_to<atom::replica_down, std::string, std::string>,
+  // From trainers (through their node's agent): a step's report and the end
+  // (empty = finished).
+  caf::reacts_to<atom::progress, std::string, step_report, std::string>,
+  caf::reacts_to<atom::trained, std::string, std::string, std::string>,
+  // Internal (only from itself): the heartbeat check; the end of the
+  // recovery window after a restart (what restored experiments miss is
+  // placed then).
   caf::reacts_to<atom::tick>, caf::reacts_to<atom::recovered>>;
 
 } // namespace stitch

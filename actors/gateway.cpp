@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "actors/credentials.hpp"
 #include "actors/log.hpp"
 #include "runtime/core/version_ref.hpp"
 
@@ -167,11 +168,19 @@ gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gat
     drop(self, down.source, self->system().render(down.reason));
   });
   return {
-    [self](atom::retire, const replica_actor& replica) {
-      drop(self, replica.address(), "the coordinator removed its node");
+    [self](atom::retire, const replica_actor& replica, const std::string& cap) {
+      if (member_admits("gateway", self->state.opts.member_token, cap, "a replica's removal"))
+        drop(self, replica.address(), "the coordinator removed its node");
     },
-    [self](atom::enroll, const std::string& pool, const replica_actor& replica) {
+    [self](atom::enroll, const std::string& pool, const replica_actor& replica,
+           const std::string& cap) {
       auto& st = self->state;
+      // A foreign replica enrolled would answer rollout clients with samples
+      // stamped as it pleases.
+      if (!replica
+          || !member_admits("gateway", st.opts.member_token, cap,
+                            "enrolling a replica of pool '" + pool + "'"))
+        return;
       auto addr = replica.address();
       if (auto known = st.slot_of.find(addr); known != st.slot_of.end()) {
         // Enrolled again by a restarted coordinator: the handle may be a

@@ -22,6 +22,9 @@ struct gateway_options {
   /// use (the reference router keeps one for 4 h).
   size_t max_sessions = 100'000;
   std::chrono::milliseconds session_ttl = std::chrono::hours{4};
+  /// The member capability enrollments and removals must carry (empty:
+  /// none).
+  std::string member_token;
 };
 
 struct gateway_state {

@@ -79,12 +79,13 @@ namespace stitch {
 /// constraint (least outstanding, session affinity), retries another on a
 /// retryable 409/503, answers 409 itself when none can satisfy it.
 using gateway_actor = caf::typed_actor<
-  // Adds a replica to a pool (the gateway subscribes to its state).
-  caf::reacts_to<atom::enroll, std::string, replica_actor>,
+  // Adds a replica to a pool (the gateway subscribes to its state). The last
+  // string is the member capability (refused without it).
+  caf::reacts_to<atom::enroll, std::string, replica_actor, std::string>,
   // Stops routing to a replica (the coordinator removed its node; the
   // gateway's own monitor may not fire when it reached the replica through
-  // another node).
-  caf::reacts_to<atom::retire, replica_actor>,
+  // another node); with the member capability.
+  caf::reacts_to<atom::retire, replica_actor, std::string>,
   // Serves a request for `pool` with session `session` (empty = none).
   caf::replies_to<atom::generate, std::string, std::string, replica_call>::with<replica_answer>,
   // The client of request `key` went away.
@@ -95,7 +96,8 @@ using gateway_actor = caf::typed_actor<
   caf::replies_to<atom::pool_view, std::string>::with<std::vector<replica_info>>,
   // Latency, staleness and answers by status code so far.
   caf::replies_to<atom::stats>::with<gateway_stats>,
-  // From replicas: their state, streamed events of requests in flight.
+  // From replicas: their state (from the enrolled replica only), streamed
+  // events of requests in flight.
   caf::reacts_to<atom::replica_state, replica_info>,
   caf::reacts_to<atom::event, uint64_t, std::string>>;
 

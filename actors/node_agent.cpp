@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "actors/credentials.hpp"
 #include "actors/log.hpp"
 
 namespace stitch {
@@ -31,6 +32,15 @@ member_holdings holdings(const node_agent_state& st) {
   return h;
 }
 
+const std::string& cap(self_ptr self) {
+  return self->state.address.member_token;
+}
+
+/// Whether a message carries the member capability (logged when not).
+bool is_member(self_ptr self, const std::string& presented, std::string_view what) {
+  return member_admits("node", cap(self), presented, what);
+}
+
 void retry_later(self_ptr self) {
   auto& st = self->state;
   auto delay = std::min<std::chrono::milliseconds>(
@@ -44,7 +54,7 @@ void try_join(self_ptr self) {
   if (st.asking || !st.coordinator)
     return;
   st.asking = true;
-  self->request(st.coordinator, join_timeout, atom::join_v, st.me, holdings(st), self)
+  self->request(st.coordinator, join_timeout, atom::join_v, st.me, holdings(st), self, cap(self))
     .then(
       [self](uint64_t heartbeat_ms) {
         auto& now = self->state;
@@ -57,7 +67,7 @@ void try_join(self_ptr self) {
         if (now.joins++ > 0 && now.hooks.rejoined)
           now.hooks.rejoined();
         for (auto& [run, outcome] : now.untold)
-          self->send(now.coordinator, atom::trained_v, run, outcome);
+          self->send(now.coordinator, atom::trained_v, run, outcome, cap(self));
         now.untold.clear();
         self->delayed_send(self, now.heartbeat, atom::tick_v);
       },
@@ -151,13 +161,16 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
     if (st.hooks.replica_gone)
       st.hooks.replica_gone(id);
     if (st.coordinator)
-      self->send(st.coordinator, atom::replica_down_v, id);
+      self->send(st.coordinator, atom::replica_down_v, id, cap(self));
   });
   try_join(self);
   return {
-    [self](atom::spawn, const placement& p,
-           const experiment_spec& spec) -> caf::result<replica_actor> {
+    [self](atom::spawn, const placement& p, const experiment_spec& spec,
+           const std::string& presented) -> caf::result<replica_actor> {
       auto& st = self->state;
+      if (!is_member(self, presented, "a placement (" + p.replica_id + ")"))
+        return to_caf_error({errc::unauthorized, "placing a replica needs the cluster's member "
+                                                 "capability"});
       if (st.by_id.contains(p.replica_id))
         return st.by_id.at(p.replica_id);
       auto made = st.hooks.spawn_replica(p, spec);
@@ -169,27 +182,36 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
       st.placed[p.replica_id] = p;
       return *made;
     },
-    [self](atom::retire, const std::string& id) {
+    [self](atom::retire, const std::string& id, const std::string& presented) {
       auto& st = self->state;
+      if (!is_member(self, presented, "a retire (" + id + ")"))
+        return;
       if (auto it = st.by_id.find(id); it != st.by_id.end()) {
         st.retiring.insert(id);
-        self->send(it->second, atom::retire_v);
+        self->send(it->second, atom::retire_v, cap(self));
       }
     },
-    [self](atom::train, const experiment_spec& spec, const std::string& gateway) {
+    [self](atom::train, const experiment_spec& spec, const std::string& gateway,
+           const std::string& presented) {
+      if (!is_member(self, presented, "a trainer's start (" + spec.run_id + ")"))
+        return;
       auto ok = self->state.hooks.start_trainer(spec, gateway, self);
       if (!ok) {
         log::error("node",
                    "the trainer of " + spec.run_id + " did not start: " + to_string(ok.error()));
-        self->send(self, atom::trained_v, spec.run_id, "failed: " + to_string(ok.error()));
+        self->send(self, atom::trained_v, spec.run_id, "failed: " + to_string(ok.error()),
+                   cap(self));
       }
     },
-    [self](atom::stop, const std::string& run) {
-      if (self->state.hooks.stop_trainer)
+    [self](atom::stop, const std::string& run, const std::string& presented) {
+      if (is_member(self, presented, "a trainer's stop (" + run + ")")
+          && self->state.hooks.stop_trainer)
         self->state.hooks.stop_trainer(run);
     },
     [self](atom::tick) {
       auto& st = self->state;
+      if (!from_itself(self))
+        return;
       if (!st.coordinator) {
         reconnect(self);
         return;
@@ -213,7 +235,7 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
             now.joined = false;
             for (const auto& [id, r] : now.by_id) {
               now.retiring.insert(id);
-              self->send(r, atom::retire_v);
+              self->send(r, atom::retire_v, cap(self));
             }
           },
           [](const caf::error&) {
@@ -221,14 +243,18 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
           });
       self->delayed_send(self, st.heartbeat, atom::tick_v);
     },
-    [self](atom::progress, const std::string& run, const step_report& step) {
-      if (self->state.joined)
-        self->send(self->state.coordinator, atom::progress_v, run, step);
+    [self](atom::progress, const std::string& run, const step_report& step,
+           const std::string& presented) {
+      if (is_member(self, presented, "a trainer's progress") && self->state.joined)
+        self->send(self->state.coordinator, atom::progress_v, run, step, cap(self));
     },
-    [self](atom::trained, const std::string& run, const std::string& outcome) {
+    [self](atom::trained, const std::string& run, const std::string& outcome,
+           const std::string& presented) {
       auto& st = self->state;
+      if (!is_member(self, presented, "a trainer's end"))
+        return;
       if (st.joined)
-        self->send(st.coordinator, atom::trained_v, run, outcome);
+        self->send(st.coordinator, atom::trained_v, run, outcome, cap(self));
       else
         st.untold.emplace_back(run, outcome);
     },

@@ -43,10 +43,13 @@ struct node_agent_hooks {
 /// Where the agent finds the coordinator again after losing it: the
 /// middleman (`caf::io::middleman_actor`, the OpenSSL one with TLS) it asks
 /// to connect to `host:port`. Without one, a lost coordinator stays lost.
+/// `member_token`: the member capability the agent presents to the
+/// coordinator and requires on what the coordinator asks of it.
 struct coordinator_address {
   caf::actor connector;
   std::string host;
   uint16_t port = 0;
+  std::string member_token;
 };
 
 struct node_agent_state {

@@ -22,17 +22,22 @@ namespace stitch {
 /// coordinator places on the node: replicas (spawned, retired after a drain)
 /// and the built-in trainer of an experiment.
 using node_agent_actor = caf::typed_actor<
+  // What the coordinator asks carries the member capability as its last
+  // string (refused without it).
+  //
   // Spawns a replica of the experiment on the placement's slot.
-  caf::replies_to<atom::spawn, placement, experiment_spec>::with<replica_actor>,
+  caf::replies_to<atom::spawn, placement, experiment_spec, std::string>::with<replica_actor>,
   // Asks the named replica to drain and leave.
-  caf::reacts_to<atom::retire, std::string>,
+  caf::reacts_to<atom::retire, std::string, std::string>,
   // Starts the experiment's trainer and rollout driver against the gateway at
   // `host:port`.
-  caf::reacts_to<atom::train, experiment_spec, std::string>,
+  caf::reacts_to<atom::train, experiment_spec, std::string, std::string>,
   // Stops the trainer of a run.
-  caf::reacts_to<atom::stop, std::string>,
-  // Internal: (re)join and heartbeat timer; a trainer's progress and end.
-  caf::reacts_to<atom::tick>, caf::reacts_to<atom::progress, std::string, step_report>,
-  caf::reacts_to<atom::trained, std::string, std::string>>;
+  caf::reacts_to<atom::stop, std::string, std::string>,
+  // Internal: (re)join and heartbeat timer (only from itself); a trainer's
+  // progress and end (from the node's trainer threads, with the
+  // capability).
+  caf::reacts_to<atom::tick>, caf::reacts_to<atom::progress, std::string, step_report, std::string>,
+  caf::reacts_to<atom::trained, std::string, std::string, std::string>>;
 
 } // namespace stitch

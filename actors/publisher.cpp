@@ -294,12 +294,12 @@ public:
     }
     if (auto me = self_.lock())
       caf::anon_send(lending_.registry, atom::offer_v, pool, ref, id, lending_.node,
-                     caf::actor_cast<peer_holder_actor>(me));
+                     caf::actor_cast<peer_holder_actor>(me), lending_.member_token);
   }
 
   void rewriting(const std::string& pool, const std::string& run_id) override {
     auto id = holder_id(pool, run_id);
-    caf::anon_send(lending_.registry, atom::release_v, pool, id);
+    caf::anon_send(lending_.registry, atom::release_v, pool, id, lending_.member_token);
     if (!lending_.holders->withdraw(pool + "/" + run_id))
       log::warn("publisher", "readers of " + id
                                + " still hold leases; rewriting its copy anyway (chunks "

@@ -53,6 +53,8 @@ struct publisher_lending {
   std::shared_ptr<transport::ucx::holder_set> holders;
   holder_registry_actor registry;
   std::string node;
+  /// The member capability its offers and releases carry.
+  std::string member_token;
 };
 
 struct publisher_state {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "actors/credentials.hpp"
 #include "actors/log.hpp"
 #include "gpu/checksum.hpp"
 #include "runtime/core/checksum.hpp"
@@ -18,6 +19,15 @@ namespace stitch {
 namespace replica_detail {
 namespace rfx = reconcile_effects;
 namespace qfx = request_effects;
+
+namespace {
+
+/// Whether a message carries the member capability (logged when not).
+bool is_member(self_ptr self, const std::string& presented, std::string_view what) {
+  return member_admits("replica", self->state.opts.member_token, presented, what);
+}
+
+} // namespace
 
 clock_time now_of(self_ptr self) {
   return std::chrono::duration_cast<clock_time>(self->clock().now().time_since_epoch());
@@ -153,7 +163,7 @@ void start_generation(self_ptr self, request_id id, std::optional<uint64_t> serv
     if (out && out->last_token_version)
       last = *out->last_token_version;
     auto [reply, err] = answer_of(std::move(out));
-    caf::anon_send(handle, atom::generated_v, id, std::move(reply), std::move(err), last);
+    send_to_itself(handle, atom::generated_v, id, std::move(reply), std::move(err), last);
   });
 }
 
@@ -189,7 +199,7 @@ void run_commit(self_ptr self) {
       outcome = resumed;
     auto report = report_of(c.op, outcome, took);
     report.version = c.target;
-    caf::anon_send(handle, atom::committed_v, std::move(report));
+    send_to_itself(handle, atom::committed_v, std::move(report));
   });
 }
 
@@ -225,7 +235,7 @@ void rebuild(self_ptr self, uint64_t op, std::optional<version_ref> last_good) {
         }
         auto report = report_of(op, outcome, since(t0));
         report.version = ref;
-        caf::anon_send(handle, atom::rebuilt_v, std::move(report));
+        send_to_itself(handle, atom::rebuilt_v, std::move(report));
       });
   };
   if (last_good) {
@@ -292,7 +302,7 @@ void carry_out(self_ptr self, rfx::stage e) {
     report.fetched.fetch_s = phases.fetch_s;
     report.fetched.decode_s = phases.decode_s;
     report.fetched.verify_s = phases.verify_s;
-    caf::anon_send(handle, atom::staged_v, std::move(report));
+    send_to_itself(handle, atom::staged_v, std::move(report));
   });
 }
 
@@ -466,7 +476,7 @@ void on_retire(self_ptr self) {
     self->quit();
     return;
   }
-  self->delayed_send(self, st.opts.drain_timeout, atom::retire_v);
+  self->delayed_send(self, st.opts.drain_timeout, atom::retire_v, st.opts.member_token);
 }
 
 /// A watcher is told of every change of what routing depends on.
@@ -706,8 +716,8 @@ replica_actor::behavior_type replica_service(replica_actor::stateful_pointer<rep
     init.deps.lane ? init.deps.lane : std::make_shared<request_lane>(gate_options_of(init.opts));
   init.lane->set_identity(init.opts.replica_id, init.deps.request_workers);
   init.lane->set_notify([addr = self->address()] {
-    if (auto h = caf::actor_cast<caf::actor>(addr))
-      caf::anon_send(h, atom::lane_work_v);
+    if (auto h = caf::actor_cast<replica_actor>(addr))
+      send_to_itself(h, atom::lane_work_v);
   });
   init.bytes =
     std::make_shared<counting_source>(init.deps.bytes, [id = init.opts.replica_id](uint64_t total) {
@@ -747,17 +757,36 @@ replica_actor::behavior_type behavior(self_ptr self) {
         return;
       carry(self, st.lane->cancel(k->second, now_of(self)));
     },
-    [self](atom::retire) { on_retire(self); },
+    [self](atom::retire, const std::string& cap) {
+      if (is_member(self, cap, "a retire"))
+        on_retire(self);
+    },
     [self](atom::wake) { reconcile_now(self, trigger::wake); },
-    [self](atom::profile, const std::string& pool, bool take_out) -> caf::result<replica_info> {
+    [self](atom::profile, const std::string& pool, bool take_out,
+           const std::string& cap) -> caf::result<replica_info> {
+      if (!is_member(self, cap, "a profile"))
+        return not_a_member("profiling a replica");
       return begin_profile(self, pool, take_out);
     },
-    [self](atom::profile, const version_ref& target) -> caf::result<profile_step> {
+    [self](atom::profile, const version_ref& target,
+           const std::string& cap) -> caf::result<profile_step> {
+      if (!is_member(self, cap, "a profile step"))
+        return not_a_member("profiling a replica");
       return begin_step(self, target);
     },
-    [self](atom::profile, uint64_t step, profile_step& out) { step_judged(self, step, out); },
-    [self](atom::profile, atom::tick, uint64_t lease) { lease_ran_out(self, lease); },
-    [self](atom::profile, atom::done) -> caf::result<replica_info> { return end_profile(self); },
+    [self](atom::profile, uint64_t step, profile_step& out) {
+      if (from_itself(self))
+        step_judged(self, step, out);
+    },
+    [self](atom::profile, atom::tick, uint64_t lease) {
+      if (from_itself(self))
+        lease_ran_out(self, lease);
+    },
+    [self](atom::profile, atom::done, const std::string& cap) -> caf::result<replica_info> {
+      if (!is_member(self, cap, "the end of a profile"))
+        return not_a_member("profiling a replica");
+      return end_profile(self);
+    },
     [self](atom::server_info) -> replica_info { return describe(self->state); },
     [self](atom::subscribe, replica_watcher_actor& who) { on_subscribe(self, who); },
     [self](atom::offer, const version_ref& version) -> caf::result<peer_offer> {
@@ -771,23 +800,42 @@ replica_actor::behavior_type behavior(self_ptr self) {
       if (pool == self->state.opts.pool)
         reconcile_now(self, trigger::wake);
     },
+    // Internal: timers and the workers' reports come from the actor itself
+    // (`send_to_itself`); the same message from anyone else is dropped.
     [self](atom::tick) {
+      if (!from_itself(self))
+        return;
       reconcile_now(self, trigger::backstop);
       arm_backstop(self);
     },
     [self](atom::drain_check) {
       auto& st = self->state;
+      if (!from_itself(self))
+        return;
       st.drain_timer_armed = false;
       carry(self, st.lane->tick(now_of(self)));
       arm_drain_timer(self);
     },
-    [self](atom::staged, const work_report& r) { on_staged(self, r); },
-    [self](atom::committed, const work_report& r) { on_committed(self, r); },
-    [self](atom::rebuilt, const work_report& r) { on_rebuilt(self, r); },
-    [self](atom::lane_work) { on_lane_work(self); },
+    [self](atom::staged, const work_report& r) {
+      if (from_itself(self))
+        on_staged(self, r);
+    },
+    [self](atom::committed, const work_report& r) {
+      if (from_itself(self))
+        on_committed(self, r);
+    },
+    [self](atom::rebuilt, const work_report& r) {
+      if (from_itself(self))
+        on_rebuilt(self, r);
+    },
+    [self](atom::lane_work) {
+      if (from_itself(self))
+        on_lane_work(self);
+    },
     [self](atom::generated, uint64_t id, replica_answer& reply, caf::error& err,
            const caf::optional<uint64_t>& last_token_version) {
-      on_generated(self, id, reply, err, last_token_version);
+      if (from_itself(self))
+        on_generated(self, id, reply, err, last_token_version);
     },
   };
 }

@@ -43,6 +43,9 @@ struct replica_options {
   /// A profile that no step touched for this long was abandoned (its CLI
   /// died): the replica goes back to its own pool.
   std::chrono::milliseconds profile_lease{30 * 60 * 1000};
+  /// The member capability a retire and `stitch profile`'s messages must
+  /// carry (empty: none).
+  std::string member_token;
 };
 
 /// Makes a fresh engine instance: at startup and to rebuild after an

@@ -341,8 +341,9 @@ using replica_actor = caf::typed_actor<
   // Best-effort hint that the pointer moved: reconcile now.
   caf::reacts_to<atom::wake>,
   // Leave: out of rotation at once, refuse new requests (503, retryable),
-  // quit when the running ones finished or `drain_timeout` passed.
-  caf::reacts_to<atom::retire>,
+  // quit when the running ones finished or `drain_timeout` passed. Carries
+  // the member capability (refused without it).
+  caf::reacts_to<atom::retire, std::string>,
   // DESIGN §5 `server_info`.
   caf::replies_to<atom::server_info>::with<replica_info>,
   // Sends `(replica_state, replica_info)` to the watcher now and whenever
@@ -363,9 +364,10 @@ using replica_actor = caf::typed_actor<
   // told: (profile, target) runs one pass and answers how it reached the
   // target. (profile, done) goes back to its own pool and answers once a
   // pass there ended, back in rotation if it caught up.
-  caf::replies_to<atom::profile, std::string, bool>::with<replica_info>,
-  caf::replies_to<atom::profile, version_ref>::with<profile_step>,
-  caf::replies_to<atom::profile, atom::done>::with<replica_info>,
+  // Each carries the member capability last.
+  caf::replies_to<atom::profile, std::string, bool, std::string>::with<replica_info>,
+  caf::replies_to<atom::profile, version_ref, std::string>::with<profile_step>,
+  caf::replies_to<atom::profile, atom::done, std::string>::with<replica_info>,
   // Internal: a profile step's checksum verdict (`id` names the step); the
   // profile's lease ran out unless renewed since (`lease` names the renewal).
   caf::reacts_to<atom::profile, uint64_t, profile_step>,
@@ -386,12 +388,12 @@ using peer_holder_actor =
 
 /// Where holders that are not replicas (publishers) announce what they lend
 /// (the coordinator's directory): (offer, pool, version, holder id, node,
-/// handle) when they hold a version in full, (release, pool, holder id) when
-/// they stop.
+/// handle, member capability) when they hold a version in full, (release,
+/// pool, holder id, member capability) when they stop.
 using holder_registry_actor =
   caf::typed_actor<caf::reacts_to<atom::offer, std::string, version_ref, std::string, std::string,
-                                  peer_holder_actor>,
-                   caf::reacts_to<atom::release, std::string, std::string>>;
+                                  peer_holder_actor, std::string>,
+                   caf::reacts_to<atom::release, std::string, std::string, std::string>>;
 
 } // namespace stitch
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "actors/credentials.hpp"
 #include "actors/log.hpp"
 #include "actors/replica_internal.hpp"
 #include "gpu/checksum.hpp"
@@ -109,7 +110,7 @@ void finish_step(self_ptr self) {
   st.deps.reconcile_worker->post([handle = caf::actor_cast<replica_actor>(self), engine = st.engine,
                                   bytes = st.bytes, id = r.id, out = std::move(out)]() mutable {
     judge_served(out, *engine, *bytes);
-    caf::anon_send(handle, atom::profile_v, id, std::move(out));
+    send_to_itself(handle, atom::profile_v, id, std::move(out));
   });
 }
 

@@ -1,5 +1,6 @@
 #include "actors/status.hpp"
 
+#include "actors/credentials.hpp"
 #include "actors/http_front.hpp"
 
 #include <caf/all.hpp>
@@ -458,8 +459,12 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
         [](caf::error&) {});
   }
   return {
-    [self](atom::enroll, const std::string& pool, const replica_actor& r) {
+    [self](atom::enroll, const std::string& pool, const replica_actor& r, const std::string& cap) {
       auto& replicas = self->state.replicas;
+      if (!r
+          || !member_admits("status", self->state.opts.member_token, cap,
+                            "enrolling a replica of pool '" + pool + "'"))
+        return;
       if (auto known = replicas.find(r.address()); known != replicas.end()) {
         // Enrolled again by a restarted coordinator: a fresh proxy replaces
         // the one whose route went with the coordinator's node.
@@ -480,7 +485,9 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
       self->monitor(r);
       self->send(r, atom::subscribe_v, caf::actor_cast<replica_watcher_actor>(self));
     },
-    [self](atom::enroll, const gateway_actor& g) {
+    [self](atom::enroll, const gateway_actor& g, const std::string& cap) {
+      if (!g || !member_admits("status", self->state.opts.member_token, cap, "enrolling a gateway"))
+        return;
       self->monitor(g);
       self->state.gateways.push_back(g);
     },
@@ -489,7 +496,10 @@ status_actor::behavior_type status_service(status_actor::stateful_pointer<status
       self->state.watched.insert(pool);
       self->state.pointers[pool] = p;
     },
-    [self](atom::cluster_view, cluster_view& view) { self->state.cluster = std::move(view); },
+    [self](atom::cluster_view, cluster_view& view, const std::string& cap) {
+      if (member_admits("status", self->state.opts.member_token, cap, "a cluster view"))
+        self->state.cluster = std::move(view);
+    },
     [self](atom::status_view) { return snapshot_of(self->state); },
     [self](atom::metrics) -> caf::result<std::string> {
       auto& now = self->state;

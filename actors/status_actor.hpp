@@ -110,12 +110,14 @@ namespace stitch {
 /// pointers, replicas with their applied version over time, transfers in
 /// flight, Prometheus metrics. Learns by subscription, never by polling.
 using status_actor =
-  caf::typed_actor<caf::reacts_to<atom::enroll, std::string, replica_actor>,
-                   caf::reacts_to<atom::enroll, gateway_actor>,
+  // Enrollments and the cluster view carry the member capability last
+  // (refused without it); replica states count from enrolled replicas only.
+  caf::typed_actor<caf::reacts_to<atom::enroll, std::string, replica_actor, std::string>,
+                   caf::reacts_to<atom::enroll, gateway_actor, std::string>,
                    caf::reacts_to<atom::replica_state, replica_info>,
                    caf::reacts_to<atom::pointer_moved, std::string, pointer_record>,
                    // The coordinator's members, experiments and directory.
-                   caf::reacts_to<atom::cluster_view, cluster_view>,
+                   caf::reacts_to<atom::cluster_view, cluster_view, std::string>,
                    // What `GET /status` renders and `stitch status` prints.
                    caf::replies_to<atom::status_view>::with<status_snapshot>,
                    // `GET /metrics` in the Prometheus text exposition format.

@@ -71,7 +71,7 @@ public:
     d.lane = std::make_shared<request_lane>(gate_options_of(replica_options{}));
     replica_ = sys_.spawn(replica_service, replica_options{}, d);
     gateway_ = sys_.spawn(gateway_service, gateway_options{});
-    caf::anon_send(gateway_, atom::enroll_v, std::string{"default"}, replica_);
+    caf::anon_send(gateway_, atom::enroll_v, std::string{"default"}, replica_, std::string{});
     replica_http_options front;
     front.lane = d.lane;
     replica_front_ =

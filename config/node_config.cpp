@@ -254,6 +254,8 @@ const std::vector<entry>& schema() {
     count("http.body_budget", &node_config::http_body_budget, double(uint64_t{1} << 40));
     text("admin.token", &node_config::admin_token);
     path("admin.token_file", &node_config::admin_token_file);
+    text("admin.member_token", &node_config::member_token);
+    path("admin.member_token_file", &node_config::member_token_file);
     path("tls.cert", &node_config::tls_cert);
     path("tls.key", &node_config::tls_key);
     path("tls.ca", &node_config::tls_ca);
@@ -644,8 +646,11 @@ std::string to_toml(const node_config& c) {
       out += "\n[" + s + "]\n";
       section = s;
     }
-    std::string shown =
-      e.key == "admin.token" ? toml_string(c.admin_token.empty() ? "" : "(set)") : e.show(c);
+    std::string shown = e.show(c);
+    if (e.key == "admin.token")
+      shown = toml_string(c.admin_token.empty() ? "" : "(set)");
+    else if (e.key == "admin.member_token")
+      shown = toml_string(c.member_token.empty() ? "" : "(set)");
     out += leaf + " = " + shown + "\n";
   }
   return out;

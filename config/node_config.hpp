@@ -118,6 +118,12 @@ struct node_config {
   /// A file holding the admin token (so that it is in no config file or
   /// command line); read once the settings are resolved.
   std::filesystem::path admin_token_file;
+  /// The member capability (`stitch member-token` prints it for an admin
+  /// token): what a node presents on membership messages. Derived from
+  /// `admin_token` when that is set; a node given only this one takes part
+  /// in the cluster but cannot publish, move pointers or delete versions.
+  std::string member_token;
+  std::filesystem::path member_token_file;
   std::filesystem::path tls_cert;
   std::filesystem::path tls_key;
   std::filesystem::path tls_ca;

@@ -9,6 +9,9 @@
 #include <optional>
 #include <sstream>
 
+#include "runtime/core/token.hpp"
+#include "transport/capability.hpp"
+
 namespace stitch::node {
 
 std::string check_override(const std::string& assignment) {
@@ -40,14 +43,15 @@ bool is_loopback(std::string_view host) {
 
 namespace {
 
-/// The admin token in `file`: its text without trailing whitespace, at most
-/// 4 KiB, printable, not empty. `also_given`: admin.token (or STITCH_TOKEN)
-/// is set too, which is refused (two sources of one secret).
-result<std::string> read_token_file(const std::filesystem::path& file, bool also_given) {
+/// A token in `file`: its text without trailing whitespace, at most 4 KiB,
+/// printable, not empty. `also_given`: the setting itself (`key`) is set
+/// too, which is refused (two sources of one secret).
+result<std::string> read_token_file(const std::filesystem::path& file, bool also_given,
+                                    std::string_view key) {
   const std::string name = quote_untrusted(file.string());
   if (also_given)
     return make_error(errc::invalid_argument,
-                      "admin.token (or STITCH_TOKEN) is set too; give the token one way");
+                      std::string{key} + " is set too; give the token one way");
   std::ifstream in{file, std::ios::binary};
   if (!in)
     return make_error(errc::invalid_argument, "cannot read " + name);
@@ -104,10 +108,30 @@ result<node_settings> resolve_settings(const node_options& opts) {
   if (!opts.data_dir.empty())
     s.data_dir = opts.data_dir;
   if (!s.admin_token_file.empty()) {
-    if (auto token = read_token_file(s.admin_token_file, !s.admin_token.empty()); token)
+    if (auto token = read_token_file(s.admin_token_file, !s.admin_token.empty(),
+                                     "admin.token (or STITCH_TOKEN)");
+        token)
       s.admin_token = std::move(*token);
     else
       problems += "admin.token_file: " + token.error().message + "\n";
+  }
+  if (!s.member_token_file.empty()) {
+    if (auto token =
+          read_token_file(s.member_token_file, !s.member_token.empty(), "admin.member_token");
+        token)
+      s.member_token = std::move(*token);
+    else
+      problems += "admin.member_token_file: " + token.error().message + "\n";
+  }
+  // A node with the admin token presents the capability derived from it; a
+  // member token given too must be that one (else the node could not talk
+  // to its own cluster, or was given another cluster's).
+  if (!s.admin_token.empty()) {
+    auto derived = transport::member_capability(s.admin_token);
+    if (!s.member_token.empty() && !token_matches(derived, s.member_token))
+      problems += "admin.member_token: not the member token of admin.token (stitch member-token "
+                  "prints it); set one of the two\n";
+    s.member_token = std::move(derived);
   }
   config::validate(s, problems);
   if (!problems.empty()) {

@@ -107,6 +107,7 @@ replica_options node_replica_options(const node_settings& settings) {
   o.pool = settings.pool;
   o.drain_timeout = seconds(settings.drain_timeout);
   o.backstop = seconds(settings.backstop);
+  o.member_token = settings.member_token;
   return o;
 }
 
@@ -129,6 +130,7 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     co.heartbeat_timeout =
       std::chrono::milliseconds{static_cast<int64_t>(settings.heartbeat_timeout * 1000)};
     co.admin_token = settings.admin_token;
+    co.member_token = settings.member_token;
     if (auto ok = n->recover_experiments(co); !ok)
       return std::move(ok).error();
     n->coordinator_ = sys.spawn(coordinator, co);
@@ -233,6 +235,7 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
         n->ucx_, std::chrono::minutes{15}, std::chrono::seconds{2});
       lending.registry = caf::actor_cast<holder_registry_actor>(n->coordinator_);
       lending.node = settings.name;
+      lending.member_token = settings.member_token;
     }
     n->publisher_ =
       sys.spawn(publisher_service, n->backend_, n->store_, po,
@@ -335,12 +338,13 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
       std::make_shared<transport::ucx::holder>(ucx_, o.replica_id, std::chrono::minutes{15});
   // A pool's bytes: the store's, and with the transport its holders' too.
   d.source_for = [&sys = sys_, coordinator = coordinator_, backend = backend_, ucx = ucx_,
-                  holder = d.holder, replica = o.replica_id,
-                  node = settings_.name](const std::string& pool) {
+                  holder = d.holder, replica = o.replica_id, node = settings_.name,
+                  cap = settings_.member_token](const std::string& pool) {
     std::shared_ptr<tensor_source> source = std::make_shared<backend_source>(backend, pool);
     if (!ucx)
       return source;
     peer_source_options po;
+    po.member_token = cap;
     po.pool = pool;
     po.replica_id = replica;
     po.node = node;
@@ -457,13 +461,14 @@ status node::join_cluster(const node_settings& settings) {
     // Start from the run as stored: its boot (from a seed or a directory),
     // or where a trainer whose node died left it.
     cmd.resume = true;
-    cmd.on_step = [agent, run = spec.run_id](const step_report& step) {
+    cmd.on_step = [agent, run = spec.run_id,
+                   cap = settings_.member_token](const step_report& step) {
       char line[160];
       std::snprintf(line, sizeof line, " step %u: version %llu, reward %.3f, %llu samples",
                     step.step, static_cast<unsigned long long>(step.version), step.reward,
                     static_cast<unsigned long long>(step.samples));
       log::info("trainer", run + line);
-      caf::anon_send(agent, atom::progress_v, run, step);
+      caf::anon_send(agent, atom::progress_v, run, step, cap);
     };
     log::info("trainer", "training " + spec.run_id + " for " + std::to_string(cmd.steps)
                            + " steps via gateway " + gateway);
@@ -513,7 +518,7 @@ status node::join_cluster(const node_settings& settings) {
         outcome = "stopped";
       log::info("trainer", cmd.run_id + " ended: " + (outcome.empty() ? "finished" : outcome));
       stop->store(true);
-      caf::anon_send(agent, atom::trained_v, cmd.run_id, outcome);
+      caf::anon_send(agent, atom::trained_v, cmd.run_id, outcome, settings_.member_token);
     }};
     return {};
   };
@@ -537,12 +542,13 @@ status node::join_cluster(const node_settings& settings) {
   if (!owns_coordinator_) {
     // The hub's node may die and come back on the same address: the agent
     // reconnects and points this node's coordinator relay at it.
-    where = {node_connector(sys_), coordinator_at_.host, coordinator_at_.port};
+    where = {node_connector(sys_), coordinator_at_.host, coordinator_at_.port, {}};
     hooks.coordinator_changed =
       [relay = caf::actor_cast<caf::actor>(coordinator_)](const coordinator_actor& now) {
         rebind_hub_relay(relay, caf::actor_cast<caf::actor>(now));
       };
   }
+  where.member_token = settings_.member_token;
   agent_ = sys_.spawn(node_agent, me, owns_coordinator_ ? coordinator_ : coordinator_remote_,
                       std::move(hooks), std::move(where));
   return {};
@@ -554,7 +560,8 @@ void node::enroll_roles() {
   // status actor; retention keeps what the config's replicas use.
   auto enroll = [this](const char* role, const caf::actor& handle) {
     if (handle)
-      caf::anon_send(coordinator_, atom::enroll_v, std::string{role}, handle);
+      caf::anon_send(coordinator_, atom::enroll_v, std::string{role}, handle,
+                     settings_.member_token);
   };
   if (owns_store_)
     enroll("store", caf::actor_cast<caf::actor>(store_));
@@ -563,7 +570,7 @@ void node::enroll_roles() {
   enroll("gateway", caf::actor_cast<caf::actor>(gateway_));
   enroll("status", caf::actor_cast<caf::actor>(status_));
   for (const auto& replica : replicas_)
-    caf::anon_send(coordinator_, atom::enroll_v, settings_.pool, replica);
+    caf::anon_send(coordinator_, atom::enroll_v, settings_.pool, replica, settings_.member_token);
 }
 
 status node::start_serving(const node_settings& settings) {
@@ -578,16 +585,19 @@ status node::start_serving(const node_settings& settings) {
   front.router.affinity_headers = settings.affinity_headers;
 
   if (settings.has_role("gateway")) {
-    gateway_ = sys_.spawn(gateway_service, gateway_options{});
+    gateway_options go;
+    go.member_token = settings.member_token;
+    gateway_ = sys_.spawn(gateway_service, go);
   }
   if (settings.has_role("status")) {
     status_options so;
     so.node = settings.name;
     so.roles = settings.roles;
     so.pools = {settings.pool};
+    so.member_token = settings.member_token;
     status_ = sys_.spawn(status_service, so, store_);
     if (gateway_)
-      caf::anon_send(status_, atom::enroll_v, gateway_);
+      caf::anon_send(status_, atom::enroll_v, gateway_, settings.member_token);
   }
   uint32_t replicas = settings.has_role("replica") ? settings.replicas : 0;
   for (uint32_t i = 0; i < replicas; ++i) {
@@ -608,9 +618,9 @@ status node::start_serving(const node_settings& settings) {
     replicas_.push_back(*replica);
     http_.replicas.push_back(port);
     if (gateway_)
-      caf::anon_send(gateway_, atom::enroll_v, settings.pool, *replica);
+      caf::anon_send(gateway_, atom::enroll_v, settings.pool, *replica, settings.member_token);
     if (status_)
-      caf::anon_send(status_, atom::enroll_v, settings.pool, *replica);
+      caf::anon_send(status_, atom::enroll_v, settings.pool, *replica, settings.member_token);
   }
   if (gateway_) {
     gateway_front_ =
@@ -698,7 +708,7 @@ void node::stop() {
     caf::scoped_actor self{sys_};
     for (auto& [id, r] : leaving) {
       self->monitor(r);
-      self->send(r, atom::retire_v);
+      self->send(r, atom::retire_v, settings_.member_token);
     }
     auto limit = std::min<std::chrono::milliseconds>(
       std::chrono::milliseconds{static_cast<int64_t>(settings_.drain_timeout * 1000)},

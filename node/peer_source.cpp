@@ -29,9 +29,9 @@ fetch_report peer_source::fetch(const version_ref& ref, std::span<const fetch_ta
                                 const std::function<void(const transfer_progress&)>& progress) {
   fetch_report none;
   none.fetched.assign(targets.size(), false);
-  auto holders =
-    ask_actor<std::vector<holder_entry>>(sys_, coordinator_, opts_.ask_timeout, atom::lookup_v,
-                                         opts_.pool, ref, opts_.replica_id, opts_.node);
+  auto holders = ask_actor<std::vector<holder_entry>>(
+    sys_, coordinator_, opts_.ask_timeout, atom::lookup_v, opts_.pool, ref, opts_.replica_id,
+    opts_.node, opts_.member_token);
   if (!holders) {
     none.problems.push_back("the coordinator's directory did not answer: "
                             + holders.error().message);
@@ -62,7 +62,8 @@ fetch_report peer_source::fetch(const version_ref& ref, std::span<const fetch_ta
     leased.push_back(h.handle);
   }
   auto ended = [&](const fetch_report& r) {
-    caf::anon_send(coordinator_, atom::done_v, opts_.pool, ref, opts_.replica_id, r.complete());
+    caf::anon_send(coordinator_, atom::done_v, opts_.pool, ref, opts_.replica_id, r.complete(),
+                   opts_.member_token);
   };
   if (offers.empty()) {
     ended(none);

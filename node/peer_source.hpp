@@ -26,6 +26,8 @@ struct peer_source_options {
   std::chrono::milliseconds ask_timeout{3000};
   /// How long a relay (a holder still fetching) may take to offer anything.
   std::chrono::milliseconds relay_wait{2000};
+  /// The member capability the directory's lookups and ends carry.
+  std::string member_token;
 };
 
 /// A replica's tensor source: stored bytes and manifests from `store`, and

@@ -24,6 +24,7 @@
 #include "runtime/core/safetensors.hpp"
 #include "runtime/pipeline/hf_directory.hpp"
 #include "runtime/store/version_layout.hpp"
+#include "transport/capability.hpp"
 #include "transport/s3_xml.hpp"
 
 namespace stitch::node {
@@ -247,7 +248,8 @@ public:
   }
 
   result<profiled> await(std::string path, version_ref target, pipeline::publish_report published) {
-    auto s = ask<profile_step>(sys_, replica_, atom::profile_v, target);
+    auto s = ask<profile_step>(sys_, replica_, atom::profile_v, target,
+                               transport::member_capability(cmd_.token));
     if (!s)
       return make_error(s.error().code, path + ": " + s.error().message);
     return profiled{std::move(path), std::move(*s), std::move(published)};
@@ -339,7 +341,10 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
                                                  + " for the profile: " + exported.error().message);
   }
 
-  auto began = ask<replica_info>(sys, *replica, atom::profile_v, pool, cmd.take_out);
+  // The replica takes the capability derived from the admin token (a
+  // replica's node may hold only that one).
+  const auto cap = transport::member_capability(cmd.token);
+  auto began = ask<replica_info>(sys, *replica, atom::profile_v, pool, cmd.take_out, cap);
   if (!began)
     return std::move(began).error();
   if (!cmd.json)
@@ -393,7 +398,7 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
   };
   auto outcome = steps();
   // Back to its own pool, whatever happened.
-  auto back = ask<replica_info>(sys, *replica, atom::profile_v, atom::done_v);
+  auto back = ask<replica_info>(sys, *replica, atom::profile_v, atom::done_v, cap);
   std::vector<std::string> dropped{run_a};
   if (*previous)
     dropped.push_back((*previous)->latest.run_id);

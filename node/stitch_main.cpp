@@ -16,6 +16,7 @@
 #include "node/profile.hpp"
 #include "node/system_config.hpp"
 #include "runtime/pipeline/pipeline.hpp"
+#include "transport/capability.hpp"
 
 namespace {
 
@@ -126,6 +127,10 @@ int main(int argc, char** argv) {
   init_model->add_option("--seed", init.seed, "random seed")->capture_default_str();
   init_model->add_option("--out", init.out_dir, "output directory")->required();
 
+  auto* member_token = app.add_subcommand(
+    "member-token", "print the member capability of --token (admin.member_token of nodes that "
+                    "join the cluster without the admin token)");
+
   status_command stat;
   auto* status = app.add_subcommand("status", "the pools' pointers and every replica's state");
   status->add_flag("--json", stat.json, "print the status actor's JSON");
@@ -203,6 +208,14 @@ int main(int argc, char** argv) {
   auto* chosen = app.get_subcommands().front();
   if (chosen == init_model) {
     return finish("init-model", run_init_model(init, stdout));
+  }
+  if (chosen == member_token) {
+    if (token.empty()) {
+      std::fprintf(stderr, "stitch member-token: give the admin token (--token or STITCH_TOKEN)\n");
+      return exit_usage;
+    }
+    std::printf("%s\n", stitch::transport::member_capability(token).c_str());
+    return exit_ok;
   }
   int tls_given = !tls_cert.empty() + !tls_key.empty() + !tls_ca.empty();
   if (tls_given != 0 && tls_given != 3) {

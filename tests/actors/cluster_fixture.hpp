@@ -215,7 +215,7 @@ protected:
     lanes.push_back(d.lane);
     auto r = sys.spawn(replica_service, o, d);
     replicas.push_back(r);
-    caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, r);
+    caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, r, std::string{});
     return r;
   }
 

@@ -95,10 +95,12 @@ gateway_actor::behavior_type recorder(gateway_actor::stateful_pointer<recorder_s
                                       std::shared_ptr<std::vector<std::string>> seen) {
   self->state.seen = std::move(seen);
   return {
-    [self](atom::enroll, const std::string& pool, const replica_actor&) {
+    [self](atom::enroll, const std::string& pool, const replica_actor&, const std::string&) {
       self->state.seen->push_back("enroll " + pool);
     },
-    [self](atom::retire, const replica_actor&) { self->state.seen->push_back("retire"); },
+    [self](atom::retire, const replica_actor&, const std::string&) {
+      self->state.seen->push_back("retire");
+    },
     [](atom::generate, std::string&, std::string&, replica_call&) -> replica_answer { return {}; },
     [](atom::cancel, uint64_t) {},
     [](atom::wake, const std::string&) {},
@@ -129,12 +131,14 @@ protected:
 
   void start(coordinator_options o = {}) {
     o.heartbeat_timeout = o.heartbeat_timeout == 3000ms ? 60s : o.heartbeat_timeout;
+    cap = o.member_token;
     coord = sys.spawn(coordinator, o);
     publisher = sys.spawn(fake_publisher, publish_fails);
     gateway = sys.spawn(recorder, gateway_seen);
     self->send(coord, atom::enroll_v, std::string{"publisher"},
-               caf::actor_cast<caf::actor>(publisher));
-    self->send(coord, atom::enroll_v, std::string{"gateway"}, caf::actor_cast<caf::actor>(gateway));
+               caf::actor_cast<caf::actor>(publisher), cap);
+    self->send(coord, atom::enroll_v, std::string{"gateway"}, caf::actor_cast<caf::actor>(gateway),
+               cap);
     sched.run();
   }
 
@@ -170,7 +174,9 @@ protected:
     hooks.stop_trainer = [](const std::string&) {};
     hooks.rejoined = [log] { ++log->rejoins; };
     member_info me{name, std::move(roles), std::move(slots), std::move(gateway)};
-    agents[name] = sys.spawn(node_agent, me, coord, hooks, coordinator_address{});
+    coordinator_address where;
+    where.member_token = cap;
+    agents[name] = sys.spawn(node_agent, me, coord, hooks, where);
     sched.run();
     return *log;
   }
@@ -225,7 +231,102 @@ protected:
     std::make_shared<std::vector<std::string>>();
   std::map<std::string, node_agent_actor> agents;
   std::map<std::string, std::shared_ptr<node_log>> logs;
+  /// The member capability the fixture's nodes present.
+  std::string cap;
 };
+
+TEST_F(cluster_roles_test, a_member_message_without_the_member_capability_changes_nothing) {
+  coordinator_options o;
+  o.admin_token = "admin";
+  o.member_token = "member-cap";
+  start(o);
+  auto& n1 = join("n1", {0, 1});
+  ASSERT_NE(ask(atom::submit_v, spec("r", 1), std::string{"admin"}).find("submitted"),
+            std::string::npos);
+  ASSERT_EQ(n1.spawned.size(), 1u);
+  auto placed = view().experiments.at(0).replicas.at(0).replica_id;
+  auto seen_before = gateway_seen->size();
+  ASSERT_GE(seen_before, 1u) << "the gateway learnt of the placed replica";
+
+  // A stranger's node joins: refused with the reason, and not a member.
+  member_info intruder{"intruder", {"replica"}, {0, 1, 2, 3}, ""};
+  self->send(coord, atom::join_v, intruder, member_holdings{}, agents.at("n1"),
+             std::string{"guess"});
+  sched.run();
+  std::string refusal;
+  self->receive([&](uint64_t) { refusal = "joined"; },
+                [&](const caf::error& e) { refusal = sys.render(e); }, caf::after(0s) >> [] {});
+  EXPECT_NE(refusal.find("member capability"), std::string::npos) << refusal;
+  for (const auto& m : view().nodes)
+    EXPECT_NE(m.name, "intruder");
+
+  // Its gateway does not enroll (it would hear of every replica), its
+  // replica-down report does not make the coordinator place a replica
+  // again, its trainer report is dropped.
+  auto their_seen = std::make_shared<std::vector<std::string>>();
+  auto their_gateway = sys.spawn(recorder, their_seen);
+  self->send(coord, atom::enroll_v, std::string{"gateway"},
+             caf::actor_cast<caf::actor>(their_gateway), std::string{});
+  self->send(coord, atom::replica_down_v, placed, std::string{});
+  sched.run();
+  sched.trigger_timeouts();
+  sched.run();
+  EXPECT_EQ(n1.spawned.size(), 1u) << "no replacement placed for a forged replica_down";
+  EXPECT_TRUE(their_seen->empty()) << "an unenrolled gateway heard of replicas";
+
+  // A forged offer does not list a holder; a lookup without the capability
+  // is refused.
+  auto lend = sys.spawn(testing::scripted_replica, replica_info{}, testing::generate_script{},
+                        std::function<void(uint64_t)>{});
+  self->send(coord, atom::offer_v, std::string{"default"}, version_ref{"r", 0},
+             std::string{"fake-holder"}, std::string{"n1"},
+             caf::actor_cast<peer_holder_actor>(lend), std::string{"nope"});
+  self->send(coord, atom::lookup_v, std::string{"default"}, version_ref{"r", 0},
+             std::string{"receiver"}, std::string{"n1"}, std::string{"member-cap"});
+  sched.run();
+  std::vector<holder_entry> listed;
+  self->receive([&](const std::vector<holder_entry>& h) { listed = h; },
+                [&](const caf::error& e) { ADD_FAILURE() << sys.render(e); },
+                caf::after(0s) >> [] { ADD_FAILURE() << "no lookup answer"; });
+  for (const auto& h : listed)
+    EXPECT_NE(h.replica_id, "fake-holder");
+  self->send(coord, atom::lookup_v, std::string{"default"}, version_ref{"r", 0},
+             std::string{"receiver"}, std::string{"n1"}, std::string{});
+  sched.run();
+  bool refused = false;
+  self->receive([&](const std::vector<holder_entry>&) {},
+                [&](const caf::error&) { refused = true; }, caf::after(0s) >> [] {});
+  EXPECT_TRUE(refused) << "a lookup without the capability was answered";
+
+  // The node agent takes placements and retires from the coordinator only.
+  self->send(agents.at("n1"), atom::spawn_v, placement{"x-0", "r", "default", "n1", 1},
+             spec("r", 1), std::string{"wrong"});
+  self->send(agents.at("n1"), atom::retire_v, placed, std::string{});
+  sched.run();
+  EXPECT_EQ(n1.spawned.size(), 1u) << "a forged placement spawned a replica";
+  EXPECT_TRUE(n1.gone.empty()) << "a forged retire stopped a replica";
+
+  // A forged state for the placed replica, from an actor the coordinator
+  // did not subscribe to, does not move what retention keeps.
+  auto before = in_use("default");
+  replica_info forged;
+  forged.replica_id = placed;
+  forged.pool = "default";
+  forged.applied = version_ref{"r", 42};
+  self->send(coord, atom::replica_state_v, forged);
+  sched.run();
+  EXPECT_EQ(in_use("default"), before);
+
+  // With the capability, the same messages work: the end of the replica is
+  // heard and it is placed again.
+  self->send(coord, atom::replica_down_v, placed, std::string{"member-cap"});
+  sched.run();
+  sched.trigger_timeouts();
+  sched.run();
+  EXPECT_EQ(n1.spawned.size(), 2u);
+  caf::anon_send_exit(their_gateway, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(lend, caf::exit_reason::user_shutdown);
+}
 
 TEST_F(cluster_roles_test, submit_places_replicas_enrolls_them_and_reports_their_state) {
   start();
@@ -263,7 +364,7 @@ TEST_F(cluster_roles_test, the_directory_hands_each_receiver_an_idle_primary_and
   ASSERT_NE(ask(atom::submit_v, spec("r", 3), std::string{}).find("submitted"), std::string::npos);
   ASSERT_EQ(n1.spawned.size() + n2.spawned.size(), 3u);
   auto lookup = [&](const version_ref& v, const std::string& receiver, const std::string& node) {
-    self->send(coord, atom::lookup_v, std::string{"default"}, v, receiver, node);
+    self->send(coord, atom::lookup_v, std::string{"default"}, v, receiver, node, cap);
     sched.run();
     std::vector<holder_entry> out;
     self->receive(
@@ -298,7 +399,7 @@ TEST_F(cluster_roles_test, the_directory_hands_each_receiver_an_idle_primary_and
   EXPECT_FALSE(third[0].backup);
   // x's fetch ended: on_n2 is idle again and first for a receiver on n2.
   self->send(coord, atom::done_v, std::string{"default"}, version_ref{"r", 4}, std::string{"x"},
-             true);
+             true, cap);
   sched.run();
   auto fourth = lookup({"r", 4}, "z", "n2");
   ASSERT_FALSE(fourth.empty());
@@ -306,7 +407,7 @@ TEST_F(cluster_roles_test, the_directory_hands_each_receiver_an_idle_primary_and
   // Nobody holds another version or another pool's.
   EXPECT_TRUE(lookup({"r", 5}, "x", "n1").empty());
   self->send(coord, atom::lookup_v, std::string{"other"}, version_ref{"r", 4}, std::string{"x"},
-             std::string{"n1"});
+             std::string{"n1"}, cap);
   sched.run();
   self->receive([&](const std::vector<holder_entry>& hs) { EXPECT_TRUE(hs.empty()); },
                 caf::after(0s) >> [&] { ADD_FAILURE() << "no lookup answer"; });
@@ -380,7 +481,7 @@ TEST_F(cluster_roles_test, a_replica_that_goes_down_is_replaced_and_a_retired_on
   // A replica dies: the agent reports it, the coordinator places it again.
   auto v = view();
   ASSERT_EQ(v.experiments[0].replicas.size(), 2u);
-  self->send(coord, atom::replica_down_v, v.experiments[0].replicas[0].replica_id);
+  self->send(coord, atom::replica_down_v, v.experiments[0].replicas[0].replica_id, std::string{});
   sched.run();
   EXPECT_EQ(n1.spawned.size(), 3u);
   // Scaling down retires a replica: it drains, leaves, and its slot is free.
@@ -425,7 +526,9 @@ TEST_F(cluster_roles_test, a_member_missing_its_heartbeats_is_removed) {
   join("n1", {0});
   ASSERT_EQ(view().nodes.size(), 1u);
   std::this_thread::sleep_for(5ms);
-  self->send(coord, atom::tick_v);
+  // Its heartbeat check, as its own timer sends it (one from anyone else is
+  // ignored).
+  caf::send_as(coord, coord, atom::tick_v);
   sched.run();
   EXPECT_TRUE(view().nodes.empty());
   // Its next heartbeat is answered false: it is not a member any more.
@@ -445,7 +548,9 @@ TEST_F(cluster_roles_test, a_removed_node_joins_again_and_enrolls_its_roles_agai
   // A partition: its heartbeats stop long enough for the coordinator to
   // remove it, which drops the node's role handles...
   std::this_thread::sleep_for(5ms);
-  self->send(coord, atom::tick_v);
+  // Its heartbeat check, as its own timer sends it (one from anyone else is
+  // ignored).
+  caf::send_as(coord, coord, atom::tick_v);
   sched.run();
   ASSERT_TRUE(view().nodes.empty());
   // ...then its heartbeat is answered false and its next tick joins again.
@@ -468,7 +573,7 @@ TEST_F(cluster_roles_test, a_node_agent_that_loses_its_coordinator_stops_rejoini
   // Its timers find the coordinator lost and send nothing; the agent lives on.
   sched.trigger_timeouts();
   sched.run();
-  self->send(agents.at("n1"), atom::retire_v, std::string{"nobody"});
+  self->send(agents.at("n1"), atom::retire_v, std::string{"nobody"}, std::string{});
   sched.run();
   coord = nullptr;
 }

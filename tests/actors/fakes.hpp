@@ -53,7 +53,7 @@ inline replica_actor::behavior_type scripted_replica(scripted_replica_ptr self, 
         on_cancel(key);
     },
     [](atom::wake) {},
-    [self](atom::retire) { self->quit(); },
+    [self](atom::retire, const std::string&) { self->quit(); },
     [self](atom::server_info) { return self->state.info; },
     [self](atom::subscribe, replica_watcher_actor& who) {
       caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, self->state.info);
@@ -63,13 +63,13 @@ inline replica_actor::behavior_type scripted_replica(scripted_replica_ptr self, 
       return to_caf_error(error{errc::not_found, "a scripted replica holds no " + to_string(v)});
     },
     [](atom::release, uint64_t) {},
-    [](atom::profile, const std::string&, bool) -> caf::result<replica_info> {
+    [](atom::profile, const std::string&, bool, const std::string&) -> caf::result<replica_info> {
       return to_caf_error(error{errc::invalid_argument, "a scripted replica is not profiled"});
     },
-    [](atom::profile, const version_ref&) -> caf::result<profile_step> {
+    [](atom::profile, const version_ref&, const std::string&) -> caf::result<profile_step> {
       return to_caf_error(error{errc::invalid_argument, "a scripted replica is not profiled"});
     },
-    [](atom::profile, atom::done) -> caf::result<replica_info> {
+    [](atom::profile, atom::done, const std::string&) -> caf::result<replica_info> {
       return to_caf_error(error{errc::invalid_argument, "a scripted replica is not profiled"});
     },
     [](atom::profile, uint64_t, const profile_step&) {},

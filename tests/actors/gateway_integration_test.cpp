@@ -148,7 +148,7 @@ TEST_F(gateway_test, a_refusing_replica_is_retried_elsewhere_without_duplicate_g
   start_replica("a");
   auto counts = std::make_shared<fake_counts>();
   auto fake = spawn_fake_replica(sys, counts, 7, false);
-  caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, fake);
+  caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, fake, std::string{});
   serve_gateway();
   await_ready({"a"}, 0);
   // Only the fake claims 7: it refuses, nobody else can serve, its 409 is the answer.
@@ -170,7 +170,7 @@ TEST_F(gateway_test, a_dropped_replicas_requests_in_flight_are_cancelled_and_ret
   publish(0);
   auto counts = std::make_shared<fake_counts>();
   auto silent = spawn_fake_replica(sys, counts, 0, true);
-  caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, silent);
+  caf::anon_send(gateway, atom::enroll_v, std::string{"default"}, silent, std::string{});
   serve_gateway();
   // The silent replica is the only one: it takes the request and hangs.
   http_reply answer;
@@ -181,7 +181,7 @@ TEST_F(gateway_test, a_dropped_replicas_requests_in_flight_are_cancelled_and_ret
   start_replica("a");
   await_ready({"a"}, 0);
   // The coordinator removed the silent one's node: the request is retried on a.
-  caf::anon_send(gateway, atom::retire_v, silent);
+  caf::anon_send(gateway, atom::retire_v, silent, std::string{});
   client.join();
   ASSERT_EQ(answer.status, 200u) << answer.body;
   EXPECT_EQ(answer.header("X-Stitch-Replica"), "a");

@@ -882,7 +882,7 @@ TEST_F(replica_actor_test, a_retiring_replica_leaves_rotation_finishes_what_runs
   models.method = "GET";
   models.route = "/v1/models";
   send(models);
-  self->send(replica, atom::retire_v);
+  self->send(replica, atom::retire_v, std::string{});
   sched.run();
   auto now = info();
   EXPECT_FALSE(now.ready);
@@ -905,6 +905,55 @@ TEST_F(replica_actor_test, a_retiring_replica_leaves_rotation_finishes_what_runs
   EXPECT_TRUE(down) << "the replica quits once drained";
 }
 
+TEST_F(replica_actor_test,
+       retire_and_profile_need_the_member_capability_and_internals_are_its_own) {
+  publish("r", 0);
+  replica_options o;
+  o.member_token = "member-cap";
+  start(o);
+  settle();
+  ASSERT_TRUE(info().ready);
+  // A retire without the capability leaves it in rotation.
+  self->send(replica, atom::retire_v, std::string{"member-caq"});
+  settle();
+  EXPECT_TRUE(info().ready);
+  // A profile (which takes it out of rotation to follow another pool) is
+  // refused, naming what is missing.
+  auto refused = self->request(replica, caf::infinite, atom::profile_v, std::string{"scratch"},
+                               true, std::string{});
+  settle();
+  refused.receive([](const replica_info&) { ADD_FAILURE() << "profiled without the capability"; },
+                  [&](caf::error& err) {
+                    EXPECT_NE(sys.render(err).find("member capability"), std::string::npos)
+                      << sys.render(err);
+                  });
+  EXPECT_TRUE(info().ready);
+  // Forged reports of its own workers (a failed commit, a finished
+  // generation) from anyone else are dropped: it serves on as before.
+  work_report failed;
+  failed.err = to_caf_error({errc::engine_unavailable, "forged"});
+  caf::anon_send(replica, atom::committed_v, failed);
+  caf::anon_send(replica, atom::rebuilt_v, failed);
+  caf::anon_send(replica, atom::generated_v, uint64_t{1}, replica_answer{}, caf::error{},
+                 caf::optional<uint64_t>{});
+  settle();
+  auto now = info();
+  EXPECT_TRUE(now.ready);
+  EXPECT_EQ(now.applied_version, 0);
+  EXPECT_TRUE(now.terminal_error.empty()) << now.terminal_error;
+  send(call(7));
+  requests->run_all();
+  settle();
+  EXPECT_EQ(reply().status, 200);
+  // With the capability, it retires (and, idle, quits at once).
+  self->monitor(replica);
+  self->send(replica, atom::retire_v, std::string{"member-cap"});
+  settle();
+  bool down = false;
+  self->receive([&](const caf::down_msg&) { down = true; }, caf::after(0s) >> [] {});
+  EXPECT_TRUE(down);
+}
+
 TEST_F(replica_actor_test, a_profile_drains_first_follows_only_its_steps_and_goes_home) {
   publish("r", 0);
   replica_options o;
@@ -912,8 +961,8 @@ TEST_F(replica_actor_test, a_profile_drains_first_follows_only_its_steps_and_goe
   start(o);
   settle();
   // In rotation: refused without take_out, naming the flag.
-  auto refused =
-    self->request(replica, caf::infinite, atom::profile_v, std::string{"scratch"}, false);
+  auto refused = self->request(replica, caf::infinite, atom::profile_v, std::string{"scratch"},
+                               false, std::string{});
   settle();
   refused.receive([](const replica_info&) { ADD_FAILURE() << "a replica in rotation profiled"; },
                   [&](caf::error& err) {
@@ -923,7 +972,8 @@ TEST_F(replica_actor_test, a_profile_drains_first_follows_only_its_steps_and_goe
   // A request is running: the profile begins only once it finished, and new
   // requests are refused (retryable) meanwhile.
   send(call(1));
-  auto begin = self->request(replica, caf::infinite, atom::profile_v, std::string{"scratch"}, true);
+  auto begin = self->request(replica, caf::infinite, atom::profile_v, std::string{"scratch"}, true,
+                             std::string{});
   settle();
   send(call(2));
   auto out = reply();
@@ -950,7 +1000,8 @@ TEST_F(replica_actor_test, a_profile_drains_first_follows_only_its_steps_and_goe
   auto waiting = info();
   EXPECT_EQ(waiting.applied, "") << "it starts cold in the scratch pool";
   EXPECT_EQ(waiting.pointer, "") << "no pass without a step";
-  auto cold = self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 2});
+  auto cold =
+    self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 2}, std::string{});
   settle();
   EXPECT_TRUE(answer_of<profile_step>(sys, cold, [](profile_step& s) {
     EXPECT_FALSE(s.from) << "a cold start";
@@ -965,7 +1016,8 @@ TEST_F(replica_actor_test, a_profile_drains_first_follows_only_its_steps_and_goe
   }));
   EXPECT_EQ(info().applied, "s/weight_v000002");
   ASSERT_TRUE(pub->publish({"scratch", "s", 3, false, false}, weights_of("s", 3)));
-  auto next = self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 3});
+  auto next =
+    self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 3}, std::string{});
   settle();
   EXPECT_TRUE(answer_of<profile_step>(sys, next, [](profile_step& s) {
     EXPECT_EQ(s.from, (version_ref{"s", 2}));
@@ -974,7 +1026,8 @@ TEST_F(replica_actor_test, a_profile_drains_first_follows_only_its_steps_and_goe
   }));
   // A step whose target the pointer does not name fails, saying where the
   // pass stopped.
-  auto missing = self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 9});
+  auto missing =
+    self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 9}, std::string{});
   settle();
   missing.receive([](const profile_step&) { ADD_FAILURE() << "reached a missing version"; },
                   [&](caf::error& err) {
@@ -989,7 +1042,8 @@ TEST_F(replica_actor_test, a_profile_drains_first_follows_only_its_steps_and_goe
   EXPECT_TRUE(home.ready) << home.reason;
   EXPECT_EQ(home.applied, "r/weight_v000001");
   expect_served(3, 1);
-  auto late = self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 3});
+  auto late =
+    self->request(replica, caf::infinite, atom::profile_v, version_ref{"s", 3}, std::string{});
   settle();
   late.receive([](const profile_step&) { ADD_FAILURE() << "a step after the profile ended"; },
                [](caf::error&) {});

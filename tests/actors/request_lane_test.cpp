@@ -113,7 +113,7 @@ TEST_F(request_lane_test, a_retiring_replica_finishes_the_lanes_requests_before_
     std::launch::async, [&] { return http(port, "POST", "/generate", generate_body("null", 4)); });
   ASSERT_TRUE(eventually([&] { return e->inner.requests_in_flight() == 1; }, 5s));
   self->monitor(replica);
-  self->send(replica, atom::retire_v);
+  self->send(replica, atom::retire_v, std::string{});
   // The retire and the next request travel separately: the request is sent
   // once the replica says it retires (before, it could be admitted first).
   ASSERT_TRUE(eventually(

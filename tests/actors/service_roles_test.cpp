@@ -13,6 +13,7 @@
 
 #include "actors/executors.hpp"
 #include "actors/fakes.hpp"
+#include "actors/gateway.hpp"
 #include "actors/publisher.hpp"
 #include "actors/rollout_driver.hpp"
 #include "actors/status.hpp"
@@ -432,7 +433,7 @@ TEST_F(status_actor_test, follows_replicas_until_they_die_and_shows_the_cluster)
   info.pointer = version_ref{"run", 6};
   auto replica = sys.spawn(testing::scripted_replica, info, testing::generate_script{},
                            std::function<void(uint64_t)>{});
-  self->send(status, atom::enroll_v, std::string{"default"}, replica);
+  self->send(status, atom::enroll_v, std::string{"default"}, replica, std::string{});
   sched.run();
   self->send(status, atom::pointer_moved_v, std::string{"default"},
              pointer_record{version_ref{"run", 6}, 0});
@@ -441,7 +442,7 @@ TEST_F(status_actor_test, follows_replicas_until_they_die_and_shows_the_cluster)
   e.run_id = "run";
   e.last_step = step_report{3, 6, 0.25, 8, 1, 2, 40, 0};
   cluster.experiments.push_back(e);
-  self->send(status, atom::cluster_view_v, cluster);
+  self->send(status, atom::cluster_view_v, cluster, std::string{});
   sched.run();
   auto j = view();
   ASSERT_EQ(j["replicas"].size(), 1u);
@@ -457,6 +458,78 @@ TEST_F(status_actor_test, follows_replicas_until_they_die_and_shows_the_cluster)
   EXPECT_TRUE(view()["replicas"].empty());
 }
 
+TEST_F(actor_fixture, gateways_and_status_take_replicas_only_with_the_member_capability) {
+  replica_info info;
+  info.replica_id = "intruder";
+  info.pool = "default";
+  info.ready = true;
+  info.applied = version_ref{"run", 9};
+  info.serving = 9;
+  auto foreign = sys.spawn(testing::scripted_replica, info, testing::generate_script{},
+                           std::function<void(uint64_t)>{});
+  gateway_options go;
+  go.member_token = "member-cap";
+  auto gateway = sys.spawn(gateway_service, go);
+  status_options so;
+  so.member_token = "member-cap";
+  auto status = sys.spawn(status_service, so, store_actor{});
+  auto pool_view = [&] {
+    self->send(gateway, atom::pool_view_v, std::string{});
+    sched.run();
+    return answer<std::vector<replica_info>>().value_or(std::vector<replica_info>{});
+  };
+  auto shown = [&] {
+    self->send(status, atom::status_view_v);
+    sched.run();
+    auto snapshot = answer<status_snapshot>();
+    return snapshot ? snapshot->replicas.size() : size_t{999};
+  };
+  // Enrolled without the capability (or with a wrong one), a foreign
+  // replica would answer rollout clients: neither actor takes it, and a
+  // forged cluster view is not shown.
+  self->send(gateway, atom::enroll_v, std::string{"default"}, foreign, std::string{});
+  self->send(status, atom::enroll_v, std::string{"default"}, foreign, std::string{"member-caq"});
+  cluster_view forged;
+  forged.experiments.push_back(experiment_status{});
+  forged.experiments.back().run_id = "forged";
+  self->send(status, atom::cluster_view_v, forged, std::string{});
+  sched.run();
+  EXPECT_TRUE(pool_view().empty());
+  EXPECT_EQ(shown(), 0u);
+  self->send(status, atom::status_view_v);
+  sched.run();
+  auto snapshot = answer<status_snapshot>();
+  ASSERT_TRUE(snapshot);
+  EXPECT_FALSE(snapshot->cluster) << "a forged cluster view was taken";
+  // With it, both do; a removal without it is ignored.
+  self->send(gateway, atom::enroll_v, std::string{"default"}, foreign, std::string{"member-cap"});
+  self->send(status, atom::enroll_v, std::string{"default"}, foreign, std::string{"member-cap"});
+  sched.run();
+  EXPECT_EQ(pool_view().size(), 1u);
+  EXPECT_EQ(shown(), 1u);
+  self->send(gateway, atom::retire_v, foreign, std::string{"nope"});
+  sched.run();
+  EXPECT_EQ(pool_view().size(), 1u);
+  self->send(gateway, atom::retire_v, foreign, std::string{"member-cap"});
+  sched.run();
+  EXPECT_TRUE(pool_view().empty());
+  // A replica state from an actor that is not the enrolled replica counts
+  // nowhere.
+  self->send(gateway, atom::enroll_v, std::string{"default"}, foreign, std::string{"member-cap"});
+  sched.run();
+  info.applied = version_ref{"run", 99};
+  info.serving = 99;
+  self->send(gateway, atom::replica_state_v, info);
+  self->send(status, atom::replica_state_v, info);
+  sched.run();
+  for (const auto& r : pool_view())
+    EXPECT_NE(r.serving, 99u);
+  for (const auto& a : {caf::actor_cast<caf::actor>(gateway), caf::actor_cast<caf::actor>(status),
+                        caf::actor_cast<caf::actor>(foreign)})
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  sched.run();
+}
+
 TEST_F(status_actor_test, metrics_answer_even_when_a_gateway_died_or_hangs) {
   auto hung = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
     return {
@@ -465,8 +538,8 @@ TEST_F(status_actor_test, metrics_answer_even_when_a_gateway_died_or_hangs) {
   auto dead = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
     return {[](atom::stats) { return gateway_stats{}; }};
   });
-  self->send(status, atom::enroll_v, caf::actor_cast<gateway_actor>(hung));
-  self->send(status, atom::enroll_v, caf::actor_cast<gateway_actor>(dead));
+  self->send(status, atom::enroll_v, caf::actor_cast<gateway_actor>(hung), std::string{});
+  self->send(status, atom::enroll_v, caf::actor_cast<gateway_actor>(dead), std::string{});
   sched.run();
   caf::anon_send_exit(dead, caf::exit_reason::kill);
   sched.run();

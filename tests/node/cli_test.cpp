@@ -8,6 +8,7 @@
 
 #include "node/cli.hpp"
 #include "store/store_fixtures.hpp"
+#include "transport/capability.hpp"
 
 namespace {
 
@@ -84,6 +85,42 @@ TEST(cli_settings, the_admin_token_can_come_from_a_file_and_only_one_way) {
     EXPECT_NE(r.error().message.find("admin.token_file: "), std::string::npos) << r.error().message;
     EXPECT_NE(r.error().message.find(why), std::string::npos) << r.error().message;
   }
+}
+
+TEST(cli_settings, the_member_token_is_derived_from_the_admin_token_or_given_alone) {
+  stitch::testing::temp_dir dir;
+  auto resolve = [&](std::vector<std::string> sets) {
+    node_options o;
+    o.overrides = std::move(sets);
+    return resolve_settings(o);
+  };
+  auto admin = resolve({"admin.token=s3cret"});
+  ASSERT_TRUE(admin) << admin.error().message;
+  EXPECT_EQ(admin->member_token, transport::member_capability("s3cret"));
+  EXPECT_NE(admin->member_token, transport::member_capability("s3cre7"));
+  EXPECT_EQ(admin->member_token.find("s3cret"), std::string::npos);
+  // Given with the admin token, it must be the one derived from it.
+  auto same = resolve({"admin.token=s3cret", "admin.member_token=" + admin->member_token});
+  ASSERT_TRUE(same) << same.error().message;
+  auto other = resolve({"admin.token=s3cret", "admin.member_token=member-00"});
+  ASSERT_FALSE(other);
+  EXPECT_NE(other.error().message.find("admin.member_token: not the member token of admin.token"),
+            std::string::npos)
+    << other.error().message;
+  // Alone (a replica machine): no admin token, and never printed.
+  auto file = dir.path() / "member";
+  std::ofstream{file} << admin->member_token << "\n";
+  auto alone = resolve({"admin.member_token_file=" + file.string()});
+  ASSERT_TRUE(alone) << alone.error().message;
+  EXPECT_TRUE(alone->admin_token.empty());
+  EXPECT_EQ(alone->member_token, admin->member_token);
+  EXPECT_EQ(to_toml(*alone).find(admin->member_token), std::string::npos);
+  auto twice = resolve({"admin.member_token_file=" + file.string(), "admin.member_token=x"});
+  ASSERT_FALSE(twice);
+  EXPECT_NE(twice.error().message.find("admin.member_token_file: admin.member_token is set too"),
+            std::string::npos)
+    << twice.error().message;
+  EXPECT_TRUE(resolve({}).value().member_token.empty()) << "no token: an open cluster";
 }
 
 TEST(cli_settings, set_completes_a_role_file_before_it_is_checked_across_keys) {

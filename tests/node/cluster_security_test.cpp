@@ -34,7 +34,7 @@ protected:
   std::vector<std::string> tls_sets(const std::string& who) const {
     auto p = dir.path();
     return {"tls.cert=" + (p / (who + ".pem")).string(), "tls.key=" + (p / (who + ".key")).string(),
-            "tls.ca=" + (p / "ca.pem").string(), "admin.token=s3cret"};
+            "tls.ca=" + (p / "ca.pem").string()};
   }
 
   std::unique_ptr<node_process> start(const std::string& name, std::vector<std::string> sets,
@@ -47,6 +47,10 @@ protected:
       sets.push_back("coordinator.address=127.0.0.1:" + coord->coordinator_port);
     for (auto& s : tls_sets(who))
       sets.push_back(s);
+    // The admin token, unless the node is given a member token instead.
+    if (std::none_of(sets.begin(), sets.end(),
+                     [](const std::string& s) { return s.starts_with("admin."); }))
+      sets.push_back("admin.token=s3cret");
     for (auto& s : sets)
       args.insert(args.end(), {"--set", s});
     return std::make_unique<node_process>(home, args, ready);
@@ -126,6 +130,49 @@ TEST_F(cluster_security, mutual_tls_admits_certified_peers_only_and_the_token_gu
   EXPECT_EQ(refused.code, 1) << refused.output;
   EXPECT_NE(refused.output.find("cannot reach the coordinator"), std::string::npos)
     << refused.output;
+}
+
+TEST_F(cluster_security, a_node_with_the_member_token_serves_and_one_with_another_is_refused) {
+  // The member token, as an operator gets it for a replica machine.
+  auto printed = cli("", "s3cret", "member-token");
+  ASSERT_EQ(printed.code, 0) << printed.output;
+  std::string member = printed.output.substr(0, printed.output.find('\n'));
+  ASSERT_TRUE(member.starts_with("member-")) << printed.output;
+  EXPECT_EQ(member.find("s3cret"), std::string::npos);
+  EXPECT_NE(cli("", "", "member-token").code, 0) << "needs the admin token";
+
+  // A node holding only the member token (from a file) joins, and a replica
+  // placed on it serves.
+  auto file = dir.path() / "member-token";
+  std::ofstream{file} << member << "\n";
+  replica =
+    start("replica-a", {"replica.listen=127.0.0.1:0", "admin.member_token_file=" + file.string()},
+          "joined the coordinator; ");
+  ASSERT_TRUE(replica->started()) << replica->log() << coord->log();
+  auto experiment = dir.path() / "experiment.toml";
+  std::ofstream{experiment} << "run_id = \"members\"\nreplicas = 1\n[trainer]\nenabled = false\n";
+  auto submitted = cli("node", "s3cret", "submit " + experiment.string());
+  ASSERT_EQ(submitted.code, 0) << submitted.output << coord->log();
+  bool up = false;
+  for (int i = 0; i < 300 && !up; ++i) {
+    up = replica->log().find("members-r0 enters rotation") != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(up) << replica->log();
+
+  // A node of another cluster (its token derives another capability) is
+  // refused at the join, and says why; the coordinator names what it
+  // refused.
+  auto other = start("trainer", {"admin.token=another-cluster"}, "member capability");
+  bool refused = false;
+  for (int i = 0; i < 100 && !refused; ++i) {
+    refused = other->log().find("member capability") != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(refused) << other->log();
+  EXPECT_NE(coord->log().find("refused a join (node "), std::string::npos) << coord->log();
+  other->stop();
+  EXPECT_EQ(cli("node", "s3cret", "stop members").code, 0);
 }
 
 } // namespace
