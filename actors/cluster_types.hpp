@@ -31,6 +31,8 @@ struct node_view {
   std::string gateway;
   /// Since its last heartbeat; none for the coordinator's own entry.
   std::optional<int64_t> last_heartbeat_ms;
+  /// Where other nodes connect to it directly (`member_info::mesh`).
+  std::string mesh = {};
 };
 
 /// A placed replica and what it last reported.
@@ -79,7 +81,8 @@ struct cluster_view {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, member_info& x) {
-  return f(caf::meta::type_name("stitch.member_info"), x.name, x.roles, x.slots, x.gateway_http);
+  return f(caf::meta::type_name("stitch.member_info"), x.name, x.roles, x.slots, x.gateway_http,
+           x.mesh);
 }
 
 template <class Inspector>
@@ -115,7 +118,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_view& x) {
   optional_proxy<int64_t> heartbeat{x.last_heartbeat_ms};
   return f(caf::meta::type_name("stitch.node_view"), x.name, x.roles, x.slots, x.gateway,
-           heartbeat.field, heartbeat.commit());
+           heartbeat.field, x.mesh, heartbeat.commit());
 }
 
 template <class Inspector>

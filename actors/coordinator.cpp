@@ -177,6 +177,7 @@ void remove_member(self_ptr self, std::string name, const std::string& why) {
                              + std::to_string(st.opts.heartbeat_timeout.count()) + " ms)");
   auto agent = caf::actor_cast<caf::actor>(it->second.agent);
   st.members.erase(it);
+  ++st.membership_epoch;
   for (auto& [role, handles] : st.roles)
     std::erase_if(handles, [&](const caf::actor& a) {
       return a.node() == agent.node() && a.node() != self->node();
@@ -188,7 +189,7 @@ cluster_view view_of(const coordinator_state& st) {
   cluster_view out;
   auto now = clock::now();
   for (const auto& [name, m] : st.plan.members()) {
-    node_view n{name, m.roles, m.slots, m.gateway_http, std::nullopt};
+    node_view n{name, m.roles, m.slots, m.gateway_http, std::nullopt, m.mesh};
     if (auto it = st.members.find(name); it != st.members.end())
       n.last_heartbeat_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second.last_heartbeat)
@@ -387,6 +388,7 @@ caf::result<uint64_t> on_join(self_ptr self, member_info& info, member_holdings&
     return to_caf_error(fx.error());
   self->monitor(agent);
   st.members[name] = {agent, clock::now()};
+  ++st.membership_epoch;
   const auto& m = st.plan.members().at(name);
   std::string roles;
   for (const auto& r : m.roles)
@@ -669,12 +671,19 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
         return not_a_member("joining the cluster");
       return on_join(self, info, running, agent);
     },
-    [self](atom::heartbeat, const std::string& name) -> bool {
+    [self](atom::heartbeat, const std::string& name) -> uint64_t {
       auto it = self->state.members.find(name);
       if (it == self->state.members.end() || it->second.agent.address() != self->current_sender())
-        return false;
+        return 0;
       it->second.last_heartbeat = clock::now();
-      return true;
+      return self->state.membership_epoch;
+    },
+    [self](atom::mesh) {
+      std::vector<node_view> out;
+      for (auto& n : view_of(self->state).nodes)
+        if (!n.mesh.empty())
+          out.push_back(std::move(n));
+      return out;
     },
     [self](atom::tick) {
       if (from_itself(self))

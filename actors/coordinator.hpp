@@ -54,6 +54,9 @@ struct coordinator_state {
   coordinator_options opts;
   /// Heartbeat checks so far.
   uint64_t ticks = 0;
+  /// Counts joins and removals: a node agent that sees it change asks for
+  /// the members' mesh addresses again.
+  uint64_t membership_epoch = 1;
   std::map<std::string, std::vector<caf::actor>> roles;
   cluster_plan plan;
   std::map<std::string, member> members;

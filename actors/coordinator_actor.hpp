@@ -14,6 +14,7 @@ CAF_ADD_ATOM(stitch_coordinator, stitch::atom, submit, "submit")
 CAF_ADD_ATOM(stitch_coordinator, stitch::atom, scale, "scale")
 CAF_ADD_ATOM(stitch_coordinator, stitch::atom, replica_down, "repldown")
 CAF_ADD_ATOM(stitch_coordinator, stitch::atom, recovered, "recovered")
+CAF_ADD_ATOM(stitch_coordinator, stitch::atom, mesh, "mesh")
 CAF_END_TYPE_ID_BLOCK(stitch_coordinator)
 
 static_assert(caf::id_block::stitch_coordinator::end <= stitch::type_ids::status);
@@ -60,9 +61,13 @@ using coordinator_actor = caf::typed_actor<
   // name is alive.
   caf::replies_to<atom::join, member_info, member_holdings, node_agent_actor,
                   std::string>::with<uint64_t>,
-  // A member's heartbeat; answers false to a node it no longer counts as a
-  // member (removed after missed heartbeats), which then joins again.
-  caf::replies_to<atom::heartbeat, std::string>::with<bool>,
+  // A member's heartbeat; answers the membership epoch (it changes with
+  // every join and removal), or 0 to a node it no longer counts as a member
+  // (removed after missed heartbeats), which then joins again.
+  caf::replies_to<atom::heartbeat, std::string>::with<uint64_t>,
+  // The members that accept direct connections, with their mesh addresses
+  // (`node_view::mesh`): node agents connect to them (the node mesh).
+  caf::replies_to<atom::mesh>::with<std::vector<node_view>>,
   // `stitch submit`, `stitch scale`, `stitch stop` (the last string is the
   // admin token); each answers a one-line summary or the reason it refused.
   caf::replies_to<atom::submit, experiment_spec, std::string>::with<std::string>,

@@ -31,9 +31,10 @@ inline bool member_admits(std::string_view role, std::string_view expected,
 
 /// The refusal of a request without the member capability.
 inline caf::error not_a_member(std::string_view what) {
-  return to_caf_error({errc::unauthorized,
-                       std::string{what} + " needs the cluster's member capability (admin.token "
-                                           "or admin.member_token)"});
+  return to_caf_error(
+    {errc::unauthorized, std::string{what}
+                           + " needs the cluster's member capability (admin.token "
+                             "or admin.member_token)"});
 }
 
 /// Whether the message being handled was sent by the actor itself (its

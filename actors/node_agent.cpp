@@ -4,6 +4,7 @@
 #include <caf/io/middleman_actor.hpp>
 
 #include <algorithm>
+#include <charconv>
 
 #include "actors/credentials.hpp"
 #include "actors/log.hpp"
@@ -124,6 +125,86 @@ void reconnect(self_ptr self) {
       });
 }
 
+/// Connects to the members this node keeps direct connections to.
+void connect_mesh(self_ptr self, std::vector<node_view> nodes) {
+  auto& st = self->state;
+  auto mm = caf::actor_cast<caf::io::middleman_actor>(st.address.connector);
+  for (auto& n : nodes) {
+    bool hub = std::find(n.roles.begin(), n.roles.end(), "coordinator") != n.roles.end();
+    if (n.name <= st.me.name || hub || n.mesh.empty() || st.mesh_peers.contains(n.name)
+        || st.mesh_connecting.contains(n.name))
+      continue;
+    auto colon = n.mesh.rfind(':');
+    uint16_t port = 0;
+    if (colon == std::string::npos
+        || std::from_chars(n.mesh.data() + colon + 1, n.mesh.data() + n.mesh.size(), port).ec
+             != std::errc{})
+      continue;
+    auto host = n.mesh.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+      host = host.substr(1, host.size() - 2);
+    // A loopback mesh address means "on the coordinator's machine" only when
+    // the coordinator is reached on loopback too (a one-machine cluster);
+    // otherwise it would reach whatever listens there on this machine.
+    auto loopback = [](const std::string& h) {
+      return h == "localhost" || h == "::1" || h.starts_with("127.");
+    };
+    if (loopback(host) && !loopback(st.address.host)) {
+      if (st.mesh_failing.insert(n.name).second)
+        log::warn("node", "node " + n.name + " accepts direct connections on " + n.mesh
+                            + " only (set its cluster.listen to an address this node reaches); "
+                              "its traffic passes through the hub");
+      continue;
+    }
+    st.mesh_connecting.insert(n.name);
+    self->request(mm, connect_timeout, caf::connect_atom_v, host, port)
+      .then(
+        [self, name = n.name, at = n.mesh](const caf::node_id&, caf::strong_actor_ptr& ptr,
+                                           const std::set<std::string>&) {
+          auto& now = self->state;
+          now.mesh_connecting.erase(name);
+          if (!ptr) {
+            log::warn("node", "node " + name + "'s mesh address " + at + " serves no actor");
+            return;
+          }
+          auto peer = caf::actor_cast<caf::actor>(std::move(ptr));
+          self->monitor(peer);
+          now.mesh_peers[name] = std::move(peer);
+          bool was_failing = now.mesh_failing.erase(name) > 0;
+          log::info("node",
+                    "reaches node " + name + " directly at " + at + (was_failing ? " again" : ""));
+        },
+        [self, name = n.name, at = n.mesh](const caf::error& err) {
+          auto& now = self->state;
+          now.mesh_connecting.erase(name);
+          // Tried again after the next heartbeat.
+          now.mesh_epoch = 0;
+          if (now.mesh_failing.insert(name).second)
+            log::warn("node", "cannot reach node " + name + " directly at " + at + " ("
+                                + self->system().render(err)
+                                + "); its traffic passes through the hub until it can");
+        });
+  }
+}
+
+/// The membership changed (or a direct connection dropped): the members'
+/// mesh addresses, then connections to the missing ones.
+void refresh_mesh(self_ptr self, uint64_t epoch) {
+  auto& st = self->state;
+  if (!st.address.connector || epoch == 0 || epoch == st.mesh_epoch || st.mesh_asking
+      || !st.coordinator)
+    return;
+  st.mesh_asking = true;
+  self->request(st.coordinator, join_timeout, atom::mesh_v)
+    .then(
+      [self, epoch](std::vector<node_view>& nodes) {
+        self->state.mesh_asking = false;
+        self->state.mesh_epoch = epoch;
+        connect_mesh(self, std::move(nodes));
+      },
+      [self](const caf::error&) { self->state.mesh_asking = false; });
+}
+
 } // namespace
 
 node_agent_actor::behavior_type
@@ -150,6 +231,13 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
       // The pending tick (heartbeat or join retry) reconnects.
       return;
     }
+    for (auto peer = st.mesh_peers.begin(); peer != st.mesh_peers.end(); ++peer)
+      if (peer->second.address() == down.source) {
+        log::warn("node", "the direct connection to node " + peer->first + " closed; reconnecting");
+        st.mesh_peers.erase(peer);
+        st.mesh_epoch = 0;
+        return;
+      }
     auto it = st.replicas.find(down.source);
     if (it == st.replicas.end())
       return;
@@ -222,9 +310,11 @@ node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_inf
       }
       self->request(st.coordinator, st.heartbeat * 4, atom::heartbeat_v, st.me.name)
         .then(
-          [self](bool member) {
+          [self](uint64_t epoch) {
             auto& now = self->state;
-            if (member || !now.joined)
+            if (epoch != 0)
+              refresh_mesh(self, epoch);
+            if (epoch != 0 || !now.joined)
               return;
             // Removed after missed heartbeats (this process stalled): the
             // coordinator placed this node's replicas elsewhere. Retire them

@@ -78,12 +78,27 @@ struct node_agent_state {
   /// Trainer ends that happened while the coordinator was away, told once
   /// the node has joined again: (run, outcome).
   std::vector<std::pair<std::string, std::string>> untold;
+  /// The node mesh (only with a connector: nodes without the coordinator).
+  /// The membership epoch last connected for; the peers reached directly
+  /// (node name -> the actor at their mesh port, monitored: its loss means
+  /// the connection's); connections being made; peers whose last attempt
+  /// failed (logged once until one succeeds).
+  uint64_t mesh_epoch = 0;
+  bool mesh_asking = false;
+  std::map<std::string, caf::actor> mesh_peers;
+  std::set<std::string> mesh_connecting;
+  std::set<std::string> mesh_failing;
 };
 
 /// Joins `coordinator` as `me` (retrying while the coordinator still knows a
 /// previous incarnation of the name), then sends heartbeats. When the
 /// coordinator is lost (its node died or restarted), reconnects to
 /// `address` with backoff and joins again with what the node still runs.
+/// With a connector it also keeps the node mesh: whenever the membership
+/// changes it connects directly to every member whose name sorts after its
+/// own (one connection per pair) that has a mesh address and is not the
+/// hub's node, and reconnects when such a connection drops, so traffic
+/// between nodes never needs the hub (and survives its restart).
 node_agent_actor::behavior_type
 node_agent(node_agent_actor::stateful_pointer<node_agent_state> self, member_info me,
            coordinator_actor coordinator, node_agent_hooks hooks, coordinator_address address);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "actors/credentials.hpp"
 #include "actors/local_only.hpp"
 #include "actors/log.hpp"
 #include "actors/peer_offer.hpp"
@@ -596,8 +597,11 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       return on_collect_newest(self, pool, keep, dry_run, token);
     },
     [self](atom::done, uint64_t id) { self->state.jobs.complete(id); },
-    [self](atom::offer, const version_ref& version) -> caf::result<peer_offer> {
+    [self](atom::offer, const version_ref& version,
+           const std::string& cap) -> caf::result<peer_offer> {
       auto& st = self->state;
+      if (!member_admits("publisher", st.lending.member_token, cap, "a peer's offer request"))
+        return not_a_member("reading a version from a peer");
       if (!st.lending.holders)
         return to_caf_error(error{errc::not_found, "this publisher lends no versions"});
       auto o = st.lending.holders->lease(version);

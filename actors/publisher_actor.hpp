@@ -114,7 +114,7 @@ using publisher_actor = caf::typed_actor<
                   std::string>::with<retention_report>,
   // A peer's lease on a run's remembered version, which the publisher lends
   // (peer transfer; `not_found` for any other); released when read.
-  caf::replies_to<atom::offer, version_ref>::with<peer_offer>,
+  caf::replies_to<atom::offer, version_ref, std::string>::with<peer_offer>,
   // The URL of this publisher's HTTP surface (`publisher.listen`, its host
   // as configured, a wildcard included), "" when it has none: `stitch
   // publish --stream` sends its bytes there when it can reach it.

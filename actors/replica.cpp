@@ -789,7 +789,11 @@ replica_actor::behavior_type behavior(self_ptr self) {
     },
     [self](atom::server_info) -> replica_info { return describe(self->state); },
     [self](atom::subscribe, replica_watcher_actor& who) { on_subscribe(self, who); },
-    [self](atom::offer, const version_ref& version) -> caf::result<peer_offer> {
+    [self](atom::offer, const version_ref& version,
+           const std::string& cap) -> caf::result<peer_offer> {
+      // The offer names registered memory and its remote keys.
+      if (!is_member(self, cap, "a peer's offer request"))
+        return not_a_member("reading a version from a peer");
       return on_offer(self, version);
     },
     [self](atom::release, uint64_t lease) {

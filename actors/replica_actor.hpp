@@ -354,8 +354,10 @@ using replica_actor = caf::typed_actor<
   caf::reacts_to<atom::pointer_moved, std::string, pointer_record>,
   // A peer's lease on the version this replica holds, to read its bytes
   // (`not_found` when it holds another one or serves no peers); the peer
-  // releases it when done (an unreleased lease expires).
-  caf::replies_to<atom::offer, version_ref>::with<peer_offer>,
+  // releases it when done (an unreleased lease expires). The offer names
+  // the registered memory and its remote keys, so it needs the member
+  // capability (last).
+  caf::replies_to<atom::offer, version_ref, std::string>::with<peer_offer>,
   caf::reacts_to<atom::release, uint64_t>,
   // `stitch profile`. Begin: follow scratch pool `pool` instead of its own,
   // starting cold; refused while in rotation unless `take_out` (then out of
@@ -383,7 +385,7 @@ using replica_actor = caf::typed_actor<
 
 /// Whoever lends a version's bytes to peers: a replica, or a publisher.
 using peer_holder_actor =
-  caf::typed_actor<caf::replies_to<atom::offer, version_ref>::with<peer_offer>,
+  caf::typed_actor<caf::replies_to<atom::offer, version_ref, std::string>::with<peer_offer>,
                    caf::reacts_to<atom::release, uint64_t>>;
 
 /// Where holders that are not replicas (publishers) announce what they lend

@@ -118,6 +118,8 @@ ojson cluster_ojson(const cluster_view& c) {
       j["gateway"] = n.gateway;
     if (n.last_heartbeat_ms)
       j["last_heartbeat_ms"] = *n.last_heartbeat_ms;
+    if (!n.mesh.empty())
+      j["mesh"] = n.mesh;
     out["nodes"].push_back(std::move(j));
   }
   out["experiments"] = ojson::array();
@@ -164,6 +166,7 @@ status_snapshot snapshot_of(const status_state& st) {
   for (const auto& [role, addr] : st.opts.listening)
     s.listening.push_back({role, addr});
   s.up_since_ms = st.started_ms;
+  s.cluster_transport = st.opts.cluster_transport;
   s.cluster = st.cluster;
   s.pointers = st.pointers;
   for (const auto& [addr, e] : st.replicas) {
@@ -189,6 +192,7 @@ std::string status_json(const status_snapshot& s) {
     listening[l.role] = l.address;
   node["listening"] = std::move(listening);
   node["up_since_ms"] = s.up_since_ms;
+  node["cluster_transport"] = s.cluster_transport;
   j["nodes"] = ojson::array({std::move(node)});
   // The cluster's other members and its experiments, as the coordinator
   // last told them.

@@ -24,6 +24,9 @@ struct status_options {
   std::vector<std::string> pools = {"default"};
   /// Points of applied-version history kept per replica.
   size_t history = 600;
+  /// How this node's CAF traffic travels ("mutual TLS", "plain (loopback
+  /// only)", "plain, cluster.insecure"): `/status` shows it.
+  std::string cluster_transport;
   /// The member capability enrollments and the coordinator's view must
   /// carry (empty: none).
   std::string member_token;

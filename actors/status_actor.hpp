@@ -57,6 +57,8 @@ struct status_snapshot {
   std::vector<std::string> roles;
   std::vector<status_listener> listening;
   int64_t up_since_ms = 0;
+  /// How the node's CAF traffic travels (`status_options::cluster_transport`).
+  std::string cluster_transport;
   /// The coordinator's last view: members, experiments, directory.
   std::optional<cluster_view> cluster;
   std::map<std::string, pointer_record> pointers;
@@ -90,8 +92,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, status_snapshot& x) {
   optional_proxy<cluster_view> cluster{x.cluster};
   return f(caf::meta::type_name("stitch.status_snapshot"), x.generated_at_ms, x.node, x.roles,
-           x.listening, x.up_since_ms, cluster.field, x.pointers, x.replicas, x.recent,
-           cluster.commit());
+           x.listening, x.up_since_ms, x.cluster_transport, cluster.field, x.pointers, x.replicas,
+           x.recent, cluster.commit());
 }
 
 } // namespace stitch

@@ -15,7 +15,7 @@ namespace stitch::config {
 
 namespace {
 
-enum class kind { text, listen, integer, number, text_list, integer_list };
+enum class kind { text, listen, integer, number, text_list, integer_list, boolean };
 
 /// A setting's value, parsed.
 struct value {
@@ -24,6 +24,7 @@ struct value {
   listen_address address;
   std::vector<std::string> texts;
   std::vector<double> numbers;
+  bool flag = false;
 };
 
 struct entry {
@@ -156,6 +157,15 @@ const std::vector<entry>& schema() {
     listen("coordinator.listen", &node_config::coordinator_listen);
     text("coordinator.address", &node_config::coordinator_address);
     number("coordinator.heartbeat_timeout", &node_config::heartbeat_timeout, 0.2, 600);
+    listen("cluster.listen", &node_config::cluster_listen);
+    e.push_back(
+      {"cluster.insecure",
+       kind::boolean,
+       0,
+       0,
+       {},
+       [](node_config& c, const value& v) { c.cluster_insecure = v.flag; },
+       [](const node_config& c) { return std::string{c.cluster_insecure ? "true" : "false"}; }});
     text("store.uri", &node_config::store_uri);
     e.push_back(
       {"store.retain_versions",
@@ -326,7 +336,8 @@ std::string check(const entry& e, const value& v) {
           return quote_untrusted(t) + " is not a header name";
       }
       return {};
-    case kind::listen: return {};
+    case kind::listen:
+    case kind::boolean: return {};
   }
   return {};
 }
@@ -385,6 +396,11 @@ result<value> from_text(const entry& e, std::string_view text) {
       break;
     }
     case kind::text_list: v.texts = split(text); break;
+    case kind::boolean:
+      if (text != "true" && text != "false")
+        return make_error(errc::invalid_argument, quote_untrusted(text) + " is not true or false");
+      v.flag = text == "true";
+      break;
     case kind::integer_list:
       for (const auto& item : split(text)) {
         auto n = parse_number(item, true);
@@ -439,6 +455,11 @@ result<value> from_toml(const entry& e, const toml::node& node) {
       }
       break;
     }
+    case kind::boolean:
+      if (!node.is_boolean())
+        return wrong("true or false");
+      v.flag = node.value<bool>().value_or(false);
+      break;
     case kind::integer_list: {
       const auto* arr = node.as_array();
       if (!arr)
@@ -604,6 +625,8 @@ void validate(const node_config& c, std::string& problems) {
   std::vector<std::pair<std::string, listen_address>> listeners;
   if (c.has_role("coordinator"))
     listeners.push_back({"coordinator.listen", c.coordinator_listen});
+  else
+    listeners.push_back({"cluster.listen", c.cluster_listen});
   if (c.has_role("gateway"))
     listeners.push_back({"gateway.listen", c.gateway_listen});
   if (c.has_role("status"))

@@ -43,6 +43,15 @@ struct node_config {
   std::vector<uint32_t> gpus;
 
   listen_address coordinator_listen{"127.0.0.1", 4242};
+  /// Where a node without the coordinator accepts the other nodes' direct
+  /// connections (the node mesh: gateways reach replicas, replicas reach
+  /// each other, without passing through the hub). A wildcard host (0.0.0.0,
+  /// ::) is advertised as the address the node reaches the coordinator from.
+  listen_address cluster_listen{"127.0.0.1", 0};
+  /// Plain (non-TLS) CAF listeners on addresses other machines reach are
+  /// refused unless this is set: anyone who reaches them speaks the nodes'
+  /// messages. Logged at start and shown in /status.
+  bool cluster_insecure = false;
   /// The coordinator to join; empty: this node's own.
   std::string coordinator_address;
   /// Seconds without a heartbeat after which the coordinator removes a node

@@ -20,6 +20,7 @@
 #include "node/demo.hpp"
 #include "node/peer_source.hpp"
 #include "node/remote.hpp"
+#include "node/security_report.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/external_engine.hpp"
 #include "runtime/engine/model_config.hpp"
@@ -117,6 +118,23 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
   if (!settings.tls_cert.empty() && !tls_enabled(sys))
     return make_error(errc::invalid_argument,
                       "tls: the node was started without its TLS settings loaded");
+  // The node's CAF listener: the coordinator's port on the hub's node, the
+  // mesh port on every other. Plain CAF on an address other machines reach
+  // lets anyone who reaches it speak the nodes' messages.
+  if (auto refused = security_refusal(settings); !refused.empty())
+    return make_error(errc::invalid_argument, refused);
+  const bool hub = settings.has_role("coordinator");
+  const auto& caf_listener = hub ? settings.coordinator_listen : settings.cluster_listen;
+  if (!tls_enabled(sys) && !is_loopback(caf_listener.host))
+    log::warn("node", std::string{"cluster.insecure: the CAF listener "}
+                        + (hub ? "coordinator.listen" : "cluster.listen") + " (" + caf_listener.host
+                        + ") is plain TCP, unauthenticated and unencrypted, reachable from other "
+                          "machines");
+  for (auto warnings = security_warnings(settings); !warnings.empty();) {
+    auto eol = warnings.find('\n');
+    log::warn("node", warnings.substr(0, eol));
+    warnings.erase(0, eol == std::string::npos ? eol : eol + 1);
+  }
   std::error_code ec;
   std::filesystem::create_directories(settings.data_dir, ec);
   if (ec)
@@ -147,15 +165,22 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
     auto at = parse_host_port(settings.coordinator_address);
     if (!at)
       return std::move(at).error();
-    // Other nodes connect here directly (automatic connections,
-    // `system_config`); with TLS, traffic keeps passing through the
-    // coordinator's node (CAF's OpenSSL module opens no such port).
-    if (!tls_enabled(sys))
-      if (auto opened = sys.middleman().open(0, nullptr, true); !opened)
-        log::warn("node", settings.name + ": no port for direct connections ("
-                            + sys.render(opened.error())
-                            + "); other nodes reach it through the coordinator's node");
     n->coordinator_at_ = *at;
+    // Other nodes connect here directly (the node mesh, TLS with `[tls]`):
+    // their agents find the address in the coordinator's directory.
+    n->mesh_anchor_ = sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+      self->set_default_handler(caf::drop);
+      return {[](atom::tick) {}};
+    });
+    auto mesh_port = publish_mesh_anchor(sys, n->mesh_anchor_, settings.cluster_listen.port,
+                                         settings.cluster_listen.host);
+    auto mesh_host = advertised_host(settings.cluster_listen.host, at->host);
+    if (!mesh_port || !mesh_host) {
+      n->stop();
+      return mesh_port ? std::move(mesh_host).error() : std::move(mesh_port).error();
+    }
+    const bool v6 = mesh_host->find(':') != std::string::npos;
+    n->mesh_ = (v6 ? "[" + *mesh_host + "]" : *mesh_host) + ":" + std::to_string(*mesh_port);
     auto found = keep_trying([&] { return connect_coordinator(sys, *at); });
     if (!found)
       return std::move(found).error();
@@ -399,6 +424,7 @@ status node::join_cluster(const node_settings& settings) {
   me.slots = settings.gpus;
   if (gateway_)
     me.gateway_http = settings.gateway_listen.host + ":" + std::to_string(http_.gateway);
+  me.mesh = owns_coordinator_ ? "" : mesh_;
   node_agent_hooks hooks;
   hooks.spawn_replica = [this](const placement& p,
                                const experiment_spec& spec) -> result<replica_actor> {
@@ -592,6 +618,9 @@ status node::start_serving(const node_settings& settings) {
   if (settings.has_role("status")) {
     status_options so;
     so.node = settings.name;
+    so.cluster_transport = tls_enabled(sys_)           ? "mutual TLS"
+                           : settings.cluster_insecure ? "plain, cluster.insecure"
+                                                       : "plain (loopback only)";
     so.roles = settings.roles;
     so.pools = {settings.pool};
     so.member_token = settings.member_token;
@@ -695,6 +724,9 @@ void node::stop() {
   if (agent_)
     caf::anon_send_exit(agent_, caf::exit_reason::user_shutdown);
   agent_ = nullptr;
+  if (mesh_anchor_)
+    caf::anon_send_exit(mesh_anchor_, caf::exit_reason::user_shutdown);
+  mesh_anchor_ = nullptr;
   // Replicas leave rotation and finish what they are running (bounded by
   // replica.drain_timeout, at most 30 s here), then HTTP stops.
   std::map<std::string, replica_actor> leaving;

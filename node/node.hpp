@@ -56,6 +56,8 @@ public:
 
   /// The coordinator's port on this node (0 when it joined another).
   uint16_t port() const noexcept { return port_; }
+  /// Where other nodes connect to this one directly (empty on the hub's node).
+  const std::string& mesh() const noexcept { return mesh_; }
   const listening& http() const noexcept { return http_; }
   /// Stops the trainers, then every actor of the node.
   void stop();
@@ -98,6 +100,11 @@ private:
   std::vector<caf::actor> relays_;
   bool owns_coordinator_ = false;
   host_port coordinator_at_;
+  /// Where other nodes connect to this one directly (`host:port`; empty on
+  /// the hub's node, which they reach at its coordinator's port), and the
+  /// actor published there.
+  std::string mesh_;
+  caf::actor mesh_anchor_;
   node_agent_actor agent_;
   std::vector<replica_actor> replicas_;
   gateway_actor gateway_;

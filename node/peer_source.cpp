@@ -45,13 +45,15 @@ fetch_report peer_source::fetch(const version_ref& ref, std::span<const fetch_ta
   for (const auto& h : *holders) {
     if (h.replica_id == opts_.replica_id)
       continue;
-    auto o = ask_actor<peer_offer>(sys_, h.handle, opts_.ask_timeout, atom::offer_v, ref);
+    auto o = ask_actor<peer_offer>(sys_, h.handle, opts_.ask_timeout, atom::offer_v, ref,
+                                   opts_.member_token);
     // A holder that began fetching just before this receiver offers what it
     // fetches once its own sources answered it: a moment later.
     for (auto until = std::chrono::steady_clock::now() + opts_.relay_wait;
          !o && h.partial && std::chrono::steady_clock::now() < until;) {
       std::this_thread::sleep_for(std::chrono::milliseconds{10});
-      o = ask_actor<peer_offer>(sys_, h.handle, opts_.ask_timeout, atom::offer_v, ref);
+      o = ask_actor<peer_offer>(sys_, h.handle, opts_.ask_timeout, atom::offer_v, ref,
+                                opts_.member_token);
     }
     if (!o) {
       none.problems.push_back(h.replica_id + " offers nothing: " + o.error().message);

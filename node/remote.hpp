@@ -30,6 +30,18 @@ bool tls_enabled(caf::actor_system& sys);
 result<uint16_t> publish_coordinator(caf::actor_system& sys, const coordinator_actor& whom,
                                      uint16_t port, const std::string& host);
 
+/// Publishes the node's mesh anchor (an actor that only marks the port) on
+/// `host:port`, TLS with the OpenSSL module: other nodes connect there to
+/// reach this node directly. Answers the port.
+result<uint16_t> publish_mesh_anchor(caf::actor_system& sys, const caf::actor& anchor,
+                                     uint16_t port, const std::string& host);
+
+/// The address other nodes use to reach a listener bound to `bind_host`:
+/// itself, or for a wildcard (0.0.0.0, ::, empty) the local address this
+/// machine reaches `toward_host` from (the interface its traffic to the
+/// coordinator leaves by).
+result<std::string> advertised_host(const std::string& bind_host, const std::string& toward_host);
+
 /// The middleman actor that connects to other nodes (the OpenSSL one with
 /// TLS): the node agent reconnects to a lost coordinator through it.
 caf::actor node_connector(caf::actor_system& sys);

@@ -11,6 +11,7 @@
 #include "actors/log.hpp"
 #include "node/cli.hpp"
 #include "node/node.hpp"
+#include "node/security_report.hpp"
 #include "node/system_config.hpp"
 #include "runtime/pipeline/pipeline.hpp"
 
@@ -34,6 +35,10 @@ int main(int argc, char** argv) {
                  "override a config key: KEY=VALUE (repeatable), e.g. "
                  "coordinator.listen=127.0.0.1:4242 store.uri=rocksdb:DIR|s3://bucket/prefix");
   app.add_flag("--print-config", opts.print_config, "print the effective config and exit");
+  bool check_security = false;
+  app.add_flag("--check-security", check_security,
+               "print every listener of the effective config: its address, whether callers are "
+               "authenticated and traffic encrypted, and what a caller can do; then exit");
   app.set_version_flag("--version", "stitch-node 0.1.0");
   try {
     app.parse(argc, argv);
@@ -50,6 +55,10 @@ int main(int argc, char** argv) {
   if (opts.print_config) {
     std::fputs(to_toml(*settings).c_str(), stdout);
     return exit_ok;
+  }
+  if (check_security) {
+    std::fputs(security_report(*settings).c_str(), stdout);
+    return security_refusal(*settings).empty() ? exit_ok : exit_runtime_failure;
   }
   // Signals are taken by sigwait below; every thread the actor system starts
   // inherits the blocked mask.
@@ -82,9 +91,9 @@ int main(int argc, char** argv) {
                 settings->coordinator_listen.host.c_str(), static_cast<unsigned>((*n)->port()),
                 settings->tls_cert.empty() ? "" : " (mutual TLS)");
   else
-    std::printf("stitch-node: %s joined the coordinator at %s%s\n", settings->name.c_str(),
-                settings->coordinator_address.c_str(),
-                settings->tls_cert.empty() ? "" : " (mutual TLS)");
+    std::printf("stitch-node: %s joined the coordinator at %s%s; other nodes reach it at %s\n",
+                settings->name.c_str(), settings->coordinator_address.c_str(),
+                settings->tls_cert.empty() ? "" : " (mutual TLS)", (*n)->mesh().c_str());
   if (settings->has_role("store"))
     std::printf("stitch-node: store %s\n", settings->effective_store_uri().c_str());
   const auto& http = (*n)->http();

@@ -64,15 +64,15 @@ system_config::system_config() {
   register_stitch_types(*this);
   tune_scheduler(*this);
   load<caf::io::middleman>();
-  // Nodes connect to each other directly (CAF's automatic connections: a
-  // node that learns of another through the coordinator's node opens a
-  // connection to it; every node listens on a port of its own for that,
-  // `node::start`). Traffic between two nodes then does not pass through the
-  // coordinator's node, and does not die with it. A route that switches from
+  // Nodes connect to each other directly through the node mesh (each node
+  // listens on `cluster.listen`, its agent connects to the others it finds
+  // in the coordinator's directory, TLS with `[tls]`), not CAF's automatic
+  // connections: those open a plain port on every interface of every node,
+  // TLS or not, and connect in the clear. A route that switches from
   // indirect to direct can kill the proxies in use (0.17): gateways and
   // status actors take in again what the coordinator re-enrolls every few
   // seconds.
-  set("middleman.enable-automatic-connections", true);
+  set("middleman.enable-automatic-connections", false);
   set("middleman.workers", middleman_workers(std::thread::hardware_concurrency()));
 }
 

@@ -157,9 +157,16 @@ result<std::unique_ptr<region>> region::map(std::shared_ptr<context> ctx,
   r->ctx_ = std::move(ctx);
   r->bytes_ = bytes;
   ucp_mem_map_params_t params{};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.field_mask =
+    UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_PROT;
   params.address = const_cast<std::byte*>(bytes.data());
   params.length = bytes.size();
+  // Peers read a region, never write it (UCX's default grants remote writes
+  // too). Transports with memory keys that carry access rights (InfiniBand,
+  // RoCE) refuse a remote write; UCX 1.13's tcp and shared-memory transports
+  // do not check, so receivers also verify every chunk by its digest.
+  params.prot =
+    UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE | UCP_MEM_MAP_PROT_REMOTE_READ;
   ucp_mem_h memh = nullptr;
   if (auto st = ucp_mem_map(r->ctx_->get().handle, &params, &memh); st != UCS_OK)
     return ucx_error("registering " + std::to_string(bytes.size()) + " bytes", st);

@@ -61,8 +61,9 @@ struct region_descriptor {
   static result<region_descriptor> decode(std::span<const std::byte> bytes);
 };
 
-/// Memory registered with a context so that peers can read it. The memory
-/// is the caller's and must outlive the region.
+/// Memory registered with a context so that peers can read it (remote read
+/// only: no peer is granted writes). The memory is the caller's and must
+/// outlive the region.
 class region {
 public:
   static result<std::unique_ptr<region>> map(std::shared_ptr<context> ctx,

@@ -26,6 +26,9 @@ struct member_info {
   std::vector<uint32_t> slots;
   /// Where this node's HTTP gateway listens (`host:port`), when it has one.
   std::string gateway_http;
+  /// Where other nodes connect to it directly (`host:port`, the node mesh);
+  /// empty: they reach it through the hub.
+  std::string mesh = {};
 
   bool has_role(std::string_view role) const;
 };

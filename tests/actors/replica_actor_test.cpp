@@ -928,6 +928,15 @@ TEST_F(replica_actor_test,
                       << sys.render(err);
                   });
   EXPECT_TRUE(info().ready);
+  // An offer (registered memory and its remote keys) goes to members only.
+  auto offer =
+    self->request(replica, caf::infinite, atom::offer_v, version_ref{"r", 0}, std::string{"guess"});
+  settle();
+  offer.receive([](const peer_offer&) { ADD_FAILURE() << "an offer without the capability"; },
+                [&](caf::error& err) {
+                  EXPECT_NE(sys.render(err).find("member capability"), std::string::npos)
+                    << sys.render(err);
+                });
   // Forged reports of its own workers (a failed commit, a finished
   // generation) from anyone else are dropped: it serves on as before.
   work_report failed;

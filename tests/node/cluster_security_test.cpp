@@ -5,6 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
 #include "node/node_process.hpp"
 #include "node/test_certs.hpp"
 #include "store/store_fixtures.hpp"
@@ -13,6 +24,35 @@ namespace stitch {
 namespace {
 
 using namespace stitch::testing;
+
+/// The TCP ports process `pid` listens on (its sockets in /proc/PID/fd
+/// matched against the LISTEN entries of /proc/net/tcp and tcp6).
+std::set<uint16_t> listening_ports(pid_t pid) {
+  std::set<std::string> inodes;
+  std::error_code ec;
+  for (const auto& fd :
+       std::filesystem::directory_iterator{"/proc/" + std::to_string(pid) + "/fd", ec}) {
+    auto target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (target.starts_with("socket:["))
+      inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::set<uint16_t> ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in{table};
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream fields{line};
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout
+        >> inode;
+      if (state == "0A" && inodes.contains(inode))
+        ports.insert(
+          static_cast<uint16_t>(std::stoul(local.substr(local.rfind(':') + 1), nullptr, 16)));
+    }
+  }
+  return ports;
+}
 
 const std::filesystem::path examples = std::filesystem::path{STITCH_SOURCE_DIR} / "examples";
 
@@ -173,6 +213,223 @@ TEST_F(cluster_security, a_node_with_the_member_token_serves_and_one_with_anothe
   EXPECT_NE(coord->log().find("refused a join (node "), std::string::npos) << coord->log();
   other->stop();
   EXPECT_EQ(cli("node", "s3cret", "stop members").code, 0);
+}
+
+TEST(cluster_insecure, a_plain_caf_listener_other_machines_reach_needs_tls_or_insecure) {
+  temp_dir dir;
+  auto node = [&](const std::string& sets) {
+    return run(
+      "env -u STITCH_TOKEN timeout 60 " + std::string{STITCH_NODE_BIN} + " --data-dir "
+      + (dir.path() / "d").string()
+      + " --set gateway.listen=127.0.0.1:0 --set status.listen=127.0.0.1:0 --set replicas=0 " + sets
+      + " --print-config >/dev/null && echo config-ok");
+  };
+  // The config itself is fine (a TLS cluster would use it)...
+  EXPECT_NE(node("--set coordinator.listen=0.0.0.0:0").output.find("config-ok"), std::string::npos);
+  // ...but a node started plain on it refuses, saying what to do.
+  auto start = [&](const std::string& name, const std::vector<std::string>& sets) {
+    std::vector<std::string> args = {
+      "--data-dir", (dir.path() / name).string(), "--set", "gateway.listen=127.0.0.1:0",
+      "--set",      "status.listen=127.0.0.1:0",  "--set", "replicas=0"};
+    for (const auto& s : sets)
+      args.insert(args.end(), {"--set", s});
+    node_process n{dir.path() / name, args, "stitch-node: status"};
+    auto log = n.log();
+    if (!n.status_port.empty())
+      if (auto s =
+            get_json("127.0.0.1", static_cast<uint16_t>(std::stoi(n.status_port)), "/status"))
+        log += "\n/status: " + (*s)["nodes"][0].value("cluster_transport", "(none)");
+    n.stop();
+    return log;
+  };
+  auto refused = start("plain", {"coordinator.listen=0.0.0.0:0"});
+  EXPECT_NE(refused.find("coordinator.listen = \"0.0.0.0\" is reachable from other machines"),
+            std::string::npos)
+    << refused;
+  EXPECT_NE(refused.find("cluster.insecure = true"), std::string::npos) << refused;
+  EXPECT_EQ(refused.find("stitch-node: gateway"), std::string::npos) << "it did not start";
+  EXPECT_EQ(refused.find("/status:"), std::string::npos);
+  // Said explicitly, it starts, and says so loudly.
+  auto insecure = start("insecure", {"coordinator.listen=0.0.0.0:0", "cluster.insecure=true"});
+  EXPECT_NE(insecure.find("stitch-node: gateway"), std::string::npos) << insecure;
+  EXPECT_NE(insecure.find("cluster.insecure: the CAF listener coordinator.listen (0.0.0.0) is "
+                          "plain TCP"),
+            std::string::npos)
+    << insecure;
+  EXPECT_NE(insecure.find("/status: plain, cluster.insecure"), std::string::npos) << insecure;
+  EXPECT_NE(start("loopback", {}).find("/status: plain (loopback only)"), std::string::npos);
+}
+
+/// Resident memory of process `pid`, in bytes (VmRSS).
+uint64_t resident_bytes(pid_t pid) {
+  std::ifstream in{"/proc/" + std::to_string(pid) + "/status"};
+  std::string line;
+  while (std::getline(in, line))
+    if (line.starts_with("VmRSS:"))
+      return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+TEST(basp_payload_cap, a_header_declaring_a_gigabyte_is_refused_before_anything_is_read) {
+  temp_dir dir;
+  node_process node{dir.path(), {"replicas=0"}};
+  ASSERT_TRUE(node.started()) << node.log();
+  const uint64_t before = resident_bytes(node.pid());
+  // Two connections, each a BASP header (32 bytes, network order) of a
+  // direct message whose payload is said to be 1 GiB, then silence.
+  std::vector<int> fds;
+  for (int i = 0; i < 2; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_port = htons(static_cast<uint16_t>(std::stoi(node.coordinator_port)));
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof at), 0);
+    unsigned char header[32] = {};
+    header[0] = 2; // direct_message
+    const uint32_t gib = htonl(uint32_t{1} << 30);
+    std::memcpy(header + 4, &gib, 4);
+    header[31] = 1; // dest_actor
+    ASSERT_EQ(::send(fd, header, sizeof header, 0), static_cast<ssize_t>(sizeof header));
+    fds.push_back(fd);
+  }
+  // The node closes both connections rather than wait for the bytes.
+  for (int fd : fds) {
+    timeval wait{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    // Past its own handshake, which it sends first, the node closes.
+    char buf[4096];
+    ssize_t n = 0;
+    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) {
+    }
+    EXPECT_EQ(n, 0) << "the connection was closed, not left waiting for the payload";
+    ::close(fd);
+  }
+  const uint64_t after = resident_bytes(node.pid());
+  EXPECT_LT(after, before + (uint64_t{64} << 20))
+    << "grew by " << (after - before) / (1 << 20) << " MiB";
+  // The node still serves CAF clients.
+  auto status = run("env -u STITCH_TOKEN timeout 30 " + std::string{STITCH_BIN}
+                    + " --coordinator 127.0.0.1:" + node.coordinator_port + " status");
+  EXPECT_EQ(status.code, 0) << status.output;
+  EXPECT_TRUE(node.stop()) << node.log();
+}
+
+TEST(check_security, names_every_listener_what_it_admits_and_whether_the_node_starts) {
+  auto check = [](const std::string& sets) {
+    return run("env -u STITCH_TOKEN " + std::string{STITCH_NODE_BIN} + " --check-security " + sets);
+  };
+  auto plain = check("--set publisher.listen=127.0.0.1:8090");
+  EXPECT_EQ(plain.code, 0) << plain.output;
+  for (const char* line :
+       {"listener coordinator.listen 127.0.0.1:4242 (CAF)\n  plain TCP on loopback",
+        "listener gateway.listen 127.0.0.1:8080 (HTTP)", "listener status.listen 127.0.0.1:8081",
+        "publishing weights, open to every caller (no admin.token)",
+        "store writes, pointer moves, retention and experiment changes (no admin.token: open)",
+        "the node starts with this configuration"})
+    EXPECT_NE(plain.output.find(line), std::string::npos) << line << "\n" << plain.output;
+  // A token with the publisher's plain HTTP surface off loopback: warned.
+  auto exposed = check("--set admin.token=s3cret --set publisher.listen=0.0.0.0:8090 --set "
+                       "coordinator.listen=10.1.2.3:4242 --set cluster.insecure=true");
+  EXPECT_EQ(exposed.code, 0) << exposed.output;
+  EXPECT_NE(exposed.output.find("plain TCP, cluster.insecure: anyone who reaches it connects"),
+            std::string::npos)
+    << exposed.output;
+  EXPECT_NE(exposed.output.find("warning: publisher.listen (0.0.0.0:8090) is plain HTTP off "
+                                "loopback"),
+            std::string::npos)
+    << exposed.output;
+  EXPECT_NE(exposed.output.find("with the admin token"), std::string::npos) << exposed.output;
+  EXPECT_EQ(exposed.output.find("s3cret"), std::string::npos) << "never the token itself";
+  // Plain off loopback without cluster.insecure: the node would not start.
+  auto refused = check("--set coordinator.listen=10.1.2.3:4242");
+  EXPECT_EQ(refused.code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("the node refuses to start: coordinator.listen = \"10.1.2.3\""),
+            std::string::npos)
+    << refused.output;
+  // A replica node with TLS and only the member token.
+  auto member = check("--set roles=replica --set coordinator.address=10.0.0.1:4300 --set "
+                      "cluster.listen=0.0.0.0:4301 --set admin.member_token=member-x --set "
+                      "tls.cert=/c.pem --set tls.key=/c.key --set tls.ca=/ca.pem");
+  EXPECT_EQ(member.code, 0) << member.output;
+  for (const char* line : {"listener cluster.listen 0.0.0.0:4301 (CAF)\n  mutual TLS",
+                           "outbound coordinator.address 10.0.0.1:4300 (CAF)\n  mutual TLS; "
+                           "presents the member token only (cannot write the store)",
+                           "listener UCX"})
+    EXPECT_NE(member.output.find(line), std::string::npos) << line << "\n" << member.output;
+}
+
+TEST_F(cluster_security, a_tls_cluster_has_no_plain_port_and_serves_through_a_hub_restart) {
+  auto front = start("frontdoor", {"gateway.listen=127.0.0.1:0", "status.listen=127.0.0.1:0"},
+                     "joined the coordinator; ");
+  ASSERT_TRUE(front->started()) << front->log();
+  replica = start("replica-a", {"replica.listen=127.0.0.1:0"}, "joined the coordinator; ");
+  ASSERT_TRUE(replica->started()) << replica->log();
+  auto experiment = dir.path() / "experiment.toml";
+  std::ofstream{experiment} << "run_id = \"mesh\"\nreplicas = 1\n[trainer]\nenabled = false\n";
+  ASSERT_EQ(cli("node", "s3cret", "submit " + experiment.string()).code, 0) << coord->log();
+  auto eventually = [](auto&& what) {
+    for (int i = 0; i < 300; ++i) {
+      if (what())
+        return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  };
+  ASSERT_TRUE(
+    eventually([&] { return replica->log().find("mesh-r0 enters rotation") != std::string::npos; }))
+    << replica->log();
+  // The front door connected to the replica's node itself, over TLS.
+  ASSERT_TRUE(eventually([&] {
+    return front->log().find("reaches node replica-a directly at 127.0.0.1:") != std::string::npos;
+  }))
+    << front->log();
+
+  auto shown =
+    get_json("127.0.0.1", static_cast<uint16_t>(std::stoi(front->status_port)), "/status");
+  ASSERT_TRUE(shown);
+  EXPECT_EQ((*shown)["nodes"][0].value("cluster_transport", ""), "mutual TLS") << shown->dump();
+  bool listed = false;
+  for (const auto& n : (*shown)["nodes"])
+    listed |= n.value("name", "") == "replica-a" && n.value("mesh", "").starts_with("127.0.0.1:");
+  EXPECT_TRUE(listed) << "the replica node's mesh address is in the directory: " << shown->dump();
+
+  // No node listens for plain CAF: a client without TLS gets no handshake
+  // at any port any of them listens on (a plain port answers one, then says
+  // what it serves: no actor, or another interface).
+  for (auto* n : {coord.get(), front.get(), replica.get()}) {
+    auto ports = listening_ports(n->pid());
+    EXPECT_GE(ports.size(), 2u) << "the CAF port and an HTTP surface at least";
+    for (auto port : ports) {
+      auto plain = run("env -u STITCH_TOKEN timeout 20 " + std::string{STITCH_BIN}
+                       + " --coordinator 127.0.0.1:" + std::to_string(port) + " status");
+      EXPECT_NE(plain.code, 0) << port << plain.output;
+      for (const char* handshake : {"no_actor_published", "unexpected_actor_messaging_interface"})
+        EXPECT_EQ(plain.output.find(handshake), std::string::npos)
+          << "a plain CAF handshake at port " << port << ": " << plain.output;
+    }
+  }
+
+  // The hub dies: the gateway still reaches the replica, directly.
+  auto generate = [&] {
+    return run("curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: "
+               "application/json' --max-time 10 -d '{\"text\":\"hi\",\"sampling_params\":"
+               "{\"max_new_tokens\":2}}' http://127.0.0.1:"
+               + front->gateway_port + "/generate")
+      .output;
+  };
+  ASSERT_EQ(generate(), "200");
+  coord->kill9();
+  ASSERT_TRUE(
+    eventually([&] { return replica->log().find("lost the coordinator") != std::string::npos; }))
+    << replica->log();
+  int ok = 0;
+  for (int i = 0; i < 5; ++i)
+    ok += generate() == "200";
+  EXPECT_EQ(ok, 5) << front->log();
+  front->stop();
+  coord.reset();
 }
 
 } // namespace

@@ -74,8 +74,11 @@ protected:
 
   std::unique_ptr<node_process> start(int i, const std::string& name, std::vector<std::string> sets,
                                       const std::string& ready) {
-    std::vector<std::string> args = {"--data-dir", (dir.path() / name / "data").string(), "--set",
-                                     "name=" + name};
+    // Plain CAF between the namespaces' addresses: insecure, said so (the
+    // namespaces' bridge reaches nothing else).
+    std::vector<std::string> args = {"--data-dir", (dir.path() / name / "data").string(),
+                                     "--set",      "name=" + name,
+                                     "--set",      "cluster.insecure=true"};
     for (auto& s : sets)
       args.insert(args.end(), {"--set", s});
     std::vector<std::string> wrapper = {"ip",
@@ -91,7 +94,8 @@ protected:
   std::unique_ptr<node_process> start_replica(int i, const std::string& name) {
     auto n = start(i, name,
                    {"roles=replica", "replicas=1", "model.preset=small", "replica.backstop=1",
-                    "replica.listen=" + addr(i) + ":0", "coordinator.address=" + addr(1) + ":4300"},
+                    "replica.listen=" + addr(i) + ":0", "cluster.listen=" + addr(i) + ":0",
+                    "coordinator.address=" + addr(1) + ":4300"},
                    name + "-replica-0 serves http://");
     EXPECT_TRUE(n->started()) << n->log();
     return n;

@@ -145,6 +145,7 @@ public:
 
   /// SIGKILL: the node dies without leaving the cluster.
   void kill9() { kill_and_reap(pid_, exit_status_); }
+  pid_t pid() const noexcept { return pid_; }
 
   /// The exit code when it exited on its own (-1 while running or killed).
   int exit_code() {
