@@ -41,8 +41,6 @@ bool is_loopback(std::string_view host) {
   return host == "localhost" || host == "::1" || host.starts_with("127.");
 }
 
-namespace {
-
 /// A token in `file`: its text without trailing whitespace, at most 4 KiB,
 /// printable, not empty. `also_given`: the setting itself (`key`) is set
 /// too, which is refused (two sources of one secret).
@@ -70,8 +68,6 @@ result<std::string> read_token_file(const std::filesystem::path& file, bool also
                         name + " holds a control character: one token on one line");
   return text;
 }
-
-} // namespace
 
 result<node_settings> resolve_settings(const node_options& opts) {
   node_settings s;

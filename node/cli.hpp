@@ -38,6 +38,13 @@ result<host_port> parse_host_port(std::string_view text);
 /// True for 127.0.0.0/8, ::1 and localhost.
 bool is_loopback(std::string_view host);
 
+/// A token kept in `file` (`admin.token_file`, `stitch --token-file`): its
+/// text without trailing whitespace, one printable line of at most 4 KiB.
+/// `also_given`: the token was given another way too (`key` names it),
+/// which is refused: one secret, one source.
+result<std::string> read_token_file(const std::filesystem::path& file, bool also_given,
+                                    std::string_view key);
+
 /// The effective config of a node (`config::node_config`): the `--config`
 /// file (or the all-in-one defaults), then `STITCH_<SECTION>__<KEY>`
 /// environment variables (`STITCH_TOKEN` is `admin.token`), then `--set`

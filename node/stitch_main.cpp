@@ -79,6 +79,9 @@ int main(int argc, char** argv) {
     ->envname("STITCH_COORDINATOR")
     ->capture_default_str();
   app.add_option("--token", token, "admin token (or STITCH_TOKEN)")->envname("STITCH_TOKEN");
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "a file holding the admin token (so that it shows in no process listing)");
   app.set_version_flag("--version", "stitch 0.1.0");
 
   publish_command pub;
@@ -199,6 +202,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? exit_ok : exit_usage;
+  }
+  if (!token_file.empty()) {
+    auto read = read_token_file(token_file, !token.empty(), "--token (or STITCH_TOKEN)");
+    if (!read) {
+      std::fprintf(stderr, "stitch: --token-file: %s\n", read.error().message.c_str());
+      return exit_usage;
+    }
+    token = std::move(*read);
   }
   auto where = parse_host_port(coordinator);
   if (!where) {

@@ -109,6 +109,7 @@ struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
 };
 
 /// A connection accepted on `socket` (counted in `server` already).
-std::shared_ptr<connection> make_session(tcp::socket socket, std::shared_ptr<http_server::impl> server);
+std::shared_ptr<connection> make_session(tcp::socket socket,
+                                         std::shared_ptr<http_server::impl> server);
 
 } // namespace stitch::transport

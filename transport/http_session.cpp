@@ -111,7 +111,6 @@ private:
   void on_strand(F f);
 };
 
-
 class session final : public connection, public std::enable_shared_from_this<session> {
 public:
   session(tcp::socket socket, std::shared_ptr<http_server::impl> server)
@@ -618,7 +617,8 @@ void slot::on_disconnect(std::function<void()> f) {
 
 } // namespace
 
-std::shared_ptr<connection> make_session(tcp::socket socket, std::shared_ptr<http_server::impl> server) {
+std::shared_ptr<connection> make_session(tcp::socket socket,
+                                         std::shared_ptr<http_server::impl> server) {
   return std::make_shared<session>(std::move(socket), std::move(server));
 }
 

@@ -131,6 +131,23 @@ TEST_F(cluster_security, mutual_tls_admits_certified_peers_only_and_the_token_gu
   EXPECT_NE(certified.output.find("no experiment is active"), std::string::npos)
     << certified.output;
 
+  // The token from a file works as --token does; given both ways, refused.
+  auto token_file = dir.path() / "token";
+  std::ofstream{token_file} << "s3cret\n";
+  auto from_file = run(
+    "env -u STITCH_TOKEN " + std::string{STITCH_BIN} + " --coordinator 127.0.0.1:"
+    + coord->coordinator_port + " --tls-cert " + (dir.path() / "node.pem").string() + " --tls-key "
+    + (dir.path() / "node.key").string() + " --tls-ca " + (dir.path() / "ca.pem").string()
+    + " --token-file " + token_file.string() + " scale --replicas 1");
+  EXPECT_NE(from_file.output.find("no experiment is active"), std::string::npos)
+    << from_file.output;
+  auto twice =
+    run(std::string{STITCH_BIN} + " --token x --token-file " + token_file.string() + " status");
+  EXPECT_EQ(twice.code, 2) << twice.output;
+  EXPECT_NE(twice.output.find("--token-file: --token (or STITCH_TOKEN) is set too"),
+            std::string::npos)
+    << twice.output;
+
   // Mutating commands need the token.
   auto experiment = dir.path() / "experiment.toml";
   {
@@ -258,6 +275,12 @@ TEST(cluster_insecure, a_plain_caf_listener_other_machines_reach_needs_tls_or_in
     << insecure;
   EXPECT_NE(insecure.find("/status: plain, cluster.insecure"), std::string::npos) << insecure;
   EXPECT_NE(start("loopback", {}).find("/status: plain (loopback only)"), std::string::npos);
+  // A token with the publisher's plain HTTP surface off loopback: a warning
+  // at start, naming the surface.
+  auto exposed = start("exposed", {"admin.token=s3cret", "publisher.listen=0.0.0.0:0"});
+  EXPECT_NE(exposed.find("warning: publisher.listen (0.0.0.0:0) is plain HTTP off loopback"),
+            std::string::npos)
+    << exposed;
 }
 
 /// Resident memory of process `pid`, in bytes (VmRSS).
