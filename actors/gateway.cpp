@@ -264,6 +264,12 @@ gateway_actor::behavior_type gateway_service(gateway_actor::stateful_pointer<gat
       auto it = st.flights.find(key);
       if (it == st.flights.end() || !it->second.client)
         return;
+      // Only the replica serving the flight streams into it (keys count up:
+      // anyone could guess one and inject events into a client's stream).
+      auto serving = st.replicas.find(it->second.current);
+      if (serving == st.replicas.end()
+          || serving->second.handle.address() != self->current_sender())
+        return;
       it->second.streamed = true;
       caf::send_as(caf::actor_cast<caf::actor>(self), it->second.client, atom::event_v,
                    it->second.client_key, std::move(ev));

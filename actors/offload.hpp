@@ -15,6 +15,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "actors/credentials.hpp"
 #include "actors/value_types.hpp"
 #include "actors/workers.hpp"
 #include "runtime/core/error.hpp"
@@ -75,7 +76,7 @@ caf::typed_response_promise<T> offload(Self* self, job_table& jobs, executor& la
   auto handle = caf::actor_cast<caf::actor>(self);
   bool queued = lane.try_post([slot, handle, id, work = std::move(work)]() mutable {
     slot->emplace(work());
-    caf::anon_send(handle, atom::done_v, id);
+    send_to_itself(handle, atom::done_v, id);
   });
   if (!queued) {
     jobs.drop(id);

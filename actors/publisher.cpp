@@ -60,7 +60,7 @@ void collect(self_ptr self, const std::string& pool, retention_request request,
       .post([backend = now.backend, pool, req = std::move(req), slot,
              handle = caf::actor_cast<caf::actor>(self), job] {
         slot->emplace(backend->retain(pool, req));
-        caf::anon_send(handle, atom::done_v, job);
+        send_to_itself(handle, atom::done_v, job);
       });
   };
   if (!st.retention.directory) {
@@ -269,7 +269,7 @@ caf::result<uint64_t> take_chunk(Self* self, uint64_t id, std::shared_ptr<const 
   const uint64_t ack = st.jobs.add([promise, left]() mutable { promise.deliver(left); });
   auto handle = caf::actor_cast<caf::actor>(self);
   if (auto ok = s.stream->push(std::move(owner), bytes,
-                               [handle, ack] { caf::anon_send(handle, atom::done_v, ack); });
+                               [handle, ack] { send_to_itself(handle, atom::done_v, ack); });
       !ok) {
     st.jobs.drop(ack);
     s.stream->close(ok.error());
@@ -430,7 +430,7 @@ caf::result<uint64_t> on_open_session(self_ptr self, const publish_args& args,
       slot->emplace(std::move(report).error());
     }
     stream->close(std::move(why));
-    caf::anon_send(handle, atom::done_v, job);
+    send_to_itself(handle, atom::done_v, job);
   });
   return answer;
 }
@@ -510,7 +510,7 @@ caf::result<retention_report> on_collect_newest(self_ptr self, const std::string
   });
   st.workers->post([backend = st.backend, slot, handle = caf::actor_cast<caf::actor>(self), job] {
     slot->emplace(backend->list_pools());
-    caf::anon_send(handle, atom::done_v, job);
+    send_to_itself(handle, atom::done_v, job);
   });
   return promise;
 }
@@ -596,7 +596,12 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
            const std::string& token) -> caf::result<retention_report> {
       return on_collect_newest(self, pool, keep, dry_run, token);
     },
-    [self](atom::done, uint64_t id) { self->state.jobs.complete(id); },
+    // Internal: its workers' ends and its sweep timer, from itself only (a
+    // forged end would answer a request before its work ran).
+    [self](atom::done, uint64_t id) {
+      if (from_itself(self))
+        self->state.jobs.complete(id);
+    },
     [self](atom::offer, const version_ref& version,
            const std::string& cap) -> caf::result<peer_offer> {
       auto& st = self->state;
@@ -624,7 +629,10 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       if (self->state.lending.holders)
         self->state.lending.holders->release(lease);
     },
-    [self](atom::tick) { on_tick(self); },
+    [self](atom::tick) {
+      if (from_itself(self))
+        on_tick(self);
+    },
   };
 }
 

@@ -157,7 +157,12 @@ void start_generation(self_ptr self, request_id id, std::optional<uint64_t> serv
       call.body = engine->stamp_request(call.route, call.body, *served);
     event_sink sink;
     if (caller)
-      sink = [&](std::string ev) { caf::anon_send(caller, atom::event_v, key, std::move(ev)); };
+      // As the replica: the gateway takes a flight's events from the replica
+      // serving it only.
+      sink = [&](std::string ev) {
+        caf::send_as(caf::actor_cast<caf::actor>(handle), caller, atom::event_v, key,
+                     std::move(ev));
+      };
     auto out = engine->forward(call, sink, [&] { return cancelled->load(); });
     caf::optional<uint64_t> last;
     if (out && out->last_token_version)

@@ -2,6 +2,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/credentials.hpp"
 #include "actors/log.hpp"
 
 namespace stitch {
@@ -29,12 +30,14 @@ rollout_driver(rollout_driver_actor::stateful_pointer<rollout_driver_state> self
       st.workers->post([self = caf::actor_cast<rollout_driver_actor>(self), id, req] {
         auto results = engine::rollout_batch({req.gateway_host, req.gateway_port, req.pool},
                                              req.min_version, req.count, req.seed_base);
-        caf::anon_send(self, atom::done_v, id, std::move(results));
+        send_to_itself(self, atom::done_v, id, std::move(results));
       });
       return promise;
     },
     [self](atom::done, uint64_t id, std::vector<engine::rollout_result>& results) {
       auto& st = self->state;
+      if (!from_itself(self))
+        return;
       auto it = st.pending.find(id);
       if (it == st.pending.end())
         return;

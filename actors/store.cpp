@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "actors/credentials.hpp"
 #include "actors/log.hpp"
 #include "runtime/core/token.hpp"
 
@@ -354,8 +355,16 @@ store_actor::behavior_type store_service(store_actor::stateful_pointer<store_sta
     [self](atom::pointer_moved, const std::string& pool, const pointer_record& now) {
       tell_listeners(self, pool, now);
     },
-    [self](atom::done, uint64_t id) { self->state.jobs.complete(id); },
-    [self](atom::tick) { on_tick(self); },
+    // Internal: its lanes' ends and its sweep timer, from itself only (a
+    // forged end would answer a request before its work ran).
+    [self](atom::done, uint64_t id) {
+      if (from_itself(self))
+        self->state.jobs.complete(id);
+    },
+    [self](atom::tick) {
+      if (from_itself(self))
+        on_tick(self);
+    },
   };
 }
 
