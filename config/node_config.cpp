@@ -185,6 +185,14 @@ const std::vector<entry>& schema() {
                  },
                  [](const node_config& c) { return std::to_string(c.publisher_memory_limit); }});
     text("publisher.listen", &node_config::publisher_listen);
+    e.push_back(
+      {"publisher.tls",
+       kind::boolean,
+       0,
+       0,
+       {},
+       [](node_config& c, const value& v) { c.publisher_tls = v.flag; },
+       [](const node_config& c) { return std::string{c.publisher_tls ? "true" : "false"}; }});
     choice("publisher.delta_encoding", &node_config::publisher_delta_encoding,
            {{"xor-sparse", delta_encoding::xor_sparse}, {"xor", delta_encoding::xor_bytes}});
     number("publisher.session_idle_timeout", &node_config::session_idle_timeout, 1, 86400);
@@ -621,6 +629,10 @@ void validate(const node_config& c, std::string& problems) {
   int tls = !c.tls_cert.empty() + !c.tls_key.empty() + !c.tls_ca.empty();
   if (tls != 0 && tls != 3)
     problems += "tls: cert, key and ca must be given together\n";
+  if (c.publisher_tls && c.tls_cert.empty())
+    problems +=
+      "publisher.tls: serves HTTPS with the node's [tls] certificate and key; set tls.cert, "
+      "tls.key and tls.ca\n";
   // Two listeners on one port (port 0 picks a free one and never clashes).
   std::vector<std::pair<std::string, listen_address>> listeners;
   if (c.has_role("coordinator"))

@@ -111,6 +111,8 @@ struct node_config {
   listen_address status_listen{"127.0.0.1", 8081};
   /// The publisher's HTTP surface: HOST:PORT, or empty for none.
   std::string publisher_listen;
+  /// It speaks HTTPS with the node's `[tls]` certificate and key.
+  bool publisher_tls = false;
   /// Seconds a streamed publish (CLI or HTTP) may go without bytes before it
   /// is dropped, leaving nothing visible.
   double session_idle_timeout = 600;

@@ -691,6 +691,10 @@ status node::start_serving(const node_settings& settings) {
     po.server.body_limit = std::max<size_t>(server.body_limit, size_t{64} << 20);
     po.server.read_timeout = std::chrono::minutes{2};
     po.admin_token = settings.admin_token;
+    if (settings.publisher_tls) {
+      po.server.tls_cert = settings.tls_cert.string();
+      po.server.tls_key = settings.tls_key.string();
+    }
     auto front_of_publisher =
       std::make_unique<publisher_http>(sys_, caf::actor_cast<caf::actor>(publisher_), po);
     {
@@ -705,7 +709,8 @@ status node::start_serving(const node_settings& settings) {
     // From an actor of this node: the publisher ignores anonymous ones.
     caf::scoped_actor self{sys_};
     self->send(publisher_, atom::server_info_v,
-               transport::http_endpoint{"http", at->host, *pb}.to_string());
+               transport::http_endpoint{settings.publisher_tls ? "https" : "http", at->host, *pb}
+                 .to_string());
   }
   return {};
 }

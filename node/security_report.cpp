@@ -27,6 +27,7 @@ struct surface {
   std::string name;
   std::string address;
   std::string carries;
+  bool https = false;
 };
 
 /// The node's plain HTTP surfaces, with what they carry.
@@ -42,7 +43,8 @@ std::vector<surface> http_surfaces(const node_settings& s) {
   if (s.has_role("publisher") && !s.publisher_listen.empty())
     out.push_back({"publisher.listen", s.publisher_listen,
                    admin ? "publishing weights, with the admin token as a Bearer header"
-                         : "publishing weights, open to every caller (no admin.token)"});
+                         : "publishing weights, open to every caller (no admin.token)",
+                   s.publisher_tls});
   if (s.has_role("replica") && s.replicas > 0)
     out.push_back({"replica.listen", show(s.replica_listen) + " (+ i per replica)",
                    std::string{"inference and the engine's read-only routes; POST /wake "}
@@ -70,7 +72,7 @@ std::string security_warnings(const node_settings& s) {
     auto host = h.address.substr(0, h.address.rfind(':'));
     bool off_loopback =
       !is_loopback(host.starts_with("[") ? host.substr(1, host.size() - 2) : host);
-    if (admin && off_loopback
+    if (admin && off_loopback && !h.https
         && (h.name == "publisher.listen" || h.name == "gateway.listen"
             || h.name == "replica.listen"))
       out += "warning: " + h.name + " (" + h.address
@@ -121,7 +123,9 @@ std::string security_report(const node_settings& s) {
                        : "no token")
            + "\n";
   for (const auto& h : http_surfaces(s))
-    out += "listener " + h.name + " " + h.address + " (HTTP)\n  plain HTTP, unencrypted; "
+    out += "listener " + h.name + " " + h.address
+           + (h.https ? " (HTTPS)\n  TLS with tls.cert (clients check it against tls.ca); "
+                      : " (HTTP)\n  plain HTTP, unencrypted; ")
            + h.carries + "\n";
   if ((s.has_role("replica") || s.has_role("publisher"))
       && s.transfer_peers == config::peer_transfer::ucx)

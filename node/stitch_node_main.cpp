@@ -104,7 +104,8 @@ int main(int argc, char** argv) {
     std::printf("stitch-node: status http://%s:%u (dashboard at /)\n",
                 settings->status_listen.host.c_str(), static_cast<unsigned>(http.status));
   if (http.publisher != 0)
-    std::printf("stitch-node: publisher http://%s:%u (POST /publish)\n",
+    std::printf("stitch-node: publisher %s://%s:%u (POST /publish)\n",
+                settings->publisher_tls ? "https" : "http",
                 stitch::config::parse_listen_address(settings->publisher_listen)->host.c_str(),
                 static_cast<unsigned>(http.publisher));
   for (size_t i = 0; i < http.replicas.size(); ++i)

@@ -220,9 +220,14 @@ struct http_client::impl {
       if (!ssl_ctx) {
         ssl_ctx.emplace(net::ssl::context::tls_client);
         beast::error_code ec;
-        ssl_ctx->set_default_verify_paths(ec);
+        if (opts.ca_file.empty())
+          ssl_ctx->set_default_verify_paths(ec);
+        else
+          ssl_ctx->load_verify_file(opts.ca_file, ec);
         if (ec)
-          return fail("loading the system's CA certificates", ec);
+          return fail(opts.ca_file.empty() ? "loading the system's CA certificates"
+                                           : "loading the CA certificate " + opts.ca_file,
+                      ec);
         ssl_ctx->set_verify_mode(opts.verify_tls ? net::ssl::verify_peer : net::ssl::verify_none,
                                  ec);
         if (ec)

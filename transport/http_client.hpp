@@ -109,6 +109,9 @@ struct http_client_options {
   size_t max_body_bytes = size_t{80} << 20;
   /// Verify the server's certificate and host name over https.
   bool verify_tls = true;
+  /// The CA (PEM file) that signed the server's certificate (a cluster's
+  /// `tls.ca`); empty: the system's CA certificates.
+  std::string ca_file = {};
 };
 
 /// A minimal synchronous HTTP/1.1 client for one endpoint, reusing one

@@ -79,6 +79,21 @@ http_server::~http_server() {
 
 result<uint16_t> http_server::listen(const std::string& host, uint16_t port) {
   boost::system::error_code ec;
+  if (!impl_->opts.tls_cert.empty()) {
+    auto& tls = impl_->tls.emplace(net::ssl::context::tls_server);
+    tls.set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2
+                      | net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1
+                      | net::ssl::context::no_tlsv1_1,
+                    ec);
+    if (!ec)
+      tls.use_certificate_chain_file(impl_->opts.tls_cert, ec);
+    if (!ec)
+      tls.use_private_key_file(impl_->opts.tls_key, net::ssl::context::pem, ec);
+    if (ec)
+      return make_error(errc::invalid_argument,
+                        "cannot serve HTTPS with " + quote_untrusted(impl_->opts.tls_cert) + " and "
+                          + quote_untrusted(impl_->opts.tls_key) + ": " + ec.message());
+  }
   auto address = net::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   if (ec)
     return make_error(errc::invalid_argument,

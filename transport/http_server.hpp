@@ -76,6 +76,11 @@ public:
 using http_handler = std::function<void(server_request, std::shared_ptr<http_responder>)>;
 
 struct http_server_options {
+  /// HTTPS: the server's certificate chain and private key (PEM files, the
+  /// node's `[tls]` ones); empty: plain HTTP. A client gets `handshake
+  /// time` of `idle_timeout` to finish its TLS handshake.
+  std::string tls_cert;
+  std::string tls_key;
   /// Larger request bodies are answered 413.
   size_t body_limit = size_t{16} << 20;
   /// Bytes of request bodies this server receives at once at most, counted

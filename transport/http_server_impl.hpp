@@ -7,6 +7,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <boost/asio/strand.hpp>
 
 #include <array>
@@ -15,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,6 +70,8 @@ struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
   }
 
   http_server_options opts;
+  /// With `opts.tls_cert`: the server's TLS context (made by `listen`).
+  std::optional<net::ssl::context> tls;
   http_handler handler;
   net::io_context ioc;
   net::executor_work_guard<net::io_context::executor_type> work;

@@ -5,6 +5,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <variant>
 
 #include "runtime/core/constraint.hpp"
 #include "transport/buffer_pool.hpp"
@@ -114,11 +116,11 @@ private:
 class session final : public connection, public std::enable_shared_from_this<session> {
 public:
   session(tcp::socket socket, std::shared_ptr<http_server::impl> server)
-      : strand_(net::make_strand(server->ioc)), socket_(std::move(socket)), server_(server),
-        conn_(std::make_shared<connection_state>(++server->connections_accepted)),
+      : strand_(net::make_strand(server->ioc)), stream_(plain_or_tls(std::move(socket), *server)),
+        server_(server), conn_(std::make_shared<connection_state>(++server->connections_accepted)),
         read_timer_(strand_), write_timer_(strand_) {
     boost::system::error_code ec;
-    auto ep = socket_.remote_endpoint(ec);
+    auto ep = raw().remote_endpoint(ec);
     if (!ec) {
       client_ = ep.address().to_string();
       remote_ = client_ + ":" + std::to_string(ep.port());
@@ -133,7 +135,20 @@ public:
   net::strand<net::io_context::executor_type>& strand() { return strand_; }
 
   void start() override {
-    net::dispatch(strand_, [self = shared_from_this()] { self->read_next(); });
+    net::dispatch(strand_, [self = shared_from_this()] {
+      auto* tls = std::get_if<tls_stream>(&self->stream_);
+      if (!tls)
+        return self->read_next();
+      // The handshake gets the idle time a request's header would.
+      self->arm(self->read_timer_, self->server_->opts.idle_timeout);
+      tls->async_handshake(net::ssl::stream_base::server,
+                           net::bind_executor(self->strand_, [self](boost::system::error_code ec) {
+                             self->read_timer_.cancel();
+                             if (ec)
+                               return self->close();
+                             self->read_next();
+                           }));
+    });
   }
 
   /// Graceful drain: no more requests; close once the answers are written.
@@ -164,6 +179,29 @@ public:
   }
 
 private:
+  using tls_stream = net::ssl::stream<tcp::socket>;
+
+  static std::variant<tcp::socket, tls_stream> plain_or_tls(tcp::socket socket,
+                                                            http_server::impl& server) {
+    using both = std::variant<tcp::socket, tls_stream>;
+    if (server.tls)
+      return both{std::in_place_type<tls_stream>, std::move(socket), *server.tls};
+    return both{std::in_place_type<tcp::socket>, std::move(socket)};
+  }
+
+  /// The connection's socket, under TLS or not.
+  tcp::socket& raw() {
+    if (auto* tls = std::get_if<tls_stream>(&stream_))
+      return tls->next_layer();
+    return std::get<tcp::socket>(stream_);
+  }
+
+  /// Runs `op` with the stream the connection reads and writes.
+  template <class Op>
+  void with_stream(Op&& op) {
+    std::visit([&](auto& s) { op(s); }, stream_);
+  }
+
   void arm(net::steady_timer& timer, std::chrono::milliseconds after) {
     timer.expires_after(after);
     timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
@@ -184,10 +222,12 @@ private:
     // answers are pending the client may legitimately stay silent.
     if (slots_.empty())
       arm(read_timer_, server_->opts.idle_timeout);
-    bhttp::async_read_header(
-      socket_, buffer_, *parser_,
-      net::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
-                                                              size_t) { self->on_header(ec); }));
+    with_stream([&](auto& s) {
+      bhttp::async_read_header(
+        s, buffer_, *parser_,
+        net::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
+                                                                size_t) { self->on_header(ec); }));
+    });
   }
 
   void on_header(boost::system::error_code ec) {
@@ -199,13 +239,15 @@ private:
     auto expect = req[bhttp::field::expect];
     if (beast::iequals(expect, "100-continue") && !parser_->is_done()) {
       static const std::string cont = "HTTP/1.1 100 Continue\r\n\r\n";
-      net::async_write(socket_, net::buffer(cont),
-                       net::bind_executor(strand_, [self = shared_from_this()](
-                                                     boost::system::error_code wec, size_t) {
-                         if (wec)
-                           return self->on_read_error(wec);
-                         self->read_body();
-                       }));
+      with_stream([&](auto& s) {
+        net::async_write(s, net::buffer(cont),
+                         net::bind_executor(strand_, [self = shared_from_this()](
+                                                       boost::system::error_code wec, size_t) {
+                           if (wec)
+                             return self->on_read_error(wec);
+                           self->read_body();
+                         }));
+      });
       return;
     }
     read_body();
@@ -252,15 +294,17 @@ private:
       size_t have = std::min(buffer_.size(), size);
       net::buffer_copy(net::buffer(raw.get(), have), buffer_.data());
       buffer_.consume(have);
-      net::async_read(socket_, net::buffer(raw.get() + have, size - have), net::transfer_all(),
-                      net::bind_executor(strand_, [self = shared_from_this(), raw,
-                                                   size](boost::system::error_code ec, size_t) {
-                        if (!ec) {
-                          self->raw_body_ = raw;
-                          self->raw_body_size_ = size;
-                        }
-                        self->on_request(ec);
-                      }));
+      with_stream([&](auto& s) {
+        net::async_read(s, net::buffer(raw.get() + have, size - have), net::transfer_all(),
+                        net::bind_executor(strand_, [self = shared_from_this(), raw,
+                                                     size](boost::system::error_code ec, size_t) {
+                          if (!ec) {
+                            self->raw_body_ = raw;
+                            self->raw_body_size_ = size;
+                          }
+                          self->on_request(ec);
+                        }));
+      });
       return;
     }
     if (auto n = parser_->content_length();
@@ -274,10 +318,12 @@ private:
       read_growing(std::move(body), want);
       return;
     }
-    bhttp::async_read(
-      socket_, buffer_, *parser_,
-      net::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
-                                                              size_t) { self->on_request(ec); }));
+    with_stream([&](auto& s) {
+      bhttp::async_read(
+        s, buffer_, *parser_,
+        net::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
+                                                                size_t) { self->on_request(ec); }));
+    });
   }
 
   /// Reads the rest of a body of `want` bytes into `body` (which holds what
@@ -292,13 +338,15 @@ private:
     }
     const size_t step = std::min(want - have, std::max(have, size_t{64} << 10));
     body->resize(have + step);
-    net::async_read(socket_, net::buffer(body->data() + have, step), net::transfer_all(),
-                    net::bind_executor(strand_, [self = shared_from_this(), body,
-                                                 want](boost::system::error_code ec, size_t) {
-                      if (ec)
-                        return self->on_request(ec);
-                      self->read_growing(body, want);
-                    }));
+    with_stream([&](auto& s) {
+      net::async_read(s, net::buffer(body->data() + have, step), net::transfer_all(),
+                      net::bind_executor(strand_, [self = shared_from_this(), body,
+                                                   want](boost::system::error_code ec, size_t) {
+                        if (ec)
+                          return self->on_request(ec);
+                        self->read_growing(body, want);
+                      }));
+    });
   }
 
   void on_read_error(boost::system::error_code ec) {
@@ -430,15 +478,17 @@ private:
     res->prepare_payload();
     writing_ = true;
     arm(write_timer_, server_->opts.write_timeout);
-    bhttp::async_write(socket_, *res,
-                       net::bind_executor(strand_, [self = shared_from_this(), res,
-                                                    keep](boost::system::error_code ec, size_t) {
-                         if (ec) {
-                           self->close(/*by_client=*/true);
-                           return;
-                         }
-                         self->finish_head(keep);
-                       }));
+    with_stream([&](auto& s) {
+      bhttp::async_write(s, *res,
+                         net::bind_executor(strand_, [self = shared_from_this(), res,
+                                                      keep](boost::system::error_code ec, size_t) {
+                           if (ec) {
+                             self->close(/*by_client=*/true);
+                             return;
+                           }
+                           self->finish_head(keep);
+                         }));
+    });
   }
 
   void write_events(const std::shared_ptr<slot>& head) {
@@ -465,8 +515,9 @@ private:
       head->header_written = true;
       writing_ = true;
       arm(write_timer_, server_->opts.write_timeout);
-      bhttp::async_write_header(socket_, *head->event_serializer,
-                                net::bind_executor(strand_, done));
+      with_stream([&](auto& s) {
+        bhttp::async_write_header(s, *head->event_serializer, net::bind_executor(strand_, done));
+      });
       return;
     }
     if (!head->chunks.empty()) {
@@ -474,24 +525,28 @@ private:
       head->chunks.pop_front();
       writing_ = true;
       arm(write_timer_, server_->opts.write_timeout);
-      net::async_write(socket_, bhttp::make_chunk(net::buffer(*data)),
-                       net::bind_executor(strand_, [data, done](boost::system::error_code ec,
-                                                                size_t n) { done(ec, n); }));
+      with_stream([&](auto& s) {
+        net::async_write(s, bhttp::make_chunk(net::buffer(*data)),
+                         net::bind_executor(strand_, [data, done](boost::system::error_code ec,
+                                                                  size_t n) { done(ec, n); }));
+      });
       return;
     }
     if (head->ended) {
       writing_ = true;
       bool keep = head->event_head->keep_alive();
       arm(write_timer_, server_->opts.write_timeout);
-      net::async_write(socket_, bhttp::make_chunk_last(),
-                       net::bind_executor(strand_, [self = shared_from_this(),
-                                                    keep](boost::system::error_code ec, size_t) {
-                         if (ec) {
-                           self->close(/*by_client=*/true);
-                           return;
-                         }
-                         self->finish_head(keep);
-                       }));
+      with_stream([&](auto& s) {
+        net::async_write(s, bhttp::make_chunk_last(),
+                         net::bind_executor(strand_, [self = shared_from_this(),
+                                                      keep](boost::system::error_code ec, size_t) {
+                           if (ec) {
+                             self->close(/*by_client=*/true);
+                             return;
+                           }
+                           self->finish_head(keep);
+                         }));
+      });
     }
   }
 
@@ -506,8 +561,8 @@ private:
     read_timer_.cancel();
     write_timer_.cancel();
     boost::system::error_code ec;
-    socket_.shutdown(tcp::socket::shutdown_both, ec);
-    socket_.close(ec);
+    raw().shutdown(tcp::socket::shutdown_both, ec);
+    raw().close(ec);
     auto pending = std::move(slots_);
     slots_.clear();
     auto last = std::move(hold_);
@@ -518,7 +573,8 @@ private:
   }
 
   net::strand<net::io_context::executor_type> strand_;
-  tcp::socket socket_;
+  /// Plain, or TLS when the server has a context.
+  std::variant<tcp::socket, tls_stream> stream_;
   std::shared_ptr<http_server::impl> server_;
   std::shared_ptr<connection_state> conn_;
   net::steady_timer read_timer_;

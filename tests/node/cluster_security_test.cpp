@@ -383,6 +383,48 @@ TEST(check_security, names_every_listener_what_it_admits_and_whether_the_node_st
     EXPECT_NE(member.output.find(line), std::string::npos) << line << "\n" << member.output;
 }
 
+TEST(publisher_tls, the_publish_surface_speaks_https_with_the_nodes_certificate) {
+  temp_dir dir;
+  write_test_pki(dir.path());
+  auto p = dir.path();
+  std::filesystem::create_directories(p / "node");
+  node_process node{p / "node",
+                    {"replicas=0", "publisher.listen=127.0.0.1:0", "publisher.tls=true",
+                     "admin.token=s3cret", "tls.cert=" + (p / "node.pem").string(),
+                     "tls.key=" + (p / "node.key").string(), "tls.ca=" + (p / "ca.pem").string()}};
+  ASSERT_TRUE(node.started()) << node.log();
+  std::smatch m;
+  auto log = node.log();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex{"publisher https://127\\.0\\.0\\.1:([0-9]+)"}))
+    << log;
+  const std::string url = "https://127.0.0.1:" + std::string{m[1]};
+  ASSERT_EQ(run(std::string{STITCH_BIN} + " init-model --preset tiny --seed 1 --out "
+                + (p / "boot").string())
+              .code,
+            0);
+  // The Python client publishes over HTTPS, checking the node's certificate
+  // against the cluster's CA.
+  auto script = p / "publish.py";
+  std::ofstream{script} << "import sys\nfrom stitch_client import Client\n"
+                           "c = Client(publisher=sys.argv[1], token='s3cret', cafile=sys.argv[2])\n"
+                           "print(c.publish(sys.argv[3], run='tls', version=0)['ref'])\n";
+  auto published = run("PYTHONPATH=" + std::string{STITCH_SOURCE_DIR} + "/clients/python python3 "
+                       + script.string() + " " + url + " " + (p / "ca.pem").string() + " "
+                       + (p / "boot").string());
+  EXPECT_EQ(published.code, 0) << published.output << node.log();
+  EXPECT_NE(published.output.find("tls/weight_v000000"), std::string::npos) << published.output;
+  // Plain HTTP gets no answer there; a client trusting another CA refuses it.
+  auto plain = run("curl -s -o /dev/null -w '%{http_code}' --max-time 5 http://127.0.0.1:"
+                   + std::string{m[1]} + "/publish");
+  EXPECT_EQ(plain.output, "000") << "a plain request was answered";
+  auto rogue = run("PYTHONPATH=" + std::string{STITCH_SOURCE_DIR} + "/clients/python python3 "
+                   + script.string() + " " + url + " " + (p / "rogue-ca.pem").string() + " "
+                   + (p / "boot").string());
+  EXPECT_NE(rogue.code, 0) << rogue.output;
+  EXPECT_NE(rogue.output.find("CERTIFICATE_VERIFY_FAILED"), std::string::npos) << rogue.output;
+  EXPECT_TRUE(node.stop()) << node.log();
+}
+
 TEST_F(cluster_security, a_tls_cluster_has_no_plain_port_and_serves_through_a_hub_restart) {
   auto front = start("frontdoor", {"gateway.listen=127.0.0.1:0", "status.listen=127.0.0.1:0"},
                      "joined the coordinator; ");

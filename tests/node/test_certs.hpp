@@ -54,8 +54,11 @@ inline key_and_cert make_cert(const std::string& cn, const key_and_cert* issuer,
   };
   add(NID_basic_constraints, ca ? "critical,CA:TRUE" : "critical,CA:FALSE");
   add(NID_key_usage, ca ? "critical,keyCertSign,cRLSign" : "critical,digitalSignature");
-  if (!ca)
+  if (!ca) {
     add(NID_ext_key_usage, "serverAuth,clientAuth");
+    // HTTPS clients check the host name: every test serves on loopback.
+    add(NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost");
+  }
   check(X509_sign(x, issuer ? issuer->key.get() : out.key.get(), EVP_sha256()) > 0, "signature");
   return out;
 }

@@ -25,6 +25,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/eventually.hpp"
+#include "node/test_certs.hpp"
+#include "store/store_fixtures.hpp"
 #include "transport/buffer_pool.hpp"
 #include "transport/http_server.hpp"
 
@@ -155,6 +157,52 @@ http_handler describe_body() {
     r->send(text(where + " " + std::to_string(got.size()) + " "
                  + std::to_string(std::hash<std::string>{}(got))));
   };
+}
+
+TEST_F(http_server_test, over_tls_it_serves_only_clients_that_trust_its_certificate) {
+  stitch::testing::temp_dir pki;
+  stitch::testing::write_test_pki(pki.path());
+  http_server_options o;
+  o.tls_cert = (pki.path() / "node.pem").string();
+  o.tls_key = (pki.path() / "node.key").string();
+  o.raw_large_bodies = true;
+  o.idle_timeout = 300ms;
+  start(o, describe_body());
+  auto https = [&](const std::string& ca) {
+    http_client_options co;
+    co.ca_file = ca;
+    co.connect_timeout = 2000ms;
+    co.io_timeout = 2000ms;
+    return http_client{http_endpoint{"https", "127.0.0.1", port}, co};
+  };
+  // A client trusting the cluster's CA: keep-alive, bodies small and large.
+  auto trusted = https((pki.path() / "ca.pem").string());
+  expect_bodies_arrive(trusted, true);
+  // Plain HTTP, another CA, the system's CAs: no answer.
+  auto plain = client().send(http_request{});
+  EXPECT_FALSE(plain && plain->status == 200);
+  for (const auto& ca : {(pki.path() / "rogue-ca.pem").string(), std::string{}}) {
+    auto wrong = https(ca).send(http_request{});
+    EXPECT_FALSE(wrong) << "trusted a certificate " << (ca.empty() ? "the system" : ca)
+                        << " did not sign";
+  }
+  // A client that connects and never starts its handshake is closed after
+  // the idle time.
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::socket silent{ioc};
+  silent.connect({boost::asio::ip::make_address("127.0.0.1"), port});
+  char byte = 0;
+  boost::system::error_code ec;
+  silent.read_some(boost::asio::buffer(&byte, 1), ec);
+  EXPECT_EQ(ec, boost::asio::error::eof) << ec.message();
+  // A certificate that is not there: listening fails, naming it.
+  http_server_options missing;
+  missing.tls_cert = (pki.path() / "nope.pem").string();
+  missing.tls_key = o.tls_key;
+  http_server broken{missing, describe_body()};
+  auto refused = broken.listen("127.0.0.1", 0);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("nope.pem"), std::string::npos) << refused.error().message;
 }
 
 TEST_F(http_server_test, large_bodies_arrive_whole_in_the_body) {

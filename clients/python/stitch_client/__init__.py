@@ -22,6 +22,7 @@ import http.client
 import json
 import math
 import os
+import ssl
 import struct
 import time
 import urllib.parse
@@ -263,7 +264,9 @@ class _FileRanges:
 
 
 class _Endpoint:
-    def __init__(self, url: str, token: Optional[str], timeout: float):
+    def __init__(
+        self, url: str, token: Optional[str], timeout: float, cafile: Optional[str] = None
+    ):
         u = urllib.parse.urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"{url!r} is not an http(s) URL")
@@ -273,12 +276,19 @@ class _Endpoint:
         self.prefix = u.path.rstrip("/")
         self.token = token
         self.timeout = timeout
+        # https: the server's certificate is checked against `cafile` (the
+        # cluster's tls.ca), else the system's CA certificates.
+        self.tls = ssl.create_default_context(cafile=cafile) if self.https else None
         self._conn: Optional[http.client.HTTPConnection] = None
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
-            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-            self._conn = cls(self.host, self.port, timeout=self.timeout)
+            if self.https:
+                self._conn = http.client.HTTPSConnection(
+                    self.host, self.port, timeout=self.timeout, context=self.tls
+                )
+            else:
+                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         return self._conn
 
     def close(self) -> None:
@@ -453,7 +463,11 @@ class Client:
     between requests goes at the publisher's idle timeout, 600 s by
     default). Only where the client reaches the publisher directly: a proxy
     that closes its own connections to the node (nginx's keepalive limits)
-    would abort sessions that are alive."""
+    would abort sessions that are alive.
+
+    ``cafile``: for ``https://`` URLs (a publisher surface with
+    ``publisher.tls``), the CA certificate that signed the node's
+    certificate (the cluster's ``tls.ca``); without it the system's CAs."""
 
     def __init__(
         self,
@@ -462,10 +476,11 @@ class Client:
         token: Optional[str] = None,
         timeout: float = 300.0,
         abort_on_disconnect: bool = False,
+        cafile: Optional[str] = None,
     ):
         self.abort_on_disconnect = bool(abort_on_disconnect)
-        self._publisher = _Endpoint(publisher, token, timeout) if publisher else None
-        self._gateway = _Endpoint(gateway, token, timeout) if gateway else None
+        self._publisher = _Endpoint(publisher, token, timeout, cafile) if publisher else None
+        self._gateway = _Endpoint(gateway, token, timeout, cafile) if gateway else None
 
     def close(self) -> None:
         for e in (self._publisher, self._gateway):
