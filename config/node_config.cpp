@@ -104,6 +104,16 @@ const std::vector<entry>& schema() {
                    [field](node_config& c, const value& v) { c.*field = v.address; },
                    [field](const node_config& c) { return show_address(c.*field); }});
     };
+    auto flag = [&](std::string key, bool node_config::*field) {
+      e.push_back(
+        {key,
+         kind::boolean,
+         0,
+         0,
+         {},
+         [field](node_config& c, const value& v) { c.*field = v.flag; },
+         [field](const node_config& c) { return std::string{c.*field ? "true" : "false"}; }});
+    };
     auto number = [&](std::string key, double node_config::*field, double min, double max) {
       e.push_back({key,
                    kind::number,
@@ -158,14 +168,7 @@ const std::vector<entry>& schema() {
     text("coordinator.address", &node_config::coordinator_address);
     number("coordinator.heartbeat_timeout", &node_config::heartbeat_timeout, 0.2, 600);
     listen("cluster.listen", &node_config::cluster_listen);
-    e.push_back(
-      {"cluster.insecure",
-       kind::boolean,
-       0,
-       0,
-       {},
-       [](node_config& c, const value& v) { c.cluster_insecure = v.flag; },
-       [](const node_config& c) { return std::string{c.cluster_insecure ? "true" : "false"}; }});
+    flag("cluster.insecure", &node_config::cluster_insecure);
     text("store.uri", &node_config::store_uri);
     e.push_back(
       {"store.retain_versions",
@@ -185,14 +188,7 @@ const std::vector<entry>& schema() {
                  },
                  [](const node_config& c) { return std::to_string(c.publisher_memory_limit); }});
     text("publisher.listen", &node_config::publisher_listen);
-    e.push_back(
-      {"publisher.tls",
-       kind::boolean,
-       0,
-       0,
-       {},
-       [](node_config& c, const value& v) { c.publisher_tls = v.flag; },
-       [](const node_config& c) { return std::string{c.publisher_tls ? "true" : "false"}; }});
+    flag("publisher.tls", &node_config::publisher_tls);
     choice("publisher.delta_encoding", &node_config::publisher_delta_encoding,
            {{"xor-sparse", delta_encoding::xor_sparse}, {"xor", delta_encoding::xor_bytes}});
     number("publisher.session_idle_timeout", &node_config::session_idle_timeout, 1, 86400);
