@@ -4,10 +4,10 @@
 #include <caf/io/middleman_actor.hpp>
 
 #include <algorithm>
-#include <charconv>
 
 #include "actors/credentials.hpp"
 #include "actors/log.hpp"
+#include "config/node_config.hpp"
 
 namespace stitch {
 
@@ -134,22 +134,13 @@ void connect_mesh(self_ptr self, std::vector<node_view> nodes) {
     if (n.name <= st.me.name || hub || n.mesh.empty() || st.mesh_peers.contains(n.name)
         || st.mesh_connecting.contains(n.name))
       continue;
-    auto colon = n.mesh.rfind(':');
-    uint16_t port = 0;
-    if (colon == std::string::npos
-        || std::from_chars(n.mesh.data() + colon + 1, n.mesh.data() + n.mesh.size(), port).ec
-             != std::errc{})
+    auto at = config::parse_listen_address(n.mesh);
+    if (!at)
       continue;
-    auto host = n.mesh.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-      host = host.substr(1, host.size() - 2);
     // A loopback mesh address means "on the coordinator's machine" only when
     // the coordinator is reached on loopback too (a one-machine cluster);
     // otherwise it would reach whatever listens there on this machine.
-    auto loopback = [](const std::string& h) {
-      return h == "localhost" || h == "::1" || h.starts_with("127.");
-    };
-    if (loopback(host) && !loopback(st.address.host)) {
+    if (config::is_loopback(at->host) && !config::is_loopback(st.address.host)) {
       if (st.mesh_failing.insert(n.name).second)
         log::warn("node", "node " + n.name + " accepts direct connections on " + n.mesh
                             + " only (set its cluster.listen to an address this node reaches); "
@@ -157,7 +148,7 @@ void connect_mesh(self_ptr self, std::vector<node_view> nodes) {
       continue;
     }
     st.mesh_connecting.insert(n.name);
-    self->request(mm, connect_timeout, caf::connect_atom_v, host, port)
+    self->request(mm, connect_timeout, caf::connect_atom_v, at->host, at->port)
       .then(
         [self, name = n.name, at = n.mesh](const caf::node_id&, caf::strong_actor_ptr& ptr,
                                            const std::set<std::string>&) {

@@ -510,6 +510,10 @@ void walk(const toml::table& table, const std::string& prefix, node_config& c,
 
 } // namespace
 
+bool is_loopback(std::string_view host) {
+  return host == "localhost" || host == "::1" || host.starts_with("127.");
+}
+
 result<listen_address> parse_listen_address(std::string_view text) {
   auto fail = [&] {
     return make_error(errc::invalid_argument,

@@ -23,6 +23,9 @@ struct listen_address {
 /// Parses `HOST:PORT` (`[::1]:PORT` for IPv6); an error quotes the text.
 result<listen_address> parse_listen_address(std::string_view text);
 
+/// Whether `host` names this machine only (`localhost`, `::1`, `127.*`).
+bool is_loopback(std::string_view host);
+
 /// How replicas fetch weights (`transfer.peers`): from peers that hold a
 /// version over UCX, or from the store only.
 enum class peer_transfer : uint8_t { ucx, off };

@@ -37,10 +37,6 @@ result<host_port> parse_host_port(std::string_view text) {
   return host_port{parsed->host, parsed->port};
 }
 
-bool is_loopback(std::string_view host) {
-  return host == "localhost" || host == "::1" || host.starts_with("127.");
-}
-
 /// A token in `file`: its text without trailing whitespace, at most 4 KiB,
 /// printable, not empty. `also_given`: the setting itself (`key`) is set
 /// too, which is refused (two sources of one secret).

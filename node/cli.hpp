@@ -36,7 +36,7 @@ struct host_port {
 result<host_port> parse_host_port(std::string_view text);
 
 /// True for 127.0.0.0/8, ::1 and localhost.
-bool is_loopback(std::string_view host);
+using config::is_loopback;
 
 /// A token kept in `file` (`admin.token_file`, `stitch --token-file`): its
 /// text without trailing whitespace, one printable line of at most 4 KiB.

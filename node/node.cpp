@@ -123,18 +123,8 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
   // lets anyone who reaches it speak the nodes' messages.
   if (auto refused = security_refusal(settings); !refused.empty())
     return make_error(errc::invalid_argument, refused);
-  const bool hub = settings.has_role("coordinator");
-  const auto& caf_listener = hub ? settings.coordinator_listen : settings.cluster_listen;
-  if (!tls_enabled(sys) && !is_loopback(caf_listener.host))
-    log::warn("node", std::string{"cluster.insecure: the CAF listener "}
-                        + (hub ? "coordinator.listen" : "cluster.listen") + " (" + caf_listener.host
-                        + ") is plain TCP, unauthenticated and unencrypted, reachable from other "
-                          "machines");
-  for (auto warnings = security_warnings(settings); !warnings.empty();) {
-    auto eol = warnings.find('\n');
-    log::warn("node", warnings.substr(0, eol));
-    warnings.erase(0, eol == std::string::npos ? eol : eol + 1);
-  }
+  for (const auto& warning : security_warnings(settings))
+    log::warn("node", warning);
   std::error_code ec;
   std::filesystem::create_directories(settings.data_dir, ec);
   if (ec)

@@ -28,27 +28,38 @@ struct surface {
   std::string address;
   std::string carries;
   bool https = false;
+  /// Its listener's host, for the off-loopback warning.
+  std::string host;
 };
 
-/// The node's plain HTTP surfaces, with what they carry.
+/// The host of `publisher.listen` (checked to be HOST:PORT by the config).
+std::string publisher_host(const node_settings& s) {
+  auto at = config::parse_listen_address(s.publisher_listen);
+  return at ? at->host : std::string{};
+}
+
+/// The node's HTTP surfaces, with what they carry.
 std::vector<surface> http_surfaces(const node_settings& s) {
   std::vector<surface> out;
   const bool admin = !s.admin_token.empty();
   if (s.has_role("gateway"))
     out.push_back({"gateway.listen", show(s.gateway_listen),
                    std::string{"rollout requests (open to every caller); POST /wake "}
-                     + (admin ? "needs the admin token (Bearer)" : "open (no admin.token)")});
+                     + (admin ? "needs the admin token (Bearer)" : "open (no admin.token)"),
+                   false, s.gateway_listen.host});
   if (s.has_role("status"))
-    out.push_back({"status.listen", show(s.status_listen), "read-only status and metrics"});
+    out.push_back({"status.listen", show(s.status_listen), "read-only status and metrics", false,
+                   s.status_listen.host});
   if (s.has_role("publisher") && !s.publisher_listen.empty())
     out.push_back({"publisher.listen", s.publisher_listen,
                    admin ? "publishing weights, with the admin token as a Bearer header"
                          : "publishing weights, open to every caller (no admin.token)",
-                   s.publisher_tls});
+                   s.publisher_tls, publisher_host(s)});
   if (s.has_role("replica") && s.replicas > 0)
     out.push_back({"replica.listen", show(s.replica_listen) + " (+ i per replica)",
                    std::string{"inference and the engine's read-only routes; POST /wake "}
-                     + (admin ? "needs the admin token" : "open")});
+                     + (admin ? "needs the admin token" : "open"),
+                   false, s.replica_listen.host});
   return out;
 }
 
@@ -65,26 +76,24 @@ std::string security_refusal(const node_settings& s) {
            "on 127.0.0.1, or set cluster.insecure = true on a network only the cluster reaches";
 }
 
-std::string security_warnings(const node_settings& s) {
-  std::string out;
+std::vector<std::string> security_warnings(const node_settings& s) {
+  std::vector<std::string> out;
   const bool admin = !s.admin_token.empty();
-  for (const auto& h : http_surfaces(s)) {
-    auto host = h.address.substr(0, h.address.rfind(':'));
-    bool off_loopback =
-      !is_loopback(host.starts_with("[") ? host.substr(1, host.size() - 2) : host);
-    if (admin && off_loopback && !h.https
-        && (h.name == "publisher.listen" || h.name == "gateway.listen"
-            || h.name == "replica.listen"))
-      out += "warning: " + h.name + " (" + h.address
-             + ") is plain HTTP off loopback: the admin token its callers send crosses the "
-               "network in the clear (put it behind a TLS proxy, or on loopback)\n";
-  }
-  if (!s.member_token.empty() && !tls_on(s) && !s.has_role("coordinator")) {
-    auto host = s.coordinator_address.substr(0, s.coordinator_address.rfind(':'));
-    if (!is_loopback(host))
-      out += "warning: the node's tokens travel in plain CAF to coordinator.address "
-             + s.coordinator_address + " (no [tls])\n";
-  }
+  const char* key = nullptr;
+  const auto& at = caf_listener(s, &key);
+  if (!tls_on(s) && s.cluster_insecure && !is_loopback(at.host))
+    out.push_back("cluster.insecure: the CAF listener " + std::string{key} + " (" + at.host
+                  + ") is plain TCP, unauthenticated and unencrypted, reachable from other "
+                    "machines");
+  for (const auto& h : http_surfaces(s))
+    if (admin && !is_loopback(h.host) && !h.https && h.name != "status.listen")
+      out.push_back("warning: " + h.name + " (" + h.address
+                    + ") is plain HTTP off loopback: the admin token its callers send crosses the "
+                      "network in the clear (put it behind a TLS proxy, or on loopback)");
+  if (!s.member_token.empty() && !tls_on(s) && !s.has_role("coordinator"))
+    if (auto hub = parse_host_port(s.coordinator_address); hub && !is_loopback(hub->host))
+      out.push_back("warning: the node's tokens travel in plain CAF to coordinator.address "
+                    + s.coordinator_address + " (no [tls])");
   return out;
 }
 
@@ -138,7 +147,10 @@ std::string security_report(const node_settings& s) {
            "checked for write access: a member holding an offer could write lent memory, and "
            "receivers check every chunk against its digest\n";
   auto warnings = security_warnings(s);
-  out += warnings.empty() ? "no warnings\n" : warnings;
+  if (warnings.empty())
+    out += "no warnings\n";
+  for (const auto& w : warnings)
+    out += w + "\n";
   auto refusal = security_refusal(s);
   out += refusal.empty() ? "the node starts with this configuration\n"
                          : "the node refuses to start: " + refusal + "\n";

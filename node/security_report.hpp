@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "node/cli.hpp"
 
@@ -13,9 +14,8 @@ namespace stitch::node {
 /// without write protection) and whether the node would refuse to start.
 std::string security_report(const node_settings& s);
 
-/// The warnings of `security_report` alone, one per line (the node logs
-/// them at start).
-std::string security_warnings(const node_settings& s);
+/// The warnings of `security_report` alone (the node logs them at start).
+std::vector<std::string> security_warnings(const node_settings& s);
 
 /// Why the node refuses to start as configured (a plain CAF listener on an
 /// address other machines reach without `cluster.insecure`), or empty.

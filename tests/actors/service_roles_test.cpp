@@ -31,6 +31,17 @@ using testing::manual_executor;
 using testing::random_bytes;
 using testing::temp_dir;
 
+/// A ready replica `id` of pool "default", serving version `v` of "run".
+replica_info ready_replica(const std::string& id, uint64_t v) {
+  replica_info info;
+  info.replica_id = id;
+  info.pool = "default";
+  info.ready = true;
+  info.applied = version_ref{"run", v};
+  info.serving = v;
+  return info;
+}
+
 class actor_fixture : public ::testing::Test {
 protected:
   actor_fixture()
@@ -423,12 +434,7 @@ protected:
 };
 
 TEST_F(status_actor_test, follows_replicas_until_they_die_and_shows_the_cluster) {
-  replica_info info;
-  info.replica_id = "r0";
-  info.pool = "default";
-  info.ready = true;
-  info.applied = version_ref{"run", 4};
-  info.serving = 4;
+  replica_info info = ready_replica("r0", 4);
   info.state = sync_state::staging;
   info.pointer = version_ref{"run", 6};
   auto replica = sys.spawn(testing::scripted_replica, info, testing::generate_script{},
@@ -459,12 +465,7 @@ TEST_F(status_actor_test, follows_replicas_until_they_die_and_shows_the_cluster)
 }
 
 TEST_F(actor_fixture, gateways_and_status_take_replicas_only_with_the_member_capability) {
-  replica_info info;
-  info.replica_id = "intruder";
-  info.pool = "default";
-  info.ready = true;
-  info.applied = version_ref{"run", 9};
-  info.serving = 9;
+  replica_info info = ready_replica("intruder", 9);
   auto foreign = sys.spawn(testing::scripted_replica, info, testing::generate_script{},
                            std::function<void(uint64_t)>{});
   gateway_options go;
