@@ -335,7 +335,12 @@ class Chaos:
         joined = "joined the coordinator; heartbeat"
 
         def node(name, sets, ready=joined):
-            extra = [] if name == "hub" else [f"coordinator.address={hub}"]
+            # Plain CAF between the namespaces' addresses, said so: the
+            # namespaces' bridge reaches nothing else. Every node but the hub
+            # listens for its mesh on its own address.
+            extra = ["cluster.insecure=true"]
+            if name != "hub":
+                extra += [f"coordinator.address={hub}", f"cluster.listen={self.net.addr(name)}:0"]
             return Node(name, self.bindir, os.path.join(self.work, name), self.net,
                         common + extra + sets, ready)
 
