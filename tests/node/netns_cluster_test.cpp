@@ -79,6 +79,8 @@ protected:
     std::vector<std::string> args = {"--data-dir", (dir.path() / name / "data").string(),
                                      "--set",      "name=" + name,
                                      "--set",      "cluster.insecure=true"};
+    if (i != 1) // each node's mesh on its own address, as on real machines
+      args.insert(args.end(), {"--set", "cluster.listen=" + addr(i) + ":0"});
     for (auto& s : sets)
       args.insert(args.end(), {"--set", s});
     std::vector<std::string> wrapper = {"ip",
