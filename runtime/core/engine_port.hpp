@@ -108,6 +108,21 @@ struct engine_health {
   std::string detail;
 };
 
+/// How an engine loaded the weights of its last activation (`stitch
+/// profile`): an engine that loads a version from files (an external one)
+/// either reloads every tensor or only those the version's deltas changed.
+struct engine_load_report {
+  /// "partial" (only `tensors` were loaded) or "full".
+  std::string kind;
+  /// Why a full load was chosen, or how the partial one was verified.
+  std::string detail;
+  /// Tensors and bytes the engine was given, and the seconds its load and
+  /// checks took (the pause included them).
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
 /// Where an engine computes and what it holds there (`/status` "device",
 /// `/metrics`).
 struct engine_device_usage {
@@ -176,6 +191,9 @@ public:
   /// read (`transport/ucx_peer.hpp`); none when the engine cannot expose
   /// them (an external engine's weights live in its own process).
   virtual std::optional<host_weights> host_view() { return std::nullopt; }
+  /// How the last activation's weights were loaded; none for an engine
+  /// that swaps its weights in memory (the built-in one).
+  virtual std::optional<engine_load_report> last_load() { return std::nullopt; }
   /// Where the engine computes (the CPU unless it says otherwise).
   virtual engine_device_usage device_usage() { return {}; }
   /// The served weights are also version `ref`: the versions after the

@@ -43,6 +43,11 @@ struct external_engine_options {
   std::chrono::milliseconds monitor_every{2'000};
   /// Shard size of the staged directories.
   uint64_t max_shard_bytes = 5'000'000'000;
+  /// A delta whose changed tensors hold at most this many bytes is loaded
+  /// alone (a partial reload: SGLang is given a folder of just those
+  /// tensors, then each is read back and compared before serving); 0: every
+  /// load is a full reload (`engine.partial_reload_max_bytes`).
+  uint64_t partial_reload_max_bytes = uint64_t{256} << 20;
   /// Log lines of the adapter (warnings about the engine), with the
   /// replica's name added by the caller.
   std::function<void(std::string_view line)> log;
@@ -68,7 +73,12 @@ struct external_engine_options {
 /// - `pause`/`commit`/`resume` are the engine's own pause, weight reload
 ///   from the staged directory (labelled with the version's identity), and
 ///   resume; the commit is verified by reading back the version the engine
-///   reports.
+///   reports. A delta that changes few tensors is a partial reload on SGLang:
+///   the engine loads a folder holding only them over the version it serves,
+///   and each is read back (`/get_weights_by_name`) and compared with the
+///   staged bytes before the engine serves again; anything that makes a
+///   partial load inexact falls back to the full reload, saying why
+///   (`last_load`).
 /// - `forward` passes versioned and other routes to the engine (streams
 ///   event by event); a caller going away closes the engine connection,
 ///   which aborts the engine's request.
@@ -107,6 +117,7 @@ public:
   engine_health health() override;
   std::optional<std::string> route_refusal(std::string_view method,
                                            std::string_view route) const override;
+  std::optional<engine_load_report> last_load() override;
 
   /// Whether the engine reports the version it serves (SGLang; a vLLM with
   /// its weight-version routes), so the monitor checks it.
@@ -133,6 +144,16 @@ private:
     /// Its architecture differs from the running engine's: a launched
     /// engine is restarted from it instead of reloading weights.
     bool restart = false;
+    /// A folder beside `dir` holding only the tensors the plan's deltas
+    /// changed over `partial_base` (empty: a full reload, for `full_reason`).
+    std::filesystem::path partial_dir;
+    version_ref partial_base;
+    std::vector<std::string> partial_tensors;
+    uint64_t partial_bytes = 0;
+    std::string full_reason;
+    /// The version's tensors and their bytes (what a full reload loads).
+    uint64_t total_tensors = 0;
+    uint64_t total_bytes = 0;
   };
 
   /// A client for control calls (serialized) or one from the pool.
@@ -163,8 +184,24 @@ private:
   /// The engine's pause and resume calls.
   status pause_engine();
   status resume_engine();
-  /// Loads `s` into the engine and checks it reports `s`'s identity.
-  status load_and_verify(const staged& s);
+  /// Loads `s` into the engine and checks it reports `s`'s identity;
+  /// `partial`: only its changed tensors, over the version the engine
+  /// serves (`s.partial_base`), each read back. Records `last_load_`.
+  status load_and_verify(const staged& s, bool partial = false);
+  /// SGLang: `/update_weights_from_disk` of `dir`, labelled `id`, and the
+  /// version it reports afterwards checked.
+  status sglang_load(const std::filesystem::path& dir, const std::string& id);
+  /// Why `next` (staged for `plan` over `base`) cannot be a partial
+  /// reload; empty when it can.
+  std::string partial_refusal(const chain_plan& plan, const std::optional<staged>& base,
+                              bool onto_shadow, const staged& next) const;
+  /// Writes `next.partial_dir` from `next.dir`'s changed tensors, to load
+  /// over `base`.
+  status write_partial(staged& next, const chain_plan& plan, const version_ref& base);
+  /// Reads each of `s.partial_tensors` back from the engine and compares
+  /// it with the staged bytes. A tensor the engine cannot read back (a
+  /// model without the route's support) sets `*unanswerable` to why.
+  status read_back(const staged& s, std::string* unanswerable);
   /// Starts the launched engine from `dir` and waits until it answers.
   status launch_from(const std::filesystem::path& dir);
   /// `exited`: set when a launched engine's process ended meanwhile.
@@ -197,6 +234,10 @@ private:
   /// vLLM: whether it has the weight-version routes (`/update_weight_version`,
   /// `/weight_info`); unknown before the first load.
   std::optional<bool> vllm_versions_;
+  /// Why partial reloads are off for this engine (it could not read a
+  /// tensor back); empty while they are on.
+  std::string partial_off_;
+  std::optional<engine_load_report> last_load_;
   std::string last_problem_;
   std::unique_ptr<engine_process> process_;
   uint64_t process_starts_seen_ = 0;

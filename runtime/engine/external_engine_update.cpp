@@ -50,31 +50,82 @@ status expect_success(const result<http_response>& r, std::string_view what) {
 
 } // namespace
 
-status external_engine::load_and_verify(const staged& s) {
+status external_engine::sglang_load(const fs::path& dir, const std::string& id) {
+  // The caller holds control_mutex_.
+  auto& c = control();
+  // managers/io_struct.py UpdateWeightFromDiskReqInput: `keep_pause`, or
+  // a paused scheduler runs again as soon as the weights are loaded (before
+  // Stitch verified them and resumed); `load_format`, or the server's own
+  // applies (`--load-format dummy`, common in RL launches, would load
+  // random weights under the right name). Releases before them ignore both.
+  json body = {{"model_path", dir.string()},  {"weight_version", id},
+               {"abort_all_requests", false}, {"flush_cache", false},
+               {"keep_pause", true},          {"load_format", "safetensors"}};
+  auto r =
+    call_json(c, "POST", "/update_weights_from_disk", dump(body), opts_.update_timeout, closing_);
+  if (auto ok = expect_success(r, describe() + " /update_weights_from_disk"); !ok)
+    return ok;
+  auto now = sglang_served_version(c, opts_.control_timeout, closing_);
+  if (!now)
+    return make_error(errc::activation_failed, describe() + ": " + now.error().message);
+  if (*now != id)
+    return make_error(errc::activation_failed, describe() + " reports weight_version "
+                                                 + excerpt(*now) + " after loading " + id);
+  return {};
+}
+
+status external_engine::load_and_verify(const staged& s, bool partial) {
   const std::string id = weight_version_of(s.ref);
+  const auto started = std::chrono::steady_clock::now();
+  engine_load_report report{"full", s.full_reason, s.total_tensors, s.total_bytes, 0};
+  auto finish = [&](status ok) {
+    report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::lock_guard state{mutex_};
+    if (ok)
+      last_load_ = report;
+    return ok;
+  };
   std::lock_guard lock{control_mutex_};
   auto& c = control();
   if (opts_.kind == engine_kind::sglang) {
-    // managers/io_struct.py UpdateWeightFromDiskReqInput: `keep_pause`, or
-    // a paused scheduler runs again as soon as the weights are loaded (before
-    // Stitch verified them and resumed); `load_format`, or the server's own
-    // applies (`--load-format dummy`, common in RL launches, would load
-    // random weights under the right name). Releases before them ignore both.
-    json body = {{"model_path", s.dir.string()}, {"weight_version", id},
-                 {"abort_all_requests", false},  {"flush_cache", false},
-                 {"keep_pause", true},           {"load_format", "safetensors"}};
-    auto r =
-      call_json(c, "POST", "/update_weights_from_disk", dump(body), opts_.update_timeout, closing_);
-    if (auto ok = expect_success(r, describe() + " /update_weights_from_disk"); !ok)
-      return ok;
-    auto now = sglang_served_version(c, opts_.control_timeout, closing_);
-    if (!now)
-      return make_error(errc::activation_failed, describe() + ": " + now.error().message);
-    if (*now != id)
-      return make_error(errc::activation_failed, describe() + " reports weight_version "
-                                                   + excerpt(*now) + " after loading " + id);
-    return {};
+    if (!partial) {
+      if (report.detail.empty())
+        report.detail = s.partial_dir.empty()
+                          ? "every tensor loaded"
+                          : "the engine does not serve " + to_string(s.partial_base)
+                              + " verified, which the changed tensors apply to";
+      return finish(sglang_load(s.dir, id));
+    }
+    // Only the changed tensors: SGLang's update_weights_from_disk hands the
+    // folder's weights to the model's load_weights, which writes each into
+    // its (fused, sharded) parameter in place and leaves the others alone.
+    if (auto ok = sglang_load(s.partial_dir, id); !ok)
+      return finish(ok);
+    std::string unanswerable;
+    auto checked = read_back(s, &unanswerable);
+    if (checked) {
+      report = {"partial",
+                std::to_string(s.partial_tensors.size()) + " changed tensors loaded and read back",
+                s.partial_tensors.size(), s.partial_bytes, 0};
+      return finish(checked);
+    }
+    if (unanswerable.empty())
+      return finish(checked);
+    // The engine cannot read its weights back for this model: a partial
+    // load cannot be verified, so this and later loads are full ones.
+    {
+      std::lock_guard state{mutex_};
+      partial_off_ = "partial reloads are off: " + unanswerable;
+    }
+    if (opts_.log)
+      opts_.log(describe() + ": " + unanswerable + "; loading " + id
+                + " in full, and every later version too");
+    report.detail = "partial reloads are off: " + unanswerable;
+    return finish(sglang_load(s.dir, id));
   }
+  if (report.detail.empty())
+    report.detail = "every tensor loaded";
   // vLLM: the reload answering 200 with one result per worker (none of
   // them an error), then the version named through its weight-version
   // routes and read back. A vLLM without them (before 2026) has only the
@@ -83,19 +134,19 @@ status external_engine::load_and_verify(const staged& s) {
                {"kwargs", {{"weights_path", s.dir.string()}, {"is_checkpoint_format", true}}}};
   auto r = call_json(c, "POST", "/collective_rpc", dump(body), opts_.update_timeout, closing_);
   if (auto ok = expect_success(r, describe() + " /collective_rpc reload_weights"); !ok)
-    return ok;
+    return finish(ok);
   json doc;
   if (!r->body.empty()
       && (!is_json_object_text(r->body, &doc) || !doc.contains("results")
           || !doc["results"].is_array()))
-    return make_error(errc::activation_failed, describe()
-                                                 + " /collective_rpc reload_weights answered "
-                                                 + excerpt(r->body) + " (no results list)");
+    return finish(
+      make_error(errc::activation_failed, describe() + " /collective_rpc reload_weights answered "
+                                            + excerpt(r->body) + " (no results list)"));
   auto named = call_json(c, "POST", "/update_weight_version", dump(json{{"new_version", id}}),
                          opts_.control_timeout, closing_);
   if (!named)
-    return make_error(errc::activation_failed,
-                      describe() + " /update_weight_version: " + named.error().message);
+    return finish(make_error(errc::activation_failed,
+                             describe() + " /update_weight_version: " + named.error().message));
   if (named->status == 404) {
     bool news = false;
     {
@@ -107,19 +158,21 @@ status external_engine::load_and_verify(const staged& s) {
       opts_.log(describe()
                 + " has no weight-version routes (/update_weight_version answered 404): its "
                   "reloads are trusted on their answer alone");
-    return {};
+    return finish({});
   }
   if (auto ok = expect_success(named, describe() + " /update_weight_version"); !ok)
-    return ok;
+    return finish(ok);
   auto now = vllm_served_version(c, opts_.control_timeout, closing_);
   if (!now)
-    return make_error(errc::activation_failed, describe() + ": " + now.error().message);
+    return finish(make_error(errc::activation_failed, describe() + ": " + now.error().message));
   if (*now != id)
-    return make_error(errc::activation_failed, describe() + " reports weight_version "
-                                                 + excerpt(*now) + " after loading " + id);
-  std::lock_guard state{mutex_};
-  vllm_versions_ = true;
-  return {};
+    return finish(make_error(errc::activation_failed, describe() + " reports weight_version "
+                                                        + excerpt(*now) + " after loading " + id));
+  {
+    std::lock_guard state{mutex_};
+    vllm_versions_ = true;
+  }
+  return finish({});
 }
 
 status external_engine::prefetch(const chain_plan&) {
@@ -148,7 +201,9 @@ status external_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_s
     base = onto_shadow ? shadow_ : committed_;
     served_config = boot_config_;
   }
-  staged next{plan.target, opts_.staging_dir / folder_of(plan.target), {}};
+  staged next;
+  next.ref = plan.target;
+  next.dir = opts_.staging_dir / folder_of(plan.target);
   if (target->files.contains("config.json")) {
     auto text = read_version_file(*target, "config.json", read);
     if (!text)
@@ -187,6 +242,14 @@ status external_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_s
   }
   if (!written)
     return written;
+  if (auto ckpt = pipeline::open_hf_directory(next.dir); ckpt) {
+    next.total_tensors = ckpt->tensors.size();
+    next.total_bytes = ckpt->total_size;
+  }
+  next.full_reason = partial_refusal(plan, base, onto_shadow, next);
+  if (next.full_reason.empty())
+    if (auto ok = write_partial(next, plan, base->ref); !ok)
+      return ok;
   {
     std::lock_guard lock{mutex_};
     shadow_ = std::move(next);
@@ -397,12 +460,17 @@ status external_engine::commit() {
   std::lock_guard sync{sync_mutex_};
   std::optional<staged> next;
   bool started = false;
+  bool partial = false;
   {
     std::lock_guard lock{mutex_};
     if (!shadow_)
       return make_error(errc::invalid_argument, "nothing is staged to activate");
     next = *shadow_;
     started = process_ && process_->running();
+    // The changed tensors apply only over the version they were computed
+    // against, verified as what the engine serves.
+    partial = !next->partial_dir.empty() && partial_off_.empty() && in_sync_ && committed_
+              && committed_->ref == next->partial_base;
   }
   status ok;
   if (opts_.launch && (!started || next->restart)) {
@@ -414,9 +482,10 @@ status external_engine::commit() {
     ok = launch_from(next->dir);
     std::lock_guard lock{mutex_};
     paused_ = false;
+    partial = false;
   }
   if (ok)
-    ok = load_and_verify(*next);
+    ok = load_and_verify(*next, partial);
   if (!ok) {
     note_lost(ok.error().message);
     return ok;
@@ -474,8 +543,10 @@ void external_engine::prune_staging() {
   {
     std::lock_guard lock{mutex_};
     for (const auto* s : {&committed_, &shadow_})
-      if (*s)
+      if (*s) {
         keep.insert((*s)->dir.filename().string());
+        keep.insert((*s)->partial_dir.filename().string());
+      }
   }
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(opts_.staging_dir, ec)) {

@@ -33,6 +33,13 @@
 //                                        line answers "deprecated, use /model_info")
 //   POST /flush_cache                   plain text, 200
 //   POST /abort_request                 {rid} -> 200, empty body
+//   POST /get_weights_by_name           {name, truncate_size = 100} -> the parameter as
+//                                        `tensor.float().tolist()[:truncate_size]` (a matrix's
+//                                        rows), NaN and infinities as null; an unknown name:
+//                                        400 {"error": {"message": "Get parameter by name
+//                                        failed"}} (http_server.py, model_runner.py)
+//   update_weights_from_disk of a folder holding some of the model's tensors updates
+//   just those (the model's load_weights, model_runner.py); vLLM's reload needs all.
 //
 // vLLM (vllm/entrypoints/serve/*/api_router.py, v0.16, VLLM_SERVER_DEV_MODE=1):
 //   GET  /health                        200, empty body
@@ -59,6 +66,10 @@
 //   POST /_peer/garbage?n=N             the next N generations answer a body that is not JSON
 //   POST /_peer/odd_usage?n=N           the next N completions carry `usage` of the wrong types
 //   POST /_peer/exit                    the process exits at once (a crash)
+//   POST /_peer/corrupt_loads?tensor=T  each later load that gives tensor T flips a bit of
+//                                        its first element (a load that went wrong)
+//   POST /_peer/no_readback             /get_weights_by_name answers 400 for every name (a
+//                                        model whose runner cannot map names)
 //
 // Usage: stitch-engine-peer --dialect sglang|vllm --port P --model-dir DIR
 //                           [--weight-version V] [--sglang-2026] [--vllm-2025]
@@ -68,10 +79,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -105,11 +118,18 @@ struct loaded {
   std::shared_ptr<const engine::weights> weights;
   engine::model_config config;
   std::string path;
+  /// What `weights` were built from (SGLang's partial loads start from it).
+  pipeline::tensor_set tensors;
 };
 
 /// Loads an HF directory the way the engines do: config.json, then every
 /// shard (the project's reader checks the files against each other).
-result<loaded> load_model(const std::string& dir) {
+/// `onto`: SGLang's update_weights_from_disk (model_executor/model_runner.py
+/// -> the model's load_weights) copies each tensor the folder holds into
+/// its parameter and leaves the others as they are, so a folder of some
+/// tensors updates just those; each must match its parameter's dtype and
+/// shape. Without `onto` (a start, or vLLM) every tensor must be there.
+result<loaded> load_model(const std::string& dir, const loaded* onto = nullptr) {
   std::ifstream in{fs::path{dir} / "config.json"};
   if (!in)
     return make_error(errc::not_found, dir + "/config.json cannot be opened");
@@ -121,10 +141,23 @@ result<loaded> load_model(const std::string& dir) {
   auto tensors = pipeline::load_hf_directory(dir);
   if (!tensors)
     return std::move(tensors).error();
+  if (onto && onto->weights) {
+    auto merged = onto->tensors;
+    for (auto& [name, t] : *tensors) {
+      auto at = merged.find(name);
+      if (at == merged.end())
+        return make_error(errc::invalid_argument, "the model has no parameter " + name);
+      if (at->second.type != t.type || at->second.shape != t.shape)
+        return make_error(errc::invalid_argument, name + " does not match its parameter's shape");
+      at->second = std::move(t);
+    }
+    *tensors = std::move(merged);
+    config = onto->config;
+  }
   auto w = engine::build_weights(*config, *tensors);
   if (!w)
     return std::move(w).error();
-  return loaded{std::move(*w), *config, dir};
+  return loaded{std::move(*w), *config, dir, std::move(*tensors)};
 }
 
 class peer {
@@ -215,6 +248,16 @@ private:
     }
     if (path == "/_peer/exit")
       ::_exit(3);
+    if (path == "/_peer/corrupt_loads") {
+      auto at = req.target.find("tensor=");
+      std::lock_guard lock{mutex_};
+      corrupt_tensor_ = at == std::string::npos ? "" : req.target.substr(at + 7);
+      return out.send(empty());
+    }
+    if (path == "/_peer/no_readback") {
+      no_readback_ = true;
+      return out.send(empty());
+    }
     if (path == "/health" || (path == "/health_generate" && sglang))
       return out.send(health(sglang));
     if (req.method == "GET" || path == "/tokenize" || path == "/detokenize")
@@ -307,9 +350,25 @@ private:
       --fail_updates_;
       return make_error(errc::backend_failure, "injected failure loading " + dir);
     }
-    auto m = load_model(dir);
+    std::optional<loaded> current;
+    if (dialect_ == "sglang") {
+      std::lock_guard lock{mutex_};
+      current = model_;
+    }
+    auto m = load_model(dir, current ? &*current : nullptr);
     if (!m)
       return std::move(m).error();
+    if (auto corrupt = corrupt_name(); !corrupt.empty()) {
+      // Only when this load gave that tensor.
+      auto given = pipeline::open_hf_directory(dir);
+      if (given && given->tensors.contains(corrupt) && m->tensors.contains(corrupt)) {
+        m->tensors.at(corrupt).bytes.at(0) ^= std::byte{0x01};
+        auto w = engine::build_weights(m->config, m->tensors);
+        if (!w)
+          return std::move(w).error();
+        m->weights = std::move(*w);
+      }
+    }
     if ((load_format.empty() ? load_format_ : load_format) == "dummy") {
       auto noise = engine::random_init(m->config, 977);
       if (!noise)
@@ -318,10 +377,73 @@ private:
       if (!w)
         return std::move(w).error();
       m->weights = std::move(*w);
+      m->tensors = std::move(*noise);
     }
     std::lock_guard lock{mutex_};
     model_ = std::move(*m);
     return {};
+  }
+
+  std::string corrupt_name() {
+    std::lock_guard lock{mutex_};
+    return corrupt_tensor_;
+  }
+
+  /// SGLang's `/get_weights_by_name` (http_server.py; the model's
+  /// get_weights_by_name: `param.cpu().to(torch.float32).numpy().tolist()
+  /// [:truncate_size]`, so a matrix is truncated by rows).
+  server_response weights_by_name(const json& body) {
+    auto failed = [] {
+      return json_answer(400, {{"error", {{"message", "Get parameter by name failed"}}}});
+    };
+    if (no_readback_ || !body.contains("name") || !body["name"].is_string())
+      return failed();
+    uint64_t truncate = 100;
+    if (body.contains("truncate_size") && body["truncate_size"].is_number_unsigned())
+      truncate = body["truncate_size"].get<uint64_t>();
+    pipeline::host_tensor t;
+    {
+      std::lock_guard lock{mutex_};
+      auto at = model_.tensors.find(body["name"].get<std::string>());
+      if (at == model_.tensors.end())
+        return failed();
+      t = at->second;
+    }
+    if (t.shape.empty()
+        || (t.type != safetensors::dtype::f32 && t.type != safetensors::dtype::bf16))
+      return failed();
+    auto value = [&](uint64_t i) -> json {
+      float v = 0;
+      if (t.type == safetensors::dtype::f32) {
+        std::memcpy(&v, t.bytes.data() + i * 4, 4);
+      } else {
+        uint16_t h = 0;
+        std::memcpy(&h, t.bytes.data() + i * 2, 2);
+        uint32_t bits = uint32_t{h} << 16;
+        std::memcpy(&v, &bits, 4);
+      }
+      if (!std::isfinite(v))
+        return nullptr; // orjson writes NaN and infinities as null
+      return static_cast<double>(v);
+    };
+    uint64_t row = 1;
+    for (size_t d = 1; d < t.shape.size(); ++d)
+      row *= t.shape[d];
+    uint64_t rows = std::min<uint64_t>(t.shape[0], truncate);
+    // A matrix is its rows' lists (deeper shapes flattened below the first
+    // dimension: the adapter counts the numbers, not the nesting).
+    json out = json::array();
+    for (uint64_t r = 0; r < rows; ++r) {
+      if (t.shape.size() == 1) {
+        out.push_back(value(r));
+        continue;
+      }
+      json line = json::array();
+      for (uint64_t c = 0; c < row; ++c)
+        line.push_back(value(r * row + c));
+      out.push_back(std::move(line));
+    }
+    return json_answer(200, out);
   }
 
   void sglang_control(const server_request& req, http_responder& out) {
@@ -403,6 +525,8 @@ private:
       std::lock_guard lock{mutex_};
       return out.send(json_answer(200, {{"weight_version", weight_version_}}));
     }
+    if (path == "/get_weights_by_name")
+      return out.send(weights_by_name(body));
     if (path == "/flush_cache") {
       server_response r = empty();
       r.body = "Cache flushed.\nPlease check backend logs for more details. (When there are "
@@ -671,6 +795,8 @@ private:
   bool paused_ = false;
   std::string calls_;
   std::atomic<uint64_t> fail_updates_{0};
+  std::string corrupt_tensor_;
+  std::atomic<bool> no_readback_{false};
   std::atomic<uint64_t> hang_updates_{0};
   std::atomic<uint64_t> garbage_{0};
   std::atomic<uint64_t> odd_usage_{0};

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -753,6 +754,148 @@ TEST_P(sglang_engine_test, loads_name_their_format_and_keep_the_pause_until_stit
       .status,
     200u);
   EXPECT_NE(served_tokens(), expected_tokens(versions[0]));
+}
+
+/// The tensor names a folder of safetensors holds.
+std::set<std::string> tensors_in(const fs::path& dir) {
+  std::set<std::string> names;
+  auto ckpt = pipeline::open_hf_directory(dir);
+  if (ckpt)
+    for (const auto& [name, t] : ckpt->tensors)
+      names.insert(name);
+  return names;
+}
+
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+TEST_P(sglang_engine_test, a_delta_touching_few_tensors_is_loaded_alone_and_read_back) {
+  start_peer();
+  make_engine(options());
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  auto first = engine->last_load();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->kind, "full");
+  EXPECT_EQ(first->detail, "built from its anchor");
+  EXPECT_EQ(first->tensors, versions[0].size());
+
+  // v1 changes 2 of the model's tensors: the engine is given those two.
+  auto p1 = plan(applied_state{{"r", 0}}, {"r", 1});
+  ASSERT_EQ(p1.touched.size(), 2u);
+  ASSERT_GT(versions[0].size(), 10u);
+  auto before = calls();
+  ASSERT_TRUE(activate(p1, src));
+  auto partial_dir = root / "staging" / "r@weight_v000001@partial";
+  EXPECT_EQ(tensors_in(partial_dir), p1.touched);
+  auto load = engine->last_load();
+  ASSERT_TRUE(load);
+  EXPECT_EQ(load->kind, "partial") << load->detail;
+  EXPECT_EQ(load->tensors, 2u);
+  EXPECT_EQ(load->bytes, versions[1].at("lm_head.weight").bytes.size()
+                           + versions[1].at("model.layers.1.mlp.up_proj.weight").bytes.size());
+  auto log = calls().substr(before.size());
+  EXPECT_NE(log.find(R"("model_path":")" + partial_dir.string() + "\""), std::string::npos) << log;
+  EXPECT_EQ(occurrences(log, "POST /get_weights_by_name"), 2u) << log;
+  for (const auto& name : p1.touched)
+    EXPECT_NE(log.find(R"("name":")" + name + "\""), std::string::npos) << name << "\n" << log;
+  // The engine serves v1 exactly: the two tensors over what it had.
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+
+  // A catch-up across an empty delta: the union of what changed, alone.
+  auto p4 = plan(applied_state{{"r", 1}}, {"r", 4});
+  ASSERT_TRUE(activate(p4, src));
+  load = engine->last_load();
+  ASSERT_TRUE(load);
+  EXPECT_EQ(load->kind, "partial");
+  EXPECT_EQ(load->tensors, p4.touched.size());
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[4]));
+  EXPECT_FALSE(fs::exists(partial_dir)) << "a partial folder goes with its version";
+  // What a full load of the committed folder gives is the same model.
+  auto full = pipeline::load_hf_directory(engine->committed_dir());
+  ASSERT_TRUE(full);
+  EXPECT_EQ(*full, versions[4]);
+}
+
+TEST_P(sglang_engine_test, a_tensor_the_load_corrupted_is_caught_by_the_read_back) {
+  start_peer();
+  make_engine(options());
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  ASSERT_EQ(peer_get("/_peer/corrupt_loads?tensor=lm_head.weight", "POST").status, 200u);
+  auto p1 = plan(applied_state{{"r", 0}}, {"r", 1});
+  ASSERT_TRUE(engine->stage(p1, false, src));
+  ASSERT_TRUE(engine->pause());
+  auto ok = engine->commit();
+  ASSERT_FALSE(ok) << "a load that changed a tensor is never served";
+  EXPECT_EQ(ok.error().code, errc::checksum_mismatch);
+  EXPECT_NE(ok.error().message.find("tensor 'lm_head.weight'"), std::string::npos)
+    << ok.error().message;
+  auto h = engine->health();
+  EXPECT_FALSE(h.healthy) << "out of rotation until rebuilt";
+  EXPECT_NE(h.detail.find("lm_head.weight"), std::string::npos) << h.detail;
+  // Rebuilt in full once the engine loads faithfully again.
+  ASSERT_EQ(peer_get("/_peer/corrupt_loads", "POST").status, 200u);
+  ASSERT_TRUE(engine->reset_to_boot({"r", 1}, src));
+  EXPECT_TRUE(engine->health().healthy) << engine->health().detail;
+  EXPECT_EQ(engine->last_load()->kind, "full");
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+}
+
+TEST_P(sglang_engine_test, an_engine_that_cannot_read_tensors_back_gets_full_reloads) {
+  start_peer();
+  make_engine(options());
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  ASSERT_EQ(peer_get("/_peer/no_readback", "POST").status, 200u);
+  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 1}), src));
+  auto load = engine->last_load();
+  ASSERT_TRUE(load);
+  EXPECT_EQ(load->kind, "full");
+  EXPECT_NE(load->detail.find("cannot read tensor"), std::string::npos) << load->detail;
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+  // Later versions are not tried partially again.
+  ASSERT_TRUE(activate(plan(applied_state{{"r", 1}}, {"r", 2}), src));
+  EXPECT_FALSE(fs::exists(root / "staging" / "r@weight_v000002@partial"));
+  EXPECT_NE(engine->last_load()->detail.find("partial reloads are off"), std::string::npos);
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[2]));
+}
+
+TEST_P(sglang_engine_test, changed_tensors_over_the_partial_limit_are_loaded_in_full) {
+  start_peer();
+  auto o = options();
+  o.partial_reload_max_bytes = 1024;
+  make_engine(o);
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 1}), src));
+  auto load = engine->last_load();
+  ASSERT_TRUE(load);
+  EXPECT_EQ(load->kind, "full");
+  EXPECT_NE(load->detail.find("more than engine.partial_reload_max_bytes (1024)"),
+            std::string::npos)
+    << load->detail;
+  EXPECT_EQ(calls().find("/get_weights_by_name"), std::string::npos);
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+}
+
+TEST_P(vllm_engine_test, reloads_in_full_and_says_why) {
+  start_peer();
+  make_engine(options());
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 1}), src));
+  auto load = engine->last_load();
+  ASSERT_TRUE(load);
+  EXPECT_EQ(load->kind, "full");
+  EXPECT_NE(load->detail.find("layerwise reload"), std::string::npos) << load->detail;
+  EXPECT_EQ(load->tensors, versions[1].size());
+  EXPECT_FALSE(fs::exists(root / "staging" / "r@weight_v000001@partial"));
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
 }
 
 TEST_P(external_engine_test, a_launched_engine_whose_port_was_taken_meanwhile_starts_elsewhere) {
