@@ -129,6 +129,13 @@ struct profile_step {
   double total_s = 0;
   uint64_t bytes_from_store = 0;
   uint64_t bytes_from_peers = 0;
+  /// How the engine loaded the step's weights (`engine_load_report`;
+  /// empty kind: an engine that swaps them in memory, or no activation).
+  std::string load_kind;
+  std::string load_detail;
+  uint64_t load_tensors = 0;
+  uint64_t load_bytes = 0;
+  double load_s = 0;
   /// The checksum verdict after the step, and what it was computed over.
   bool checksum_ok = false;
   std::string checksum_basis;
@@ -247,7 +254,8 @@ typename Inspector::result_type inspect(Inspector& f, profile_step& x) {
   optional_proxy<version_ref> from{x.from};
   return f(caf::meta::type_name("stitch.profile_step"), x.target, from.field, x.activated, x.reset,
            x.folded, x.stage_s, x.fetch_s, x.decode_s, x.verify_s, x.rest_s, x.drain_ms, x.pause_us,
-           x.total_s, x.bytes_from_store, x.bytes_from_peers, x.checksum_ok, x.checksum_basis,
+           x.total_s, x.bytes_from_store, x.bytes_from_peers, x.load_kind, x.load_detail,
+           x.load_tensors, x.load_bytes, x.load_s, x.checksum_ok, x.checksum_basis,
            x.checksum_detail, from.commit());
 }
 

@@ -100,6 +100,13 @@ void finish_step(self_ptr self) {
   if (out.activated) {
     out.drain_ms = st.counters.last_drain_ms;
     out.pause_us = st.counters.last_pause_us;
+    if (auto load = st.engine->last_load()) {
+      out.load_kind = load->kind;
+      out.load_detail = load->detail;
+      out.load_tensors = load->tensors;
+      out.load_bytes = load->bytes;
+      out.load_s = load->seconds;
+    }
   }
   out.total_s = std::chrono::duration<double>(since(r.began)).count();
   auto moved = fetched_between(r.bytes_before, st.bytes->snapshot());

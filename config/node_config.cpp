@@ -224,6 +224,16 @@ const std::vector<entry>& schema() {
     number("engine.request_timeout", &node_config::engine_request_timeout, 1, 86400);
     number("engine.update_timeout", &node_config::engine_update_timeout, 1, 86400);
     number("engine.ready_timeout", &node_config::engine_ready_timeout, 1, 86400);
+    e.push_back(
+      {"engine.partial_reload_max_bytes",
+       kind::integer,
+       0,
+       double(uint64_t{1} << 40),
+       {},
+       [](node_config& c, const value& v) {
+         c.engine_partial_reload_max_bytes = static_cast<uint64_t>(v.number);
+       },
+       [](const node_config& c) { return std::to_string(c.engine_partial_reload_max_bytes); }});
     text("replica.pool", &node_config::pool);
     listen("replica.listen", &node_config::replica_listen);
     choice("replica.commit_mode", &node_config::commit_mode,

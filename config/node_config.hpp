@@ -102,6 +102,9 @@ struct node_config {
   double engine_request_timeout = 600;
   double engine_update_timeout = 600;
   double engine_ready_timeout = 900;
+  /// A delta whose changed tensors hold at most this many bytes is loaded
+  /// into SGLang alone and read back (0: every load is a full one).
+  uint64_t engine_partial_reload_max_bytes = uint64_t{256} << 20;
   std::string pool = "default";
   listen_address replica_listen{"127.0.0.1", 8100};
   stitch::commit_mode commit_mode = stitch::commit_mode::in_place;

@@ -307,6 +307,7 @@ result<engine_factory> node::engine_for(const replica_options& o, const std::str
   eo.request_timeout = seconds(settings_.engine_request_timeout);
   eo.update_timeout = seconds(settings_.engine_update_timeout);
   eo.ready_timeout = seconds(settings_.engine_ready_timeout);
+  eo.partial_reload_max_bytes = settings_.engine_partial_reload_max_bytes;
   eo.log = [id = o.replica_id](std::string_view line) {
     log::warn("engine", id + ": " + std::string{line});
   };

@@ -52,11 +52,23 @@ uint64_t mix(uint64_t& state) {
 /// in `dir`, in place, at positions drawn from (`phase`, tensor name) as an
 /// RL step scatters its changes: the lowest bit of the element's least
 /// significant byte flips, the smallest change a float can take, so the
-/// model stays the model. Memory: one buffer.
-status perturb_directory(const fs::path& dir, uint32_t phase, uint32_t stride) {
+/// model stays the model. `only`: change just the `only` smallest tensors
+/// (0: every tensor), as a step that trains few of them. Memory: one buffer.
+status perturb_directory(const fs::path& dir, uint32_t phase, uint32_t stride, size_t only = 0) {
   auto checkpoint = pipeline::open_hf_directory(dir);
   if (!checkpoint)
     return std::move(checkpoint).error();
+  if (only > 0) {
+    std::vector<std::pair<uint64_t, std::string>> by_size;
+    for (const auto& [name, t] : checkpoint->tensors)
+      if (t.size > 0)
+        by_size.emplace_back(t.size, name);
+    std::sort(by_size.begin(), by_size.end());
+    std::map<std::string, pipeline::hf_tensor> kept;
+    for (size_t i = 0; i < std::min(only, by_size.size()); ++i)
+      kept.emplace(by_size[i].second, checkpoint->tensors.at(by_size[i].second));
+    checkpoint->tensors = std::move(kept);
+  }
   std::map<std::string, int> fds;
   struct closer {
     std::map<std::string, int>& fds;
@@ -130,6 +142,14 @@ nlohmann::ordered_json to_json(const profiled& p) {
   j["bytes_moved"] = s.bytes_from_store + s.bytes_from_peers;
   j["bytes_from_store"] = s.bytes_from_store;
   j["bytes_from_peers"] = s.bytes_from_peers;
+  // How an engine that loads from files took the weights (none for the
+  // built-in engine, which swaps them in memory).
+  j["engine_load"] = s.load_kind.empty() ? nlohmann::ordered_json(nullptr)
+                                         : nlohmann::ordered_json{{"kind", s.load_kind},
+                                                                  {"seconds", s.load_s},
+                                                                  {"tensors", s.load_tensors},
+                                                                  {"bytes", s.load_bytes},
+                                                                  {"detail", s.load_detail}};
   j["published"] = {{"kind", to_string(p.published.kind)},
                     {"touched", p.published.touched.size()},
                     {"stored_bytes", p.published.stored_bytes}};
@@ -202,18 +222,27 @@ std::string render_chart(const std::string& title, const std::vector<profiled>& 
 }
 
 void print_table(std::FILE* out, const std::vector<profiled>& rows) {
-  std::fprintf(out, "%-16s %-36s %5s %9s %9s %9s %9s %9s %9s %10s %9s %10s  %s\n", "path", "target",
-               "fold", "prep s", "fetch s", "decode s", "verify s", "stage s", "drain ms",
-               "pause us", "total s", "moved", "checksum");
+  std::fprintf(out, "%-18s %-36s %5s %9s %9s %9s %9s %9s %9s %10s %9s %10s %17s  %s\n", "path",
+               "target", "fold", "prep s", "fetch s", "decode s", "verify s", "stage s", "drain ms",
+               "pause us", "total s", "moved", "engine load", "checksum");
   for (const auto& r : rows) {
     const auto& s = r.step;
+    char load[64] = "-";
+    if (!s.load_kind.empty())
+      std::snprintf(load, sizeof load, "%s %.4f s", s.load_kind.c_str(), s.load_s);
     std::fprintf(
-      out, "%-16s %-36s %5llu %9.4f %9.4f %9.4f %9.4f %9.4f %9.3f %10.1f %9.4f %10s  %s\n",
+      out, "%-18s %-36s %5llu %9.4f %9.4f %9.4f %9.4f %9.4f %9.3f %10.1f %9.4f %10s %17s  %s\n",
       r.path.c_str(), to_string(s.target).c_str(), static_cast<unsigned long long>(s.folded),
       s.stage_s, s.fetch_s, s.decode_s, s.verify_s, s.rest_s, s.drain_ms, s.pause_us, s.total_s,
-      human_bytes(s.bytes_from_store + s.bytes_from_peers).c_str(),
+      human_bytes(s.bytes_from_store + s.bytes_from_peers).c_str(), load,
       (std::string{s.checksum_ok ? "ok" : "FAILED"} + " (" + s.checksum_basis + ")").c_str());
   }
+  // Partial and full engine loads side by side, with why each was chosen.
+  for (const auto& r : rows)
+    if (!r.step.load_kind.empty())
+      std::fprintf(out, "  %-18s %s load, %llu tensors, %s: %s\n", r.path.c_str(),
+                   r.step.load_kind.c_str(), static_cast<unsigned long long>(r.step.load_tensors),
+                   human_bytes(r.step.load_bytes).c_str(), r.step.load_detail.c_str());
 }
 
 /// The scratch work of one profile: what it published and where it keeps
@@ -236,7 +265,9 @@ public:
     return with_quiet_output([&](std::FILE* out) { return run_publish(sys_, pub, out); });
   }
 
-  status change(uint32_t phase) { return perturb_directory(dir_, phase, cmd_.stride); }
+  status change(uint32_t phase, size_t only = 0) {
+    return perturb_directory(dir_, phase, cmd_.stride, only);
+  }
 
   /// Publishes the directory as (run, version) and runs the
   /// replica's pass to it.
@@ -378,8 +409,14 @@ status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE
       return ok;
     if (auto ok = add(s.step("delta", run_a, 2)); !ok)
       return ok;
+    // A step that changes two tensors: an engine that loads from files
+    // can load just those (a partial reload), beside the full one above.
+    if (auto ok = s.change(phase++, 2); !ok)
+      return ok;
+    if (auto ok = add(s.step("two-tensor delta", run_a, 3)); !ok)
+      return ok;
     pipeline::publish_report last;
-    uint64_t v = 2;
+    uint64_t v = 3;
     for (uint32_t i = 0; i < cmd.folded; ++i) {
       if (auto ok = s.change(phase++); !ok)
         return ok;

@@ -34,9 +34,11 @@ struct profile_command {
 /// `stitch profile`: publishes scratch versions of the replica's own
 /// weights into the scratch pool `profile-<replica>` and drives the replica
 /// (any engine, through the Engine port) through a cold start from the
-/// anchor, one delta, a folded catch-up, an empty delta and a run switch;
-/// prints each step's preparation (fetch, decode, verify, the rest of the
-/// stage), drain, pause and total, the bytes moved and the checksum verdict;
+/// anchor, one delta, a delta of two tensors, a folded catch-up, an empty
+/// delta and a run switch; prints each step's preparation (fetch, decode,
+/// verify, the rest of the stage), drain, pause and total, the bytes moved,
+/// how an external engine loaded the weights (partial or full, and why) and
+/// the checksum verdict;
 /// then returns the replica to its pool and back into rotation.
 status run_profile(caf::actor_system& sys, const profile_command& cmd, std::FILE* out);
 

@@ -49,8 +49,8 @@ float from_f16(uint16_t h) {
     float v = std::ldexp(static_cast<float>(mant), -24);
     return sign ? -v : v;
   }
-  uint32_t bits = exp == 31 ? sign | 0x7f800000u | (mant << 13)
-                            : sign | ((exp + 112) << 23) | (mant << 13);
+  uint32_t bits =
+    exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
   return std::bit_cast<float>(bits);
 }
 
@@ -90,9 +90,9 @@ struct readback_check final : nlohmann::json_sax<nlohmann::json> {
     if (differs)
       return true;
     float want = element(staged, type, i);
-    bool same = is_null ? !std::isfinite(want)
-                        : std::bit_cast<uint32_t>(static_cast<float>(got))
-                            == std::bit_cast<uint32_t>(want);
+    bool same =
+      is_null ? !std::isfinite(want)
+              : std::bit_cast<uint32_t>(static_cast<float>(got)) == std::bit_cast<uint32_t>(want);
     if (!same)
       differs = i;
     return true;
@@ -122,7 +122,8 @@ struct readback_check final : nlohmann::json_sax<nlohmann::json> {
     --depth;
     return true;
   }
-  bool parse_error(std::size_t at, const std::string&, const nlohmann::detail::exception&) override {
+  bool parse_error(std::size_t at, const std::string&,
+                   const nlohmann::detail::exception&) override {
     return fail("not JSON (at byte " + std::to_string(at) + ")");
   }
 };
@@ -242,8 +243,8 @@ status external_engine::read_back(const staged& s, std::string* unanswerable) {
   for (const auto& name : s.partial_tensors) {
     auto found = ckpt->tensors.find(name);
     if (found == ckpt->tensors.end())
-      return make_error(errc::corrupt_data, "tensor '" + name + "' is missing from "
-                                              + s.partial_dir.string());
+      return make_error(errc::corrupt_data,
+                        "tensor '" + name + "' is missing from " + s.partial_dir.string());
     const auto& t = found->second;
     bytes.resize(t.size);
     if (auto ok = pipeline::read_tensor(*ckpt, name, bytes); !ok)
@@ -258,8 +259,8 @@ status external_engine::read_back(const staged& s, std::string* unanswerable) {
     o.max_body_bytes = static_cast<size_t>(std::min<uint64_t>(elements * 32 + 65536, 4ull << 30));
     transport::http_client client{endpoint(), o};
     json body = {{"name", name}, {"truncate_size", t.shape[0]}};
-    auto r = call_json(client, "POST", "/get_weights_by_name", dump(body), opts_.update_timeout,
-                       closing_);
+    auto r =
+      call_json(client, "POST", "/get_weights_by_name", dump(body), opts_.update_timeout, closing_);
     if (!r)
       return make_error(errc::activation_failed,
                         describe() + " /get_weights_by_name " + name + ": " + r.error().message);
@@ -274,19 +275,18 @@ status external_engine::read_back(const staged& s, std::string* unanswerable) {
     check.elements = elements;
     bool parsed = nlohmann::json::sax_parse(r->body, &check);
     if (!parsed || check.seen == 0 || check.seen % elements != 0) {
-      *unanswerable = "its answer for tensor '" + name + "' is not the tensor's "
-                      + std::to_string(elements) + " values ("
-                      + (check.malformed.empty()
-                           ? std::to_string(check.seen) + " numbers"
-                           : check.malformed)
-                      + ")";
+      *unanswerable =
+        "its answer for tensor '" + name + "' is not the tensor's " + std::to_string(elements)
+        + " values ("
+        + (check.malformed.empty() ? std::to_string(check.seen) + " numbers" : check.malformed)
+        + ")";
       return make_error(errc::activation_failed, describe() + ": " + *unanswerable);
     }
     if (check.differs)
-      return make_error(errc::checksum_mismatch,
-                        describe() + " serves tensor '" + name + "' differently from "
-                          + to_string(s.ref) + " after a partial reload (element "
-                          + std::to_string(*check.differs) + " differs)");
+      return make_error(errc::checksum_mismatch, describe() + " serves tensor '" + name
+                                                   + "' differently from " + to_string(s.ref)
+                                                   + " after a partial reload (element "
+                                                   + std::to_string(*check.differs) + " differs)");
   }
   return {};
 }

@@ -319,7 +319,7 @@ TEST_P(external_engine_node_test, stitch_profile_drives_an_external_engine_throu
                + " profile --replica replica-0 --take-out --folded 2 --json 2>/dev/null");
   ASSERT_EQ(r.code, 0) << r.output << node->log();
   auto j = json::parse(r.output);
-  ASSERT_EQ(j["steps"].size(), 5u) << j.dump(2);
+  ASSERT_EQ(j["steps"].size(), 6u) << j.dump(2);
   for (const auto& s : j["steps"]) {
     SCOPED_TRACE(s.dump());
     EXPECT_TRUE(s["checksum_ok"].get<bool>());
@@ -333,8 +333,24 @@ TEST_P(external_engine_node_test, stitch_profile_drives_an_external_engine_throu
       EXPECT_GT(s["bytes_moved"].get<uint64_t>(), 0u);
     }
   }
-  EXPECT_EQ(j["steps"][2]["folded"], 2);
-  EXPECT_TRUE(j["steps"][4]["run_switch"].get<bool>());
+  EXPECT_EQ(j["steps"][3]["folded"], 2);
+  EXPECT_TRUE(j["steps"][5]["run_switch"].get<bool>());
+  // Full and partial engine loads side by side: the delta changes every
+  // tensor (a full reload); the two-tensor one is loaded alone on SGLang.
+  const auto& every = j["steps"][1]["engine_load"];
+  const auto& two = j["steps"][2]["engine_load"];
+  ASSERT_TRUE(every.is_object() && two.is_object()) << j.dump(2);
+  EXPECT_EQ(every["kind"], "full");
+  EXPECT_GT(every["seconds"].get<double>(), 0);
+  if (sglang()) {
+    EXPECT_EQ(every["detail"], "its deltas change every tensor");
+    EXPECT_EQ(two["kind"], "partial") << two.dump();
+    EXPECT_EQ(two["tensors"], 2);
+    EXPECT_LT(two["bytes"].get<uint64_t>(), every["bytes"].get<uint64_t>());
+  } else {
+    EXPECT_EQ(two["kind"], "full");
+    EXPECT_NE(two["detail"].get<std::string>().find("vLLM reloads in full"), std::string::npos);
+  }
   EXPECT_EQ(j["returned"]["ready"], true) << j.dump(2);
   EXPECT_EQ(j["returned"]["applied"], "demo/weight_v000000");
   await(0);

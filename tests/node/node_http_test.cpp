@@ -234,12 +234,12 @@ TEST_F(stitch_profile_test, drives_a_replica_through_every_update_path_and_puts_
   EXPECT_GT(served.load(), 0);
   EXPECT_EQ(foreign.load(), 0) << "a request was answered from another run's weights";
   auto j = nlohmann::json::parse(r.output);
-  ASSERT_EQ(j["steps"].size(), 5u) << j.dump(2);
+  ASSERT_EQ(j["steps"].size(), 6u) << j.dump(2);
   std::vector<std::string> paths;
   for (const auto& s : j["steps"])
     paths.push_back(s["path"]);
-  EXPECT_EQ(paths, (std::vector<std::string>{"cold start", "delta", "folded catch-up",
-                                             "empty delta", "run switch"}));
+  EXPECT_EQ(paths, (std::vector<std::string>{"cold start", "delta", "two-tensor delta",
+                                             "folded catch-up", "empty delta", "run switch"}));
   for (const auto& s : j["steps"]) {
     SCOPED_TRACE(s.dump());
     EXPECT_TRUE(s["checksum_ok"].get<bool>());
@@ -267,15 +267,21 @@ TEST_F(stitch_profile_test, drives_a_replica_through_every_update_path_and_puts_
   // Deltas are decoded from their frames; anchors are read whole.
   EXPECT_GT(steps[1]["decode_s"].get<double>(), 0);
   EXPECT_GT(steps[2]["decode_s"].get<double>(), 0);
+  EXPECT_GT(steps[3]["decode_s"].get<double>(), 0);
+  // The built-in engine swaps weights in memory: no load from files.
+  for (const auto& s : steps)
+    EXPECT_EQ(s["engine_load"], nullptr) << s.dump();
+  EXPECT_LT(steps[2]["bytes_moved"].get<uint64_t>(), steps[1]["bytes_moved"].get<uint64_t>())
+    << "two tensors' changes are fewer bytes than every tensor's";
   EXPECT_EQ(steps[0]["decode_s"], 0.0);
   EXPECT_EQ(steps[0]["from"], nullptr) << "a cold start";
-  EXPECT_EQ(steps[2]["folded"], 4);
+  EXPECT_EQ(steps[3]["folded"], 4);
   EXPECT_LT(steps[1]["bytes_moved"].get<uint64_t>(), steps[0]["bytes_moved"].get<uint64_t>())
     << "a delta moves its frames, not the model";
-  EXPECT_TRUE(steps[4]["run_switch"].get<bool>());
+  EXPECT_TRUE(steps[5]["run_switch"].get<bool>());
   EXPECT_EQ(j["returned"]["ready"], true) << j.dump(2);
   EXPECT_EQ(j["returned"]["applied"], "demo/weight_v000001");
-  EXPECT_EQ(j["scratch_removed"], 7) << "the first run's seven versions";
+  EXPECT_EQ(j["scratch_removed"], 8) << "the first run's eight versions";
   std::ifstream svg{dir.path() / "profile.svg"};
   std::string chart{std::istreambuf_iterator<char>{svg}, {}};
   EXPECT_NE(chart.find("<svg"), std::string::npos);
@@ -285,8 +291,8 @@ TEST_F(stitch_profile_test, drives_a_replica_through_every_update_path_and_puts_
   // A second profile leaves one scratch version behind, not two runs.
   auto again = profile("--take-out --json 2>/dev/null");
   ASSERT_EQ(again.code, 0) << again.output;
-  EXPECT_EQ(nlohmann::json::parse(again.output)["scratch_removed"], 8)
-    << "this run's seven and the last profile's leftover";
+  EXPECT_EQ(nlohmann::json::parse(again.output)["scratch_removed"], 9)
+    << "this run's eight and the last profile's leftover";
 }
 
 TEST(stitch_demo, the_trainer_learns_while_replicas_serve_within_the_staleness_bound) {
