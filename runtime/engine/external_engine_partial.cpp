@@ -2,8 +2,9 @@
 // is loaded as a folder of just those tensors, then each one is read back
 // from the engine and compared with the staged bytes before it serves.
 //
-// SGLang (python/sglang/srt/model_executor/model_runner.py
-// `update_weights_from_disk`, entrypoints/http_server.py `/get_weights_by_name`,
+// SGLang (python/sglang/srt/model_executor/model_runner.py@01cc04e2
+// `update_weights_from_disk` and `get_weights_by_name`,
+// entrypoints/http_server.py@3ba38dc0 `/get_weights_by_name`,
 // managers/io_struct.py `GetWeightsByNameReqInput`):
 //   - update_weights_from_disk hands every safetensors file of `model_path`
 //     to the model's `load_weights`, which copies each given tensor into its
@@ -16,9 +17,9 @@
 //     matrix; one list per data-parallel rank when dp > 1), or 400 "Get
 //     parameter by name failed" for a name the model cannot map.
 // vLLM is given full reloads: its layerwise reload
-// (vllm/model_executor/model_loader/reload/layerwise.py) rebuilds a layer
+// (vllm/model_executor/model_loader/reload/layerwise.py@fc26ee2a) rebuilds a layer
 // given only part of its weights from uninitialized storage, and its
-// weight checker (serve/dev/rlhf/api_router.py `/weight_checker`) hashes the
+// weight checker (serve/dev/rlhf/api_router.py@0100a212 `/weight_checker`) hashes the
 // engine's fused parameters, and only while unpaused: nothing exact to
 // compare a partial load with before it serves.
 #include <nlohmann/json.hpp>

@@ -37,9 +37,11 @@
 //                                        `tensor.float().tolist()[:truncate_size]` (a matrix's
 //                                        rows), NaN and infinities as null; an unknown name:
 //                                        400 {"error": {"message": "Get parameter by name
-//                                        failed"}} (http_server.py, model_runner.py)
+//                                        failed"}} (http_server.py@3ba38dc0,
+//                                        model_runner.py@01cc04e2)
 //   update_weights_from_disk of a folder holding some of the model's tensors updates
-//   just those (the model's load_weights, model_runner.py); vLLM's reload needs all.
+//   just those (the model's load_weights, model_runner.py@01cc04e2); vLLM's reload
+//   is given every tensor (the adapter never sends it part of a model).
 //
 // vLLM (vllm/entrypoints/serve/*/api_router.py, v0.16, VLLM_SERVER_DEV_MODE=1):
 //   GET  /health                        200, empty body
