@@ -319,6 +319,11 @@ void external_engine::monitor() {
     std::string mismatch;
     {
       std::lock_guard lock{control_mutex_};
+      {
+        std::lock_guard state{mutex_};
+        if (paused_)
+          continue; // paused meanwhile (set under the control lock)
+      }
       if (auto why = probe_health(opts_.control_timeout); !why.empty()) {
         unhealthy = "health check: " + why;
       } else if (verifies_versions()) {

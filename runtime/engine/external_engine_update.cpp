@@ -417,7 +417,15 @@ status external_engine::pause_engine() {
       ? call_json(control(), "POST", "/pause_generation", R"({"mode":"in_place"})",
                   opts_.control_timeout, closing_)
       : call_json(control(), "POST", "/pause?mode=keep", {}, opts_.control_timeout, closing_);
-  return expect_success(r, describe() + " pause");
+  auto ok = expect_success(r, describe() + " pause");
+  if (ok) {
+    // Set before the control lock is released: the monitor, which waits
+    // for that lock, sees the pause and does not probe a paused engine
+    // (SGLang's /health answers 503 while paused).
+    std::lock_guard state{mutex_};
+    paused_ = true;
+  }
+  return ok;
 }
 
 status external_engine::resume_engine() {
@@ -436,11 +444,7 @@ status external_engine::pause() {
     if (opts_.launch && (!process_ || !process_->running()))
       return {};
   }
-  if (auto ok = pause_engine(); !ok)
-    return ok;
-  std::lock_guard lock{mutex_};
-  paused_ = true;
-  return {};
+  return pause_engine();
 }
 
 status external_engine::resume() {
