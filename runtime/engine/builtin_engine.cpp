@@ -73,8 +73,12 @@ result<std::shared_ptr<builtin_engine>> builtin_engine::create(model_config conf
     engine->device_ = std::move(parts);
     return engine;
   }
-  if (opts.device == engine_device::cpu)
-    return std::make_shared<builtin_engine>(std::move(config), opts);
+  if (opts.device == engine_device::cpu) {
+    auto recycling = recycling_for(device_budget_for(config, 1, 0).weights);
+    auto engine = std::make_shared<builtin_engine>(std::move(config), opts);
+    engine->host_recycling_ = std::move(recycling);
+    return engine;
+  }
   auto refuse = [&](const stitch::error& e) {
     return make_error(e.code,
                       "engine.device = cuda (GPU " + std::to_string(opts.gpu) + "): " + e.message);
@@ -308,8 +312,14 @@ builtin_engine::step_on_device(const weights& w, const std::vector<std::shared_p
 }
 
 engine_device_usage builtin_engine::device_usage() {
-  if (!device_)
-    return {};
+  if (!device_) {
+    // The CPU: no device memory; its host buffers recycle all the same.
+    engine_device_usage u;
+    const auto recycled = gpu::staging_allocator().recycling();
+    u.host_recycled_kept_bytes = recycled.kept_bytes;
+    u.host_recycled_bytes_total = recycled.reused_bytes;
+    return u;
+  }
   engine_device_usage u;
   u.device = device_->runner ? "cuda:" + std::to_string(device_->gpu) : "host";
   u.name = device_->name;

@@ -163,6 +163,10 @@ private:
     gpu::recycling_reservation recycling;
   };
   std::unique_ptr<device_parts> device_;
+  /// A CPU engine's released host tensors kept for the next versions:
+  /// a fresh mapping's first-touch page faults, not the copy, set the pace
+  /// of staging into it (transfer_bench's `stage_fresh_ratio`).
+  gpu::recycling_reservation host_recycling_;
   uint64_t next_job_id_ = 1;
   std::atomic<uint64_t> from_local_gpus_{0};
 

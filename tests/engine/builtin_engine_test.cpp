@@ -888,6 +888,12 @@ TEST(builtin_engine_recycling, versions_built_in_recycled_host_buffers_are_exact
   expect_exact_versions_in_recycled_buffers(device_copy_on_host(), 0.0F);
 }
 
+TEST(builtin_engine_recycling, a_cpu_engine_builds_versions_in_recycled_host_buffers) {
+  // Staging into fresh mappings is paced by their page faults: a CPU engine
+  // keeps released tensors for the next versions too.
+  expect_exact_versions_in_recycled_buffers(builtin_engine::options{}, 0.0F);
+}
+
 TEST(builtin_engine_recycling, a_cuda_engine_builds_versions_in_recycled_page_locked_buffers) {
   if (auto why = gpu::why_no_device(); !why.empty())
     GTEST_SKIP() << "needs a CUDA device: " << why;
