@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -149,6 +150,9 @@ private:
     std::filesystem::path partial_dir;
     version_ref partial_base;
     std::vector<std::string> partial_tensors;
+    /// Their digests in the version's manifest (the read back is checked
+    /// against them through the staged bytes).
+    std::map<std::string, uint64_t> partial_digests;
     uint64_t partial_bytes = 0;
     std::string full_reason;
     /// The version's tensors and their bytes (what a full reload loads).
@@ -197,7 +201,8 @@ private:
                               bool onto_shadow, const staged& next) const;
   /// Writes `next.partial_dir` from `next.dir`'s changed tensors, to load
   /// over `base`.
-  status write_partial(staged& next, const chain_plan& plan, const version_ref& base);
+  status write_partial(staged& next, const chain_plan& plan, const version_ref& base,
+                       const manifest& target);
   /// Reads each of `s.partial_tensors` back from the engine and compares
   /// it with the staged bytes. A tensor the engine cannot read back (a
   /// model without the route's support) sets `*unanswerable` to why.

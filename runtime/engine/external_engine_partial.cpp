@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "gpu/checksum.hpp"
 #include "runtime/engine/external_engine.hpp"
 #include "runtime/engine/external_engine_detail.hpp"
 #include "runtime/pipeline/hf_directory.hpp"
@@ -189,8 +190,8 @@ std::string external_engine::partial_refusal(const chain_plan& plan,
   return {};
 }
 
-status external_engine::write_partial(staged& next, const chain_plan& plan,
-                                      const version_ref& base) {
+status external_engine::write_partial(staged& next, const chain_plan& plan, const version_ref& base,
+                                      const manifest& target) {
   auto ckpt = pipeline::open_hf_directory(next.dir);
   if (!ckpt)
     return std::move(ckpt).error();
@@ -232,6 +233,14 @@ status external_engine::write_partial(staged& next, const chain_plan& plan,
   next.partial_base = base;
   next.partial_tensors.assign(plan.touched.begin(), plan.touched.end());
   next.partial_bytes = bytes;
+  next.partial_digests.clear();
+  for (const auto& name : plan.touched) {
+    auto digest = target.checksums.find(name);
+    if (digest == target.checksums.end())
+      return make_error(errc::corrupt_data,
+                        to_string(next.ref) + "'s manifest has no checksum for '" + name + "'");
+    next.partial_digests.emplace(name, digest->second);
+  }
   return {};
 }
 
@@ -250,6 +259,13 @@ status external_engine::read_back(const staged& s, std::string* unanswerable) {
     bytes.resize(t.size);
     if (auto ok = pipeline::read_tensor(*ckpt, name, bytes); !ok)
       return ok;
+    // What the engine was given is what was published...
+    auto digest = s.partial_digests.find(name);
+    if (digest == s.partial_digests.end() || gpu::parallel_tree_checksum(bytes) != digest->second)
+      return make_error(errc::checksum_mismatch, "the staged tensor '" + name + "' of "
+                                                   + to_string(s.ref)
+                                                   + " no longer matches its manifest checksum");
+    // ...and what it serves is what it was given.
     uint64_t elements = 1;
     for (auto d : t.shape)
       elements *= d;

@@ -248,7 +248,7 @@ status external_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_s
   }
   next.full_reason = partial_refusal(plan, base, onto_shadow, next);
   if (next.full_reason.empty())
-    if (auto ok = write_partial(next, plan, base->ref); !ok)
+    if (auto ok = write_partial(next, plan, base->ref, *target); !ok)
       return ok;
   {
     std::lock_guard lock{mutex_};

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <regex>
 #include <set>
@@ -844,6 +845,36 @@ TEST_P(sglang_engine_test, a_tensor_the_load_corrupted_is_caught_by_the_read_bac
   EXPECT_TRUE(engine->health().healthy) << engine->health().detail;
   EXPECT_EQ(engine->last_load()->kind, "full");
   EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+}
+
+TEST_P(sglang_engine_test, a_partial_folder_changed_on_disk_after_staging_is_never_served) {
+  start_peer();
+  make_engine(options());
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  ASSERT_TRUE(engine->stage(plan(applied_state{{"r", 0}}, {"r", 1}), false, src));
+  // The staged bytes change under the adapter (a bad disk, a stray writer):
+  // the engine loads them and reads back the same wrong bytes, but the
+  // staged tensor no longer has its manifest's checksum.
+  auto dir = root / "staging" / "r@weight_v000001@partial";
+  auto ckpt = pipeline::open_hf_directory(dir);
+  ASSERT_TRUE(ckpt);
+  const auto& t = ckpt->tensors.at("lm_head.weight");
+  {
+    std::fstream f{dir / t.file, std::ios::in | std::ios::out | std::ios::binary};
+    f.seekg(static_cast<std::streamoff>(t.offset));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(static_cast<std::streamoff>(t.offset));
+    f.write(&c, 1);
+  }
+  ASSERT_TRUE(engine->pause());
+  auto ok = engine->commit();
+  ASSERT_FALSE(ok);
+  EXPECT_EQ(ok.error().code, errc::checksum_mismatch);
+  EXPECT_NE(ok.error().message.find("'lm_head.weight'"), std::string::npos) << ok.error().message;
+  EXPECT_FALSE(engine->health().healthy);
 }
 
 TEST_P(sglang_engine_test, an_engine_that_cannot_read_tensors_back_gets_full_reloads) {
