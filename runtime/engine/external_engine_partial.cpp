@@ -24,8 +24,6 @@
 // compare a partial load with before it serves.
 #include <nlohmann/json.hpp>
 
-#include <unistd.h>
-
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -206,20 +204,7 @@ status external_engine::write_partial(staged& next, const chain_plan& plan, cons
   pipeline::tensor_filler fill = [&](const std::string& name,
                                      const safetensors::byte_sink& sink) -> status {
     // The bytes the full folder holds, verified when it was written.
-    const auto& t = ckpt->tensors.at(name);
-    auto fd = pipeline::open_checkpoint_file(*ckpt, t.file);
-    if (!fd)
-      return std::move(fd).error();
-    status ok;
-    for (uint64_t done = 0; ok && done < t.size;) {
-      auto n = static_cast<size_t>(std::min<uint64_t>(piece.size(), t.size - done));
-      ok = pipeline::read_file_range(*fd, t.offset + done, std::span{piece}.first(n), name);
-      if (ok)
-        ok = sink(std::span{piece}.first(n));
-      done += n;
-    }
-    ::close(*fd);
-    return ok;
+    return pipeline::stream_tensor(*ckpt, name, piece, sink);
   };
   std::map<std::string, std::string> files;
   if (!next.config.empty())

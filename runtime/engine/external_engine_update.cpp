@@ -309,22 +309,8 @@ status external_engine::write_delta(const staged& base, const chain_plan& plan,
   pipeline::tensor_filler fill = [&](const std::string& name,
                                      const safetensors::byte_sink& sink) -> status {
     const auto& t = ckpt->tensors.at(name);
-    if (!plan.touched.contains(name)) {
-      // Unchanged: its bytes as staged (verified then), piece by piece.
-      auto fd = pipeline::open_checkpoint_file(*ckpt, t.file);
-      if (!fd)
-        return std::move(fd).error();
-      status ok;
-      for (uint64_t done = 0; ok && done < t.size;) {
-        auto n = static_cast<size_t>(std::min<uint64_t>(piece.size(), t.size - done));
-        ok = pipeline::read_file_range(*fd, t.offset + done, std::span{piece}.first(n), name);
-        if (ok)
-          ok = sink(std::span{piece}.first(n));
-        done += n;
-      }
-      ::close(*fd);
-      return ok;
-    }
+    if (!plan.touched.contains(name)) // unchanged: its bytes as staged (verified then)
+      return pipeline::stream_tensor(*ckpt, name, piece, sink);
     std::vector<std::byte> bytes(t.size);
     if (auto ok = pipeline::read_tensor(*ckpt, name, bytes); !ok)
       return ok;

@@ -326,6 +326,29 @@ status read_tensor(const hf_checkpoint& ckpt, std::string_view name, std::span<s
   return pread_all(file->fd.get(), out, t.offset, t.file);
 }
 
+status stream_tensor(const hf_checkpoint& ckpt, std::string_view name, std::span<std::byte> piece,
+                     const safetensors::byte_sink& sink) {
+  auto it = ckpt.tensors.find(std::string{name});
+  if (it == ckpt.tensors.end())
+    return make_error(errc::not_found, "tensor " + in_quotes(name) + " is not in the checkpoint "
+                                         + ckpt.directory.string());
+  if (piece.empty())
+    return make_error(errc::invalid_argument, "streaming a tensor needs a non-empty buffer");
+  const hf_tensor& t = it->second;
+  auto file = reopen(ckpt, t.file);
+  if (!file)
+    return std::move(file).error();
+  for (uint64_t done = 0; done < t.size;) {
+    auto n = static_cast<size_t>(std::min<uint64_t>(piece.size(), t.size - done));
+    if (auto ok = pread_all(file->fd.get(), piece.first(n), t.offset + done, t.file); !ok)
+      return ok;
+    if (auto ok = sink(piece.first(n)); !ok)
+      return ok;
+    done += n;
+  }
+  return {};
+}
+
 result<tensor_set> load_hf_directory(const fs::path& directory) {
   auto ckpt = open_hf_directory(directory);
   if (!ckpt)

@@ -82,6 +82,11 @@ status write_file_range(int fd, uint64_t offset, std::span<const std::byte> byte
 status read_tensor(const hf_checkpoint& checkpoint, std::string_view name,
                    std::span<std::byte> out);
 
+/// Passes tensor `name`'s bytes to `sink`, `piece.size()` bytes at a time
+/// (read into `piece`), so a tensor of any size takes no more memory.
+status stream_tensor(const hf_checkpoint& checkpoint, std::string_view name,
+                     std::span<std::byte> piece, const safetensors::byte_sink& sink);
+
 /// Opens the checkpoint and reads every tensor into memory.
 result<tensor_set> load_hf_directory(const std::filesystem::path& directory);
 

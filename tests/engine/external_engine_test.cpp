@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <regex>
 #include <set>
@@ -241,6 +242,17 @@ protected:
     return ids;
   }
 
+  /// A peer serving v0 through an adapter made with `options()` as
+  /// `adjust` changes them (its versions read from `source`).
+  void serve_v0(const std::function<void(external_engine_options&)>& adjust = {}) {
+    start_peer();
+    auto o = options();
+    if (adjust)
+      adjust(o);
+    make_engine(std::move(o));
+    ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), source));
+  }
+
   static inline int counter = 0;
   fs::path root;
   fs::path boot_dir;
@@ -248,6 +260,7 @@ protected:
   memory_store db;
   std::vector<pipeline::tensor_set> versions;
   stitch::testing::manifest_cache cache;
+  pipeline::store_tensor_source source{db, "default"};
   std::unique_ptr<engine_process> peer;
   std::string peer_url;
   std::shared_ptr<external_engine> engine;
@@ -775,10 +788,7 @@ size_t occurrences(const std::string& text, const std::string& what) {
 }
 
 TEST_P(sglang_engine_test, a_delta_touching_few_tensors_is_loaded_alone_and_read_back) {
-  start_peer();
-  make_engine(options());
-  pipeline::store_tensor_source src{db, "default"};
-  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  serve_v0();
   auto first = engine->last_load();
   ASSERT_TRUE(first);
   EXPECT_EQ(first->kind, "full");
@@ -790,7 +800,7 @@ TEST_P(sglang_engine_test, a_delta_touching_few_tensors_is_loaded_alone_and_read
   ASSERT_EQ(p1.touched.size(), 2u);
   ASSERT_GT(versions[0].size(), 10u);
   auto before = calls();
-  ASSERT_TRUE(activate(p1, src));
+  ASSERT_TRUE(activate(p1, source));
   auto partial_dir = root / "staging" / "r@weight_v000001@partial";
   EXPECT_EQ(tensors_in(partial_dir), p1.touched);
   auto load = engine->last_load();
@@ -809,7 +819,7 @@ TEST_P(sglang_engine_test, a_delta_touching_few_tensors_is_loaded_alone_and_read
 
   // A catch-up across an empty delta: the union of what changed, alone.
   auto p4 = plan(applied_state{{"r", 1}}, {"r", 4});
-  ASSERT_TRUE(activate(p4, src));
+  ASSERT_TRUE(activate(p4, source));
   load = engine->last_load();
   ASSERT_TRUE(load);
   EXPECT_EQ(load->kind, "partial");
@@ -823,13 +833,10 @@ TEST_P(sglang_engine_test, a_delta_touching_few_tensors_is_loaded_alone_and_read
 }
 
 TEST_P(sglang_engine_test, a_tensor_the_load_corrupted_is_caught_by_the_read_back) {
-  start_peer();
-  make_engine(options());
-  pipeline::store_tensor_source src{db, "default"};
-  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  serve_v0();
   ASSERT_EQ(peer_get("/_peer/corrupt_loads?tensor=lm_head.weight", "POST").status, 200u);
   auto p1 = plan(applied_state{{"r", 0}}, {"r", 1});
-  ASSERT_TRUE(engine->stage(p1, false, src));
+  ASSERT_TRUE(engine->stage(p1, false, source));
   ASSERT_TRUE(engine->pause());
   auto ok = engine->commit();
   ASSERT_FALSE(ok) << "a load that changed a tensor is never served";
@@ -841,18 +848,15 @@ TEST_P(sglang_engine_test, a_tensor_the_load_corrupted_is_caught_by_the_read_bac
   EXPECT_NE(h.detail.find("lm_head.weight"), std::string::npos) << h.detail;
   // Rebuilt in full once the engine loads faithfully again.
   ASSERT_EQ(peer_get("/_peer/corrupt_loads", "POST").status, 200u);
-  ASSERT_TRUE(engine->reset_to_boot({"r", 1}, src));
+  ASSERT_TRUE(engine->reset_to_boot({"r", 1}, source));
   EXPECT_TRUE(engine->health().healthy) << engine->health().detail;
   EXPECT_EQ(engine->last_load()->kind, "full");
   EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
 }
 
 TEST_P(sglang_engine_test, a_partial_folder_changed_on_disk_after_staging_is_never_served) {
-  start_peer();
-  make_engine(options());
-  pipeline::store_tensor_source src{db, "default"};
-  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
-  ASSERT_TRUE(engine->stage(plan(applied_state{{"r", 0}}, {"r", 1}), false, src));
+  serve_v0();
+  ASSERT_TRUE(engine->stage(plan(applied_state{{"r", 0}}, {"r", 1}), false, source));
   // The staged bytes change under the adapter (a bad disk, a stray writer):
   // the engine loads them and reads back the same wrong bytes, but the
   // staged tensor no longer has its manifest's checksum.
@@ -878,32 +882,24 @@ TEST_P(sglang_engine_test, a_partial_folder_changed_on_disk_after_staging_is_nev
 }
 
 TEST_P(sglang_engine_test, an_engine_that_cannot_read_tensors_back_gets_full_reloads) {
-  start_peer();
-  make_engine(options());
-  pipeline::store_tensor_source src{db, "default"};
-  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
+  serve_v0();
   ASSERT_EQ(peer_get("/_peer/no_readback", "POST").status, 200u);
-  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 1}), src));
+  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 1}), source));
   auto load = engine->last_load();
   ASSERT_TRUE(load);
   EXPECT_EQ(load->kind, "full");
   EXPECT_NE(load->detail.find("cannot read tensor"), std::string::npos) << load->detail;
   EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
   // Later versions are not tried partially again.
-  ASSERT_TRUE(activate(plan(applied_state{{"r", 1}}, {"r", 2}), src));
+  ASSERT_TRUE(activate(plan(applied_state{{"r", 1}}, {"r", 2}), source));
   EXPECT_FALSE(fs::exists(root / "staging" / "r@weight_v000002@partial"));
   EXPECT_NE(engine->last_load()->detail.find("partial reloads are off"), std::string::npos);
   EXPECT_EQ(served_tokens(), expected_tokens(versions[2]));
 }
 
 TEST_P(sglang_engine_test, changed_tensors_over_the_partial_limit_are_loaded_in_full) {
-  start_peer();
-  auto o = options();
-  o.partial_reload_max_bytes = 1024;
-  make_engine(o);
-  pipeline::store_tensor_source src{db, "default"};
-  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
-  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 1}), src));
+  serve_v0([](external_engine_options& o) { o.partial_reload_max_bytes = 1024; });
+  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 1}), source));
   auto load = engine->last_load();
   ASSERT_TRUE(load);
   EXPECT_EQ(load->kind, "full");
@@ -915,11 +911,8 @@ TEST_P(sglang_engine_test, changed_tensors_over_the_partial_limit_are_loaded_in_
 }
 
 TEST_P(vllm_engine_test, reloads_in_full_and_says_why) {
-  start_peer();
-  make_engine(options());
-  pipeline::store_tensor_source src{db, "default"};
-  ASSERT_TRUE(activate(plan(std::nullopt, {"r", 0}), src));
-  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 1}), src));
+  serve_v0();
+  ASSERT_TRUE(activate(plan(applied_state{{"r", 0}}, {"r", 1}), source));
   auto load = engine->last_load();
   ASSERT_TRUE(load);
   EXPECT_EQ(load->kind, "full");
