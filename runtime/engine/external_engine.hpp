@@ -17,6 +17,7 @@
 #include "runtime/core/engine_kind.hpp"
 #include "runtime/core/engine_port.hpp"
 #include "runtime/engine/engine_process.hpp"
+#include "runtime/pipeline/hf_directory.hpp"
 #include "transport/http_client.hpp"
 
 namespace stitch::engine {
@@ -198,11 +199,12 @@ private:
   /// Why `next` (staged for `plan` over `base`) cannot be a partial
   /// reload; empty when it can.
   std::string partial_refusal(const chain_plan& plan, const std::optional<staged>& base,
-                              bool onto_shadow, const staged& next) const;
+                              bool onto_shadow, const staged& next,
+                              const pipeline::hf_checkpoint& staged_dir) const;
   /// Writes `next.partial_dir` from `next.dir`'s changed tensors, to load
   /// over `base`.
   status write_partial(staged& next, const chain_plan& plan, const version_ref& base,
-                       const manifest& target);
+                       const manifest& target, const pipeline::hf_checkpoint& staged_dir);
   /// Reads each of `s.partial_tensors` back from the engine and compares
   /// it with the staged bytes. A tensor the engine cannot read back (a
   /// model without the route's support) sets `*unanswerable` to why.

@@ -142,7 +142,8 @@ std::optional<engine_load_report> external_engine::last_load() {
 
 std::string external_engine::partial_refusal(const chain_plan& plan,
                                              const std::optional<staged>& base, bool onto_shadow,
-                                             const staged& next) const {
+                                             const staged& next,
+                                             const pipeline::hf_checkpoint& staged_dir) const {
   if (opts_.kind != engine_kind::sglang)
     return "vLLM reloads in full: its layerwise reload rebuilds a layer given part of its "
            "weights from uninitialized storage, and it cannot read its tensors back while paused";
@@ -164,9 +165,7 @@ std::string external_engine::partial_refusal(const chain_plan& plan,
            "whole layers after a load";
   if (plan.touched.empty())
     return "no tensor changed";
-  auto ckpt = pipeline::open_hf_directory(next.dir);
-  if (!ckpt)
-    return "the staged folder cannot be read: " + ckpt.error().message;
+  const auto* ckpt = &staged_dir;
   if (plan.touched.size() >= ckpt->tensors.size())
     return "its deltas change every tensor";
   uint64_t bytes = 0;
@@ -189,10 +188,9 @@ std::string external_engine::partial_refusal(const chain_plan& plan,
 }
 
 status external_engine::write_partial(staged& next, const chain_plan& plan, const version_ref& base,
-                                      const manifest& target) {
-  auto ckpt = pipeline::open_hf_directory(next.dir);
-  if (!ckpt)
-    return std::move(ckpt).error();
+                                      const manifest& target,
+                                      const pipeline::hf_checkpoint& staged_dir) {
+  const auto* ckpt = &staged_dir;
   std::vector<safetensors::tensor_spec> specs;
   uint64_t bytes = 0;
   for (const auto& name : plan.touched) {

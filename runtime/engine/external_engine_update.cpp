@@ -242,13 +242,15 @@ status external_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_s
   }
   if (!written)
     return written;
-  if (auto ckpt = pipeline::open_hf_directory(next.dir); ckpt) {
-    next.total_tensors = ckpt->tensors.size();
-    next.total_bytes = ckpt->total_size;
-  }
-  next.full_reason = partial_refusal(plan, base, onto_shadow, next);
+  // The staged folder's tensors, read once for the reports and the partial folder.
+  auto ckpt = pipeline::open_hf_directory(next.dir);
+  if (!ckpt)
+    return std::move(ckpt).error();
+  next.total_tensors = ckpt->tensors.size();
+  next.total_bytes = ckpt->total_size;
+  next.full_reason = partial_refusal(plan, base, onto_shadow, next, *ckpt);
   if (next.full_reason.empty())
-    if (auto ok = write_partial(next, plan, base->ref, *target); !ok)
+    if (auto ok = write_partial(next, plan, base->ref, *target, *ckpt); !ok)
       return ok;
   {
     std::lock_guard lock{mutex_};
