@@ -283,10 +283,11 @@ peer_holder_actor holder_handle(const coordinator_state& st, const std::string& 
 
 std::vector<holder_entry> on_lookup_holders(self_ptr self, const std::string& pool,
                                             const version_ref& version, const std::string& receiver,
-                                            const std::string& receiver_node) {
+                                            const std::string& receiver_node, bool frames) {
   auto& st = self->state;
+  auto& directory = frames ? st.frame_holders : st.holders;
   std::vector<holder_entry> chosen;
-  for (const auto& pick : st.holders.begin_fetch(receiver, receiver_node, pool, version)) {
+  for (const auto& pick : directory.begin_fetch(receiver, receiver_node, pool, version)) {
     auto handle = holder_handle(st, pick.holder);
     if (!handle)
       continue;
@@ -526,6 +527,7 @@ void on_replica_down(self_ptr self, const std::string& id) {
   st.replicas.erase(id);
   st.infos.erase(id);
   st.holders.forget(id);
+  st.frame_holders.forget(id);
   log::info("coordinator", id + (retiring ? " drained and left" : " is down; placing again"));
   carry_out(self, retiring ? st.plan.retired(id) : st.plan.replica_lost(id));
 }
@@ -580,13 +582,16 @@ void on_down(self_ptr self, const caf::down_msg& down) {
   for (auto it = st.lenders.begin(); it != st.lenders.end();)
     if (it->second.address() == down.source) {
       st.holders.forget(it->first);
+      st.frame_holders.forget(it->first);
       it = st.lenders.erase(it);
     } else {
       ++it;
     }
   if (auto it = st.standalone_replicas.find(down.source); it != st.standalone_replicas.end()) {
-    if (it->second.info)
+    if (it->second.info) {
       st.holders.forget(it->second.info->replica_id);
+      st.frame_holders.forget(it->second.info->replica_id);
+    }
     st.standalone_replicas.erase(it);
   }
   for (const auto& [name, m] : st.members)
@@ -616,35 +621,37 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       return it->second.front();
     },
     [self](atom::lookup, const std::string& pool, const version_ref& version,
-           const std::string& receiver, const std::string& receiver_node,
+           const std::string& receiver, const std::string& receiver_node, bool frames,
            const std::string& cap) -> caf::result<std::vector<holder_entry>> {
       if (!is_member(self, cap, "a holder lookup"))
         return not_a_member("a holder lookup");
-      return on_lookup_holders(self, pool, version, receiver, receiver_node);
+      return on_lookup_holders(self, pool, version, receiver, receiver_node, frames);
     },
     [self](atom::done, const std::string&, const version_ref&, const std::string& receiver,
-           bool all_fetched, const std::string& cap) {
+           bool all_fetched, bool frames, const std::string& cap) {
       if (is_member(self, cap, "the end of a fetch"))
-        self->state.holders.end_fetch(receiver, all_fetched);
+        (frames ? self->state.frame_holders : self->state.holders).end_fetch(receiver, all_fetched);
     },
     [self](atom::offer, const std::string& pool, const version_ref& version,
            const std::string& holder, const std::string& node, peer_holder_actor& handle,
-           const std::string& cap) {
+           bool frames, const std::string& cap) {
       auto& st = self->state;
       if (!handle || !is_member(self, cap, "a holder's offer"))
         return;
       if (!st.lenders.contains(holder))
         self->monitor(handle);
       st.lenders[holder] = std::move(handle);
-      st.holders.holds(holder, node, pool, version, true);
+      (frames ? st.frame_holders : st.holders).holds(holder, node, pool, version, true);
     },
     [self](atom::release, const std::string& pool, const std::string& holder,
            const std::string& cap) {
       auto& st = self->state;
       if (!is_member(self, cap, "a holder's release"))
         return;
-      if (auto it = st.lenders.find(holder); it != st.lenders.end())
+      if (auto it = st.lenders.find(holder); it != st.lenders.end()) {
         st.holders.holds(holder, {}, pool, std::nullopt, true);
+        st.frame_holders.holds(holder, {}, pool, std::nullopt, true);
+      }
     },
     [self](atom::profile, const std::string& id, const std::string& token)
       -> caf::result<replica_actor> { return on_profile(self, id, token); },

@@ -77,6 +77,9 @@ struct coordinator_state {
   /// Who holds or is fetching which version's bytes, and whom each serves
   /// (peer transfer: a relay chain, DESIGN §6).
   holder_directory holders;
+  /// Who holds which delta's stored frames (deltas over peers): the
+  /// publisher that stored it, replicas that fetched them.
+  holder_directory frame_holders;
   /// Holders that are not replicas (publishers), by holder id.
   std::map<std::string, peer_holder_actor> lenders;
 };

@@ -35,16 +35,18 @@ using coordinator_actor = caf::typed_actor<
   // The directory of version bytes (peer transfer): holders of `version` of
   // `pool` chosen for the receiver named by the next two strings (replica
   // id, node), its primary first, then backups (`holder_directory`); from
-  // now on the receiver is listed as a partial holder of `version`.
-  caf::replies_to<atom::lookup, std::string, version_ref, std::string, std::string,
+  // now on the receiver is listed as a partial holder of `version`. The
+  // bool asks for the holders of the delta's stored frames instead of its
+  // full tensors (a second directory: deltas over peers).
+  caf::replies_to<atom::lookup, std::string, version_ref, std::string, std::string, bool,
                   std::string>::with<std::vector<holder_entry>>,
   // The receiver's fetch of (pool, version) ended (`true`: it fetched every
-  // tensor it asked the peers for).
-  caf::reacts_to<atom::done, std::string, version_ref, std::string, bool, std::string>,
-  // A publisher lends a run's remembered version, or stops
-  // (`holder_registry_actor`).
+  // tensor it asked the peers for; then whether it fetched frames).
+  caf::reacts_to<atom::done, std::string, version_ref, std::string, bool, bool, std::string>,
+  // A publisher lends a run's remembered version (false) or a delta's
+  // stored frames (true), or stops (`holder_registry_actor`).
   caf::reacts_to<atom::offer, std::string, version_ref, std::string, std::string, peer_holder_actor,
-                 std::string>,
+                 bool, std::string>,
   caf::reacts_to<atom::release, std::string, std::string, std::string>,
   // Records that `handle` serves `role` (several may: every gateway and
   // status actor learns of placed replicas).

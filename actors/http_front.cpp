@@ -52,6 +52,7 @@ std::string server_info_json(const replica_info& i) {
   mj["rebuilds_total"] = m.rebuilds_total;
   mj["bytes_fetched_total"] = m.bytes_fetched_total;
   mj["bytes_from_peers_total"] = m.bytes_from_peers_total;
+  mj["delta_bytes_from_peers_total"] = m.delta_bytes_from_peers_total;
   mj["bytes_from_store_total"] = m.bytes_from_store_total;
   mj["requests_admitted_total"] = m.requests_admitted_total;
   mj["requests_rejected_total"] = m.requests_rejected_total;
@@ -82,6 +83,8 @@ std::string server_info_json(const replica_info& i) {
   for (const auto& [source, n] : f.from_peers)
     peers[source] = n;
   fetch["from_peers"] = std::move(peers);
+  fetch["peer_bytes"] = {{"delta", f.peer_delta_bytes}, {"full", f.peer_full_bytes}};
+  fetch["stored_bytes"] = f.stored_bytes;
   fetch["from_store"] = f.from_store;
   fetch["seconds"] = f.seconds;
   fetch["fetch_s"] = f.fetch_s;

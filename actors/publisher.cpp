@@ -295,7 +295,25 @@ public:
     }
     if (auto me = self_.lock())
       caf::anon_send(lending_.registry, atom::offer_v, pool, ref, id, lending_.node,
-                     caf::actor_cast<peer_holder_actor>(me), lending_.member_token);
+                     caf::actor_cast<peer_holder_actor>(me), false, lending_.member_token);
+  }
+
+  void delta_stored(const std::string& pool, host_weights frames) override {
+    if (!lending_.frame_holders)
+      return;
+    auto ref = frames.version;
+    auto id = holder_id(pool, ref.run_id);
+    // The frames are a copy of their own: lending the next replaces them,
+    // and readers' leases keep them alive till then.
+    if (auto ok = lending_.frame_holders->expose(pool + "/" + ref.run_id, id, std::move(frames));
+        !ok) {
+      log::warn("publisher", "cannot lend the frames of " + to_string(ref)
+                               + " to peers (they read the store): " + to_string(ok.error()));
+      return;
+    }
+    if (auto me = self_.lock())
+      caf::anon_send(lending_.registry, atom::offer_v, pool, ref, id, lending_.node,
+                     caf::actor_cast<peer_holder_actor>(me), true, lending_.member_token);
   }
 
   void rewriting(const std::string& pool, const std::string& run_id) override {
@@ -602,14 +620,15 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       if (from_itself(self))
         self->state.jobs.complete(id);
     },
-    [self](atom::offer, const version_ref& version,
+    [self](atom::offer, const version_ref& version, bool frames,
            const std::string& cap) -> caf::result<peer_offer> {
       auto& st = self->state;
       if (!member_admits("publisher", st.lending.member_token, cap, "a peer's offer request"))
         return not_a_member("reading a version from a peer");
-      if (!st.lending.holders)
+      const auto& holders = frames ? st.lending.frame_holders : st.lending.holders;
+      if (!holders)
         return to_caf_error(error{errc::not_found, "this publisher lends no versions"});
-      auto o = st.lending.holders->lease(version);
+      auto o = holders->lease(version);
       if (!o)
         return to_caf_error(o.error());
       return to_peer_offer(*o);
@@ -626,8 +645,11 @@ publisher_service(publisher_actor::stateful_pointer<publisher_state> self,
       self->state.http_url = std::move(url);
     },
     [self](atom::release, uint64_t lease) {
-      if (self->state.lending.holders)
-        self->state.lending.holders->release(lease);
+      // Lease ids are unique in the process: only the set that gave it
+      // knows it.
+      for (const auto& h : {self->state.lending.holders, self->state.lending.frame_holders})
+        if (h)
+          h->release(lease);
     },
     [self](atom::tick) {
       if (from_itself(self))

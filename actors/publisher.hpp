@@ -46,11 +46,15 @@ struct publisher_retention {
 };
 
 /// The publisher as a holder (DESIGN §2, peer transfer): it lends each
-/// run's remembered version (when it is kept in memory) and tells the
-/// coordinator's directory; a publish that rewrites it withdraws it first.
+/// run's remembered version (when it is kept in memory) and its last stored
+/// delta's frames, and tells the coordinator's directory; a publish that
+/// rewrites the remembered version withdraws it first.
 struct publisher_lending {
   /// Null: the publisher lends nothing (no UCX, `transfer.peers = off`).
   std::shared_ptr<transport::ucx::holder_set> holders;
+  /// Lends each run's last stored delta frames (deltas over peers); null:
+  /// none.
+  std::shared_ptr<transport::ucx::holder_set> frame_holders;
   holder_registry_actor registry;
   std::string node;
   /// The member capability its offers and releases carry.

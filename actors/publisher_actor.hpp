@@ -112,9 +112,10 @@ using publisher_actor = caf::typed_actor<
   // runs. The last string is the admin token.
   caf::replies_to<atom::collect, std::string, std::vector<std::string>,
                   std::string>::with<retention_report>,
-  // A peer's lease on a run's remembered version, which the publisher lends
-  // (peer transfer; `not_found` for any other); released when read.
-  caf::replies_to<atom::offer, version_ref, std::string>::with<peer_offer>,
+  // A peer's lease on a run's remembered version (the bool false) or on the
+  // stored frames of its newest delta (true), which the publisher lends (peer
+  // transfer; `not_found` for any other); released when read.
+  caf::replies_to<atom::offer, version_ref, bool, std::string>::with<peer_offer>,
   // The URL of this publisher's HTTP surface (`publisher.listen`, its host
   // as configured, a wildcard included), "" when it has none: `stitch
   // publish --stream` sends its bytes there when it can reach it.

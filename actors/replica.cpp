@@ -73,11 +73,28 @@ void expose_served(replica_state& st, const std::shared_ptr<engine_port>& engine
   });
 }
 
+/// What the versions a plan folds store (its anchor's tensors, its deltas'
+/// frames): what the bytes on the wire compare with.
+uint64_t stored_bytes_of(tensor_source& source, const chain_plan& plan) {
+  uint64_t total = 0;
+  auto add = [&](const version_ref& ref) {
+    if (auto m = source.manifest_of(ref))
+      total += m->total_size;
+  };
+  if (plan.anchor)
+    add(*plan.anchor);
+  for (const auto& ref : plan.deltas)
+    add(ref);
+  return total;
+}
+
 /// Where the bytes between two snapshots came from.
 fetch_summary fetched_between(const counting_source::counts& before,
                               const counting_source::counts& after) {
   fetch_summary f;
   f.from_store = after.from_store - before.from_store;
+  f.peer_delta_bytes = after.frames_from_peers - before.frames_from_peers;
+  f.peer_full_bytes = after.whole_from_peers - before.whole_from_peers;
   for (const auto& [source, n] : after.from_peers) {
     auto was = before.from_peers.find(source);
     uint64_t d = n - (was == before.from_peers.end() ? 0 : was->second);
@@ -302,6 +319,7 @@ void carry_out(self_ptr self, rfx::stage e) {
     report.version = e.plan.target;
     report.fetched = fetched_between(before, bytes->snapshot());
     report.fetched.version = e.plan.target;
+    report.fetched.stored_bytes = stored_bytes_of(*bytes, e.plan);
     report.fetched.seconds = std::chrono::duration<double>(since(t0)).count();
     auto phases = meter.times();
     report.fetched.fetch_s = phases.fetch_s;
@@ -500,12 +518,13 @@ void on_subscribe(self_ptr self, replica_watcher_actor& who) {
 }
 
 /// A lease on the served weights for a peer to read.
-caf::result<peer_offer> on_offer(self_ptr self, const version_ref& version) {
+caf::result<peer_offer> on_offer(self_ptr self, const version_ref& version, bool frames) {
   auto& st = self->state;
-  if (!st.deps.holder)
+  const auto& holder = frames ? st.deps.frames_holder : st.deps.holder;
+  if (!holder)
     return to_caf_error(
       error{errc::not_found, st.opts.replica_id + " serves no peers (" + st.deps.transport + ")"});
-  auto o = st.deps.holder->lease(version);
+  auto o = holder->lease(version);
   if (!o)
     return to_caf_error(o.error());
   return to_peer_offer(*o);
@@ -518,6 +537,7 @@ void on_staged(self_ptr self, const work_report& r) {
   st.last_fetch = r.fetched;
   for (const auto& [source, n] : r.fetched.from_peers)
     st.counters.bytes_from_peers_total += n;
+  st.counters.delta_bytes_from_peers_total += r.fetched.peer_delta_bytes;
   if (!r.fetched.from_peers.empty() || !r.fetched.problems.empty()) {
     std::string from;
     for (const auto& [source, n] : r.fetched.from_peers)
@@ -794,16 +814,19 @@ replica_actor::behavior_type behavior(self_ptr self) {
     },
     [self](atom::server_info) -> replica_info { return describe(self->state); },
     [self](atom::subscribe, replica_watcher_actor& who) { on_subscribe(self, who); },
-    [self](atom::offer, const version_ref& version,
+    [self](atom::offer, const version_ref& version, bool frames,
            const std::string& cap) -> caf::result<peer_offer> {
       // The offer names registered memory and its remote keys.
       if (!is_member(self, cap, "a peer's offer request"))
         return not_a_member("reading a version from a peer");
-      return on_offer(self, version);
+      return on_offer(self, version, frames);
     },
     [self](atom::release, uint64_t lease) {
-      if (self->state.deps.holder)
-        self->state.deps.holder->release(lease);
+      // Lease ids are unique in the process: only the holder that gave it
+      // knows it.
+      for (const auto& h : {self->state.deps.holder, self->state.deps.frames_holder})
+        if (h)
+          h->release(lease);
     },
     [self](atom::pointer_moved, const std::string& pool, const pointer_record&) {
       if (pool == self->state.opts.pool)

@@ -64,6 +64,9 @@ struct replica_deps {
   std::shared_ptr<executor> request_workers;
   /// Offers the served weights to peers (null: this replica serves none).
   std::shared_ptr<transport::ucx::holder> holder;
+  /// Offers the stored frames of the delta it last fetched from peers
+  /// (null: none).
+  std::shared_ptr<transport::ucx::holder> frames_holder;
   /// How bytes move, for `server_info` ("ucx (tcp)", "store only: ...").
   std::string transport = "store only";
   /// The byte source of another pool (`stitch profile`'s scratch pool and
@@ -86,6 +89,9 @@ public:
   struct counts {
     uint64_t from_store = 0;
     std::map<std::string, uint64_t> from_peers;
+    /// Of those, bytes of delta frames and of whole tensors.
+    uint64_t frames_from_peers = 0;
+    uint64_t whole_from_peers = 0;
     /// Problems reported so far, and the most recent of them.
     uint64_t problems_seen = 0;
     std::deque<std::string> recent_problems;
@@ -112,28 +118,11 @@ public:
   transfer* peers() override { return inner()->peers() ? this : nullptr; }
   fetch_report fetch(const version_ref& ref, std::span<const fetch_target> targets,
                      const std::function<void(const transfer_progress&)>& on) override {
-    pipeline::phase_scope fetching{pipeline::stage_phase::fetch};
-    auto keep = inner();
-    auto* peers = keep->peers();
-    if (!peers)
-      return {std::vector<bool>(targets.size(), false), {}, {"no peer transport"}};
-    auto report = peers->fetch(ref, targets, on);
-    uint64_t got = 0;
-    {
-      std::lock_guard lock{mutex_};
-      for (const auto& [source, n] : report.bytes_by_source) {
-        counts_.from_peers[source] += n;
-        got += n;
-      }
-      for (const auto& p : report.problems) {
-        ++counts_.problems_seen;
-        counts_.recent_problems.push_back(p);
-        if (counts_.recent_problems.size() > kept_problems)
-          counts_.recent_problems.pop_front();
-      }
-    }
-    count(got);
-    return report;
+    return counted(ref, targets, on, false);
+  }
+  fetch_report fetch_frames(const version_ref& ref, std::span<const fetch_target> targets,
+                            const std::function<void(const transfer_progress&)>& on) override {
+    return counted(ref, targets, on, true);
   }
   /// Bytes read from the store and fetched from peers.
   uint64_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
@@ -154,6 +143,32 @@ public:
   }
 
 private:
+  fetch_report counted(const version_ref& ref, std::span<const fetch_target> targets,
+                       const std::function<void(const transfer_progress&)>& on, bool frames) {
+    pipeline::phase_scope fetching{pipeline::stage_phase::fetch};
+    auto keep = inner();
+    auto* peers = keep->peers();
+    if (!peers)
+      return {std::vector<bool>(targets.size(), false), {}, {"no peer transport"}, frames};
+    auto report = frames ? peers->fetch_frames(ref, targets, on) : peers->fetch(ref, targets, on);
+    uint64_t got = 0;
+    {
+      std::lock_guard lock{mutex_};
+      for (const auto& [source, n] : report.bytes_by_source) {
+        counts_.from_peers[source] += n;
+        got += n;
+      }
+      (frames ? counts_.frames_from_peers : counts_.whole_from_peers) += got;
+      for (const auto& p : report.problems) {
+        ++counts_.problems_seen;
+        counts_.recent_problems.push_back(p);
+        if (counts_.recent_problems.size() > kept_problems)
+          counts_.recent_problems.pop_front();
+      }
+    }
+    count(got);
+    return report;
+  }
   std::shared_ptr<tensor_source> inner() const {
     std::lock_guard lock{mutex_};
     return inner_;

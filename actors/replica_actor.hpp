@@ -76,6 +76,8 @@ struct replica_metrics {
   uint64_t bytes_fetched_total = 0;
   /// Verified bytes fetched from peers that held the version.
   uint64_t bytes_from_peers_total = 0;
+  /// Of those, bytes of delta frames (the rest are whole tensors).
+  uint64_t delta_bytes_from_peers_total = 0;
   /// Bytes read from the store (the fallback path).
   uint64_t bytes_from_store_total = 0;
   uint64_t requests_admitted_total = 0;
@@ -91,6 +93,13 @@ struct fetch_summary {
   std::optional<version_ref> version;
   /// Verified bytes from peers, by holder.
   std::map<std::string, uint64_t> from_peers;
+  /// Of those, bytes of delta frames (deltas over peers) and of whole
+  /// tensors.
+  uint64_t peer_delta_bytes = 0;
+  uint64_t peer_full_bytes = 0;
+  /// What the staged version stores (its manifest's `total_size`: the
+  /// delta's frames, or an anchor's tensors), beside the bytes on the wire.
+  uint64_t stored_bytes = 0;
   /// Stored bytes read from the store.
   uint64_t from_store = 0;
   double seconds = 0;
@@ -237,16 +246,17 @@ typename Inspector::result_type inspect(Inspector& f, replica_metrics& x) {
            x.last_pause_us, x.max_pause_us, x.last_folded, x.folded_versions_total,
            x.activations_total, x.skipped_activations_total, x.stages_total, x.stage_failures_total,
            x.activation_failures_total, x.checksum_failures_total, x.rebuilds_total,
-           x.bytes_fetched_total, x.bytes_from_peers_total, x.bytes_from_store_total,
-           x.requests_admitted_total, x.requests_rejected_total, x.requests_completed_total,
-           x.drain_timeouts_total);
+           x.bytes_fetched_total, x.bytes_from_peers_total, x.delta_bytes_from_peers_total,
+           x.bytes_from_store_total, x.requests_admitted_total, x.requests_rejected_total,
+           x.requests_completed_total, x.drain_timeouts_total);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, fetch_summary& x) {
   optional_proxy<version_ref> version{x.version};
-  return f(caf::meta::type_name("stitch.fetch_summary"), version.field, x.from_peers, x.from_store,
-           x.seconds, x.fetch_s, x.decode_s, x.verify_s, x.problems, version.commit());
+  return f(caf::meta::type_name("stitch.fetch_summary"), version.field, x.from_peers,
+           x.peer_delta_bytes, x.peer_full_bytes, x.stored_bytes, x.from_store, x.seconds,
+           x.fetch_s, x.decode_s, x.verify_s, x.problems, version.commit());
 }
 
 template <class Inspector>
@@ -365,7 +375,8 @@ using replica_actor = caf::typed_actor<
   // releases it when done (an unreleased lease expires). The offer names
   // the registered memory and its remote keys, so it needs the member
   // capability (last).
-  caf::replies_to<atom::offer, version_ref, std::string>::with<peer_offer>,
+  // The bool asks for the frames of delta `version` it fetched instead.
+  caf::replies_to<atom::offer, version_ref, bool, std::string>::with<peer_offer>,
   caf::reacts_to<atom::release, uint64_t>,
   // `stitch profile`. Begin: follow scratch pool `pool` instead of its own,
   // starting cold; refused while in rotation unless `take_out` (then out of
@@ -393,16 +404,17 @@ using replica_actor = caf::typed_actor<
 
 /// Whoever lends a version's bytes to peers: a replica, or a publisher.
 using peer_holder_actor =
-  caf::typed_actor<caf::replies_to<atom::offer, version_ref, std::string>::with<peer_offer>,
+  caf::typed_actor<caf::replies_to<atom::offer, version_ref, bool, std::string>::with<peer_offer>,
                    caf::reacts_to<atom::release, uint64_t>>;
 
 /// Where holders that are not replicas (publishers) announce what they lend
 /// (the coordinator's directory): (offer, pool, version, holder id, node,
-/// handle, member capability) when they hold a version in full, (release,
-/// pool, holder id, member capability) when they stop.
+/// handle, frames, member capability) when they hold a version in full
+/// (false) or a delta's stored frames (true), (release, pool, holder id,
+/// member capability) when they stop.
 using holder_registry_actor =
   caf::typed_actor<caf::reacts_to<atom::offer, std::string, version_ref, std::string, std::string,
-                                  peer_holder_actor, std::string>,
+                                  peer_holder_actor, bool, std::string>,
                    caf::reacts_to<atom::release, std::string, std::string, std::string>>;
 
 } // namespace stitch

@@ -235,6 +235,14 @@ std::string status_json(const status_snapshot& s) {
     last["pause_us"] = i.metrics.last_pause_us;
     last["drain_ms"] = i.metrics.last_drain_ms;
     last["folded_versions"] = i.metrics.last_folded;
+    // The bytes its last version cost on the wire, beside what it stores.
+    uint64_t wire = 0;
+    for (const auto& [source, n] : i.last_fetch.from_peers)
+      wire += n;
+    last["peer_bytes"] = wire;
+    last["peer_delta_bytes"] = i.last_fetch.peer_delta_bytes;
+    last["store_bytes"] = i.last_fetch.from_store;
+    last["stored_bytes"] = i.last_fetch.stored_bytes;
     r["last_update"] = std::move(last);
     r["updated_ms"] = e.updated_ms;
     ojson history = ojson::array();
@@ -341,10 +349,21 @@ std::string prometheus_text(const status_state& st, const std::vector<gateway_st
          "Verified tensor bytes a replica received, by source: peers (UCX) or the store.");
   for (const auto& [a, e] : st.replicas)
     if (e.known) {
+      const auto& m = e.info.metrics;
       out += "stitch_replica_transfer_bytes_total{" + labels_of(e) + ",source=\"peers\"} "
-             + std::to_string(e.info.metrics.bytes_from_peers_total) + "\n";
+             + std::to_string(m.bytes_from_peers_total) + "\n";
       out += "stitch_replica_transfer_bytes_total{" + labels_of(e) + ",source=\"store\"} "
-             + std::to_string(e.info.metrics.bytes_from_store_total) + "\n";
+             + std::to_string(m.bytes_from_store_total) + "\n";
+    }
+  family("stitch_replica_peer_bytes_total", "counter",
+         "Verified bytes a replica fetched from peers, by kind: delta frames or whole tensors.");
+  for (const auto& [a, e] : st.replicas)
+    if (e.known) {
+      const auto& m = e.info.metrics;
+      out += "stitch_replica_peer_bytes_total{" + labels_of(e) + ",kind=\"delta\"} "
+             + std::to_string(m.delta_bytes_from_peers_total) + "\n";
+      out += "stitch_replica_peer_bytes_total{" + labels_of(e) + ",kind=\"full\"} "
+             + std::to_string(m.bytes_from_peers_total - m.delta_bytes_from_peers_total) + "\n";
     }
   auto device_labels = [&](const status_state::replica_entry& e) {
     return labels_of(e) + ",device=\"" + label(e.info.device.device) + "\"";

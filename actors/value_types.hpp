@@ -159,7 +159,7 @@ typename Inspector::result_type inspect(Inspector& f, manifest& x) {
   optional_proxy<uint64_t> base{x.base_version};
   return f(caf::meta::type_name("stitch.manifest"), x.ref, x.kind, base.field, x.encoding, x.comp,
            x.checksum_algorithm, x.touched, x.total_size, x.shards, x.weight_map, x.checksums,
-           x.tensor_specs, x.files, base.commit());
+           x.tensor_specs, x.files, x.frames, base.commit());
 }
 
 /// A request's constraint, parsed once at the HTTP surface that received it

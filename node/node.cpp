@@ -248,6 +248,8 @@ result<std::unique_ptr<node>> node::start(caf::actor_system& sys, const node_set
       // their digests, and finishes elsewhere: the trainer is not held up).
       lending.holders = std::make_shared<transport::ucx::holder_set>(
         n->ucx_, std::chrono::minutes{15}, std::chrono::seconds{2});
+      lending.frame_holders = std::make_shared<transport::ucx::holder_set>(
+        n->ucx_, std::chrono::minutes{15}, std::chrono::seconds{2});
       lending.registry = caf::actor_cast<holder_registry_actor>(n->coordinator_);
       lending.node = settings.name;
       lending.member_token = settings.member_token;
@@ -349,13 +351,16 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
   d.store = store_;
   d.make_engine = std::move(*factory);
   d.transport = transport_;
-  if (ucx_)
+  if (ucx_) {
     d.holder =
       std::make_shared<transport::ucx::holder>(ucx_, o.replica_id, std::chrono::minutes{15});
+    d.frames_holder =
+      std::make_shared<transport::ucx::holder>(ucx_, o.replica_id, std::chrono::minutes{15});
+  }
   // A pool's bytes: the store's, and with the transport its holders' too.
   d.source_for = [&sys = sys_, coordinator = coordinator_, backend = backend_, ucx = ucx_,
-                  holder = d.holder, replica = o.replica_id, node = settings_.name,
-                  cap = settings_.member_token](const std::string& pool) {
+                  holder = d.holder, frames_holder = d.frames_holder, replica = o.replica_id,
+                  node = settings_.name, cap = settings_.member_token](const std::string& pool) {
     std::shared_ptr<tensor_source> source = std::make_shared<backend_source>(backend, pool);
     if (!ucx)
       return source;
@@ -366,7 +371,9 @@ result<replica_actor> node::spawn_replica(const replica_options& o, const std::s
     po.node = node;
     // A stuck holder costs one stripe's read deadline, not the fetch.
     po.fetch.deadline = std::chrono::minutes{10};
+    po.frames_fetch.deadline = std::chrono::minutes{10};
     po.relay = holder;
+    po.frames_relay = frames_holder;
     return std::shared_ptr<tensor_source>{
       std::make_shared<peer_source>(sys, coordinator, std::move(source), ucx, po)};
   };

@@ -27,11 +27,24 @@ status peer_source::read(const version_ref& ref, std::string_view tensor, uint64
 
 fetch_report peer_source::fetch(const version_ref& ref, std::span<const fetch_target> targets,
                                 const std::function<void(const transfer_progress&)>& progress) {
+  return fetch_from(ref, targets, progress, false);
+}
+
+fetch_report
+peer_source::fetch_frames(const version_ref& ref, std::span<const fetch_target> targets,
+                          const std::function<void(const transfer_progress&)>& progress) {
+  return fetch_from(ref, targets, progress, true);
+}
+
+fetch_report peer_source::fetch_from(const version_ref& ref, std::span<const fetch_target> targets,
+                                     const std::function<void(const transfer_progress&)>& progress,
+                                     bool frames) {
   fetch_report none;
+  none.frames = frames;
   none.fetched.assign(targets.size(), false);
   auto holders = ask_actor<std::vector<holder_entry>>(
     sys_, coordinator_, opts_.ask_timeout, atom::lookup_v, opts_.pool, ref, opts_.replica_id,
-    opts_.node, opts_.member_token);
+    opts_.node, frames, opts_.member_token);
   if (!holders) {
     none.problems.push_back("the coordinator's directory did not answer: "
                             + holders.error().message);
@@ -45,14 +58,14 @@ fetch_report peer_source::fetch(const version_ref& ref, std::span<const fetch_ta
   for (const auto& h : *holders) {
     if (h.replica_id == opts_.replica_id)
       continue;
-    auto o = ask_actor<peer_offer>(sys_, h.handle, opts_.ask_timeout, atom::offer_v, ref,
+    auto o = ask_actor<peer_offer>(sys_, h.handle, opts_.ask_timeout, atom::offer_v, ref, frames,
                                    opts_.member_token);
     // A holder that began fetching just before this receiver offers what it
     // fetches once its own sources answered it: a moment later.
     for (auto until = std::chrono::steady_clock::now() + opts_.relay_wait;
          !o && h.partial && std::chrono::steady_clock::now() < until;) {
       std::this_thread::sleep_for(std::chrono::milliseconds{10});
-      o = ask_actor<peer_offer>(sys_, h.handle, opts_.ask_timeout, atom::offer_v, ref,
+      o = ask_actor<peer_offer>(sys_, h.handle, opts_.ask_timeout, atom::offer_v, ref, frames,
                                 opts_.member_token);
     }
     if (!o) {
@@ -65,7 +78,7 @@ fetch_report peer_source::fetch(const version_ref& ref, std::span<const fetch_ta
   }
   auto ended = [&](const fetch_report& r) {
     caf::anon_send(coordinator_, atom::done_v, opts_.pool, ref, opts_.replica_id, r.complete(),
-                   opts_.member_token);
+                   frames, opts_.member_token);
   };
   if (offers.empty()) {
     ended(none);
@@ -78,9 +91,11 @@ fetch_report peer_source::fetch(const version_ref& ref, std::span<const fetch_ta
     any_primary = any_primary || !backup[i];
   if (!any_primary)
     std::fill_n(backup.get(), offers.size(), false);
+  auto* relay = frames ? opts_.frames_relay.get() : opts_.relay.get();
   auto report =
-    transport::ucx::fetch(*worker_, ref, offers, targets, opts_.fetch, progress,
-                          std::span<const bool>{backup.get(), offers.size()}, opts_.relay.get());
+    transport::ucx::fetch(*worker_, ref, offers, targets, frames ? opts_.frames_fetch : opts_.fetch,
+                          progress, std::span<const bool>{backup.get(), offers.size()}, relay);
+  report.frames = frames;
   for (size_t i = 0; i < offers.size(); ++i)
     caf::anon_send(leased[i], atom::release_v, offers[i].lease);
   ended(report);

@@ -19,9 +19,14 @@ struct peer_source_options {
   std::string replica_id;
   std::string node;
   transport::ucx::fetch_options fetch;
+  /// The same for a delta's frames (`fetch_frames`).
+  transport::ucx::fetch_options frames_fetch = transport::ucx::frames_fetch_options();
   /// The replica's own holder: it offers what it has fetched to other
   /// receivers while it fetches (a relay). Null: it does not.
   std::shared_ptr<transport::ucx::holder> relay;
+  /// The same for delta frames: it offers the frames it fetches while it
+  /// fetches them, and keeps offering them afterwards (until the next).
+  std::shared_ptr<transport::ucx::holder> frames_relay;
   /// How long the coordinator and each holder may take to answer.
   std::chrono::milliseconds ask_timeout{3000};
   /// How long a relay (a holder still fetching) may take to offer anything.
@@ -48,8 +53,14 @@ public:
   transfer* peers() override { return this; }
   fetch_report fetch(const version_ref& ref, std::span<const fetch_target> targets,
                      const std::function<void(const transfer_progress&)>& progress) override;
+  fetch_report fetch_frames(const version_ref& ref, std::span<const fetch_target> targets,
+                            const std::function<void(const transfer_progress&)>& progress) override;
 
 private:
+  fetch_report fetch_from(const version_ref& ref, std::span<const fetch_target> targets,
+                          const std::function<void(const transfer_progress&)>& progress,
+                          bool frames);
+
   caf::actor_system& sys_;
   coordinator_actor coordinator_;
   std::shared_ptr<tensor_source> store_;

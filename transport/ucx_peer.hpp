@@ -167,6 +167,16 @@ struct fetch_options {
   std::chrono::microseconds poll{200};
 };
 
+/// The options a delta's frames are fetched with: they are a few percent of
+/// the model, so a relay chain's time is its hops, not its bytes, and small
+/// stripes with a quick poll keep each hop short (`fanout_bench` models it).
+inline fetch_options frames_fetch_options() {
+  fetch_options o;
+  o.stripe = size_t{1} << 20;
+  o.poll = std::chrono::microseconds{50};
+  return o;
+}
+
 /// Fetches `targets` of version `ref` from `sources` (all offering exactly
 /// `ref`), in the order of `stripe_schedule`: each source gets threads that
 /// take the next stripe it can serve, so faster holders serve more, and a

@@ -205,6 +205,39 @@ std::string file_location_key(std::string_view name) {
   return "/files/" + std::string{name};
 }
 
+namespace {
+
+/// A delta's `frames` name touched tensors only, each at least its length
+/// prefix, and add up to what the version stores.
+status check_frames(const manifest& m) {
+  if (m.frames.empty())
+    return {};
+  if (m.is_full())
+    return manifest_error("metadata.frames belongs to deltas only");
+  uint64_t bytes = 0;
+  for (const auto& [name, frame] : m.frames) {
+    const std::string field = "metadata.frames[" + quote_untrusted(name) + "]";
+    if (!std::binary_search(m.touched.begin(), m.touched.end(), name))
+      return manifest_error(field + " names a tensor the delta does not touch");
+    if (frame.size < 8)
+      return manifest_error(field + ".size " + std::to_string(frame.size)
+                            + " is shorter than a frame's 8-byte length prefix");
+    if (frame.size > m.total_size - bytes)
+      return manifest_error(field + ".size: the frames describe more bytes than total_size");
+    bytes += frame.size;
+  }
+  if (m.frames.size() != m.touched.size())
+    return manifest_error("metadata.frames lists " + std::to_string(m.frames.size())
+                          + " frames but the delta touches " + std::to_string(m.touched.size())
+                          + " tensors");
+  if (bytes != m.total_size)
+    return manifest_error("metadata.frames describe " + std::to_string(bytes)
+                          + " bytes but total_size is " + std::to_string(m.total_size));
+  return {};
+}
+
+} // namespace
+
 status validate(const manifest& m) {
   if (auto ok = validate_run_id(m.ref.run_id); !ok)
     return with_field("metadata.run_id", ok.error());
@@ -315,6 +348,8 @@ status validate(const manifest& m) {
       return manifest_error("metadata.tensor_specs describe " + std::to_string(bytes)
                             + " bytes but total_size is " + std::to_string(m.total_size));
   }
+  if (auto ok = check_frames(m); !ok)
+    return ok;
   return validate_files(m.files);
 }
 

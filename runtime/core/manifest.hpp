@@ -61,7 +61,8 @@ inline constexpr uint64_t max_version_files_total = uint64_t{128} << 20;
 ///               "shards": ["model-00001-of-00001.safetensors"],
 ///               "checksums": {"a": "0123456789abcdef", ...},
 ///               "tensor_specs": {"a": {"dtype": "BF16", "shape": [4096, 4096]}, ...},
-///               "files": {"config.json": {"size": 612, "checksum": "0123456789abcdef"}}},
+///               "files": {"config.json": {"size": 612, "checksum": "0123456789abcdef"}},
+///               "frames": {"a": {"size": 5120, "checksum": "0123456789abcdef"}}},
 ///  "weight_map": {"a": "model-00001-of-00001.safetensors", ...}}
 /// ```
 /// `weight_map` names the tensors whose (encoded) bytes this version stores:
@@ -97,6 +98,14 @@ struct manifest {
   /// `generation_config.json`, tokenizer files. Each version lists all of its
   /// own; deltas included (they are small).
   std::map<std::string, file_entry> files;
+  /// Deltas written by Stitch: each touched tensor's stored frame (the
+  /// length prefix and payload `publisher.hpp` describes), its size and
+  /// checksum (the tensors' algorithm over the stored bytes), as
+  /// `metadata.frames`. Peers lend the frames themselves and receivers check
+  /// what they fetch against these before decoding it (DESIGN §4, deltas
+  /// over peers). Empty for anchors and for deltas written before frames
+  /// were listed (their frames then come from the store only).
+  std::map<std::string, file_entry> frames;
 
   bool is_full() const noexcept { return kind == version_kind::full; }
   bool is_empty_delta() const noexcept { return kind == version_kind::delta && touched.empty(); }

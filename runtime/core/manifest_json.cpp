@@ -330,6 +330,36 @@ std::string hex64(uint64_t value) {
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(value));
   return buf;
 }
+
+/// `metadata.<key>`: an object of `{"size": N, "checksum": "<hex>"}` entries
+/// (the version's files, a delta's frames), when present.
+status read_sized_entries(const json& meta, const char* key,
+                          std::map<std::string, file_entry>& out) {
+  const json* entries = optional_member(meta, key);
+  if (!entries)
+    return {};
+  const std::string where = std::string{"metadata."} + key;
+  if (!entries->is_object())
+    return manifest_error(where + " must be an object, got " + describe(*entries));
+  for (const auto& [name, entry] : entries->items()) {
+    const std::string field = where + "[" + quote_untrusted(name) + "]";
+    if (!entry.is_object())
+      return manifest_error(field + " must be an object, got " + describe(entry));
+    auto size = required_uint(entry, "size", field + ".size");
+    if (!size)
+      return std::move(size).error();
+    auto sum = required_string(entry, "checksum", field + ".checksum");
+    if (!sum)
+      return std::move(sum).error();
+    auto value = parse_hex64(*sum);
+    if (!value)
+      return manifest_error(field + ".checksum: " + quote_untrusted(*sum)
+                            + " is not 16 lowercase hex digits");
+    out.emplace_hint(out.end(), name, file_entry{*size, *value});
+  }
+  return {};
+}
+
 } // namespace
 
 result<manifest> parse_manifest(std::string_view text) {
@@ -453,26 +483,9 @@ result<manifest> parse_manifest(std::string_view text) {
     }
   }
 
-  if (const json* files = optional_member(meta, "files")) {
-    if (!files->is_object())
-      return manifest_error("metadata.files must be an object, got " + describe(*files));
-    for (const auto& [name, entry] : files->items()) {
-      const std::string field = "metadata.files[" + quote_untrusted(name) + "]";
-      if (!entry.is_object())
-        return manifest_error(field + " must be an object, got " + describe(entry));
-      auto size = required_uint(entry, "size", field + ".size");
-      if (!size)
-        return std::move(size).error();
-      auto sum = required_string(entry, "checksum", field + ".checksum");
-      if (!sum)
-        return std::move(sum).error();
-      auto value = parse_hex64(*sum);
-      if (!value)
-        return manifest_error(field + ".checksum: " + quote_untrusted(*sum)
-                              + " is not 16 lowercase hex digits");
-      m.files.emplace_hint(m.files.end(), name, file_entry{*size, *value});
-    }
-  }
+  for (auto [key, into] : {std::pair{"files", &m.files}, std::pair{"frames", &m.frames}})
+    if (auto ok = read_sized_entries(meta, key, *into); !ok)
+      return std::move(ok).error();
 
   auto weight_map = read_weight_map(root);
   if (!weight_map)
@@ -532,11 +545,14 @@ std::string to_json(const manifest& m) {
       specs.emplace(name, ordered_json{{"dtype", spec.dtype}, {"shape", spec.shape}});
     meta["tensor_specs"] = std::move(specs);
   }
-  if (!m.files.empty()) {
-    ordered_json files = ordered_json::object();
-    for (const auto& [name, entry] : m.files)
-      files.emplace(name, ordered_json{{"size", entry.size}, {"checksum", hex64(entry.checksum)}});
-    meta["files"] = std::move(files);
+  for (auto [key, from] : {std::pair{"files", &m.files}, std::pair{"frames", &m.frames}}) {
+    if (from->empty())
+      continue;
+    ordered_json entries = ordered_json::object();
+    for (const auto& [name, entry] : *from)
+      entries.emplace(name,
+                      ordered_json{{"size", entry.size}, {"checksum", hex64(entry.checksum)}});
+    meta[key] = std::move(entries);
   }
   ordered_json root = ordered_json::object();
   root["metadata"] = std::move(meta);

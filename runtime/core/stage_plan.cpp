@@ -13,6 +13,47 @@ std::string to_string(tensor_arrival a) {
   return "unknown";
 }
 
+std::string to_string(peer_fetch f) {
+  return f == peer_fetch::frames ? "frames" : "whole";
+}
+
+peer_fetch_choice
+choose_peer_fetch(const chain_plan& plan, std::span<const manifest> deltas,
+                  const std::function<std::optional<uint64_t>(std::string_view)>& tensor_bytes) {
+  peer_fetch_choice c;
+  for (const auto& name : plan.touched)
+    c.whole_bytes += tensor_bytes(name).value_or(0);
+  if (plan.anchor) {
+    c.why = "seeding from an anchor";
+    return c;
+  }
+  if (deltas.size() != plan.deltas.size()) {
+    c.why = "the chain's manifests are not all known";
+    return c;
+  }
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    const auto& d = deltas[i];
+    if (d.ref != plan.deltas[i] || d.is_full()) {
+      c.why = to_string(plan.deltas[i]) + " is not the delta the chain folds";
+      return c;
+    }
+    if (d.frames.size() != d.touched.size()) {
+      c.why = to_string(d.ref) + " lists no frames (written before deltas moved over peers)";
+      return c;
+    }
+    for (const auto& [name, frame] : d.frames)
+      c.frame_bytes += frame.size;
+  }
+  if (c.frame_bytes >= c.whole_bytes) {
+    c.why = "the chain's frames (" + std::to_string(c.frame_bytes)
+            + " bytes) are not smaller than the touched tensors (" + std::to_string(c.whole_bytes)
+            + " bytes)";
+    return c;
+  }
+  c.how = peer_fetch::frames;
+  return c;
+}
+
 stage_ledger::stage_ledger(const chain_plan& plan)
     : seeding_(plan.anchor.has_value()), touched_(plan.touched.begin(), plan.touched.end()) {}
 

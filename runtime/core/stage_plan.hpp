@@ -1,13 +1,17 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "runtime/core/chain_planner.hpp"
+#include "runtime/core/manifest.hpp"
 
 /// The per-tensor decisions of one stage (DESIGN §2 "activation"), apart
 /// from the bytes: where each tensor of the target comes from, which a delta
@@ -41,6 +45,39 @@ enum class tensor_check : uint8_t {
   /// Its checksum computed and compared with the target's manifest.
   checksum,
 };
+
+/// How a stage that builds on weights it holds asks peers for what the
+/// chain changes (DESIGN §4, deltas over peers).
+enum class peer_fetch : uint8_t {
+  /// The touched tensors whole (a seeding stage always: it has no base).
+  whole,
+  /// Each delta's stored frames, decoded into the staged tensors as the
+  /// store path decodes them.
+  frames,
+};
+
+std::string to_string(peer_fetch f);
+
+/// The choice and the sizes it was made from.
+struct peer_fetch_choice {
+  peer_fetch how = peer_fetch::whole;
+  /// The frames of every delta of the chain, summed (when all are listed).
+  uint64_t frame_bytes = 0;
+  /// The touched tensors' full bytes.
+  uint64_t whole_bytes = 0;
+  /// Why `whole`, for the log (empty for `frames`).
+  std::string why;
+};
+
+/// Frames when every delta of `plan` lists its stored frames
+/// (`manifest::frames`; `deltas` are their manifests, in the plan's order)
+/// and they add up to fewer bytes than the tensors they touch would take
+/// whole (`tensor_bytes` of a name: its size in the base; nullopt for a
+/// tensor the base lacks, which makes the stage fail later whichever way),
+/// else whole tensors. A seeding plan (an anchor) fetches whole.
+peer_fetch_choice
+choose_peer_fetch(const chain_plan& plan, std::span<const manifest> deltas,
+                  const std::function<std::optional<uint64_t>(std::string_view)>& tensor_bytes);
 
 /// One stage's ledger. Pure: the executor asks and reports; nothing here
 /// touches bytes.

@@ -58,6 +58,8 @@ struct fetch_report {
   /// One line per thing that went wrong (a holder that vanished, a chunk
   /// whose digest failed, a deadline), for the log.
   std::vector<std::string> problems;
+  /// Of frames (`transfer::fetch_frames`), not whole tensors.
+  bool frames = false;
 
   bool complete() const {
     for (bool f : fetched)
@@ -69,9 +71,9 @@ struct fetch_report {
 
 /// The transfer port (DESIGN §4): weight bytes move host to host, peer to
 /// peer, not through shared storage. A holder exposes a version's full
-/// weights (`transport/ucx_peer.hpp`); a receiver fetches the tensors it
-/// needs from the holders of exactly that version, each chunk verified, and
-/// builds whatever no holder could give from the store. Implemented over UCX.
+/// weights, or a delta's stored frames (`transport/ucx_peer.hpp`); a receiver fetches the tensors
+/// it needs from the holders of exactly that version, each chunk verified, and builds whatever no
+/// holder could give from the store. Implemented over UCX.
 class transfer {
 public:
   virtual ~transfer() = default;
@@ -79,6 +81,14 @@ public:
   /// never fails as a whole: what could not be fetched is reported.
   virtual fetch_report fetch(const version_ref& ref, std::span<const fetch_target> targets,
                              const std::function<void(const transfer_progress&)>& progress) = 0;
+  /// Fetches the stored frames of delta `ref` (`manifest::frames`: a
+  /// target's name is the touched tensor's, its destination the frame's
+  /// size, its checksum the frame's) from the holders of those frames: the
+  /// publisher that stored them, replicas that fetched them. The same
+  /// guarantees as `fetch`.
+  virtual fetch_report
+  fetch_frames(const version_ref& ref, std::span<const fetch_target> targets,
+               const std::function<void(const transfer_progress&)>& progress) = 0;
 };
 
 } // namespace stitch

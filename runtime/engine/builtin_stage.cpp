@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 
 #include "gpu/checksum.hpp"
 #include "gpu/cpu_parallel.hpp"
@@ -15,6 +16,7 @@
 #include "runtime/core/stage_plan.hpp"
 #include "runtime/engine/builtin_engine.hpp"
 #include "runtime/engine/device_fanout.hpp"
+#include "runtime/engine/peer_frames.hpp"
 #include "runtime/pipeline/materialize.hpp"
 #include "runtime/pipeline/stage_meter.hpp"
 
@@ -274,13 +276,16 @@ struct builtin_engine::stage_job {
   }
 
   /// Building on: the tensors the chain changes, whole, from holders of the
-  /// target (another local GPU first).
-  status touched_from_holders() {
+  /// target (another local GPU first); only those of `among` when given.
+  status touched_from_holders(const std::optional<std::set<std::string>>& among = std::nullopt) {
     if (!source.peers() && !on_local_gpu)
       return {};
     std::vector<std::string> names;
     for (const auto& [name, t] : tensors)
-      names.push_back(name);
+      if (!among || among->contains(name))
+        names.push_back(name);
+    if (names.empty())
+      return {};
     auto made = fresh_buffers(names, [&](const std::string& name) {
       const auto& t = *tensors.at(name);
       return std::pair{t.type, t.shape};
@@ -295,6 +300,27 @@ struct builtin_engine::stage_job {
         if (auto ok = to_device(*own.at(name)); !ok)
           return ok;
     return {};
+  }
+
+  /// Building on: the chain's delta frames from their holders, when they
+  /// are fewer bytes than the tensors they touch (`choose_peer_fetch`); the
+  /// deltas then read them from memory. Answers the touched tensors some of
+  /// whose frames no holder gave (asked for whole next, else patched from
+  /// the store's frames), or nullopt when whole tensors are the better ask
+  /// (or there are no peers, or another local GPU holds the target).
+  std::optional<std::set<std::string>> frames_from_peers() {
+    auto* peers = source.peers();
+    if (!peers || on_local_gpu)
+      return std::nullopt;
+    std::map<std::string, uint64_t, std::less<>> sizes;
+    for (const auto& [name, t] : tensors)
+      sizes.emplace(name, t->bytes.size());
+    std::vector<manifest> deltas;
+    if (choose_for_stage(plan, source, sizes, deltas).how != peer_fetch::frames)
+      return std::nullopt;
+    auto frames = peer_frames::fetch(*peers, deltas);
+    read = frames.reader(std::move(read));
+    return frames.missing(deltas);
   }
 
   struct patch {
@@ -523,7 +549,8 @@ status builtin_engine::stage(const chain_plan& plan, bool onto_shadow, tensor_so
   } else {
     if (auto ok = job.take_base(onto_shadow); !ok)
       return ok;
-    if (auto ok = job.touched_from_holders(); !ok)
+    // Frames when they are the fewer bytes; what they lack, whole.
+    if (auto ok = job.touched_from_holders(job.frames_from_peers()); !ok)
       return ok;
   }
   if (auto ok = job.apply_deltas(); !ok)

@@ -1,6 +1,7 @@
 // The external engine's weight-update cycle: staging a version as a Hugging
 // Face directory while the engine serves, then pause, load, verify, resume.
 #include "runtime/engine/external_engine.hpp"
+#include "runtime/engine/peer_frames.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -266,12 +267,15 @@ status external_engine::write_delta(const staged& base, const chain_plan& plan,
   auto ckpt = pipeline::open_hf_directory(base.dir);
   if (!ckpt)
     return std::move(ckpt).error();
+  std::map<std::string, uint64_t, std::less<>> base_sizes;
+  for (const auto& [name, t] : ckpt->tensors)
+    base_sizes.emplace(name, t.size);
   std::vector<manifest> deltas;
-  for (const auto& ref : plan.deltas) {
-    auto m = source.manifest_of(ref);
-    if (!m)
-      return std::move(m).error();
-    deltas.push_back(std::move(*m));
+  auto choice = choose_for_stage(plan, source, base_sizes, deltas);
+  if (deltas.size() != plan.deltas.size()) {
+    auto m = source.manifest_of(plan.deltas[deltas.size()]);
+    return m ? make_error(errc::corrupt_data, "the chain's manifests changed while read")
+             : std::move(m).error();
   }
   for (const auto& [name, sum] : target.checksums)
     if (!ckpt->tensors.contains(name))
@@ -289,6 +293,10 @@ status external_engine::write_delta(const staged& base, const chain_plan& plan,
                                           uint64_t offset, std::span<std::byte> out) {
     return source.read(ref, tensor, offset, out);
   };
+  // The deltas' frames from peers when they are the fewest bytes; the
+  // store gives what they did not.
+  if (auto* peers = source.peers(); peers && choice.how == peer_fetch::frames)
+    read = peer_frames::fetch(*peers, deltas).reader(std::move(read));
   std::map<std::string, size_t> per_shard;
   for (const auto& [name, t] : ckpt->tensors)
     ++per_shard[t.file];

@@ -182,6 +182,8 @@ struct publisher::pass {
   frame_encoder* encoder = nullptr;
   bool identical = true;
   std::map<std::string, uint64_t> sums;
+  /// The stored delta's frames, lent to peers with the version.
+  std::optional<host_weights> frames_to_lend;
 
   pass(publisher& p, const publish_request& r, tensor_stream& s)
       : self(p), request(r), source(s), tensors(s.tensors()),
@@ -479,24 +481,55 @@ result<manifest> publisher::pass::store_delta() {
   for (const auto& f : frame_refs)
     m.touched.push_back(tensors[f.tensor].name);
   m.files = files;
-  if (request.dry_run)
-    return m;
-  auto w = self.store_.begin_version(request.pool, ref);
-  if (!w)
-    return std::move(w).error();
+  std::unique_ptr<version_writer> w;
+  if (!request.dry_run) {
+    auto begun = self.store_.begin_version(request.pool, ref);
+    if (!begun)
+      return std::move(begun).error();
+    w = std::move(*begun);
+  }
+  // Peers are lent the stored frames themselves (DESIGN §4): a copy of them
+  // when a watcher lends and they fit the publisher's memory.
+  uint64_t frame_total = 0;
   for (const auto& f : frame_refs)
+    frame_total += f.size;
+  std::shared_ptr<std::vector<std::byte>> lent_frames;
+  if (watcher && w && frame_total > 0 && frame_total <= self.options_.memory_limit)
+    lent_frames = std::make_shared<std::vector<std::byte>>(frame_total);
+  uint64_t at = 0;
+  for (const auto& f : frame_refs) {
+    checksum::tree_hasher hasher;
     for (uint64_t off = 0; off < f.size; off += chunk) {
       auto piece = fresh.first(std::min<uint64_t>(chunk, f.size - off));
       if (auto ok = frames.read(f.at + off, piece); !ok)
         return ok.error();
-      if (auto ok = shards->write(**w, piece); !ok)
-        return ok.error();
+      hasher.update(piece);
+      if (lent_frames)
+        std::memcpy(lent_frames->data() + at + off, piece.data(), piece.size());
+      if (w)
+        if (auto ok = shards->write(*w, piece); !ok)
+          return ok.error();
     }
-  if (auto ok = shards->finish(**w); !ok)
+    m.frames[tensors[f.tensor].name] = file_entry{f.size, hasher.digest()};
+    at += f.size;
+  }
+  if (!w)
+    return m;
+  if (lent_frames) {
+    host_weights lent{ref, {}, lent_frames};
+    uint64_t offset = 0;
+    for (const auto& f : frame_refs) {
+      lent.tensors.push_back(
+        {tensors[f.tensor].name, std::span<const std::byte>{*lent_frames}.subspan(offset, f.size)});
+      offset += f.size;
+    }
+    frames_to_lend = std::move(lent);
+  }
+  if (auto ok = shards->finish(*w); !ok)
     return ok.error();
-  if (auto ok = add_files(**w, file_bytes); !ok)
+  if (auto ok = add_files(*w, file_bytes); !ok)
     return ok.error();
-  if (auto ok = (*w)->commit(m); !ok)
+  if (auto ok = w->commit(m); !ok)
     return ok.error();
   return m;
 }
@@ -547,16 +580,20 @@ result<manifest> publisher::pass::finish_bytes(publish_report& report) {
 /// The copy holds this version now: lend it before the pointer moves, so
 /// that replicas the move wakes find the publisher among its holders.
 void publisher::pass::lend() {
-  if (!plan.rewrite_remembered || !watcher || !target->copy->in_memory())
+  if (!watcher)
     return;
-  host_weights w;
-  w.version = ref;
-  auto bytes = target->copy->memory();
-  for (size_t i = 0; i < target->tensors.size(); ++i)
-    w.tensors.push_back(
-      {target->tensors[i].name, bytes.subspan(target->offsets[i], target->tensors[i].size)});
-  w.keep = target->copy;
-  watcher->remembered(request.pool, std::move(w));
+  if (plan.rewrite_remembered && target->copy->in_memory()) {
+    host_weights w;
+    w.version = ref;
+    auto bytes = target->copy->memory();
+    for (size_t i = 0; i < target->tensors.size(); ++i)
+      w.tensors.push_back(
+        {target->tensors[i].name, bytes.subspan(target->offsets[i], target->tensors[i].size)});
+    w.keep = target->copy;
+    watcher->remembered(request.pool, std::move(w));
+  }
+  if (frames_to_lend)
+    watcher->delta_stored(request.pool, std::move(*frames_to_lend));
 }
 
 /// Durable first, then visible: moves the pointer.

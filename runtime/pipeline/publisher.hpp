@@ -86,6 +86,15 @@ public:
   /// The remembered copy of (`pool`, `run_id`) is about to be rewritten or
   /// dropped: stop offering it. May wait, bounded, for readers to finish.
   virtual void rewriting(const std::string& pool, const std::string& run_id) = 0;
+  /// `frames.version` of `pool` was stored as a delta: `frames.tensors` are
+  /// its stored frames (`manifest::frames`), byte for byte, which peers at
+  /// the version before fetch instead of the touched tensors. Called after
+  /// `remembered` for the same version; a watcher that lends no frames
+  /// ignores it.
+  virtual void delta_stored(const std::string& pool, host_weights frames) {
+    (void) pool;
+    (void) frames;
+  }
 };
 
 /// Turns a trainer's full weights into versions in a store: remembers the

@@ -61,7 +61,7 @@ fake_publisher(publisher_actor::stateful_pointer<fake_publisher_state> self,
     },
     [](atom::collect, const std::string&, const std::vector<std::string>&,
        const std::string&) -> retention_report { return {}; },
-    [](atom::offer, const version_ref&, const std::string&) -> caf::result<peer_offer> {
+    [](atom::offer, const version_ref&, bool, const std::string&) -> caf::result<peer_offer> {
       return to_caf_error({errc::not_found, "lends nothing"});
     },
     [](atom::server_info) { return std::string{}; },
@@ -280,9 +280,9 @@ TEST_F(cluster_roles_test, a_member_message_without_the_member_capability_change
                         std::function<void(uint64_t)>{});
   self->send(coord, atom::offer_v, std::string{"default"}, version_ref{"r", 0},
              std::string{"fake-holder"}, std::string{"n1"},
-             caf::actor_cast<peer_holder_actor>(lend), std::string{"nope"});
+             caf::actor_cast<peer_holder_actor>(lend), false, std::string{"nope"});
   self->send(coord, atom::lookup_v, std::string{"default"}, version_ref{"r", 0},
-             std::string{"receiver"}, std::string{"n1"}, std::string{"member-cap"});
+             std::string{"receiver"}, std::string{"n1"}, false, std::string{"member-cap"});
   sched.run();
   std::vector<holder_entry> listed;
   self->receive([&](const std::vector<holder_entry>& h) { listed = h; },
@@ -291,7 +291,7 @@ TEST_F(cluster_roles_test, a_member_message_without_the_member_capability_change
   for (const auto& h : listed)
     EXPECT_NE(h.replica_id, "fake-holder");
   self->send(coord, atom::lookup_v, std::string{"default"}, version_ref{"r", 0},
-             std::string{"receiver"}, std::string{"n1"}, std::string{});
+             std::string{"receiver"}, std::string{"n1"}, false, std::string{});
   sched.run();
   bool refused = false;
   self->receive([&](const std::vector<holder_entry>&) {},
@@ -363,8 +363,9 @@ TEST_F(cluster_roles_test, the_directory_hands_each_receiver_an_idle_primary_and
   n2.applied = version_ref{"r", 4};
   ASSERT_NE(ask(atom::submit_v, spec("r", 3), std::string{}).find("submitted"), std::string::npos);
   ASSERT_EQ(n1.spawned.size() + n2.spawned.size(), 3u);
-  auto lookup = [&](const version_ref& v, const std::string& receiver, const std::string& node) {
-    self->send(coord, atom::lookup_v, std::string{"default"}, v, receiver, node, cap);
+  auto lookup = [&](const version_ref& v, const std::string& receiver, const std::string& node,
+                    bool frames = false) {
+    self->send(coord, atom::lookup_v, std::string{"default"}, v, receiver, node, frames, cap);
     sched.run();
     std::vector<holder_entry> out;
     self->receive(
@@ -399,7 +400,7 @@ TEST_F(cluster_roles_test, the_directory_hands_each_receiver_an_idle_primary_and
   EXPECT_FALSE(third[0].backup);
   // x's fetch ended: on_n2 is idle again and first for a receiver on n2.
   self->send(coord, atom::done_v, std::string{"default"}, version_ref{"r", 4}, std::string{"x"},
-             true, cap);
+             true, false, cap);
   sched.run();
   auto fourth = lookup({"r", 4}, "z", "n2");
   ASSERT_FALSE(fourth.empty());
@@ -407,10 +408,33 @@ TEST_F(cluster_roles_test, the_directory_hands_each_receiver_an_idle_primary_and
   // Nobody holds another version or another pool's.
   EXPECT_TRUE(lookup({"r", 5}, "x", "n1").empty());
   self->send(coord, atom::lookup_v, std::string{"other"}, version_ref{"r", 4}, std::string{"x"},
-             std::string{"n1"}, cap);
+             std::string{"n1"}, false, cap);
   sched.run();
   self->receive([&](const std::vector<holder_entry>& hs) { EXPECT_TRUE(hs.empty()); },
                 caf::after(0s) >> [&] { ADD_FAILURE() << "no lookup answer"; });
+
+  // Delta frames have a directory of their own: replicas holding version 4
+  // in full hold none of its frames; a publisher lending version 5's
+  // frames is listed for frames only, and a receiver that fetched them
+  // serves the next one.
+  EXPECT_TRUE(lookup({"r", 4}, "w", "n1", true).empty());
+  auto lender = sys.spawn(testing::scripted_replica, replica_info{}, testing::generate_script{},
+                          std::function<void(uint64_t)>{});
+  self->send(coord, atom::offer_v, std::string{"default"}, version_ref{"r", 5},
+             std::string{"publisher@n1"}, std::string{"n1"},
+             caf::actor_cast<peer_holder_actor>(lender), true, cap);
+  sched.run();
+  EXPECT_TRUE(lookup({"r", 5}, "w", "n1").empty()) << "frames listed as full tensors";
+  auto frames = lookup({"r", 5}, on_n2, "n2", true);
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].replica_id, "publisher@n1");
+  self->send(coord, atom::done_v, std::string{"default"}, version_ref{"r", 5}, on_n2, true, true,
+             cap);
+  sched.run();
+  auto next = lookup({"r", 5}, "v", "n2", true);
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_EQ(next[0].replica_id, on_n2) << "a complete replica comes before the publisher";
+  EXPECT_EQ(next[1].replica_id, "publisher@n1");
 }
 
 TEST_F(cluster_roles_test, resubmits_conflicts_and_missing_tokens_are_refused) {

@@ -59,7 +59,7 @@ inline replica_actor::behavior_type scripted_replica(scripted_replica_ptr self, 
       caf::send_as(caf::actor_cast<caf::actor>(self), who, atom::replica_state_v, self->state.info);
     },
     [](atom::pointer_moved, const std::string&, const pointer_record&) {},
-    [](atom::offer, const version_ref& v, const std::string&) -> caf::result<peer_offer> {
+    [](atom::offer, const version_ref& v, bool, const std::string&) -> caf::result<peer_offer> {
       return to_caf_error(error{errc::not_found, "a scripted replica holds no " + to_string(v)});
     },
     [](atom::release, uint64_t) {},

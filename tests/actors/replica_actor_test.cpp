@@ -929,8 +929,8 @@ TEST_F(replica_actor_test,
                   });
   EXPECT_TRUE(info().ready);
   // An offer (registered memory and its remote keys) goes to members only.
-  auto offer =
-    self->request(replica, caf::infinite, atom::offer_v, version_ref{"r", 0}, std::string{"guess"});
+  auto offer = self->request(replica, caf::infinite, atom::offer_v, version_ref{"r", 0}, false,
+                             std::string{"guess"});
   settle();
   offer.receive([](const peer_offer&) { ADD_FAILURE() << "an offer without the capability"; },
                 [&](caf::error& err) {

@@ -713,3 +713,37 @@ TEST(manifest, hostile_or_oversized_files_are_refused_by_name) {
     heavy["f" + std::to_string(i)] = entry(max_version_file_bytes);
   expect_refused(with(heavy), {"in all"}, errc::limit_exceeded);
 }
+
+TEST(manifest, a_deltas_frames_round_trip_and_must_describe_its_stored_bytes) {
+  auto doc = delta_doc();
+  doc["metadata"]["frames"] = {{"b", {{"size", 100}, {"checksum", "00000000000000aa"}}}};
+  auto m = parse(doc);
+  ASSERT_TRUE(m) << m.error().message;
+  ASSERT_EQ(m->frames.size(), 1u);
+  EXPECT_EQ(m->frames.at("b"), (stitch::file_entry{100, 0xaa}));
+  auto again = stitch::parse_manifest(stitch::to_json(*m));
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again, *m);
+  // Older deltas list none, and render without the key.
+  auto plain = parse(delta_doc());
+  ASSERT_TRUE(plain);
+  EXPECT_TRUE(plain->frames.empty());
+  EXPECT_EQ(stitch::to_json(*plain).find("\"frames\""), std::string::npos);
+
+  auto with = [](json frames) {
+    auto d = delta_doc();
+    d["metadata"]["frames"] = std::move(frames);
+    return d;
+  };
+  auto entry = [](int64_t size) { return json{{"size", size}, {"checksum", "00000000000000aa"}}; };
+  expect_refused(with(json::array()), {"metadata.frames", "object"});
+  expect_refused(with({{"a", entry(100)}}), {"metadata.frames['a']", "does not touch"});
+  expect_refused(with({{"b", entry(4)}}), {"8-byte length prefix"});
+  expect_refused(with({{"b", entry(101)}}), {"more bytes than total_size"});
+  expect_refused(with({{"b", entry(99)}}), {"99 bytes but total_size is 100"});
+  expect_refused(with({{"b", entry(-1)}}), {"size"});
+  expect_refused(with({{"b", {{"size", 100}, {"checksum", "nope"}}}}), {"hex"});
+  auto full = full_doc();
+  full["metadata"]["frames"] = json::object({{"a", entry(100)}});
+  expect_refused(full, {"frames belongs to deltas only"});
+}

@@ -407,13 +407,42 @@ public:
           r.fetched[i] =
             checksum::tree_checksum(targets[i].destination) == targets[i].expected_checksum;
           r.bytes_by_source["holder"] += t.bytes.size();
+          whole_bytes += t.bytes.size();
         }
+    }
+    return r;
+  }
+  /// A holder of the stored frames when `lend_frames`: their bytes as the
+  /// store keeps them (`corrupt_frame` flipped in transit), verified as the
+  /// UCX fetch verifies them.
+  fetch_report fetch_frames(const version_ref& ref, std::span<const fetch_target> targets,
+                            const std::function<void(const transfer_progress&)>&) override {
+    fetch_report r;
+    r.frames = true;
+    r.fetched.assign(targets.size(), false);
+    if (!lend_frames)
+      return r;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      auto dest = targets[i].destination;
+      if (!store_.read(ref, targets[i].name, 0, dest))
+        continue;
+      if (targets[i].name == corrupt_frame && !dest.empty())
+        dest[dest.size() / 2] ^= std::byte{1};
+      r.fetched[i] = checksum::tree_checksum(dest) == targets[i].expected_checksum;
+      if (r.fetched[i]) {
+        r.bytes_by_source["holder"] += dest.size();
+        frame_bytes += dest.size();
+      }
     }
     return r;
   }
 
   std::map<std::string, uint64_t> stored_reads;
   std::set<std::string> refused;
+  bool lend_frames = false;
+  std::string corrupt_frame;
+  uint64_t frame_bytes = 0;
+  uint64_t whole_bytes = 0;
 
 private:
   pipeline::store_tensor_source store_;
@@ -501,6 +530,71 @@ TEST_F(builtin_engine_test,
   ASSERT_TRUE(other.stage(plan(std::nullopt, 1), false, stale));
   ASSERT_TRUE(other.commit());
   EXPECT_FALSE(stale.stored_reads.empty());
+}
+
+TEST_F(builtin_engine_test, a_delta_chain_comes_from_peers_as_its_stored_frames) {
+  builtin_engine holder{config};
+  pipeline::store_tensor_source src{db, "default"};
+  ASSERT_TRUE(holder.stage(plan(std::nullopt, 3), false, src));
+  ASSERT_TRUE(holder.commit());
+  uint64_t frames_total = 0;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    auto m = db.read_manifest("default", {"r", v});
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->frames.size(), m->touched.size()) << "a delta lists its frames";
+    frames_total += m->total_size;
+  }
+  builtin_engine e{config};
+  ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE(e.commit());
+  peer_backed_source peers{db, holder};
+  peers.lend_frames = true;
+  auto p = plan(applied_state{{"r", 0}}, 3);
+  ASSERT_TRUE(e.stage(p, false, peers));
+  ASSERT_TRUE(e.commit());
+  EXPECT_TRUE(peers.stored_reads.empty()) << "every frame came from the peer";
+  EXPECT_EQ(peers.whole_bytes, 0u) << "no touched tensor whole";
+  EXPECT_EQ(peers.frame_bytes, frames_total);
+  auto want = reference(versions[3], "the policy");
+  auto got = e.generate(request("the policy"), {});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->tokens, want.tokens);
+  EXPECT_EQ(got->logprobs, want.logprobs);
+
+  // A frame whose bytes fail their digest is never decoded: that tensor
+  // comes whole from the holder instead, the rest still as frames.
+  builtin_engine again{config};
+  ASSERT_TRUE(again.stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE(again.commit());
+  peer_backed_source bad{db, holder};
+  bad.lend_frames = true;
+  bad.corrupt_frame = "lm_head.weight";
+  ASSERT_TRUE(again.stage(p, false, bad));
+  ASSERT_TRUE(again.commit());
+  EXPECT_TRUE(bad.stored_reads.empty());
+  EXPECT_EQ(bad.whole_bytes, versions[3].at("lm_head.weight").bytes.size());
+  EXPECT_GT(bad.frame_bytes, 0u);
+  got = again.generate(request("the policy"), {});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->tokens, want.tokens);
+  EXPECT_EQ(got->logprobs, want.logprobs);
+
+  // With no holder of the frames nor the tensors, the store gives the
+  // frames.
+  builtin_engine alone{config};
+  ASSERT_TRUE(alone.stage(plan(std::nullopt, 0), false, src));
+  ASSERT_TRUE(alone.commit());
+  peer_backed_source none{db, holder};
+  none.lend_frames = true;
+  none.corrupt_frame = "lm_head.weight";
+  none.refused.insert("lm_head.weight");
+  ASSERT_TRUE(alone.stage(p, false, none));
+  ASSERT_TRUE(alone.commit());
+  ASSERT_EQ(none.stored_reads.size(), 1u);
+  EXPECT_TRUE(none.stored_reads.contains("lm_head.weight"));
+  got = alone.generate(request("the policy"), {});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->logprobs, want.logprobs);
 }
 
 TEST_F(builtin_engine_test, a_version_is_served_with_its_own_config_json) {

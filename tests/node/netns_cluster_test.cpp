@@ -5,7 +5,9 @@
 // (coordinator, store, publisher) holds the version; r1 stages it from the
 // store, r2 from r1 (none from the store); r3 stripes over r1 and r2 with
 // their links throttled, r1's link is taken down mid-transfer, and r3 still
-// converges. Needs root (CI runs as root).
+// converges. Then deltas: a pool of four replicas follows ten small delta
+// versions (and an anchor among them) with each delta's stored frames from
+// peers, the store serving none of the bytes. Needs root (CI runs as root).
 
 #include <gtest/gtest.h>
 
@@ -16,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "node/node_process.hpp"
+#include "node/training_steps.hpp"
 #include "store/store_fixtures.hpp"
 #include "transport/http_client.hpp"
 #include "transport/ucx_fixtures.hpp"
@@ -103,22 +106,36 @@ protected:
     return n;
   }
 
-  /// The replica's server_info once it serves version 0 (bounded wait).
-  std::optional<json> converged(int i, const node_process& n, const std::string& name,
-                                std::chrono::seconds limit) {
+  /// The HTTP port replica `replica` of node `n` serves on (0: not yet).
+  static uint16_t port_of(const node_process& n, const std::string& replica) {
     std::smatch m;
     auto log = n.log();
-    if (!std::regex_search(log, m, std::regex{name + "-replica-0 serves http://[0-9.]+:([0-9]+)"}))
+    if (!std::regex_search(log, m, std::regex{replica + " serves http://[0-9.]+:([0-9]+)"}))
+      return 0;
+    return static_cast<uint16_t>(std::stoi(m[1]));
+  }
+
+  /// Replica `replica`'s server_info (node `n`, namespace `i`) once it
+  /// serves `version` (bounded wait).
+  std::optional<json> at_version(int i, const node_process& n, const std::string& replica,
+                                 int64_t version, std::chrono::seconds limit) {
+    auto port = port_of(n, replica);
+    if (port == 0)
       return std::nullopt;
-    auto port = static_cast<uint16_t>(std::stoi(m[1]));
     auto deadline = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < deadline) {
       auto info = get_json(addr(i), port, "/server_info");
-      if (info && (*info)["applied_version"] == 0)
+      if (info && (*info)["applied_version"] == version)
         return info;
       std::this_thread::sleep_for(100ms);
     }
     return std::nullopt;
+  }
+
+  /// The replica's server_info once it serves version 0 (bounded wait).
+  std::optional<json> converged(int i, const node_process& n, const std::string& name,
+                                std::chrono::seconds limit) {
+    return at_version(i, n, name + "-replica-0", 0, limit);
   }
 
   temp_dir dir;
@@ -179,6 +196,71 @@ TEST_F(netns_cluster, replicas_fetch_peer_to_peer_across_links_and_survive_a_cut
                static_cast<unsigned long long>(from_r1), static_cast<unsigned long long>(from_r2),
                static_cast<unsigned long long>(from_peers - from_r1 - from_r2),
                static_cast<unsigned long long>(f["from_store"].get<uint64_t>()));
+}
+
+TEST_F(netns_cluster, a_pool_of_four_follows_ten_delta_versions_from_peers) {
+  // Four replicas (r3's node runs two) each on their own side of a link.
+  r1 = start_replica(2, "r1");
+  r2 = start_replica(3, "r2");
+  r3 = start(4, "r3",
+             {"roles=replica", "replicas=2", "model.preset=small", "replica.backstop=1",
+              "replica.listen=" + addr(4) + ":0", "cluster.listen=" + addr(4) + ":0",
+              "coordinator.address=" + addr(1) + ":4300"},
+             "r3-replica-1 serves http://");
+  ASSERT_TRUE(r3->started()) << r3->log();
+  struct member {
+    int ns;
+    const node_process* n;
+    std::string id;
+  };
+  const std::vector<member> pool = {{2, r1.get(), "r1-replica-0"},
+                                    {3, r2.get(), "r2-replica-0"},
+                                    {4, r3.get(), "r3-replica-0"},
+                                    {4, r3.get(), "r3-replica-1"}};
+  for (const auto& m : pool)
+    ASSERT_TRUE(at_version(m.ns, *m.n, m.id, 0, 90s)) << m.id << "\n" << m.n->log();
+
+  // Eleven trainer steps, each a small delta but the tenth (the publisher's
+  // anchor cadence makes it full): every replica follows each delta with its
+  // frames from peers (the publisher and each other), the store giving none
+  // of the tensor bytes, and the anchor with full tensors.
+  auto from = dir.path() / "boot";
+  uint64_t stored_total = 0, peer_total = 0;
+  int deltas = 0;
+  for (int v = 1; v <= 11; ++v) {
+    auto step = dir.path() / ("step" + std::to_string(v));
+    flip_step(from, step, static_cast<size_t>(v) * 7);
+    from = step;
+    auto pub = run(stitch("publish --run r --version " + std::to_string(v) + " " + step.string()));
+    ASSERT_EQ(pub.code, 0) << pub.output;
+    for (const auto& m : pool) {
+      auto info = at_version(m.ns, *m.n, m.id, v, 60s);
+      ASSERT_TRUE(info) << m.id << " at version " << v << "\n" << m.n->log();
+      const auto& f = (*info)["last_fetch"];
+      EXPECT_LE(f["from_store"].get<uint64_t>(), 4096u)
+        << "only config.json from the store: " << info->dump();
+      if (v == 10) {
+        EXPECT_EQ(f["peer_bytes"]["delta"], 0u) << "an anchor moves whole: " << info->dump();
+        EXPECT_GT(f["peer_bytes"]["full"].get<uint64_t>(), 40u << 20) << info->dump();
+        continue;
+      }
+      const uint64_t stored = f["stored_bytes"].get<uint64_t>();
+      const uint64_t delta = f["peer_bytes"]["delta"].get<uint64_t>();
+      ASSERT_GT(stored, 0u) << info->dump();
+      EXPECT_EQ(f["peer_bytes"]["full"], 0u) << m.id << " at " << v << ": " << info->dump();
+      EXPECT_EQ(delta, stitch::testing::peer_bytes(f)) << info->dump();
+      EXPECT_LE(static_cast<double>(delta), 1.5 * static_cast<double>(stored))
+        << m.id << " at " << v << ": " << info->dump();
+      EXPECT_GE(delta, stored) << "every frame came from peers: " << info->dump();
+      stored_total += stored;
+      peer_total += delta;
+    }
+    deltas += v == 10 ? 0 : 1;
+  }
+  EXPECT_EQ(deltas, 10);
+  std::fprintf(stderr, "[netns] 4 replicas x 10 deltas: %llu delta bytes from peers, %llu stored\n",
+               static_cast<unsigned long long>(peer_total),
+               static_cast<unsigned long long>(stored_total));
 }
 
 } // namespace

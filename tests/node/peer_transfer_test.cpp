@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "node/node_process.hpp"
+#include "node/training_steps.hpp"
 #include "store/store_fixtures.hpp"
 #include "transport/http_client.hpp"
 #include "transport/ucx_fixtures.hpp"
@@ -196,6 +197,88 @@ TEST_F(peer_transfer, the_publisher_lends_what_it_published_and_a_replica_stages
       R"(stitch_replica_transfer_bytes_total\{replica="replica-0",pool="default",source="store"\} ([0-9]+))"}))
     << text;
   EXPECT_LE(std::stoull(m[1]), 4096u) << text;
+}
+
+TEST_F(peer_transfer, a_delta_moves_between_peers_as_its_stored_frames) {
+  STITCH_REQUIRE_UCX();
+  // Version 1 flips a bit in 2 % of every tensor's bytes: the hub's replica
+  // takes its stored frames from the publisher, not the touched tensors.
+  auto boot = dir.path() / "boot";
+  auto step1 = dir.path() / "step1";
+  flip_step(boot, step1, 0);
+  auto pub = run(stitch("publish --run r --version 1 " + step1.string()));
+  ASSERT_EQ(pub.code, 0) << pub.output;
+  auto moved = await_version(hub_port, 1);
+  ASSERT_TRUE(moved) << hub->log();
+  auto check_delta = [&](const json& info, const std::string& who) {
+    const auto& f = info["last_fetch"];
+    const uint64_t stored = f["stored_bytes"].get<uint64_t>();
+    ASSERT_GT(stored, 0u) << info.dump();
+    EXPECT_LT(stored, 100'000u) << "the step is a small delta: " << info.dump();
+    EXPECT_EQ(f["peer_bytes"]["full"], 0u) << who << ": " << info.dump();
+    EXPECT_EQ(f["peer_bytes"]["delta"].get<uint64_t>(), peer_bytes(f)) << info.dump();
+    EXPECT_EQ(f["peer_bytes"]["delta"].get<uint64_t>(), stored)
+      << who << " fetched every frame from peers, each once: " << info.dump();
+    EXPECT_LE(f["from_store"].get<uint64_t>(), 4096u) << "config.json only: " << info.dump();
+  };
+  check_delta(*moved, "replica-0");
+  EXPECT_GT((*moved)["last_fetch"]["from_peers"].value("publisher@local/default/r", uint64_t{0}),
+            0u)
+    << moved->dump();
+
+  // A cold replica joining now still gets full tensors.
+  start_edge({});
+  auto port = replica_port(*edge, "edge-replica-0");
+  ASSERT_NE(port, 0) << edge->log();
+  auto cold = await_version(port, 1);
+  ASSERT_TRUE(cold) << edge->log();
+  EXPECT_GT((*cold)["last_fetch"]["peer_bytes"]["full"].get<uint64_t>(), 400'000u) << cold->dump();
+  EXPECT_EQ((*cold)["last_fetch"]["peer_bytes"]["delta"], 0u) << cold->dump();
+
+  // The next step reaches both replicas as frames: from the publisher and
+  // from each other.
+  auto step2 = dir.path() / "step2";
+  flip_step(step1, step2, 17);
+  pub = run(stitch("publish --run r --version 2 " + step2.string()));
+  ASSERT_EQ(pub.code, 0) << pub.output;
+  auto hub_at_2 = await_version(hub_port, 2);
+  auto edge_at_2 = await_version(port, 2);
+  ASSERT_TRUE(hub_at_2 && edge_at_2) << hub->log() << edge->log();
+  check_delta(*hub_at_2, "replica-0");
+  check_delta(*edge_at_2, "edge-replica-0");
+  EXPECT_GT((*edge_at_2)["metrics"]["delta_bytes_from_peers_total"].get<uint64_t>(), 0u);
+  // Bit-exact: both generate what a replica staging from the store does.
+  transport::http_request req;
+  req.method = "POST";
+  req.target = "/generate";
+  req.body = R"({"text": "hello", "sampling_params": {"max_new_tokens": 6, "temperature": 0}})";
+  transport::http_client a{transport::http_endpoint{"http", "127.0.0.1", hub_port}};
+  transport::http_client b{transport::http_endpoint{"http", "127.0.0.1", port}};
+  auto ra = a.send(req);
+  auto rb = b.send(req);
+  ASSERT_TRUE(ra && rb);
+  ASSERT_EQ(ra->status, 200) << ra->body;
+  ASSERT_EQ(rb->status, 200) << rb->body;
+  EXPECT_EQ(json::parse(ra->body)["text"], json::parse(rb->body)["text"]);
+  // /metrics tells the bytes by kind.
+  transport::http_client c{transport::http_endpoint{
+    "http", "127.0.0.1", static_cast<uint16_t>(std::stoi(hub->status_port))}};
+  transport::http_request m;
+  m.target = "/metrics";
+  std::string text;
+  std::smatch found;
+  const std::regex delta_line{
+    R"(stitch_replica_peer_bytes_total\{replica="replica-0",pool="default",kind="delta"\} ([0-9]+))"};
+  for (int i = 0; i < 100; ++i) {
+    auto r = c.send(m);
+    ASSERT_TRUE(r);
+    text = r->body;
+    if (std::regex_search(text, found, delta_line) && std::stoull(found[1]) > 0)
+      break;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(std::regex_search(text, found, delta_line)) << text;
+  EXPECT_GT(std::stoull(found[1]), 0u) << text;
 }
 
 TEST_F(peer_transfer, with_peers_off_a_replica_reads_the_store_and_says_so) {
