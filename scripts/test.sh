@@ -48,7 +48,7 @@ build/bin/retention_bench --versions 25 --keep 5 --json
 build/bin/fanout_bench --sizes 16,64 --tb 0.05 --json
 # Exit 1 is a ratio below its target (this shared machine is noisy), 4 a
 # machine where UCX finds no network device (it says so); 3 is a failure.
-build/bin/transfer_bench --mb 64 --fanout-mb 32 --json || { rc=$?; [ $rc -eq 1 ] || [ $rc -eq 4 ]; }
+build/bin/transfer_bench --mb 64 --fanout-mb 32 --delta-mb 32 --json || { rc=$?; [ $rc -eq 1 ] || [ $rc -eq 4 ]; }
 
 step "unit and integration tests (with a local S3 server for the S3 store)"
 STITCH_S3_ENDPOINT=$(scripts/s3-test-server.sh start)

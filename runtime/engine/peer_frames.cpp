@@ -44,9 +44,9 @@ std::set<std::string> peer_frames::missing(std::span<const manifest> deltas) con
 }
 
 pipeline::range_reader peer_frames::reader(pipeline::range_reader fallback) const {
-  return [frames = frames_, fallback = std::move(fallback)](
-           const version_ref& ref, std::string_view tensor, uint64_t offset,
-           std::span<std::byte> out) -> status {
+  return [frames = frames_,
+          fallback = std::move(fallback)](const version_ref& ref, std::string_view tensor,
+                                          uint64_t offset, std::span<std::byte> out) -> status {
     auto of_version = frames.find(ref);
     if (of_version == frames.end())
       return fallback(ref, tensor, offset, out);
@@ -55,11 +55,10 @@ pipeline::range_reader peer_frames::reader(pipeline::range_reader fallback) cons
       return fallback(ref, tensor, offset, out);
     const auto& bytes = *it->second;
     if (offset > bytes.size() || out.size() > bytes.size() - offset)
-      return make_error(errc::corrupt_data, "a read of " + std::to_string(out.size())
-                                              + " bytes at " + std::to_string(offset)
-                                              + " runs past the " + std::to_string(bytes.size())
-                                              + "-byte frame of '" + std::string{tensor}
-                                              + "' of " + to_string(ref));
+      return make_error(errc::corrupt_data, "a read of " + std::to_string(out.size()) + " bytes at "
+                                              + std::to_string(offset) + " runs past the "
+                                              + std::to_string(bytes.size()) + "-byte frame of '"
+                                              + std::string{tensor} + "' of " + to_string(ref));
     if (!out.empty())
       std::memcpy(out.data(), bytes.data() + offset, out.size());
     return {};

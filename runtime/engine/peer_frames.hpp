@@ -46,7 +46,8 @@ public:
   size_t asked() const noexcept { return asked_; }
 
 private:
-  using by_tensor = std::map<std::string, std::shared_ptr<const std::vector<std::byte>>, std::less<>>;
+  using by_tensor =
+    std::map<std::string, std::shared_ptr<const std::vector<std::byte>>, std::less<>>;
   std::map<version_ref, by_tensor> frames_;
   size_t count_ = 0;
   uint64_t bytes_ = 0;

@@ -7,7 +7,10 @@
 // their links throttled, r1's link is taken down mid-transfer, and r3 still
 // converges. Then deltas: a pool of four replicas follows ten small delta
 // versions (and an anchor among them) with each delta's stored frames from
-// peers, the store serving none of the bytes. Needs root (CI runs as root).
+// peers, the store serving none of the bytes; and a holder killed while a
+// receiver reads a delta's frames from it, the receiver finishing from the
+// publisher without fetching a verified byte twice. Needs root (CI runs as
+// root).
 
 #include <gtest/gtest.h>
 
@@ -261,6 +264,58 @@ TEST_F(netns_cluster, a_pool_of_four_follows_ten_delta_versions_from_peers) {
   std::fprintf(stderr, "[netns] 4 replicas x 10 deltas: %llu delta bytes from peers, %llu stored\n",
                static_cast<unsigned long long>(peer_total),
                static_cast<unsigned long long>(stored_total));
+}
+
+TEST_F(netns_cluster, a_holder_killed_mid_delta_leaves_its_receiver_to_finish_elsewhere) {
+  r1 = start_replica(2, "r1");
+  r2 = start_replica(3, "r2");
+  ASSERT_TRUE(converged(2, *r1, "r1", 60s)) << r1->log();
+  ASSERT_TRUE(converged(3, *r2, "r2", 60s)) << r2->log();
+  // r2 is cut off while version 1 (a small delta) is published, so r1
+  // holds its frames, complete, when r2 asks: r1 is its primary, the
+  // publisher a backup. r1's uplink is slow; r1 dies while r2 reads it.
+  ASSERT_EQ(run(netns + " link " + tag + " 3 down").code, 0);
+  auto step = dir.path() / "step1";
+  flip_step(dir.path() / "boot", step, 3);
+  auto pub = run(stitch("publish --run r --version 1 " + step.string()));
+  ASSERT_EQ(pub.code, 0) << pub.output;
+  ASSERT_TRUE(at_version(2, *r1, "r1-replica-0", 1, 60s)) << r1->log();
+  ASSERT_EQ(run(netns + " throttle " + tag + " 2 1mbit").code, 0);
+  ASSERT_EQ(run(netns + " link " + tag + " 3 up").code, 0);
+  auto r2_port = port_of(*r2, "r2-replica-0");
+  ASSERT_NE(r2_port, 0);
+  bool fetching = false;
+  for (auto until = std::chrono::steady_clock::now() + 30s;
+       !fetching && std::chrono::steady_clock::now() < until;) {
+    auto info = get_json(addr(3), r2_port, "/server_info");
+    fetching = info && (*info)["sync_state"] != "IDLE";
+    if (!fetching)
+      std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(fetching) << r2->log();
+  std::this_thread::sleep_for(1500ms);
+  r1->kill9();
+  auto done = at_version(3, *r2, "r2-replica-0", 1, 90s);
+  ASSERT_TRUE(done) << r2->log();
+  const auto& f = (*done)["last_fetch"];
+  const uint64_t stored = f["stored_bytes"].get<uint64_t>();
+  const uint64_t from_store = f["from_store"].get<uint64_t>();
+  const uint64_t delta = f["peer_bytes"]["delta"].get<uint64_t>();
+  EXPECT_GT(peer_bytes(*done, "r1-replica-0"), 0u) << "r1 gave some frames: " << done->dump();
+  EXPECT_LT(peer_bytes(*done, "r1-replica-0"), stored) << done->dump();
+  EXPECT_EQ(f["peer_bytes"]["full"], 0u) << done->dump();
+  // Every frame byte was verified once: what r1 gave before it died is not
+  // fetched again (the rest came from the publisher or, for whole frames
+  // no peer finished, the store; config.json too).
+  EXPECT_GE(delta + from_store, stored) << done->dump();
+  EXPECT_LE(delta + from_store, stored + 4096) << done->dump();
+  std::fprintf(stderr,
+               "[netns] r2 took %llu frame bytes from r1 before it died, %llu from the "
+               "publisher, %llu from the store (%llu stored)\n",
+               static_cast<unsigned long long>(peer_bytes(*done, "r1-replica-0")),
+               static_cast<unsigned long long>(delta - peer_bytes(*done, "r1-replica-0")),
+               static_cast<unsigned long long>(from_store),
+               static_cast<unsigned long long>(stored));
 }
 
 } // namespace
