@@ -535,7 +535,7 @@ std::pair<std::vector<fanout_row>, uint64_t> delta_fanout(const std::string& tls
       t.bytes[(rng() % elements) * 2] ^= std::byte{1};
   }
   const version_ref ref{"bench", 1};
-  if (auto p = pub.publish({"default", ref.run_id, ref.version, true, false}, weights); !p)
+  if (auto p = pub.publish({"default", ref.run_id, ref.version, false, false}, weights); !p)
     die("publish v1: " + to_string(p.error()));
   auto m = st.db->read_manifest("default", ref);
   if (!m)
