@@ -17,6 +17,7 @@
 #include "common/eventually.hpp"
 #include "common/plans.hpp"
 #include "runtime/core/chain_planner.hpp"
+#include "runtime/core/checksum.hpp"
 #include "runtime/engine/api_shapes.hpp"
 #include "runtime/engine/external_engine.hpp"
 #include "runtime/engine/model_config.hpp"
@@ -338,6 +339,76 @@ TEST_P(external_engine_test, a_version_chain_is_served_exactly_with_the_engines_
     EXPECT_NE(log.find(R"("is_checkpoint_format":true)"), std::string::npos);
     EXPECT_NE(log.find("POST /resume"), std::string::npos);
   }
+}
+
+/// A source whose peers lend the deltas' stored frames (read from the store
+/// and verified as the UCX fetch verifies them) and no whole tensors; it
+/// counts what is read from the store.
+class frame_lending_source final : public tensor_source, public transfer {
+public:
+  explicit frame_lending_source(store_backend& db) : store_(db, "default") {}
+  result<manifest> manifest_of(const version_ref& ref) override { return store_.manifest_of(ref); }
+  status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
+              std::span<std::byte> out) override {
+    stored_reads[std::string{tensor}] += out.size();
+    return store_.read(ref, tensor, offset, out);
+  }
+  transfer* peers() override { return this; }
+  fetch_report fetch(const version_ref&, std::span<const fetch_target> targets,
+                     const std::function<void(const transfer_progress&)>&) override {
+    fetch_report r;
+    r.fetched.assign(targets.size(), false);
+    return r;
+  }
+  fetch_report fetch_frames(const version_ref& ref, std::span<const fetch_target> targets,
+                            const std::function<void(const transfer_progress&)>&) override {
+    fetch_report r;
+    r.frames = true;
+    r.fetched.assign(targets.size(), false);
+    for (size_t i = 0; i < targets.size(); ++i) {
+      auto dest = targets[i].destination;
+      if (targets[i].name == withheld || !store_.read(ref, targets[i].name, 0, dest))
+        continue;
+      r.fetched[i] = checksum::tree_checksum(dest) == targets[i].expected_checksum;
+      if (r.fetched[i])
+        frame_bytes += dest.size();
+    }
+    return r;
+  }
+
+  std::map<std::string, uint64_t> stored_reads;
+  std::string withheld;
+  uint64_t frame_bytes = 0;
+
+private:
+  pipeline::store_tensor_source store_;
+};
+
+TEST_P(external_engine_test, a_delta_is_staged_from_the_frames_peers_lend) {
+  serve_v0();
+  auto p1 = plan(applied_state{{"r", 0}}, {"r", 1});
+  ASSERT_FALSE(p1.anchor);
+  auto m = db.read_manifest("default", {"r", 1});
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->frames.size(), m->touched.size());
+  frame_lending_source peers{db};
+  ASSERT_TRUE(activate(p1, peers));
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[1]));
+  EXPECT_EQ(peers.frame_bytes, m->total_size) << "every frame from peers";
+  for (const auto& name : m->touched)
+    EXPECT_FALSE(peers.stored_reads.contains(name)) << name << " was read from the store";
+
+  // A frame no peer gives is read from the store, the rest still from peers.
+  auto p2 = plan(applied_state{{"r", 1}}, {"r", 2});
+  auto m2 = db.read_manifest("default", {"r", 2});
+  ASSERT_TRUE(m2);
+  ASSERT_FALSE(m2->touched.empty());
+  frame_lending_source some{db};
+  some.withheld = m2->touched.front();
+  ASSERT_TRUE(activate(p2, some));
+  EXPECT_EQ(served_tokens(), expected_tokens(versions[2]));
+  EXPECT_TRUE(some.stored_reads.contains(some.withheld));
+  EXPECT_EQ(some.frame_bytes, m2->total_size - m2->frames.at(some.withheld).size);
 }
 
 TEST_P(external_engine_test, replicas_of_a_node_share_one_staged_copy_of_a_version) {
