@@ -5,11 +5,13 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "common/counted_store_source.hpp"
 #include "common/plans.hpp"
 #include "gpu/device.hpp"
 #include "gpu/host_buffer.hpp"
@@ -379,17 +381,11 @@ TEST_F(builtin_engine_test, stamps_follow_the_reference_shapes) {
 /// A tensor source whose peers are another engine's served weights (what a
 /// holder exposes), copied and verified as the UCX fetch does; it counts the
 /// stored bytes read and can refuse some tensors.
-class peer_backed_source final : public tensor_source, public transfer {
+class peer_backed_source final : public stitch::testing::counted_store_source, public transfer {
 public:
-  peer_backed_source(store_backend& db, builtin_engine& holder) : store_(db, "default") {
+  peer_backed_source(store_backend& db, builtin_engine& holder) : counted_store_source(db) {
     if (auto v = holder.host_view())
       held_ = std::move(*v);
-  }
-  result<manifest> manifest_of(const version_ref& ref) override { return store_.manifest_of(ref); }
-  status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
-              std::span<std::byte> out) override {
-    stored_reads[std::string{tensor}] += out.size();
-    return store_.read(ref, tensor, offset, out);
   }
   transfer* peers() override { return this; }
   fetch_report fetch(const version_ref& ref, std::span<const fetch_target> targets,
@@ -412,40 +408,23 @@ public:
     }
     return r;
   }
-  /// A holder of the stored frames when `lend_frames`: their bytes as the
-  /// store keeps them (`corrupt_frame` flipped in transit), verified as the
-  /// UCX fetch verifies them.
+  /// A holder of the stored frames when `lend_frames`.
   fetch_report fetch_frames(const version_ref& ref, std::span<const fetch_target> targets,
                             const std::function<void(const transfer_progress&)>&) override {
-    fetch_report r;
-    r.frames = true;
-    r.fetched.assign(targets.size(), false);
-    if (!lend_frames)
-      return r;
-    for (size_t i = 0; i < targets.size(); ++i) {
-      auto dest = targets[i].destination;
-      if (!store_.read(ref, targets[i].name, 0, dest))
-        continue;
-      if (targets[i].name == corrupt_frame && !dest.empty())
-        dest[dest.size() / 2] ^= std::byte{1};
-      r.fetched[i] = checksum::tree_checksum(dest) == targets[i].expected_checksum;
-      if (r.fetched[i]) {
-        r.bytes_by_source["holder"] += dest.size();
-        frame_bytes += dest.size();
-      }
+    if (!lend_frames) {
+      fetch_report none;
+      none.frames = true;
+      none.fetched.assign(targets.size(), false);
+      return none;
     }
-    return r;
+    return frames_from_store(ref, targets);
   }
 
-  std::map<std::string, uint64_t> stored_reads;
   std::set<std::string> refused;
   bool lend_frames = false;
-  std::string corrupt_frame;
-  uint64_t frame_bytes = 0;
   uint64_t whole_bytes = 0;
 
 private:
-  pipeline::store_tensor_source store_;
   host_weights held_;
 };
 
@@ -537,6 +516,13 @@ TEST_F(builtin_engine_test, a_delta_chain_comes_from_peers_as_its_stored_frames)
   pipeline::store_tensor_source src{db, "default"};
   ASSERT_TRUE(holder.stage(plan(std::nullopt, 3), false, src));
   ASSERT_TRUE(holder.commit());
+  // An engine serving version 0, as the receivers below are.
+  auto at_v0 = [&]() -> std::unique_ptr<builtin_engine> {
+    auto x = std::make_unique<builtin_engine>(config);
+    if (!x->stage(plan(std::nullopt, 0), false, src) || !x->commit())
+      return nullptr;
+    return x;
+  };
   uint64_t frames_total = 0;
   for (uint64_t v = 1; v <= 3; ++v) {
     auto m = db.read_manifest("default", {"r", v});
@@ -544,9 +530,9 @@ TEST_F(builtin_engine_test, a_delta_chain_comes_from_peers_as_its_stored_frames)
     ASSERT_EQ(m->frames.size(), m->touched.size()) << "a delta lists its frames";
     frames_total += m->total_size;
   }
-  builtin_engine e{config};
-  ASSERT_TRUE(e.stage(plan(std::nullopt, 0), false, src));
-  ASSERT_TRUE(e.commit());
+  auto e_at_v0 = at_v0();
+  ASSERT_TRUE(e_at_v0);
+  auto& e = *e_at_v0;
   peer_backed_source peers{db, holder};
   peers.lend_frames = true;
   auto p = plan(applied_state{{"r", 0}}, 3);
@@ -563,9 +549,9 @@ TEST_F(builtin_engine_test, a_delta_chain_comes_from_peers_as_its_stored_frames)
 
   // A frame whose bytes fail their digest is never decoded: that tensor
   // comes whole from the holder instead, the rest still as frames.
-  builtin_engine again{config};
-  ASSERT_TRUE(again.stage(plan(std::nullopt, 0), false, src));
-  ASSERT_TRUE(again.commit());
+  auto again_at_v0 = at_v0();
+  ASSERT_TRUE(again_at_v0);
+  auto& again = *again_at_v0;
   peer_backed_source bad{db, holder};
   bad.lend_frames = true;
   bad.corrupt_frame = "lm_head.weight";
@@ -581,9 +567,9 @@ TEST_F(builtin_engine_test, a_delta_chain_comes_from_peers_as_its_stored_frames)
 
   // With no holder of the frames nor the tensors, the store gives the
   // frames.
-  builtin_engine alone{config};
-  ASSERT_TRUE(alone.stage(plan(std::nullopt, 0), false, src));
-  ASSERT_TRUE(alone.commit());
+  auto alone_at_v0 = at_v0();
+  ASSERT_TRUE(alone_at_v0);
+  auto& alone = *alone_at_v0;
   peer_backed_source none{db, holder};
   none.lend_frames = true;
   none.corrupt_frame = "lm_head.weight";

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/counted_store_source.hpp"
 #include "common/eventually.hpp"
 #include "common/plans.hpp"
 #include "runtime/core/chain_planner.hpp"
@@ -344,15 +345,9 @@ TEST_P(external_engine_test, a_version_chain_is_served_exactly_with_the_engines_
 /// A source whose peers lend the deltas' stored frames (read from the store
 /// and verified as the UCX fetch verifies them) and no whole tensors; it
 /// counts what is read from the store.
-class frame_lending_source final : public tensor_source, public transfer {
+class frame_lending_source final : public stitch::testing::counted_store_source, public transfer {
 public:
-  explicit frame_lending_source(store_backend& db) : store_(db, "default") {}
-  result<manifest> manifest_of(const version_ref& ref) override { return store_.manifest_of(ref); }
-  status read(const version_ref& ref, std::string_view tensor, uint64_t offset,
-              std::span<std::byte> out) override {
-    stored_reads[std::string{tensor}] += out.size();
-    return store_.read(ref, tensor, offset, out);
-  }
+  explicit frame_lending_source(store_backend& db) : counted_store_source(db) {}
   transfer* peers() override { return this; }
   fetch_report fetch(const version_ref&, std::span<const fetch_target> targets,
                      const std::function<void(const transfer_progress&)>&) override {
@@ -362,26 +357,8 @@ public:
   }
   fetch_report fetch_frames(const version_ref& ref, std::span<const fetch_target> targets,
                             const std::function<void(const transfer_progress&)>&) override {
-    fetch_report r;
-    r.frames = true;
-    r.fetched.assign(targets.size(), false);
-    for (size_t i = 0; i < targets.size(); ++i) {
-      auto dest = targets[i].destination;
-      if (targets[i].name == withheld || !store_.read(ref, targets[i].name, 0, dest))
-        continue;
-      r.fetched[i] = checksum::tree_checksum(dest) == targets[i].expected_checksum;
-      if (r.fetched[i])
-        frame_bytes += dest.size();
-    }
-    return r;
+    return frames_from_store(ref, targets);
   }
-
-  std::map<std::string, uint64_t> stored_reads;
-  std::string withheld;
-  uint64_t frame_bytes = 0;
-
-private:
-  pipeline::store_tensor_source store_;
 };
 
 TEST_P(external_engine_test, a_delta_is_staged_from_the_frames_peers_lend) {

@@ -49,6 +49,22 @@ std::optional<json> await_version(uint16_t port, int64_t version) {
   return std::nullopt;
 }
 
+/// Both replicas answer a greedy /generate with the same text.
+void expect_same_generation(uint16_t one, uint16_t other) {
+  transport::http_request req;
+  req.method = "POST";
+  req.target = "/generate";
+  req.body = R"({"text": "hello", "sampling_params": {"max_new_tokens": 6, "temperature": 0}})";
+  transport::http_client a{transport::http_endpoint{"http", "127.0.0.1", one}};
+  transport::http_client b{transport::http_endpoint{"http", "127.0.0.1", other}};
+  auto ra = a.send(req);
+  auto rb = b.send(req);
+  ASSERT_TRUE(ra && rb);
+  ASSERT_EQ(ra->status, 200) << ra->body;
+  ASSERT_EQ(rb->status, 200) << rb->body;
+  EXPECT_EQ(json::parse(ra->body)["text"], json::parse(rb->body)["text"]);
+}
+
 class peer_transfer : public ::testing::Test {
 protected:
   void SetUp() override {
@@ -130,18 +146,7 @@ TEST_F(peer_transfer, a_new_replica_stages_from_the_replica_that_holds_the_versi
   EXPECT_EQ((*info)["metrics"]["bytes_from_peers_total"], from_peers);
   EXPECT_LE((*info)["metrics"]["bytes_from_store_total"].get<uint64_t>(), 4096u) << info->dump();
   // It generates on those weights exactly as the holder does.
-  transport::http_request req;
-  req.method = "POST";
-  req.target = "/generate";
-  req.body = R"({"text": "hello", "sampling_params": {"max_new_tokens": 6, "temperature": 0}})";
-  transport::http_client a{transport::http_endpoint{"http", "127.0.0.1", hub_port}};
-  transport::http_client b{transport::http_endpoint{"http", "127.0.0.1", port}};
-  auto ra = a.send(req);
-  auto rb = b.send(req);
-  ASSERT_TRUE(ra && rb);
-  ASSERT_EQ(ra->status, 200) << ra->body;
-  ASSERT_EQ(rb->status, 200) << rb->body;
-  EXPECT_EQ(json::parse(ra->body)["text"], json::parse(rb->body)["text"]);
+  expect_same_generation(hub_port, port);
   EXPECT_NE(edge->log().find("staged r/weight_v000000 from peers: "), std::string::npos)
     << edge->log();
 }
@@ -248,18 +253,7 @@ TEST_F(peer_transfer, a_delta_moves_between_peers_as_its_stored_frames) {
   check_delta(*edge_at_2, "edge-replica-0");
   EXPECT_GT((*edge_at_2)["metrics"]["delta_bytes_from_peers_total"].get<uint64_t>(), 0u);
   // Bit-exact: both generate what a replica staging from the store does.
-  transport::http_request req;
-  req.method = "POST";
-  req.target = "/generate";
-  req.body = R"({"text": "hello", "sampling_params": {"max_new_tokens": 6, "temperature": 0}})";
-  transport::http_client a{transport::http_endpoint{"http", "127.0.0.1", hub_port}};
-  transport::http_client b{transport::http_endpoint{"http", "127.0.0.1", port}};
-  auto ra = a.send(req);
-  auto rb = b.send(req);
-  ASSERT_TRUE(ra && rb);
-  ASSERT_EQ(ra->status, 200) << ra->body;
-  ASSERT_EQ(rb->status, 200) << rb->body;
-  EXPECT_EQ(json::parse(ra->body)["text"], json::parse(rb->body)["text"]);
+  expect_same_generation(hub_port, port);
   // /metrics tells the bytes by kind.
   transport::http_client c{transport::http_endpoint{
     "http", "127.0.0.1", static_cast<uint16_t>(std::stoi(hub->status_port))}};
