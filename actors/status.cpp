@@ -236,10 +236,7 @@ std::string status_json(const status_snapshot& s) {
     last["drain_ms"] = i.metrics.last_drain_ms;
     last["folded_versions"] = i.metrics.last_folded;
     // The bytes its last version cost on the wire, beside what it stores.
-    uint64_t wire = 0;
-    for (const auto& [source, n] : i.last_fetch.from_peers)
-      wire += n;
-    last["peer_bytes"] = wire;
+    last["peer_bytes"] = i.last_fetch.peer_delta_bytes + i.last_fetch.peer_full_bytes;
     last["peer_delta_bytes"] = i.last_fetch.peer_delta_bytes;
     last["store_bytes"] = i.last_fetch.from_store;
     last["stored_bytes"] = i.last_fetch.stored_bytes;

@@ -50,6 +50,9 @@ struct builtin_engine::stage_job {
   const chain_plan& plan;
   tensor_source& source;
   pipeline::range_reader read;
+  /// The chain's delta manifests when choosing what to ask peers for read
+  /// them already (in the plan's order; empty otherwise).
+  std::vector<manifest> delta_manifests;
   stage_ledger ledger;
   manifest target;
   tensor_map tensors;
@@ -315,12 +318,14 @@ struct builtin_engine::stage_job {
     std::map<std::string, uint64_t, std::less<>> sizes;
     for (const auto& [name, t] : tensors)
       sizes.emplace(name, t->bytes.size());
-    std::vector<manifest> deltas;
-    if (choose_for_stage(plan, source, sizes, deltas).how != peer_fetch::frames)
+    auto choice = choose_for_stage(plan, source, sizes, delta_manifests);
+    if (delta_manifests.size() != plan.deltas.size())
+      delta_manifests.clear(); // apply_deltas reads them and meets the error
+    if (choice.how != peer_fetch::frames)
       return std::nullopt;
-    auto frames = peer_frames::fetch(*peers, deltas);
+    auto frames = peer_frames::fetch(*peers, delta_manifests);
     read = frames.reader(std::move(read));
-    return frames.missing(deltas);
+    return frames.missing(delta_manifests);
   }
 
   struct patch {
@@ -397,10 +402,11 @@ struct builtin_engine::stage_job {
     if (device() && !plan.deltas.empty())
       if (auto ok = device()->stager->finish(); !ok)
         return ok;
-    for (const auto& ref : plan.deltas) {
+    for (size_t k = 0; k < plan.deltas.size(); ++k) {
       if (!pool)
         pool.emplace();
-      auto delta = source.manifest_of(ref);
+      auto delta = k < delta_manifests.size() ? result<manifest>{delta_manifests[k]}
+                                              : source.manifest_of(plan.deltas[k]);
       if (!delta)
         return std::move(delta).error();
       auto patches = patches_of(*delta);
